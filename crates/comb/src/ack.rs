@@ -1,0 +1,608 @@
+//! Ack: settle leased messages and move the group's position.
+//!
+//! The rules live in [`Cursor::apply`], a pure function over one (partition, group) cursor:
+//! acks may arrive in any order; the position moves over the longest run of settled messages;
+//! a failure ends the lease and counts an attempt for that message only; at the retry limit
+//! the message is dead-lettered, which settles it for the group so the partition moves on.
+//!
+//! Fused acks run as one transaction in two round trips: look up the messages and lock their
+//! cursors (in a stable order), then write the new cursors and dead letters and commit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use tokio::sync::oneshot;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::fusion::{Fuser, Runner};
+use crate::queue::QueueOptions;
+
+/// What the consumer says of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckStatus {
+    /// Done: settle it.
+    Completed,
+    /// Processing failed: count an attempt, hand it out again after `retryDelay`.
+    Failed,
+    /// Give it back without counting an attempt.
+    Retry,
+    /// Dead-letter it now.
+    Dlq,
+}
+
+/// One ack, validated.
+#[derive(Debug, Clone)]
+pub struct AckItem {
+    pub partition_id: Uuid,
+    pub transaction_id: String,
+    pub group: String,
+    pub status: AckStatus,
+    pub lease_id: Option<Uuid>,
+    pub error: Option<String>,
+}
+
+/// Why an ack was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckRefusal {
+    /// No message with that transaction id in that partition.
+    MessageNotFound,
+    /// The group never read that partition.
+    NotConsumed,
+    /// The lease named is not the live lease of the partition.
+    LeaseInvalid,
+    /// The message was never handed out to the group.
+    NotDelivered,
+}
+
+impl AckRefusal {
+    /// Stable machine code.
+    pub fn code(self) -> &'static str {
+        match self {
+            AckRefusal::MessageNotFound => "message_not_found",
+            AckRefusal::NotConsumed => "consumer_group_not_found",
+            AckRefusal::LeaseInvalid => "lease_invalid",
+            AckRefusal::NotDelivered => "message_not_delivered",
+        }
+    }
+
+    /// Human text.
+    pub fn message(self) -> &'static str {
+        match self {
+            AckRefusal::MessageNotFound => "no message with this transactionId in this partition",
+            AckRefusal::NotConsumed => "the consumer group has not consumed this partition",
+            AckRefusal::LeaseInvalid => "the lease is not the current lease of this partition",
+            AckRefusal::NotDelivered => "the message has not been delivered to this group",
+        }
+    }
+}
+
+/// What became of one ack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckOutcome {
+    pub result: Result<(), AckRefusal>,
+    pub queue_name: Option<String>,
+    pub partition_name: Option<String>,
+    pub lease_released: bool,
+    pub dlq: bool,
+}
+
+/// The state of one (partition, group) cursor, as the ack rules see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub cursor_pos: i64,
+    pub cursor_seg: i32,
+    /// Settled positions above `cursor_pos`, sorted.
+    pub settled: Vec<i64>,
+    /// (position, failed attempts) above `cursor_pos`, sorted by position.
+    pub attempts: Vec<(i64, i32)>,
+    pub lease_id: Option<Uuid>,
+    /// The lease has not expired.
+    pub lease_live: bool,
+    pub lease_upto: i64,
+    /// Set when a failure asks for the partition to rest this many milliseconds.
+    pub rest_ms: Option<u64>,
+}
+
+/// What applying one ack did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Applied {
+    pub lease_released: bool,
+    /// The message must be copied to the dead letters, after this many failed attempts.
+    pub dead_letter: Option<i32>,
+}
+
+impl Cursor {
+    /// Applies one ack of the message at `pos` (in segment `seg`).
+    pub fn apply(
+        &mut self,
+        pos: i64,
+        seg: i32,
+        status: AckStatus,
+        lease_id: Option<Uuid>,
+        opts: &QueueOptions,
+    ) -> Result<Applied, AckRefusal> {
+        if pos <= self.cursor_pos || self.settled.binary_search(&pos).is_ok() {
+            // Already settled: acking again changes nothing and is not an error.
+            return Ok(Applied::default());
+        }
+        match lease_id {
+            Some(l) if self.lease_id != Some(l) || !self.lease_live => {
+                return Err(AckRefusal::LeaseInvalid);
+            }
+            _ if pos > self.lease_upto => return Err(AckRefusal::NotDelivered),
+            _ => {}
+        }
+        let mut applied = Applied::default();
+        match status {
+            AckStatus::Completed => self.settle(pos, seg),
+            AckStatus::Retry => self.end_lease(&mut applied),
+            AckStatus::Dlq => {
+                applied.dead_letter = Some(self.attempts_of(pos));
+                self.settle(pos, seg);
+            }
+            AckStatus::Failed => {
+                let attempts = self.attempts_of(pos) + 1;
+                if attempts as i64 >= opts.retry_limit as i64 {
+                    applied.dead_letter = Some(attempts);
+                    self.settle(pos, seg);
+                } else {
+                    self.set_attempts(pos, attempts);
+                    self.rest_ms = Some(opts.retry_delay);
+                }
+                self.end_lease(&mut applied);
+            }
+        }
+        if self.lease_id.is_some() && self.cursor_pos >= self.lease_upto {
+            self.end_lease(&mut applied);
+        }
+        Ok(applied)
+    }
+
+    /// Failed attempts recorded for `pos`.
+    pub fn attempts_of(&self, pos: i64) -> i32 {
+        match self.attempts.binary_search_by_key(&pos, |a| a.0) {
+            Ok(i) => self.attempts[i].1,
+            Err(_) => 0,
+        }
+    }
+
+    fn set_attempts(&mut self, pos: i64, n: i32) {
+        match self.attempts.binary_search_by_key(&pos, |a| a.0) {
+            Ok(i) => self.attempts[i].1 = n,
+            Err(i) => self.attempts.insert(i, (pos, n)),
+        }
+    }
+
+    fn end_lease(&mut self, applied: &mut Applied) {
+        if self.lease_id.is_some() {
+            applied.lease_released = true;
+        }
+        self.lease_id = None;
+        self.lease_live = false;
+    }
+
+    fn settle(&mut self, pos: i64, seg: i32) {
+        if let Err(i) = self.settled.binary_search(&pos) {
+            self.settled.insert(i, pos);
+        }
+        let run = self
+            .settled
+            .iter()
+            .enumerate()
+            .take_while(|(i, p)| **p == self.cursor_pos + 1 + *i as i64)
+            .count();
+        if run > 0 {
+            self.cursor_pos += run as i64;
+            self.settled.drain(..run);
+            if pos <= self.cursor_pos {
+                self.cursor_seg = self.cursor_seg.max(seg);
+            }
+            let cut = self.cursor_pos;
+            self.attempts.retain(|a| a.0 > cut);
+        }
+    }
+}
+
+/// An ack request (one or many items) waiting for its batch.
+pub struct AckJob {
+    pub items: Vec<AckItem>,
+    pub reply: oneshot::Sender<Result<Vec<AckOutcome>, Arc<DbError>>>,
+}
+
+const LOOKUP_SQL: &str = "
+SELECT i.ord, m.pos, m.seg
+FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS i(partition_id, transaction_id, ord)
+CROSS JOIN LATERAL (
+    SELECT m.pos, m.seg FROM comb.messages m
+    WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
+    ORDER BY m.pos LIMIT 1
+) m";
+
+const LOCK_SQL: &str = "
+SELECT c.partition_id, c.consumer_group, c.cursor_pos, c.cursor_seg, c.settled,
+       c.attempt_pos, c.attempt_cnt, c.lease_id,
+       coalesce(c.lease_expires_at > now(), false), c.lease_upto,
+       q.options, q.id
+FROM comb.cursors c
+JOIN comb.queues q ON q.id = c.queue_id
+WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
+ORDER BY c.partition_id, c.consumer_group
+FOR NO KEY UPDATE OF c";
+
+const NAMES_SQL: &str = "
+SELECT p.id, p.name, q.name FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+WHERE p.id = ANY($1)";
+
+const UPDATE_SQL: &str = "
+UPDATE comb.cursors c SET
+    cursor_pos = u.cursor_pos,
+    cursor_seg = u.cursor_seg,
+    settled = u.settled::bigint[],
+    attempt_pos = u.attempt_pos::bigint[],
+    attempt_cnt = u.attempt_cnt::integer[],
+    lease_id = u.lease_id,
+    lease_expires_at = CASE WHEN u.lease_id IS NULL THEN NULL ELSE c.lease_expires_at END,
+    available_at = CASE WHEN u.rest_ms IS NULL THEN c.available_at
+        ELSE now() + make_interval(secs => u.rest_ms / 1000.0) END
+FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::integer[], $5::text[], $6::text[],
+            $7::text[], $8::uuid[], $9::bigint[])
+    AS u(partition_id, consumer_group, cursor_pos, cursor_seg, settled, attempt_pos,
+         attempt_cnt, lease_id, rest_ms)
+WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group";
+
+const DEAD_LETTER_SQL: &str = "
+INSERT INTO comb.dead_letters
+    (id, queue_id, partition_id, consumer_group, pos, message_id, transaction_id, trace_id,
+     payload, created_at, attempts, error)
+SELECT d.id, d.queue_id, m.partition_id, d.consumer_group, m.pos, m.message_id,
+       m.transaction_id, m.trace_id, m.payload, m.created_at, d.attempts, d.error
+FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::integer[], $7::text[])
+    AS d(id, queue_id, partition_id, consumer_group, pos, attempts, error)
+JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos";
+
+/// Starts the ack workers.
+pub fn start(pool: Pool, workers: usize, max_items: usize) -> Fuser<AckJob> {
+    let run: Runner<AckJob> = Arc::new(move |jobs| {
+        let pool = pool.clone();
+        Box::pin(async move {
+            let items: Vec<&AckItem> = jobs.iter().flat_map(|j| j.items.iter()).collect();
+            match settle(&pool, &items).await {
+                Ok(outcomes) => {
+                    let mut it = outcomes.into_iter();
+                    for job in jobs {
+                        let mine: Vec<AckOutcome> = it.by_ref().take(job.items.len()).collect();
+                        let _ = job.reply.send(Ok(mine));
+                    }
+                }
+                Err(e) => {
+                    let e = Arc::new(e);
+                    for job in jobs {
+                        let _ = job.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        })
+    });
+    Fuser::start(workers, max_items, |j: &AckJob| j.items.len(), run)
+}
+
+struct Locked {
+    cursor: Cursor,
+    queue_id: Uuid,
+    options: QueueOptions,
+    changed: bool,
+}
+
+/// A message to dead-letter, gathered while acks are applied.
+struct DeadLetter {
+    queue_id: Uuid,
+    partition_id: Uuid,
+    group: String,
+    pos: i64,
+    attempts: i32,
+    error: Option<String>,
+}
+
+/// Applies acks in one transaction; one outcome per item, in order.
+async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
+    let pids: Vec<Uuid> = items.iter().map(|i| i.partition_id).collect();
+    let txids: Vec<&str> = items.iter().map(|i| i.transaction_id.as_str()).collect();
+    let groups: Vec<&str> = items.iter().map(|i| i.group.as_str()).collect();
+
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let lookup = tx.prepare_cached(LOOKUP_SQL).await?;
+    let lock = tx.prepare_cached(LOCK_SQL).await?;
+    let names = tx.prepare_cached(NAMES_SQL).await?;
+    let lookup_params: [&(dyn ToSql + Sync); 2] = [&pids, &txids];
+    let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
+    let names_params: [&(dyn ToSql + Sync); 1] = [&pids];
+    // Pipelined: one round trip.
+    let (found, locked, named) = tokio::join!(
+        tx.query(&lookup, &lookup_params),
+        tx.query(&lock, &lock_params),
+        tx.query(&names, &names_params),
+    );
+    let mut position: Vec<Option<(i64, i32)>> = vec![None; items.len()];
+    for r in found? {
+        let ord: i64 = r.get(0);
+        position[(ord - 1) as usize] = Some((r.get(1), r.get(2)));
+    }
+    let mut cursors: HashMap<(Uuid, String), Locked> = HashMap::new();
+    for r in locked? {
+        let attempt_pos: Vec<i64> = r.get(5);
+        let attempt_cnt: Vec<i32> = r.get(6);
+        let options: serde_json::Value = r.get(10);
+        let set = serde_json::from_value(options).unwrap_or_default();
+        cursors.insert(
+            (r.get(0), r.get(1)),
+            Locked {
+                cursor: Cursor {
+                    cursor_pos: r.get(2),
+                    cursor_seg: r.get(3),
+                    settled: r.get(4),
+                    attempts: attempt_pos.into_iter().zip(attempt_cnt).collect(),
+                    lease_id: r.get(7),
+                    lease_live: r.get(8),
+                    lease_upto: r.get(9),
+                    rest_ms: None,
+                },
+                options: QueueOptions::from_set(&set),
+                queue_id: r.get(11),
+                changed: false,
+            },
+        );
+    }
+    let mut partition_names: HashMap<Uuid, (String, String)> = HashMap::new();
+    for r in named? {
+        partition_names.insert(r.get(0), (r.get(1), r.get(2)));
+    }
+
+    let mut outcomes = Vec::with_capacity(items.len());
+    let mut dead: Vec<DeadLetter> = Vec::new();
+    for (k, item) in items.iter().enumerate() {
+        let names = partition_names.get(&item.partition_id);
+        let mut outcome = AckOutcome {
+            result: Ok(()),
+            queue_name: names.map(|n| n.1.clone()),
+            partition_name: names.map(|n| n.0.clone()),
+            lease_released: false,
+            dlq: false,
+        };
+        let Some((pos, seg)) = position[k] else {
+            outcome.result = Err(AckRefusal::MessageNotFound);
+            outcomes.push(outcome);
+            continue;
+        };
+        let Some(state) = cursors.get_mut(&(item.partition_id, item.group.clone())) else {
+            outcome.result = Err(AckRefusal::NotConsumed);
+            outcomes.push(outcome);
+            continue;
+        };
+        match state
+            .cursor
+            .apply(pos, seg, item.status, item.lease_id, &state.options)
+        {
+            Ok(applied) => {
+                state.changed = true;
+                outcome.lease_released = applied.lease_released;
+                if let Some(attempts) = applied.dead_letter {
+                    outcome.dlq = true;
+                    dead.push(DeadLetter {
+                        queue_id: state.queue_id,
+                        partition_id: item.partition_id,
+                        group: item.group.clone(),
+                        pos,
+                        attempts,
+                        error: item.error.clone(),
+                    });
+                }
+            }
+            Err(refusal) => outcome.result = Err(refusal),
+        }
+        outcomes.push(outcome);
+    }
+
+    let changed: Vec<(&(Uuid, String), &Locked)> =
+        cursors.iter().filter(|(_, l)| l.changed).collect();
+    if !changed.is_empty() {
+        let update = tx.prepare_cached(UPDATE_SQL).await?;
+        let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
+        let u_group: Vec<&str> = changed.iter().map(|(k, _)| k.1.as_str()).collect();
+        let u_pos: Vec<i64> = changed.iter().map(|(_, l)| l.cursor.cursor_pos).collect();
+        let u_seg: Vec<i32> = changed.iter().map(|(_, l)| l.cursor.cursor_seg).collect();
+        let u_settled: Vec<String> = changed
+            .iter()
+            .map(|(_, l)| array_literal(l.cursor.settled.iter()))
+            .collect();
+        let u_apos: Vec<String> = changed
+            .iter()
+            .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.0)))
+            .collect();
+        let u_acnt: Vec<String> = changed
+            .iter()
+            .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.1)))
+            .collect();
+        let u_lease: Vec<Option<Uuid>> = changed.iter().map(|(_, l)| l.cursor.lease_id).collect();
+        let u_rest: Vec<Option<i64>> = changed
+            .iter()
+            .map(|(_, l)| l.cursor.rest_ms.map(|m| m as i64))
+            .collect();
+        let dl = if dead.is_empty() {
+            None
+        } else {
+            Some(tx.prepare_cached(DEAD_LETTER_SQL).await?)
+        };
+        let d_id: Vec<Uuid> = dead.iter().map(|_| Uuid::now_v7()).collect();
+        let d_qid: Vec<Uuid> = dead.iter().map(|d| d.queue_id).collect();
+        let d_pid: Vec<Uuid> = dead.iter().map(|d| d.partition_id).collect();
+        let d_group: Vec<&str> = dead.iter().map(|d| d.group.as_str()).collect();
+        let d_pos: Vec<i64> = dead.iter().map(|d| d.pos).collect();
+        let d_att: Vec<i32> = dead.iter().map(|d| d.attempts).collect();
+        let d_err: Vec<Option<&str>> = dead.iter().map(|d| d.error.as_deref()).collect();
+        let dead_params: [&(dyn ToSql + Sync); 7] =
+            [&d_id, &d_qid, &d_pid, &d_group, &d_pos, &d_att, &d_err];
+        let update_params: [&(dyn ToSql + Sync); 9] = [
+            &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
+        ];
+        let write_dead = async {
+            match &dl {
+                Some(stmt) => tx.execute(stmt, &dead_params).await.map(|_| ()),
+                None => Ok(()),
+            }
+        };
+        let (u, d) = tokio::join!(tx.execute(&update, &update_params), write_dead);
+        u?;
+        d?;
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// A PostgreSQL array literal such as `{1,2,3}`.
+fn array_literal<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+    let mut s = String::from("{");
+    for (i, v) in items.enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&v.to_string());
+    }
+    s.push('}');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leased(upto: i64) -> (Cursor, Uuid) {
+        let lease = Uuid::new_v4();
+        (
+            Cursor {
+                cursor_pos: 0,
+                cursor_seg: 1,
+                settled: vec![],
+                attempts: vec![],
+                lease_id: Some(lease),
+                lease_live: true,
+                lease_upto: upto,
+                rest_ms: None,
+            },
+            lease,
+        )
+    }
+
+    fn opts() -> QueueOptions {
+        QueueOptions::default()
+    }
+
+    #[test]
+    fn out_of_order_acks_move_the_position_over_the_settled_run() {
+        let (mut c, l) = leased(3);
+        c.apply(2, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        assert_eq!(c.cursor_pos, 0);
+        assert_eq!(c.settled, vec![2]);
+        c.apply(1, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        assert_eq!(c.cursor_pos, 2);
+        assert!(c.settled.is_empty());
+        let a = c.apply(3, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        assert_eq!(c.cursor_pos, 3);
+        assert!(a.lease_released, "the whole batch is settled");
+        assert_eq!(c.lease_id, None);
+    }
+
+    #[test]
+    fn failed_between_completed_does_not_move_past_the_failure() {
+        let (mut c, l) = leased(3);
+        c.apply(1, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        let f = c.apply(2, 1, AckStatus::Failed, Some(l), &opts()).unwrap();
+        assert!(f.lease_released);
+        assert_eq!(c.cursor_pos, 1);
+        assert_eq!(c.attempts_of(2), 1);
+        assert_eq!(c.rest_ms, Some(1000));
+        // The lease ended, so its id is no longer valid…
+        assert_eq!(
+            c.apply(3, 1, AckStatus::Completed, Some(l), &opts()),
+            Err(AckRefusal::LeaseInvalid)
+        );
+        // …but an ack without a lease id still settles a delivered message.
+        c.apply(3, 1, AckStatus::Completed, None, &opts()).unwrap();
+        assert_eq!(c.cursor_pos, 1, "message 2 still pending");
+        assert_eq!(c.settled, vec![3]);
+    }
+
+    #[test]
+    fn retry_limit_dead_letters_and_moves_on() {
+        let o = QueueOptions {
+            retry_limit: 2,
+            ..opts()
+        };
+        let (mut c, l) = leased(2);
+        let a = c.apply(1, 1, AckStatus::Failed, Some(l), &o).unwrap();
+        assert_eq!(a.dead_letter, None);
+        c.lease_id = Some(l);
+        c.lease_live = true;
+        let a = c.apply(1, 1, AckStatus::Failed, Some(l), &o).unwrap();
+        assert_eq!(a.dead_letter, Some(2));
+        assert_eq!(c.cursor_pos, 1);
+        assert!(c.attempts.is_empty());
+    }
+
+    #[test]
+    fn retry_does_not_count() {
+        let (mut c, l) = leased(1);
+        let a = c.apply(1, 1, AckStatus::Retry, Some(l), &opts()).unwrap();
+        assert!(a.lease_released);
+        assert_eq!(c.attempts_of(1), 0);
+        assert_eq!(c.rest_ms, None);
+        assert_eq!(c.cursor_pos, 0);
+    }
+
+    #[test]
+    fn dlq_settles_at_once() {
+        let (mut c, l) = leased(2);
+        let a = c.apply(1, 1, AckStatus::Dlq, Some(l), &opts()).unwrap();
+        assert_eq!(a.dead_letter, Some(0));
+        assert_eq!(c.cursor_pos, 1);
+        assert!(!a.lease_released, "message 2 is still leased");
+    }
+
+    #[test]
+    fn wrong_or_expired_lease_is_refused() {
+        let (mut c, _) = leased(1);
+        assert_eq!(
+            c.apply(1, 1, AckStatus::Completed, Some(Uuid::new_v4()), &opts()),
+            Err(AckRefusal::LeaseInvalid)
+        );
+        let (mut c, l) = leased(1);
+        c.lease_live = false;
+        assert_eq!(
+            c.apply(1, 1, AckStatus::Completed, Some(l), &opts()),
+            Err(AckRefusal::LeaseInvalid)
+        );
+    }
+
+    #[test]
+    fn undelivered_message_is_refused_and_settled_one_is_a_no_op() {
+        let (mut c, l) = leased(1);
+        assert_eq!(
+            c.apply(5, 1, AckStatus::Completed, None, &opts()),
+            Err(AckRefusal::NotDelivered)
+        );
+        c.apply(1, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        assert_eq!(
+            c.apply(1, 1, AckStatus::Completed, Some(Uuid::new_v4()), &opts()),
+            Ok(Applied::default())
+        );
+    }
+
+    #[test]
+    fn array_literals() {
+        assert_eq!(array_literal([1i64, 2, 3].iter()), "{1,2,3}");
+        assert_eq!(array_literal(Vec::<i64>::new().iter()), "{}");
+    }
+}

@@ -1,0 +1,285 @@
+//! The catalog: queue, partition and subscription identities, created on first use.
+//!
+//! Names resolve to ids that never change while the queue exists, so they are cached in memory;
+//! every server keeps its own cache and the database stays the only source of truth.
+//! Creating a partition and subscribing a group both lock the queue row, so that every
+//! (partition, group) pair gets its cursor row exactly once, whichever comes first.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use uuid::Uuid;
+
+use crate::db::DbError;
+
+/// Entries beyond which a cache is emptied rather than grown.
+const CACHE_LIMIT: usize = 1_000_000;
+
+/// Where a consumer group starts reading partitions that exist when it first appears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFrom {
+    /// From the first retained message.
+    All,
+    /// After the newest message at subscription time.
+    New,
+    /// From the first message pushed at or after this time.
+    Time(DateTime<Utc>),
+}
+
+/// Cached name → id mappings.
+#[derive(Default)]
+pub struct Catalog {
+    queues: Mutex<HashMap<String, Uuid>>,
+    partitions: Mutex<HashMap<(Uuid, String), Uuid>>,
+    subscriptions: Mutex<HashSet<(Uuid, String)>>,
+}
+
+impl Catalog {
+    /// The id of a queue, if it exists (never creates it).
+    pub async fn find_queue(&self, pool: &Pool, name: &str) -> Result<Option<Uuid>, DbError> {
+        if let Some(id) = self.queues.lock().unwrap().get(name) {
+            return Ok(Some(*id));
+        }
+        let client = pool.get().await?;
+        let row = client
+            .query_opt("SELECT id FROM comb.queues WHERE name = $1", &[&name])
+            .await?;
+        let id = row.map(|r| r.get::<_, Uuid>(0));
+        if let Some(id) = id {
+            self.remember_queue(name, id);
+        }
+        Ok(id)
+    }
+
+    /// The id of a partition, if it exists (never creates it).
+    pub async fn find_partition(
+        &self,
+        pool: &Pool,
+        queue_id: Uuid,
+        name: &str,
+    ) -> Result<Option<Uuid>, DbError> {
+        let key = (queue_id, name.to_string());
+        if let Some(id) = self.partitions.lock().unwrap().get(&key) {
+            return Ok(Some(*id));
+        }
+        let client = pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT id FROM comb.partitions WHERE queue_id = $1 AND name = $2",
+                &[&queue_id, &name],
+            )
+            .await?;
+        let id = row.map(|r| r.get::<_, Uuid>(0));
+        if let Some(id) = id {
+            self.remember_partition(key, id);
+        }
+        Ok(id)
+    }
+
+    /// Ids of queues by name, creating the missing ones.
+    pub async fn ensure_queues(
+        &self,
+        pool: &Pool,
+        names: &[&str],
+    ) -> Result<HashMap<String, Uuid>, DbError> {
+        let mut out = HashMap::new();
+        let mut missing: Vec<String> = Vec::new();
+        {
+            let cache = self.queues.lock().unwrap();
+            for n in names {
+                match cache.get(*n) {
+                    Some(id) => {
+                        out.insert(n.to_string(), *id);
+                    }
+                    None => missing.push(n.to_string()),
+                }
+            }
+        }
+        missing.sort();
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let ids: Vec<Uuid> = missing.iter().map(|_| Uuid::now_v7()).collect();
+        let client = pool.get().await?;
+        client
+            .execute(
+                "INSERT INTO comb.queues (id, name)
+                 SELECT * FROM unnest($1::uuid[], $2::text[]) ORDER BY 2
+                 ON CONFLICT (name) DO NOTHING",
+                &[&ids, &missing],
+            )
+            .await?;
+        let rows = client
+            .query(
+                "SELECT name, id FROM comb.queues WHERE name = ANY($1)",
+                &[&missing],
+            )
+            .await?;
+        for r in rows {
+            let (name, id): (String, Uuid) = (r.get(0), r.get(1));
+            self.remember_queue(&name, id);
+            out.insert(name, id);
+        }
+        Ok(out)
+    }
+
+    /// Ids of partitions by (queue id, name), creating the missing ones together with a cursor
+    /// for every consumer group already subscribed to their queue.
+    pub async fn ensure_partitions(
+        &self,
+        pool: &Pool,
+        wanted: &[(Uuid, &str)],
+    ) -> Result<HashMap<(Uuid, String), Uuid>, DbError> {
+        let mut out = HashMap::new();
+        let mut missing: Vec<(Uuid, String)> = Vec::new();
+        {
+            let cache = self.partitions.lock().unwrap();
+            for (q, n) in wanted {
+                let key = (*q, n.to_string());
+                match cache.get(&key) {
+                    Some(id) => {
+                        out.insert(key, *id);
+                    }
+                    None => missing.push(key),
+                }
+            }
+        }
+        missing.sort();
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let queue_ids: Vec<Uuid> = missing.iter().map(|k| k.0).collect();
+        let names: Vec<String> = missing.iter().map(|k| k.1.clone()).collect();
+        let new_ids: Vec<Uuid> = missing.iter().map(|_| Uuid::now_v7()).collect();
+        let mut lock_ids = queue_ids.clone();
+        lock_ids.sort();
+        lock_ids.dedup();
+        let mut client = pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.query(
+            "SELECT id FROM comb.queues WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
+            &[&lock_ids],
+        )
+        .await?;
+        tx.execute(
+            "WITH created AS (
+                 INSERT INTO comb.partitions (id, queue_id, name)
+                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) ORDER BY 2, 3
+                 ON CONFLICT (queue_id, name) DO NOTHING
+                 RETURNING id, queue_id
+             )
+             INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
+             SELECT c.id, s.consumer_group, c.queue_id
+             FROM created c JOIN comb.subscriptions s ON s.queue_id = c.queue_id
+             ON CONFLICT DO NOTHING",
+            &[&new_ids, &queue_ids, &names],
+        )
+        .await?;
+        let rows = tx
+            .query(
+                "SELECT p.queue_id, p.name, p.id
+                 FROM unnest($1::uuid[], $2::text[]) AS w(queue_id, name)
+                 JOIN comb.partitions p ON p.queue_id = w.queue_id AND p.name = w.name",
+                &[&queue_ids, &names],
+            )
+            .await?;
+        tx.commit().await?;
+        for r in rows {
+            let key: (Uuid, String) = (r.get(0), r.get(1));
+            let id: Uuid = r.get(2);
+            self.remember_partition(key.clone(), id);
+            out.insert(key, id);
+        }
+        Ok(out)
+    }
+
+    /// Makes sure `group` reads `queue_id`: on the group's first appearance, creates its cursor
+    /// in every partition, starting where `start` says.
+    pub async fn ensure_subscription(
+        &self,
+        pool: &Pool,
+        queue_id: Uuid,
+        group: &str,
+        start: StartFrom,
+    ) -> Result<(), DbError> {
+        let key = (queue_id, group.to_string());
+        if self.subscriptions.lock().unwrap().contains(&key) {
+            return Ok(());
+        }
+        let (mode, start_at): (&str, Option<DateTime<Utc>>) = match start {
+            StartFrom::All => ("all", None),
+            StartFrom::New => ("new", None),
+            StartFrom::Time(t) => ("from", Some(t)),
+        };
+        let mut client = pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.query(
+            "SELECT id FROM comb.queues WHERE id = $1 FOR NO KEY UPDATE",
+            &[&queue_id],
+        )
+        .await?;
+        let created = tx
+            .query_opt(
+                "INSERT INTO comb.subscriptions (queue_id, consumer_group, mode, start_at)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1",
+                &[&queue_id, &group, &mode, &start_at],
+            )
+            .await?
+            .is_some();
+        if created {
+            tx.execute(
+                "INSERT INTO comb.cursors (partition_id, consumer_group, queue_id, cursor_pos, lease_upto)
+                 SELECT p.id, $2, p.queue_id, s.pos, s.pos
+                 FROM comb.partitions p
+                 CROSS JOIN LATERAL (
+                     SELECT CASE $3::text
+                         WHEN 'new' THEN p.head_pos
+                         WHEN 'from' THEN coalesce((
+                             SELECT m.pos FROM comb.messages m
+                             WHERE m.partition_id = p.id AND m.created_at < $4
+                             ORDER BY m.pos DESC LIMIT 1), 0)
+                         ELSE 0 END AS pos
+                 ) s
+                 WHERE p.queue_id = $1
+                 ON CONFLICT DO NOTHING",
+                &[&queue_id, &group, &mode, &start_at],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        let mut subs = self.subscriptions.lock().unwrap();
+        if subs.len() >= CACHE_LIMIT {
+            subs.clear();
+        }
+        subs.insert(key);
+        Ok(())
+    }
+
+    /// Forgets everything cached about a queue (after it was deleted or a stale id was seen).
+    pub fn forget_queue(&self, name: &str) {
+        if let Some(id) = self.queues.lock().unwrap().remove(name) {
+            self.partitions.lock().unwrap().retain(|k, _| k.0 != id);
+            self.subscriptions.lock().unwrap().retain(|k| k.0 != id);
+        }
+    }
+
+    fn remember_queue(&self, name: &str, id: Uuid) {
+        let mut q = self.queues.lock().unwrap();
+        if q.len() >= CACHE_LIMIT {
+            q.clear();
+        }
+        q.insert(name.to_string(), id);
+    }
+
+    fn remember_partition(&self, key: (Uuid, String), id: Uuid) {
+        let mut p = self.partitions.lock().unwrap();
+        if p.len() >= CACHE_LIMIT {
+            p.clear();
+        }
+        p.insert(key, id);
+    }
+}

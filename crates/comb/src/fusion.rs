@@ -1,0 +1,154 @@
+//! Request fusion: concurrent requests of one kind become one database round trip.
+//!
+//! Each kind (push, pop, ack) has a few workers, each running one fused batch at a time.
+//! A worker that is free takes the first waiting job at once and, without waiting for more,
+//! everything else already queued behind it (up to a weight limit). So a lone request is
+//! never held back, and under load batches grow by themselves: the busier the database, the
+//! more requests arrive while a batch is in flight and the larger the next one is.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, mpsc};
+
+/// Runs one fused batch.
+pub type Runner<J> = Arc<dyn Fn(Vec<J>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// The queue in front of one kind of worker.
+pub struct Fuser<J> {
+    tx: mpsc::Sender<J>,
+}
+
+impl<J> Clone for Fuser<J> {
+    fn clone(&self) -> Self {
+        Fuser {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+/// The fuser stopped (the server is shutting down).
+#[derive(Debug)]
+pub struct Closed;
+
+impl<J: Send + 'static> Fuser<J> {
+    /// Starts `workers` workers; a batch stops growing once its jobs weigh `max_weight`.
+    pub fn start(
+        workers: usize,
+        max_weight: usize,
+        weight: fn(&J) -> usize,
+        run: Runner<J>,
+    ) -> Fuser<J> {
+        let (tx, rx) = mpsc::channel::<J>(65_536);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..workers.max(1) {
+            let rx = rx.clone();
+            let run = run.clone();
+            tokio::spawn(async move {
+                loop {
+                    let batch = {
+                        let mut rx = rx.lock().await;
+                        let Some(first) = rx.recv().await else { return };
+                        let mut total = weight(&first);
+                        let mut batch = vec![first];
+                        while total < max_weight {
+                            match rx.try_recv() {
+                                Ok(job) => {
+                                    total += weight(&job);
+                                    batch.push(job);
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        batch
+                    };
+                    run(batch).await;
+                }
+            });
+        }
+        Fuser { tx }
+    }
+
+    /// Queues a job; its own reply channel carries the result.
+    pub async fn submit(&self, job: J) -> Result<(), Closed> {
+        self.tx.send(job).await.map_err(|_| Closed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::sync::oneshot;
+
+    #[tokio::test]
+    async fn lone_job_runs_and_queued_jobs_fuse() {
+        let batches = Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let b2 = batches.clone();
+        let g2 = gate.clone();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let r2 = runs.clone();
+        let run: Runner<(u32, oneshot::Sender<u32>)> = Arc::new(move |batch| {
+            let b = b2.clone();
+            let g = g2.clone();
+            let r = r2.clone();
+            Box::pin(async move {
+                // The first batch waits for the gate, so later jobs pile up behind it.
+                if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                    g.acquire().await.unwrap().forget();
+                }
+                b.lock().unwrap().push(batch.len());
+                for (v, reply) in batch {
+                    let _ = reply.send(v * 2);
+                }
+            })
+        });
+        let fuser = Fuser::start(1, 100, |_| 1, run);
+        let (tx, first) = oneshot::channel();
+        fuser.submit((1, tx)).await.unwrap();
+        tokio::task::yield_now().await;
+        let mut rest = Vec::new();
+        for i in 2..=6 {
+            let (tx, rx) = oneshot::channel();
+            fuser.submit((i, tx)).await.unwrap();
+            rest.push(rx);
+        }
+        gate.add_permits(1);
+        assert_eq!(first.await.unwrap(), 2);
+        for (i, rx) in rest.into_iter().enumerate() {
+            assert_eq!(rx.await.unwrap(), (i as u32 + 2) * 2);
+        }
+        assert_eq!(*batches.lock().unwrap(), vec![1, 5]);
+    }
+
+    #[tokio::test]
+    async fn batches_stop_at_the_weight_limit() {
+        let batches = Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+        let b2 = batches.clone();
+        let run: Runner<oneshot::Sender<()>> = Arc::new(move |batch| {
+            let b = b2.clone();
+            Box::pin(async move {
+                b.lock().unwrap().push(batch.len());
+                for reply in batch {
+                    let _ = reply.send(());
+                }
+            })
+        });
+        let fuser = Fuser::start(1, 3, |_| 1, run);
+        let mut waits = Vec::new();
+        // Submit while the worker cannot run: a current-thread runtime only runs it when we yield.
+        for _ in 0..7 {
+            let (tx, rx) = oneshot::channel();
+            fuser.submit(tx).await.unwrap();
+            waits.push(rx);
+        }
+        for w in waits {
+            w.await.unwrap();
+        }
+        let seen = batches.lock().unwrap().clone();
+        assert_eq!(seen.iter().sum::<usize>(), 7);
+        assert!(seen.iter().all(|n| *n <= 3), "{seen:?}");
+    }
+}

@@ -1,0 +1,199 @@
+//! `POST /api/v1/ack` and `POST /api/v1/ack/batch`.
+
+use axum::extract::State as AxState;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::body::JsonBody;
+use super::{Problem, State};
+use crate::ack::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus};
+use crate::queue::{QUEUE_MODE_GROUP, validate_group_name};
+
+/// One acknowledgement as sent by a consumer.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AckIn {
+    transaction_id: String,
+    partition_id: String,
+    status: String,
+    lease_id: Option<String>,
+    consumer_group: Option<String>,
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AckBatchIn {
+    acknowledgments: Vec<AckIn>,
+    consumer_group: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AckOut {
+    index: usize,
+    transaction_id: String,
+    success: bool,
+    error: Option<String>,
+    queue_name: Option<String>,
+    partition_name: Option<String>,
+    lease_released: bool,
+    dlq: bool,
+}
+
+/// Longest error text kept with a failed message.
+const MAX_ERROR_LEN: usize = 8192;
+
+pub async fn ack_one(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<AckIn>,
+) -> Result<axum::Json<Vec<AckOut>>, Problem> {
+    let item = validate(body, None, "")?;
+    let txid = item.transaction_id.clone();
+    let outcome = settle(&app, vec![item])
+        .await?
+        .pop()
+        .expect("one outcome per item");
+    if let Err(refusal) = outcome.result {
+        let status = match refusal {
+            AckRefusal::MessageNotFound | AckRefusal::NotConsumed => StatusCode::NOT_FOUND,
+            AckRefusal::LeaseInvalid | AckRefusal::NotDelivered => StatusCode::CONFLICT,
+        };
+        return Err(Problem::new(status, refusal.code(), refusal.message()));
+    }
+    Ok(axum::Json(vec![out(0, txid, outcome)]))
+}
+
+pub async fn ack_batch(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<AckBatchIn>,
+) -> Result<axum::Json<Vec<AckOut>>, Problem> {
+    if body.acknowledgments.is_empty() {
+        return Err(Problem::bad_request(
+            "items_empty",
+            "`acknowledgments` must hold at least one item",
+        ));
+    }
+    let max = app.config.max_batch;
+    if body.acknowledgments.len() > max {
+        return Err(Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "batch_too_large",
+            format!(
+                "an ack batch may hold at most {max} items, got {}",
+                body.acknowledgments.len()
+            ),
+        ));
+    }
+    let default_group = body.consumer_group;
+    let items = body
+        .acknowledgments
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| validate(a, default_group.as_deref(), &format!("acknowledgments[{i}]: ")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let txids: Vec<String> = items.iter().map(|i| i.transaction_id.clone()).collect();
+    let outcomes = settle(&app, items).await?;
+    Ok(axum::Json(
+        outcomes
+            .into_iter()
+            .zip(txids)
+            .enumerate()
+            .map(|(i, (o, t))| out(i, t, o))
+            .collect(),
+    ))
+}
+
+/// Validates one ack; `at` prefixes messages with the item's place in a batch.
+fn validate(a: AckIn, default_group: Option<&str>, at: &str) -> Result<AckItem, Problem> {
+    let partition_id = Uuid::parse_str(&a.partition_id).map_err(|_| {
+        Problem::bad_request(
+            "partition_id_invalid",
+            format!("{at}partitionId must be a UUID, got {:?}", a.partition_id),
+        )
+    })?;
+    let status = match a.status.as_str() {
+        "completed" => AckStatus::Completed,
+        "failed" => AckStatus::Failed,
+        "retry" => AckStatus::Retry,
+        "dlq" => AckStatus::Dlq,
+        other => {
+            return Err(Problem::bad_request(
+                "ack_status_invalid",
+                format!("{at}status must be completed, failed, retry or dlq, got {other:?}"),
+            ));
+        }
+    };
+    let lease_id = a
+        .lease_id
+        .map(|l| {
+            Uuid::parse_str(&l).map_err(|_| {
+                Problem::bad_request(
+                    "lease_id_invalid",
+                    format!("{at}leaseId must be a UUID, got {l:?}"),
+                )
+            })
+        })
+        .transpose()?;
+    let group = a
+        .consumer_group
+        .or_else(|| default_group.map(str::to_string))
+        .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
+    validate_group_name(&group)
+        .map_err(|e| Problem::bad_request("consumer_group_invalid", format!("{at}{e}")))?;
+    if a.transaction_id.is_empty() || a.transaction_id.len() > 255 {
+        return Err(Problem::bad_request(
+            "transaction_id_invalid",
+            format!("{at}transactionId must be 1-255 bytes"),
+        ));
+    }
+    let error = a.error.map(|mut e| {
+        if e.len() > MAX_ERROR_LEN {
+            let mut cut = MAX_ERROR_LEN;
+            while !e.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            e.truncate(cut);
+        }
+        e
+    });
+    Ok(AckItem {
+        partition_id,
+        transaction_id: a.transaction_id,
+        group,
+        status,
+        lease_id,
+        error,
+    })
+}
+
+async fn settle(app: &State, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Problem> {
+    let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
+    let (reply, rx) = oneshot::channel();
+    app.ack
+        .submit(AckJob { items, reply })
+        .await
+        .map_err(|_| closed())?;
+    rx.await
+        .map_err(|_| closed())?
+        .map_err(|e| Problem::from(&*e))
+}
+
+fn out(index: usize, transaction_id: String, o: AckOutcome) -> AckOut {
+    let (success, error) = match o.result {
+        Ok(()) => (true, None),
+        Err(r) => (false, Some(format!("{}: {}", r.code(), r.message()))),
+    };
+    AckOut {
+        index,
+        transaction_id,
+        success,
+        error,
+        queue_name: o.queue_name,
+        partition_name: o.partition_name,
+        lease_released: o.lease_released,
+        dlq: o.dlq,
+    }
+}

@@ -1,0 +1,52 @@
+//! `GET /health` (alive and the database answers) and `GET /ready` (accepting work).
+
+use std::time::Duration;
+
+use axum::extract::State as AxState;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::State;
+
+/// How long a health probe waits for the database.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn database_answers(app: &State) -> bool {
+    let probe = async {
+        let client = app.pool.get().await.ok()?;
+        client.query_one("SELECT 1", &[]).await.ok()
+    };
+    matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Some(_)))
+}
+
+pub async fn health(AxState(app): AxState<State>) -> Response {
+    if database_answers(&app).await {
+        (
+            StatusCode::OK,
+            axum::Json(json!({"status": "healthy", "database": "connected"})),
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "unhealthy", "database": "disconnected"})),
+        )
+            .into_response()
+    }
+}
+
+pub async fn ready(AxState(app): AxState<State>) -> Response {
+    let stopping = app.is_stopping();
+    let db = !stopping && database_answers(&app).await;
+    let status = if db {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"ready": db, "stopping": stopping, "database": db})),
+    )
+        .into_response()
+}

@@ -1,0 +1,101 @@
+//! The HTTP API v1: routing, shared state, and the edge where every request is validated.
+
+mod ack;
+mod body;
+mod configure;
+mod health;
+mod openapi;
+mod params;
+mod pop;
+mod problem;
+mod push;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::http::Method;
+use axum::routing::{MethodRouter, get, post};
+use deadpool_postgres::Pool;
+use tokio::sync::watch;
+
+pub use problem::Problem;
+
+use crate::ack::AckJob;
+use crate::catalog::Catalog;
+use crate::config::ServeConfig;
+use crate::fusion::Fuser;
+use crate::pop::PopJob;
+use crate::push::PushJob;
+use crate::wake::Wake;
+
+/// Everything a handler needs, shared by all requests.
+pub struct App {
+    pub config: ServeConfig,
+    pub pool: Pool,
+    pub catalog: Catalog,
+    pub wake: Arc<Wake>,
+    pub push: Fuser<PushJob>,
+    pub pop: Fuser<PopJob>,
+    pub ack: Fuser<AckJob>,
+    /// Set once SIGTERM arrived: `/ready` answers 503 and waiting pops answer 204.
+    pub stopping: AtomicBool,
+    /// Fires when `stopping` is set, to wake waiting pops.
+    pub stop_signal: watch::Sender<bool>,
+}
+
+impl App {
+    /// Begins a graceful stop: no new waits, waiting pops answer now.
+    pub fn begin_stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = self.stop_signal.send(true);
+        self.wake.notify_all();
+    }
+
+    /// Whether a graceful stop has begun.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+}
+
+/// Handler state.
+pub type State = Arc<App>;
+
+/// Every route: method, path (OpenAPI syntax) and handler. The router and the OpenAPI
+/// document are both checked against this one list, so they cannot drift apart.
+pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
+    vec![
+        (Method::POST, "/api/v1/push", post(push::push)),
+        (Method::GET, "/api/v1/pop/queue/{queue}", get(pop::pop_queue)),
+        (
+            Method::GET,
+            "/api/v1/pop/queue/{queue}/partition/{partition}",
+            get(pop::pop_partition),
+        ),
+        (Method::POST, "/api/v1/pop", post(pop::pop_body)),
+        (Method::POST, "/api/v1/ack", post(ack::ack_one)),
+        (Method::POST, "/api/v1/ack/batch", post(ack::ack_batch)),
+        (Method::POST, "/api/v1/configure", post(configure::configure)),
+        (Method::GET, "/health", get(health::health)),
+        (Method::GET, "/ready", get(health::ready)),
+        (Method::GET, "/api/v1/openapi.json", get(openapi::openapi)),
+    ]
+}
+
+/// The application router.
+pub fn router(state: State) -> Router {
+    let mut router = Router::new();
+    for (_, path, handler) in routes() {
+        router = router.route(path, handler);
+    }
+    router
+        .fallback(|| async { Problem::not_found("route_not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not accept that method",
+            )
+        })
+        .with_state(state)
+}

@@ -1,0 +1,109 @@
+//! Options of a request that may come as URL query parameters or as JSON members.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::Problem;
+
+/// Named request options, from the query string or a JSON object.
+pub enum Params {
+    Query(HashMap<String, String>),
+    Json(serde_json::Map<String, Value>),
+}
+
+fn invalid(name: &str, expected: &str) -> Problem {
+    Problem::bad_request(
+        "parameter_invalid",
+        format!("parameter `{name}` must be {expected}"),
+    )
+}
+
+impl Params {
+    /// A text option.
+    pub fn text(&self, name: &str) -> Result<Option<String>, Problem> {
+        match self {
+            Params::Query(q) => Ok(q.get(name).cloned()),
+            Params::Json(j) => match j.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(invalid(name, "a string")),
+            },
+        }
+    }
+
+    /// A non-negative integer option.
+    pub fn uint(&self, name: &str) -> Result<Option<u64>, Problem> {
+        let expected = "a non-negative integer";
+        match self {
+            Params::Query(q) => q
+                .get(name)
+                .map(|v| v.trim().parse::<u64>().map_err(|_| invalid(name, expected)))
+                .transpose(),
+            Params::Json(j) => match j.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| invalid(name, expected)),
+                Some(Value::String(s)) => s
+                    .trim()
+                    .parse::<u64>()
+                    .map(Some)
+                    .map_err(|_| invalid(name, expected)),
+                Some(_) => Err(invalid(name, expected)),
+            },
+        }
+    }
+
+    /// A boolean option (`true`/`false`, `1`/`0`).
+    pub fn flag(&self, name: &str) -> Result<Option<bool>, Problem> {
+        let parse = |s: &str| match s.trim() {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(invalid(name, "true or false")),
+        };
+        match self {
+            Params::Query(q) => q.get(name).map(|v| parse(v)).transpose(),
+            Params::Json(j) => match j.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Bool(b)) => Ok(Some(*b)),
+                Some(Value::String(s)) => parse(s).map(Some),
+                Some(_) => Err(invalid(name, "true or false")),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_and_json_agree() {
+        let q = Params::Query(HashMap::from([
+            ("batch".to_string(), "5".to_string()),
+            ("wait".to_string(), "true".to_string()),
+        ]));
+        let j = Params::Json(
+            serde_json::json!({"batch": 5, "wait": true})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        for p in [q, j] {
+            assert_eq!(p.uint("batch").unwrap(), Some(5));
+            assert_eq!(p.flag("wait").unwrap(), Some(true));
+            assert_eq!(p.uint("timeout").unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let q = Params::Query(HashMap::from([
+            ("batch".to_string(), "-1".to_string()),
+            ("wait".to_string(), "yes".to_string()),
+        ]));
+        assert_eq!(q.uint("batch").unwrap_err().code, "parameter_invalid");
+        assert_eq!(q.flag("wait").unwrap_err().code, "parameter_invalid");
+        let j = Params::Json(serde_json::json!({"batch": 1.5}).as_object().unwrap().clone());
+        assert!(j.uint("batch").is_err());
+    }
+}

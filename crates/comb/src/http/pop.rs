@@ -1,0 +1,296 @@
+//! Pop routes: validate options, subscribe the group on first sight, claim, and long-poll.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State as AxState};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::body::JsonBody;
+use super::params::Params;
+use super::{Problem, State};
+use crate::catalog::StartFrom;
+use crate::pop::{Claim, PopJob, PopShape};
+use crate::queue::{
+    QUEUE_MODE_GROUP, validate_group_name, validate_partition_name, validate_queue_name,
+};
+
+/// Most partitions one pop may lease.
+const MAX_PARTITIONS_PER_POP: u64 = 100;
+
+/// A pop request after validation.
+struct PopRequest {
+    queue: String,
+    partition: Option<String>,
+    group: String,
+    batch: i32,
+    partitions: usize,
+    wait: bool,
+    timeout: Duration,
+    auto_ack: bool,
+    start: StartFrom,
+}
+
+pub async fn pop_queue(
+    AxState(app): AxState<State>,
+    Path(queue): Path<String>,
+    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Problem> {
+    let params = Params::Query(query_params(query)?);
+    let req = parse(&app, queue, None, &params)?;
+    serve(&app, req).await
+}
+
+pub async fn pop_partition(
+    AxState(app): AxState<State>,
+    Path((queue, partition)): Path<(String, String)>,
+    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Problem> {
+    let params = Params::Query(query_params(query)?);
+    let req = parse(&app, queue, Some(partition), &params)?;
+    serve(&app, req).await
+}
+
+pub async fn pop_body(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Response, Problem> {
+    let params = Params::Json(body);
+    let queue = params
+        .text("queue")?
+        .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
+    let partition = params.text("partition")?;
+    let req = parse(&app, queue, partition, &params)?;
+    serve(&app, req).await
+}
+
+fn query_params(
+    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+) -> Result<HashMap<String, String>, Problem> {
+    query
+        .map(|q| q.0)
+        .map_err(|e| Problem::bad_request("parameter_invalid", e.body_text()))
+}
+
+fn parse(
+    app: &State,
+    queue: String,
+    partition: Option<String>,
+    params: &Params,
+) -> Result<PopRequest, Problem> {
+    validate_queue_name(&queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
+    if let Some(p) = &partition {
+        validate_partition_name(p).map_err(|e| Problem::bad_request("partition_name_invalid", e))?;
+    }
+    let group = params
+        .text("consumerGroup")?
+        .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
+    validate_group_name(&group)
+        .map_err(|e| Problem::bad_request("consumer_group_invalid", e))?;
+    let max_batch = app.config.max_pop_batch as u64;
+    let batch = params.uint("batch")?.unwrap_or(1);
+    if !(1..=max_batch).contains(&batch) {
+        return Err(Problem::bad_request(
+            "parameter_invalid",
+            format!("parameter `batch` must be between 1 and {max_batch}"),
+        ));
+    }
+    let partitions = params.uint("partitions")?.unwrap_or(1);
+    if !(1..=MAX_PARTITIONS_PER_POP).contains(&partitions) {
+        return Err(Problem::bad_request(
+            "parameter_invalid",
+            format!("parameter `partitions` must be between 1 and {MAX_PARTITIONS_PER_POP}"),
+        ));
+    }
+    let timeout_ms = params.uint("timeout")?.unwrap_or(30_000);
+    let timeout = Duration::from_millis(timeout_ms).min(app.config.max_poll_timeout());
+    let start = match (
+        params.text("subscriptionFrom")?,
+        params.text("subscriptionMode")?,
+    ) {
+        (Some(from), _) if from == "now" => StartFrom::New,
+        (Some(from), _) => StartFrom::Time(
+            DateTime::parse_from_rfc3339(&from)
+                .map_err(|_| {
+                    Problem::bad_request(
+                        "subscription_from_invalid",
+                        format!(
+                            "subscriptionFrom must be `now` or an RFC 3339 time such as 2026-01-31T12:00:00Z, got {from:?}"
+                        ),
+                    )
+                })?
+                .with_timezone(&Utc),
+        ),
+        (None, None) => StartFrom::All,
+        (None, Some(mode)) => match mode.as_str() {
+            "all" => StartFrom::All,
+            "new" => StartFrom::New,
+            other => {
+                return Err(Problem::bad_request(
+                    "subscription_mode_invalid",
+                    format!("subscriptionMode must be `all` or `new`, got {other:?}"),
+                ));
+            }
+        },
+    };
+    Ok(PopRequest {
+        queue,
+        partition,
+        group,
+        batch: batch as i32,
+        partitions: partitions as usize,
+        wait: params.flag("wait")?.unwrap_or(false),
+        timeout,
+        auto_ack: params.flag("autoAck")?.unwrap_or(false),
+        start,
+    })
+}
+
+/// Claims, and when asked to wait, waits for a push to this queue and claims again.
+async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
+    let deadline = Instant::now() + if req.wait { req.timeout } else { Duration::ZERO };
+    let mut stop = app.stop_signal.subscribe();
+    loop {
+        // Listen before looking, so a push that commits after the look still wakes us.
+        let mut woken = app.wake.listen(&req.queue);
+        if let Some(resp) = attempt(app, &req).await? {
+            return Ok(resp);
+        }
+        let now = Instant::now();
+        if now >= deadline || app.is_stopping() {
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        let fallback = Duration::from_millis(app.config.poll_fallback_ms);
+        let until = deadline.min(now + fallback);
+        tokio::select! {
+            _ = woken.changed() => {}
+            _ = tokio::time::sleep_until(until) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// One look: `Some(response)` when messages were claimed or the request is refused.
+async fn attempt(app: &State, req: &PopRequest) -> Result<Option<Response>, Problem> {
+    let Some(queue_id) = app.catalog.find_queue(&app.pool, &req.queue).await? else {
+        if req.partition.is_some() {
+            return Err(Problem::not_found(
+                "queue_not_found",
+                format!("queue `{}` does not exist", req.queue),
+            ));
+        }
+        return Ok(None);
+    };
+    let partition_id = match &req.partition {
+        Some(name) => match app
+            .catalog
+            .find_partition(&app.pool, queue_id, name)
+            .await?
+        {
+            Some(id) => Some(id),
+            None => return Ok(None),
+        },
+        None => None,
+    };
+    app.catalog
+        .ensure_subscription(&app.pool, queue_id, &req.group, req.start)
+        .await?;
+    let (reply, rx) = oneshot::channel();
+    let job = PopJob {
+        shape: PopShape {
+            queue_id,
+            group: req.group.clone(),
+            partition_id,
+            batch: req.batch,
+            auto_ack: req.auto_ack,
+        },
+        partitions: req.partitions,
+        reply,
+    };
+    let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
+    app.pop.submit(job).await.map_err(|_| closed())?;
+    let claims = rx
+        .await
+        .map_err(|_| closed())?
+        .map_err(|e| Problem::from(&*e))?;
+    if claims.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(respond(req, claims)?))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PopResponse<'a> {
+    success: bool,
+    queue: &'a str,
+    partition: &'a str,
+    partition_id: Uuid,
+    lease_id: Option<Uuid>,
+    consumer_group: &'a str,
+    messages: Vec<MessageOut<'a>>,
+    partitions_claimed: usize,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageOut<'a> {
+    id: Uuid,
+    transaction_id: &'a str,
+    trace_id: Option<&'a str>,
+    data: Box<RawValue>,
+    created_at: String,
+    partition_id: Uuid,
+    partition: &'a str,
+    lease_id: Option<Uuid>,
+    consumer_group: &'a str,
+    attempt: i32,
+}
+
+fn respond(req: &PopRequest, claims: Vec<Claim>) -> Result<Response, Problem> {
+    let first = &claims[0];
+    let mut messages = Vec::new();
+    for c in &claims {
+        for m in &c.messages {
+            let text = String::from_utf8(m.payload.clone()).map_err(|_| stored_corrupt())?;
+            messages.push(MessageOut {
+                id: m.message_id,
+                transaction_id: &m.transaction_id,
+                trace_id: m.trace_id.as_deref(),
+                data: RawValue::from_string(text).map_err(|_| stored_corrupt())?,
+                created_at: m.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+                partition_id: c.partition_id,
+                partition: &c.partition,
+                lease_id: c.lease_id,
+                consumer_group: &req.group,
+                attempt: m.attempt,
+            });
+        }
+    }
+    let body = PopResponse {
+        success: true,
+        queue: &req.queue,
+        partition: &first.partition,
+        partition_id: first.partition_id,
+        lease_id: first.lease_id,
+        consumer_group: &req.group,
+        messages,
+        partitions_claimed: claims.len(),
+    };
+    Ok(axum::Json(body).into_response())
+}
+
+fn stored_corrupt() -> Problem {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "payload_corrupt",
+        "a stored payload is not valid JSON",
+    )
+}

@@ -1,0 +1,200 @@
+//! `POST /api/v1/push`: validate every item, resolve names, hand the batch to the push fuser.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::State as AxState;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::body::JsonBody;
+use super::{Problem, State};
+use crate::push::{NewMessage, PushJob, Stored};
+use crate::queue::{DEFAULT_PARTITION, validate_partition_name, validate_queue_name};
+
+/// Longest transaction or trace id.
+const MAX_ID_LEN: usize = 255;
+
+/// The push request body.
+#[derive(Deserialize)]
+pub struct PushBody {
+    items: Vec<PushItem>,
+}
+
+/// One message to push.
+#[derive(Deserialize)]
+pub struct PushItem {
+    queue: String,
+    partition: Option<String>,
+    payload: Box<RawValue>,
+    #[serde(rename = "transactionId")]
+    transaction_id: Option<String>,
+    #[serde(rename = "traceId")]
+    trace_id: Option<String>,
+}
+
+#[derive(Serialize)]
+struct PushResult<'a> {
+    index: usize,
+    transaction_id: &'a str,
+    message_id: Uuid,
+    partition_id: Uuid,
+    status: &'static str,
+    #[serde(rename = "queueName")]
+    queue_name: &'a str,
+    trace_id: Option<&'a str>,
+}
+
+pub async fn push(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<PushBody>,
+) -> Result<Response, Problem> {
+    let items = body.items;
+    validate(&items, app.config.max_batch)?;
+    let messages = resolve(&app, items).await?;
+    let messages = Arc::new(messages);
+    let stored = store(&app, messages.clone()).await?;
+
+    let results: Vec<PushResult> = messages
+        .iter()
+        .zip(&stored)
+        .enumerate()
+        .map(|(index, (m, s))| {
+            let (status, message_id) = match s {
+                Stored::Queued(id) => ("queued", *id),
+                Stored::Duplicate(id) => ("duplicate", *id),
+                Stored::PartitionGone => unreachable!("refused in store()"),
+            };
+            PushResult {
+                index,
+                transaction_id: &m.transaction_id,
+                message_id,
+                partition_id: m.partition_id,
+                status,
+                queue_name: &m.queue,
+                trace_id: m.trace_id.as_deref(),
+            }
+        })
+        .collect();
+    Ok((StatusCode::CREATED, axum::Json(results)).into_response())
+}
+
+/// Checks every item before anything is stored, so one bad item fails only its own request.
+fn validate(items: &[PushItem], max_batch: usize) -> Result<(), Problem> {
+    if items.is_empty() {
+        return Err(Problem::bad_request(
+            "items_empty",
+            "`items` must hold at least one message",
+        ));
+    }
+    if items.len() > max_batch {
+        return Err(Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "batch_too_large",
+            format!(
+                "a push may hold at most {max_batch} items, got {}",
+                items.len()
+            ),
+        ));
+    }
+    for (i, item) in items.iter().enumerate() {
+        validate_queue_name(&item.queue)
+            .map_err(|e| Problem::bad_request("queue_name_invalid", format!("items[{i}]: {e}")))?;
+        if let Some(p) = &item.partition {
+            validate_partition_name(p).map_err(|e| {
+                Problem::bad_request("partition_name_invalid", format!("items[{i}]: {e}"))
+            })?;
+        }
+        if let Some(t) = &item.transaction_id
+            && (t.is_empty() || t.len() > MAX_ID_LEN || t.chars().any(char::is_control))
+        {
+            return Err(Problem::bad_request(
+                "transaction_id_invalid",
+                format!(
+                    "items[{i}]: transactionId must be 1-{MAX_ID_LEN} bytes without control characters"
+                ),
+            ));
+        }
+        if let Some(t) = &item.trace_id
+            && (t.len() > MAX_ID_LEN || t.chars().any(char::is_control))
+        {
+            return Err(Problem::bad_request(
+                "trace_id_invalid",
+                format!(
+                    "items[{i}]: traceId must be at most {MAX_ID_LEN} bytes without control characters"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Turns queue and partition names into ids, creating what does not exist yet.
+async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<NewMessage>, Problem> {
+    let names: Vec<&str> = items.iter().map(|i| i.queue.as_str()).collect();
+    let queues = app.catalog.ensure_queues(&app.pool, &names).await?;
+    let wanted: Vec<(Uuid, &str)> = items
+        .iter()
+        .map(|i| {
+            (
+                queues[&i.queue],
+                i.partition.as_deref().unwrap_or(DEFAULT_PARTITION),
+            )
+        })
+        .collect();
+    let partitions = app.catalog.ensure_partitions(&app.pool, &wanted).await?;
+    let mut queue_names: HashMap<String, Arc<str>> = HashMap::new();
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let queue_id = queues[&item.queue];
+        let partition = item.partition.as_deref().unwrap_or(DEFAULT_PARTITION);
+        let partition_id = partitions[&(queue_id, partition.to_string())];
+        let queue = queue_names
+            .entry(item.queue.clone())
+            .or_insert_with(|| Arc::from(item.queue.as_str()))
+            .clone();
+        let message_id = Uuid::now_v7();
+        let (transaction_id, client_transaction_id) = match item.transaction_id {
+            Some(t) => (t, true),
+            None => (message_id.to_string(), false),
+        };
+        out.push(NewMessage {
+            queue,
+            partition_id,
+            transaction_id,
+            client_transaction_id,
+            message_id,
+            trace_id: item.trace_id,
+            payload: item.payload.get().as_bytes().to_vec(),
+        });
+    }
+    Ok(out)
+}
+
+async fn store(app: &State, messages: Arc<Vec<NewMessage>>) -> Result<Vec<Stored>, Problem> {
+    let (reply, rx) = oneshot::channel();
+    let queues = messages.clone();
+    app.push
+        .submit(PushJob { messages, reply })
+        .await
+        .map_err(|_| Problem::unavailable("shutting_down", "the server is shutting down"))?;
+    let stored = rx
+        .await
+        .map_err(|_| Problem::unavailable("shutting_down", "the server is shutting down"))?
+        .map_err(|e| Problem::from(&*e))?;
+    if let Some(i) = stored.iter().position(|s| *s == Stored::PartitionGone) {
+        app.catalog.forget_queue(&queues[i].queue);
+        return Err(Problem::conflict(
+            "queue_deleted",
+            format!(
+                "queue `{}` was deleted while the push was in flight; retry the push",
+                queues[i].queue
+            ),
+        ));
+    }
+    Ok(stored)
+}

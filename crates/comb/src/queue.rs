@@ -1,0 +1,277 @@
+//! Queues: what a valid name is, and the options that shape how a queue is consumed.
+
+use serde::{Deserialize, Serialize};
+
+/// Partition used when a producer names none.
+pub const DEFAULT_PARTITION: &str = "Default";
+
+/// The consumer group shared by consumers that name none: classic competing consumers.
+pub const QUEUE_MODE_GROUP: &str = "__QUEUE_MODE__";
+
+/// Longest queue, partition or group name.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// A queue name is 1–255 characters of `[A-Za-z0-9._:-]`, so it is safe in URLs, logs and metrics.
+pub fn validate_queue_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "queue name must be 1-{MAX_NAME_LEN} characters, got {}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-')))
+    {
+        return Err(format!(
+            "queue name may only contain A-Z a-z 0-9 . : - (found {c:?})"
+        ));
+    }
+    Ok(())
+}
+
+/// A partition is named by the producer after its own keys (customer, chat, device), so any
+/// printable text of 1–255 bytes is accepted; control characters are refused.
+pub fn validate_partition_name(name: &str) -> Result<(), String> {
+    validate_free_name("partition", name)
+}
+
+/// Consumer group names follow the partition rule, which admits the reserved `__QUEUE_MODE__`.
+pub fn validate_group_name(name: &str) -> Result<(), String> {
+    validate_free_name("consumer group", name)
+}
+
+fn validate_free_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "{what} name must be 1-{MAX_NAME_LEN} bytes, got {}",
+            name.len()
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!("{what} name must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Options a user set on a queue. Absent fields keep their current value; the server fills
+/// defaults in [`QueueOptions::from_set`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OptionsSet {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_time: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_limit: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_delay: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delayed_processing: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_buffer: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_retention_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_time_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encryption_enabled: Option<bool>,
+}
+
+/// The option names a queue accepts, as they appear in JSON.
+pub const OPTION_NAMES: &[&str] = &[
+    "leaseTime",
+    "retryLimit",
+    "retryDelay",
+    "delayedProcessing",
+    "windowBuffer",
+    "retentionSeconds",
+    "completedRetentionSeconds",
+    "maxWaitTimeSeconds",
+    "maxSize",
+    "encryptionEnabled",
+];
+
+/// Longest lease a pop may take: one week.
+pub const MAX_LEASE_SECONDS: u32 = 7 * 24 * 3600;
+
+impl OptionsSet {
+    /// Overlays `newer` on `self`: fields `newer` sets win, the rest stay.
+    pub fn merged(&self, newer: &OptionsSet) -> OptionsSet {
+        macro_rules! pick {
+            ($($f:ident),*) => { OptionsSet { $($f: newer.$f.or(self.$f)),* } };
+        }
+        pick!(
+            lease_time,
+            retry_limit,
+            retry_delay,
+            delayed_processing,
+            window_buffer,
+            retention_seconds,
+            completed_retention_seconds,
+            max_wait_time_seconds,
+            max_size,
+            encryption_enabled
+        )
+    }
+
+    /// Checks ranges that the types alone do not.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(t) = self.lease_time
+            && !(1..=MAX_LEASE_SECONDS).contains(&t)
+        {
+            return Err(format!(
+                "leaseTime must be between 1 and {MAX_LEASE_SECONDS} seconds"
+            ));
+        }
+        if let Some(r) = self.retry_limit
+            && r > 10_000
+        {
+            return Err("retryLimit must be at most 10000".into());
+        }
+        if let Some(d) = self.retry_delay
+            && d > 7 * 24 * 3600 * 1000
+        {
+            return Err("retryDelay must be at most one week (in milliseconds)".into());
+        }
+        Ok(())
+    }
+}
+
+/// Effective options of a queue: what it does now, defaults filled in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueOptions {
+    /// Lease length for a pop, in seconds.
+    pub lease_time: u32,
+    /// Failed attempts before a message goes to the dead-letter queue.
+    pub retry_limit: u32,
+    /// Wait before a failed message is handed out again, in milliseconds.
+    pub retry_delay: u64,
+    /// A message becomes visible this many seconds after its push.
+    pub delayed_processing: u32,
+    /// A partition is served only after it has been quiet this many seconds.
+    pub window_buffer: u32,
+    /// Messages older than this many seconds are reclaimed (0 keeps them).
+    pub retention_seconds: u64,
+    /// Messages every group has passed are reclaimed after this many seconds (0 keeps them).
+    pub completed_retention_seconds: u64,
+    /// Messages pending longer than this many seconds are dead-lettered (0 is off).
+    pub max_wait_time_seconds: u64,
+    /// Pushes beyond this many pending messages are refused (0 is off).
+    pub max_size: u64,
+    /// Payloads encrypted at rest.
+    pub encryption_enabled: bool,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        QueueOptions {
+            lease_time: 300,
+            retry_limit: 3,
+            retry_delay: 1000,
+            delayed_processing: 0,
+            window_buffer: 0,
+            retention_seconds: 0,
+            completed_retention_seconds: 0,
+            max_wait_time_seconds: 0,
+            max_size: 0,
+            encryption_enabled: false,
+        }
+    }
+}
+
+impl QueueOptions {
+    /// Effective options from what the user set.
+    pub fn from_set(set: &OptionsSet) -> QueueOptions {
+        let d = QueueOptions::default();
+        QueueOptions {
+            lease_time: set.lease_time.unwrap_or(d.lease_time),
+            retry_limit: set.retry_limit.unwrap_or(d.retry_limit),
+            retry_delay: set.retry_delay.unwrap_or(d.retry_delay),
+            delayed_processing: set.delayed_processing.unwrap_or(d.delayed_processing),
+            window_buffer: set.window_buffer.unwrap_or(d.window_buffer),
+            retention_seconds: set.retention_seconds.unwrap_or(d.retention_seconds),
+            completed_retention_seconds: set
+                .completed_retention_seconds
+                .unwrap_or(d.completed_retention_seconds),
+            max_wait_time_seconds: set.max_wait_time_seconds.unwrap_or(d.max_wait_time_seconds),
+            max_size: set.max_size.unwrap_or(d.max_size),
+            encryption_enabled: set.encryption_enabled.unwrap_or(d.encryption_enabled),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names() {
+        assert!(validate_queue_name("orders").is_ok());
+        assert!(validate_queue_name("a.b:c-D9").is_ok());
+        assert!(validate_queue_name("").is_err());
+        assert!(validate_queue_name(&"x".repeat(256)).is_err());
+        assert!(validate_queue_name(&"x".repeat(255)).is_ok());
+        for bad in ["a b", "a/b", "a'b", "a_b", "é", "a;drop"] {
+            assert!(validate_queue_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn partition_and_group_names() {
+        assert!(validate_partition_name("customer 42/ü").is_ok());
+        assert!(validate_partition_name("a\nb").is_err());
+        assert!(validate_partition_name("").is_err());
+        assert!(validate_group_name(QUEUE_MODE_GROUP).is_ok());
+    }
+
+    #[test]
+    fn merge_keeps_what_is_not_set() {
+        let first = OptionsSet {
+            lease_time: Some(10),
+            retry_limit: Some(5),
+            ..Default::default()
+        };
+        let second = OptionsSet {
+            retry_limit: Some(7),
+            ..Default::default()
+        };
+        let m = first.merged(&second);
+        assert_eq!(m.lease_time, Some(10));
+        assert_eq!(m.retry_limit, Some(7));
+        let eff = QueueOptions::from_set(&m);
+        assert_eq!(eff.retry_delay, 1000);
+    }
+
+    #[test]
+    fn unknown_option_is_refused() {
+        let r: Result<OptionsSet, _> = serde_json::from_str(r#"{"priority": 3}"#);
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn option_names_match_fields() {
+        let all = OptionsSet {
+            lease_time: Some(1),
+            retry_limit: Some(1),
+            retry_delay: Some(1),
+            delayed_processing: Some(1),
+            window_buffer: Some(1),
+            retention_seconds: Some(1),
+            completed_retention_seconds: Some(1),
+            max_wait_time_seconds: Some(1),
+            max_size: Some(1),
+            encryption_enabled: Some(true),
+        };
+        let v = serde_json::to_value(&all).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut names = OPTION_NAMES.to_vec();
+        keys.sort();
+        names.sort();
+        assert_eq!(keys, names);
+    }
+}

@@ -1,0 +1,134 @@
+//! Versioned schema migrations, embedded in the binary and applied in order at start.
+//!
+//! The applied versions are recorded in `comb.migrations`. A server refuses to run against a
+//! database whose schema is newer than the newest migration it carries: it would not know the
+//! invariants that schema relies on.
+
+use tokio_postgres::Client;
+
+/// One schema change, identified by a version that only grows.
+pub struct Migration {
+    /// Monotonic version number; also the file's numeric prefix.
+    pub version: i32,
+    /// Short name, recorded with the version.
+    pub name: &'static str,
+    /// The SQL, run in one transaction.
+    pub sql: &'static str,
+}
+
+/// Every migration this binary knows, oldest first.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "init",
+    sql: include_str!("migrations/0001_init.sql"),
+}];
+
+/// Key of the advisory lock that serialises migrations among servers starting together.
+const MIGRATION_LOCK: i64 = 0x636f_6d62_0001;
+
+/// Why the schema could not be brought up to date.
+#[derive(Debug)]
+pub enum MigrateError {
+    /// The database holds a schema version this binary does not know.
+    TooNew { database: i32, known: i32 },
+    /// The database refused a statement.
+    Postgres(tokio_postgres::Error),
+}
+
+impl std::fmt::Display for MigrateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MigrateError::TooNew { database, known } => write!(
+                f,
+                "database schema is at version {database}, newer than this server knows ({known}); upgrade comb"
+            ),
+            MigrateError::Postgres(e) => write!(f, "migration failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for MigrateError {}
+
+impl From<tokio_postgres::Error> for MigrateError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        MigrateError::Postgres(e)
+    }
+}
+
+/// The newest schema version this binary knows.
+pub fn latest_version() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// Applies every pending migration and returns the versions applied (empty when up to date).
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(
+        "CREATE SCHEMA IF NOT EXISTS comb;
+         CREATE TABLE IF NOT EXISTS comb.migrations (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+    )
+    .await?;
+    let current: i32 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM comb.migrations",
+            &[],
+        )
+        .await?
+        .get(0);
+    let known = latest_version();
+    if current > known {
+        return Err(MigrateError::TooNew {
+            database: current,
+            known,
+        });
+    }
+    let mut applied = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tx.batch_execute(m.sql).await?;
+        tx.execute(
+            "INSERT INTO comb.migrations (version, name) VALUES ($1, $2)",
+            &[&m.version, &m.name],
+        )
+        .await?;
+        applied.push(m.version);
+    }
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// Checks, without changing anything, that the database schema is exactly the one this binary knows.
+pub async fn check(client: &Client) -> Result<(), MigrateError> {
+    let row = client
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM comb.migrations",
+            &[],
+        )
+        .await?;
+    let current: i32 = row.get(0);
+    let known = latest_version();
+    if current > known {
+        return Err(MigrateError::TooNew {
+            database: current,
+            known,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_strictly_increasing() {
+        let versions: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
+        assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+        assert_eq!(versions.first(), Some(&1));
+    }
+}

@@ -1,0 +1,72 @@
+//! Wiring: connect, migrate, start the workers, serve until SIGTERM, then stop gracefully.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::catalog::Catalog;
+use crate::config::ServeConfig;
+use crate::http::{self, App};
+use crate::queue::QueueOptions;
+use crate::wake::Wake;
+use crate::{ack, db, pop, push, schema};
+
+/// Runs `comb serve` until SIGTERM or SIGINT.
+pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
+    migrate(&config.database.database_url).await?;
+    let pool = db::pool(&config.database.database_url, config.pool_size())?;
+    let wake = Arc::new(Wake::default());
+    let default_lease = QueueOptions::default().lease_time as f64;
+    let app = Arc::new(App {
+        push: push::start(
+            pool.clone(),
+            wake.clone(),
+            config.push_workers,
+            config.fuse_max_items,
+        ),
+        pop: pop::start(pool.clone(), config.pop_workers, default_lease),
+        ack: ack::start(pool.clone(), config.ack_workers, config.fuse_max_items),
+        catalog: Catalog::default(),
+        wake,
+        pool,
+        stopping: AtomicBool::new(false),
+        stop_signal: watch::channel(false).0,
+        config,
+    });
+    let listener = TcpListener::bind(app.config.listen).await?;
+    tracing::info!(addr = %app.config.listen, "comb is serving");
+    let stopper = app.clone();
+    axum::serve(listener, http::router(app.clone()))
+        .with_graceful_shutdown(async move {
+            stop_requested().await;
+            tracing::info!("stopping: finishing in-flight requests");
+            stopper.begin_stop();
+        })
+        .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Applies pending migrations and reports what was done.
+pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
+    let mut client = db::connect(database_url).await?;
+    let applied = schema::migrate(&mut client).await?;
+    if applied.is_empty() {
+        tracing::info!(version = schema::latest_version(), "schema is up to date");
+    } else {
+        tracing::info!(?applied, "schema migrated");
+    }
+    Ok(applied)
+}
+
+async fn stop_requested() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
