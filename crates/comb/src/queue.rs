@@ -21,10 +21,10 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
     }
     if let Some(c) = name
         .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-')))
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
     {
         return Err(format!(
-            "queue name may only contain A-Z a-z 0-9 . : - (found {c:?})"
+            "queue name may only contain A-Z a-z 0-9 . _ : - (found {c:?})"
         ));
     }
     Ok(())
@@ -216,7 +216,8 @@ mod tests {
         assert!(validate_queue_name("").is_err());
         assert!(validate_queue_name(&"x".repeat(256)).is_err());
         assert!(validate_queue_name(&"x".repeat(255)).is_ok());
-        for bad in ["a b", "a/b", "a'b", "a_b", "é", "a;drop"] {
+        assert!(validate_queue_name("my_queue").is_ok());
+        for bad in ["a b", "a/b", "a'b", "é", "a;drop"] {
             assert!(validate_queue_name(bad).is_err(), "{bad}");
         }
     }
