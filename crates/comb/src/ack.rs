@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::{Pool, Transaction};
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
@@ -101,6 +101,10 @@ pub struct Cursor {
     pub lease_id: Option<Uuid>,
     /// The lease has not expired.
     pub lease_live: bool,
+    /// The lease acks of this request are judged against: the live lease as the request found
+    /// it. A failure in the middle of a batch ends the lease for later requests, not for the
+    /// rest of its own batch.
+    pub request_lease: Option<Uuid>,
     pub lease_upto: i64,
     /// Set when a failure asks for the partition to rest this many milliseconds.
     pub rest_ms: Option<u64>,
@@ -116,6 +120,8 @@ pub struct Applied {
 
 impl Cursor {
     /// Applies one ack of the message at `pos` (in segment `seg`).
+    /// With `strict`, the message must be under the live lease even when no lease id is
+    /// given, and acking a settled message is refused: exactly-once pipelines rely on it.
     pub fn apply(
         &mut self,
         pos: i64,
@@ -123,13 +129,19 @@ impl Cursor {
         status: AckStatus,
         lease_id: Option<Uuid>,
         opts: &QueueOptions,
+        strict: bool,
     ) -> Result<Applied, AckRefusal> {
-        if pos <= self.cursor_pos || self.settled.binary_search(&pos).is_ok() {
+        let settled = pos <= self.cursor_pos || self.settled.binary_search(&pos).is_ok();
+        if settled && !strict {
             // Already settled: acking again changes nothing and is not an error.
             return Ok(Applied::default());
         }
+        let under_live_lease = self.request_lease.is_some() && pos <= self.lease_upto;
         match lease_id {
-            Some(l) if self.lease_id != Some(l) || !self.lease_live => {
+            Some(l) if self.request_lease != Some(l) || settled => {
+                return Err(AckRefusal::LeaseInvalid);
+            }
+            None if strict && (settled || !under_live_lease) => {
                 return Err(AckRefusal::LeaseInvalid);
             }
             _ if pos > self.lease_upto => return Err(AckRefusal::NotDelivered),
@@ -159,6 +171,32 @@ impl Cursor {
             self.end_lease(&mut applied);
         }
         Ok(applied)
+    }
+
+    /// Starts judging a new request's acks against the lease as it is now.
+    pub fn begin_request(&mut self) {
+        self.request_lease = self.lease_id.filter(|_| self.lease_live);
+    }
+
+    /// Ends an expired lease: every message it handed out and nobody settled counts an
+    /// attempt; those at the retry limit are dead-lettered (returned with their attempts).
+    pub fn expire(&mut self, opts: &QueueOptions) -> Vec<(i64, i32)> {
+        let mut dead = Vec::new();
+        for pos in (self.cursor_pos + 1)..=self.lease_upto {
+            if pos <= self.cursor_pos || self.settled.binary_search(&pos).is_ok() {
+                continue;
+            }
+            let attempts = self.attempts_of(pos) + 1;
+            if attempts as i64 >= opts.retry_limit as i64 {
+                dead.push((pos, attempts));
+                self.settle(pos, self.cursor_seg);
+            } else {
+                self.set_attempts(pos, attempts);
+            }
+        }
+        self.lease_id = None;
+        self.lease_live = false;
+        dead
     }
 
     /// Failed attempts recorded for `pos`.
@@ -231,6 +269,17 @@ JOIN comb.queues q ON q.id = c.queue_id
 WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
 ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c";
+
+const EXPIRED_LOCK_SQL: &str = "
+SELECT c.partition_id, c.consumer_group, c.cursor_pos, c.cursor_seg, c.settled,
+       c.attempt_pos, c.attempt_cnt, c.lease_id, false, c.lease_upto,
+       q.options, q.id
+FROM comb.cursors c
+JOIN comb.queues q ON q.id = c.queue_id
+WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
+  AND c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
+ORDER BY c.partition_id
+FOR NO KEY UPDATE OF c SKIP LOCKED";
 
 const NAMES_SQL: &str = "
 SELECT p.id, p.name, q.name FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
@@ -306,14 +355,26 @@ struct DeadLetter {
     error: Option<String>,
 }
 
-/// Applies acks in one transaction; one outcome per item, in order.
+/// Applies acks in one transaction of their own; one outcome per item, in order.
 async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let outcomes = settle_in(&tx, items, false).await?;
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// Applies acks inside the caller's transaction; one outcome per item, in order.
+/// Refused items change nothing; the caller decides whether to commit the rest.
+pub async fn settle_in(
+    tx: &Transaction<'_>,
+    items: &[&AckItem],
+    strict: bool,
+) -> Result<Vec<AckOutcome>, DbError> {
     let pids: Vec<Uuid> = items.iter().map(|i| i.partition_id).collect();
     let txids: Vec<&str> = items.iter().map(|i| i.transaction_id.as_str()).collect();
     let groups: Vec<&str> = items.iter().map(|i| i.group.as_str()).collect();
 
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
     let lookup = tx.prepare_cached(LOOKUP_SQL).await?;
     let lock = tx.prepare_cached(LOCK_SQL).await?;
     let names = tx.prepare_cached(NAMES_SQL).await?;
@@ -331,30 +392,9 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
         let ord: i64 = r.get(0);
         position[(ord - 1) as usize] = Some((r.get(1), r.get(2)));
     }
-    let mut cursors: HashMap<(Uuid, String), Locked> = HashMap::new();
-    for r in locked? {
-        let attempt_pos: Vec<i64> = r.get(5);
-        let attempt_cnt: Vec<i32> = r.get(6);
-        let options: serde_json::Value = r.get(10);
-        let set = serde_json::from_value(options).unwrap_or_default();
-        cursors.insert(
-            (r.get(0), r.get(1)),
-            Locked {
-                cursor: Cursor {
-                    cursor_pos: r.get(2),
-                    cursor_seg: r.get(3),
-                    settled: r.get(4),
-                    attempts: attempt_pos.into_iter().zip(attempt_cnt).collect(),
-                    lease_id: r.get(7),
-                    lease_live: r.get(8),
-                    lease_upto: r.get(9),
-                    rest_ms: None,
-                },
-                options: QueueOptions::from_set(&set),
-                queue_id: r.get(11),
-                changed: false,
-            },
-        );
+    let mut cursors = locked_cursors(&locked?);
+    for state in cursors.values_mut() {
+        state.cursor.begin_request();
     }
     let mut partition_names: HashMap<Uuid, (String, String)> = HashMap::new();
     for r in named? {
@@ -384,7 +424,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
         };
         match state
             .cursor
-            .apply(pos, seg, item.status, item.lease_id, &state.options)
+            .apply(pos, seg, item.status, item.lease_id, &state.options, strict)
         {
             Ok(applied) => {
                 state.changed = true;
@@ -405,61 +445,129 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
         }
         outcomes.push(outcome);
     }
+    write_back(tx, &cursors, &dead).await?;
+    Ok(outcomes)
+}
 
+/// Ends the expired leases of `group` on these partitions: counts the attempts of their
+/// unsettled messages and dead-letters those at the retry limit. Cursors another claim or
+/// ack holds right now are skipped; they are seen again on a later pop.
+pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Result<(), DbError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let stmt = tx.prepare_cached(EXPIRED_LOCK_SQL).await?;
+    let rows = tx.query(&stmt, &[&partitions, &group]).await?;
+    let mut cursors = locked_cursors(&rows);
+    let mut dead = Vec::new();
+    for ((partition_id, group), state) in cursors.iter_mut() {
+        state.changed = true;
+        for (pos, attempts) in state.cursor.expire(&state.options) {
+            dead.push(DeadLetter {
+                queue_id: state.queue_id,
+                partition_id: *partition_id,
+                group: group.clone(),
+                pos,
+                attempts,
+                error: Some("lease expired without an ack".into()),
+            });
+        }
+    }
+    write_back(&tx, &cursors, &dead).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Cursors as read by [`LOCK_SQL`] or [`EXPIRED_LOCK_SQL`] (same columns).
+fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
+    let mut cursors = HashMap::new();
+    for r in rows {
+        let attempt_pos: Vec<i64> = r.get(5);
+        let attempt_cnt: Vec<i32> = r.get(6);
+        let options: serde_json::Value = r.get(10);
+        let set = serde_json::from_value(options).unwrap_or_default();
+        cursors.insert(
+            (r.get(0), r.get(1)),
+            Locked {
+                cursor: Cursor {
+                    cursor_pos: r.get(2),
+                    cursor_seg: r.get(3),
+                    settled: r.get(4),
+                    attempts: attempt_pos.into_iter().zip(attempt_cnt).collect(),
+                    lease_id: r.get(7),
+                    lease_live: r.get(8),
+                    request_lease: None,
+                    lease_upto: r.get(9),
+                    rest_ms: None,
+                },
+                options: QueueOptions::from_set(&set),
+                queue_id: r.get(11),
+                changed: false,
+            },
+        );
+    }
+    cursors
+}
+
+/// Writes changed cursors and new dead letters (pipelined: one round trip).
+async fn write_back(
+    tx: &Transaction<'_>,
+    cursors: &HashMap<(Uuid, String), Locked>,
+    dead: &[DeadLetter],
+) -> Result<(), DbError> {
     let changed: Vec<(&(Uuid, String), &Locked)> =
         cursors.iter().filter(|(_, l)| l.changed).collect();
-    if !changed.is_empty() {
-        let update = tx.prepare_cached(UPDATE_SQL).await?;
-        let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
-        let u_group: Vec<&str> = changed.iter().map(|(k, _)| k.1.as_str()).collect();
-        let u_pos: Vec<i64> = changed.iter().map(|(_, l)| l.cursor.cursor_pos).collect();
-        let u_seg: Vec<i32> = changed.iter().map(|(_, l)| l.cursor.cursor_seg).collect();
-        let u_settled: Vec<String> = changed
-            .iter()
-            .map(|(_, l)| array_literal(l.cursor.settled.iter()))
-            .collect();
-        let u_apos: Vec<String> = changed
-            .iter()
-            .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.0)))
-            .collect();
-        let u_acnt: Vec<String> = changed
-            .iter()
-            .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.1)))
-            .collect();
-        let u_lease: Vec<Option<Uuid>> = changed.iter().map(|(_, l)| l.cursor.lease_id).collect();
-        let u_rest: Vec<Option<i64>> = changed
-            .iter()
-            .map(|(_, l)| l.cursor.rest_ms.map(|m| m as i64))
-            .collect();
-        let dl = if dead.is_empty() {
-            None
-        } else {
-            Some(tx.prepare_cached(DEAD_LETTER_SQL).await?)
-        };
-        let d_id: Vec<Uuid> = dead.iter().map(|_| Uuid::now_v7()).collect();
-        let d_qid: Vec<Uuid> = dead.iter().map(|d| d.queue_id).collect();
-        let d_pid: Vec<Uuid> = dead.iter().map(|d| d.partition_id).collect();
-        let d_group: Vec<&str> = dead.iter().map(|d| d.group.as_str()).collect();
-        let d_pos: Vec<i64> = dead.iter().map(|d| d.pos).collect();
-        let d_att: Vec<i32> = dead.iter().map(|d| d.attempts).collect();
-        let d_err: Vec<Option<&str>> = dead.iter().map(|d| d.error.as_deref()).collect();
-        let dead_params: [&(dyn ToSql + Sync); 7] =
-            [&d_id, &d_qid, &d_pid, &d_group, &d_pos, &d_att, &d_err];
-        let update_params: [&(dyn ToSql + Sync); 9] = [
-            &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
-        ];
-        let write_dead = async {
-            match &dl {
-                Some(stmt) => tx.execute(stmt, &dead_params).await.map(|_| ()),
-                None => Ok(()),
-            }
-        };
-        let (u, d) = tokio::join!(tx.execute(&update, &update_params), write_dead);
-        u?;
-        d?;
+    if changed.is_empty() {
+        return Ok(());
     }
-    tx.commit().await?;
-    Ok(outcomes)
+    let update = tx.prepare_cached(UPDATE_SQL).await?;
+    let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
+    let u_group: Vec<&str> = changed.iter().map(|(k, _)| k.1.as_str()).collect();
+    let u_pos: Vec<i64> = changed.iter().map(|(_, l)| l.cursor.cursor_pos).collect();
+    let u_seg: Vec<i32> = changed.iter().map(|(_, l)| l.cursor.cursor_seg).collect();
+    let u_settled: Vec<String> = changed
+        .iter()
+        .map(|(_, l)| array_literal(l.cursor.settled.iter()))
+        .collect();
+    let u_apos: Vec<String> = changed
+        .iter()
+        .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.0)))
+        .collect();
+    let u_acnt: Vec<String> = changed
+        .iter()
+        .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.1)))
+        .collect();
+    let u_lease: Vec<Option<Uuid>> = changed.iter().map(|(_, l)| l.cursor.lease_id).collect();
+    let u_rest: Vec<Option<i64>> = changed
+        .iter()
+        .map(|(_, l)| l.cursor.rest_ms.map(|m| m as i64))
+        .collect();
+    let dl = if dead.is_empty() {
+        None
+    } else {
+        Some(tx.prepare_cached(DEAD_LETTER_SQL).await?)
+    };
+    let d_id: Vec<Uuid> = dead.iter().map(|_| Uuid::now_v7()).collect();
+    let d_qid: Vec<Uuid> = dead.iter().map(|d| d.queue_id).collect();
+    let d_pid: Vec<Uuid> = dead.iter().map(|d| d.partition_id).collect();
+    let d_group: Vec<&str> = dead.iter().map(|d| d.group.as_str()).collect();
+    let d_pos: Vec<i64> = dead.iter().map(|d| d.pos).collect();
+    let d_att: Vec<i32> = dead.iter().map(|d| d.attempts).collect();
+    let d_err: Vec<Option<&str>> = dead.iter().map(|d| d.error.as_deref()).collect();
+    let dead_params: [&(dyn ToSql + Sync); 7] =
+        [&d_id, &d_qid, &d_pid, &d_group, &d_pos, &d_att, &d_err];
+    let update_params: [&(dyn ToSql + Sync); 9] = [
+        &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
+    ];
+    let write_dead = async {
+        match &dl {
+            Some(stmt) => tx.execute(stmt, &dead_params).await.map(|_| ()),
+            None => Ok(()),
+        }
+    };
+    let (u, d) = tokio::join!(tx.execute(&update, &update_params), write_dead);
+    u?;
+    d?;
+    Ok(())
 }
 
 /// A PostgreSQL array literal such as `{1,2,3}`.
@@ -489,6 +597,7 @@ mod tests {
                 attempts: vec![],
                 lease_id: Some(lease),
                 lease_live: true,
+                request_lease: Some(lease),
                 lease_upto: upto,
                 rest_ms: None,
             },
@@ -503,13 +612,17 @@ mod tests {
     #[test]
     fn out_of_order_acks_move_the_position_over_the_settled_run() {
         let (mut c, l) = leased(3);
-        c.apply(2, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        c.apply(2, 1, AckStatus::Completed, Some(l), &opts(), false)
+            .unwrap();
         assert_eq!(c.cursor_pos, 0);
         assert_eq!(c.settled, vec![2]);
-        c.apply(1, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), false)
+            .unwrap();
         assert_eq!(c.cursor_pos, 2);
         assert!(c.settled.is_empty());
-        let a = c.apply(3, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        let a = c
+            .apply(3, 1, AckStatus::Completed, Some(l), &opts(), false)
+            .unwrap();
         assert_eq!(c.cursor_pos, 3);
         assert!(a.lease_released, "the whole batch is settled");
         assert_eq!(c.lease_id, None);
@@ -518,21 +631,39 @@ mod tests {
     #[test]
     fn failed_between_completed_does_not_move_past_the_failure() {
         let (mut c, l) = leased(3);
-        c.apply(1, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
-        let f = c.apply(2, 1, AckStatus::Failed, Some(l), &opts()).unwrap();
+        c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), false)
+            .unwrap();
+        let f = c
+            .apply(2, 1, AckStatus::Failed, Some(l), &opts(), false)
+            .unwrap();
         assert!(f.lease_released);
         assert_eq!(c.cursor_pos, 1);
         assert_eq!(c.attempts_of(2), 1);
         assert_eq!(c.rest_ms, Some(1000));
-        // The lease ended, so its id is no longer valid…
-        assert_eq!(
-            c.apply(3, 1, AckStatus::Completed, Some(l), &opts()),
-            Err(AckRefusal::LeaseInvalid)
-        );
-        // …but an ack without a lease id still settles a delivered message.
-        c.apply(3, 1, AckStatus::Completed, None, &opts()).unwrap();
+        // The rest of the same request still counts against the lease it found…
+        c.apply(3, 1, AckStatus::Completed, Some(l), &opts(), false)
+            .unwrap();
         assert_eq!(c.cursor_pos, 1, "message 2 still pending");
         assert_eq!(c.settled, vec![3]);
+        // …but in a later request the ended lease is no longer valid.
+        c.begin_request();
+        assert_eq!(
+            c.apply(3, 1, AckStatus::Failed, Some(l), &opts(), false),
+            Ok(Applied::default()),
+            "settled already: a no-op"
+        );
+        let (mut c, l) = leased(3);
+        c.apply(1, 1, AckStatus::Failed, Some(l), &opts(), false)
+            .unwrap();
+        c.begin_request();
+        assert_eq!(
+            c.apply(2, 1, AckStatus::Completed, Some(l), &opts(), false),
+            Err(AckRefusal::LeaseInvalid)
+        );
+        // An ack without a lease id still settles a delivered message.
+        c.apply(2, 1, AckStatus::Completed, None, &opts(), false)
+            .unwrap();
+        assert_eq!(c.settled, vec![2]);
     }
 
     #[test]
@@ -542,11 +673,15 @@ mod tests {
             ..opts()
         };
         let (mut c, l) = leased(2);
-        let a = c.apply(1, 1, AckStatus::Failed, Some(l), &o).unwrap();
+        let a = c
+            .apply(1, 1, AckStatus::Failed, Some(l), &o, false)
+            .unwrap();
         assert_eq!(a.dead_letter, None);
         c.lease_id = Some(l);
         c.lease_live = true;
-        let a = c.apply(1, 1, AckStatus::Failed, Some(l), &o).unwrap();
+        let a = c
+            .apply(1, 1, AckStatus::Failed, Some(l), &o, false)
+            .unwrap();
         assert_eq!(a.dead_letter, Some(2));
         assert_eq!(c.cursor_pos, 1);
         assert!(c.attempts.is_empty());
@@ -555,7 +690,9 @@ mod tests {
     #[test]
     fn retry_does_not_count() {
         let (mut c, l) = leased(1);
-        let a = c.apply(1, 1, AckStatus::Retry, Some(l), &opts()).unwrap();
+        let a = c
+            .apply(1, 1, AckStatus::Retry, Some(l), &opts(), false)
+            .unwrap();
         assert!(a.lease_released);
         assert_eq!(c.attempts_of(1), 0);
         assert_eq!(c.rest_ms, None);
@@ -565,7 +702,9 @@ mod tests {
     #[test]
     fn dlq_settles_at_once() {
         let (mut c, l) = leased(2);
-        let a = c.apply(1, 1, AckStatus::Dlq, Some(l), &opts()).unwrap();
+        let a = c
+            .apply(1, 1, AckStatus::Dlq, Some(l), &opts(), false)
+            .unwrap();
         assert_eq!(a.dead_letter, Some(0));
         assert_eq!(c.cursor_pos, 1);
         assert!(!a.lease_released, "message 2 is still leased");
@@ -575,13 +714,21 @@ mod tests {
     fn wrong_or_expired_lease_is_refused() {
         let (mut c, _) = leased(1);
         assert_eq!(
-            c.apply(1, 1, AckStatus::Completed, Some(Uuid::new_v4()), &opts()),
+            c.apply(
+                1,
+                1,
+                AckStatus::Completed,
+                Some(Uuid::new_v4()),
+                &opts(),
+                false
+            ),
             Err(AckRefusal::LeaseInvalid)
         );
         let (mut c, l) = leased(1);
         c.lease_live = false;
+        c.begin_request();
         assert_eq!(
-            c.apply(1, 1, AckStatus::Completed, Some(l), &opts()),
+            c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), false),
             Err(AckRefusal::LeaseInvalid)
         );
     }
@@ -590,13 +737,65 @@ mod tests {
     fn undelivered_message_is_refused_and_settled_one_is_a_no_op() {
         let (mut c, l) = leased(1);
         assert_eq!(
-            c.apply(5, 1, AckStatus::Completed, None, &opts()),
+            c.apply(5, 1, AckStatus::Completed, None, &opts(), false),
             Err(AckRefusal::NotDelivered)
         );
-        c.apply(1, 1, AckStatus::Completed, Some(l), &opts()).unwrap();
+        c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), false)
+            .unwrap();
         assert_eq!(
-            c.apply(1, 1, AckStatus::Completed, Some(Uuid::new_v4()), &opts()),
+            c.apply(
+                1,
+                1,
+                AckStatus::Completed,
+                Some(Uuid::new_v4()),
+                &opts(),
+                false
+            ),
             Ok(Applied::default())
+        );
+    }
+
+    #[test]
+    fn an_expired_lease_counts_an_attempt_for_each_unsettled_message() {
+        let o = QueueOptions {
+            retry_limit: 2,
+            ..opts()
+        };
+        let (mut c, l) = leased(3);
+        c.apply(2, 1, AckStatus::Completed, Some(l), &o, false)
+            .unwrap();
+        assert!(c.expire(&o).is_empty());
+        assert_eq!(
+            (c.attempts_of(1), c.attempts_of(2), c.attempts_of(3)),
+            (1, 0, 1)
+        );
+        assert_eq!(c.lease_id, None);
+        // Second expiry reaches the limit: 1 and 3 are dead-lettered, the position moves on.
+        c.lease_id = Some(l);
+        let dead = c.expire(&o);
+        assert_eq!(dead, vec![(1, 2), (3, 2)]);
+        assert_eq!(c.cursor_pos, 3);
+        assert!(c.settled.is_empty() && c.attempts.is_empty());
+    }
+
+    #[test]
+    fn strict_acks_need_the_live_lease() {
+        let (mut c, l) = leased(2);
+        assert_eq!(
+            c.apply(1, 1, AckStatus::Completed, None, &opts(), true),
+            Ok(Applied::default())
+        );
+        assert_eq!(c.cursor_pos, 1);
+        // Settled already: a transaction may not count it twice.
+        assert_eq!(
+            c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), true),
+            Err(AckRefusal::LeaseInvalid)
+        );
+        c.lease_live = false;
+        c.begin_request();
+        assert_eq!(
+            c.apply(2, 1, AckStatus::Completed, None, &opts(), true),
+            Err(AckRefusal::LeaseInvalid)
         );
     }
 

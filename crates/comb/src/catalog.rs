@@ -13,6 +13,7 @@ use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use crate::db::DbError;
+use crate::queue::{OptionsSet, QueueOptions};
 
 /// Entries beyond which a cache is emptied rather than grown.
 const CACHE_LIMIT: usize = 1_000_000;
@@ -28,9 +29,14 @@ pub enum StartFrom {
     Time(DateTime<Utc>),
 }
 
+/// How long queue options are trusted before they are read again (another server may have
+/// changed them).
+const OPTIONS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Cached name → id mappings.
 #[derive(Default)]
 pub struct Catalog {
+    options: Mutex<HashMap<Uuid, (std::time::Instant, QueueOptions)>>,
     queues: Mutex<HashMap<String, Uuid>>,
     partitions: Mutex<HashMap<(Uuid, String), Uuid>>,
     subscriptions: Mutex<HashSet<(Uuid, String)>>,
@@ -257,6 +263,48 @@ impl Catalog {
         }
         subs.insert(key);
         Ok(())
+    }
+
+    /// Effective options of a queue, at most [`OPTIONS_TTL`] old.
+    pub async fn options(&self, pool: &Pool, queue_id: Uuid) -> Result<QueueOptions, DbError> {
+        if let Some((at, o)) = self.options.lock().unwrap().get(&queue_id)
+            && at.elapsed() < OPTIONS_TTL
+        {
+            return Ok(o.clone());
+        }
+        let client = pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT options FROM comb.queues WHERE id = $1",
+                &[&queue_id],
+            )
+            .await?;
+        let set: OptionsSet = row
+            .and_then(|r| serde_json::from_value(r.get::<_, serde_json::Value>(0)).ok())
+            .unwrap_or_default();
+        let opts = QueueOptions::from_set(&set);
+        let mut cache = self.options.lock().unwrap();
+        if cache.len() >= CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(queue_id, (std::time::Instant::now(), opts.clone()));
+        Ok(opts)
+    }
+
+    /// Messages of a queue not yet passed by its slowest consumer group (all retained
+    /// messages while no group reads it).
+    pub async fn pending(&self, pool: &Pool, queue_id: Uuid) -> Result<u64, DbError> {
+        let client = pool.get().await?;
+        let row = client
+            .query_one(
+                "SELECT coalesce(sum(p.head_pos - coalesce((
+                     SELECT min(c.cursor_pos) FROM comb.cursors c WHERE c.partition_id = p.id
+                 ), 0)), 0)::bigint
+                 FROM comb.partitions p WHERE p.queue_id = $1",
+                &[&queue_id],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0).max(0) as u64)
     }
 
     /// Forgets everything cached about a queue (after it was deleted or a stale id was seen).

@@ -7,7 +7,11 @@ use clap::{Args, Parser, Subcommand};
 
 /// The `comb` command line.
 #[derive(Debug, Parser)]
-#[command(name = "comb", version, about = "A partitioned message queue on PostgreSQL")]
+#[command(
+    name = "comb",
+    version,
+    about = "A partitioned message queue on PostgreSQL"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -81,7 +85,9 @@ pub struct ServeConfig {
     pub fuse_max_items: usize,
 
     /// How often a waiting pop re-checks the database when no wake-up arrives, in milliseconds.
-    #[arg(long, env = "COMB_POLL_FALLBACK_MS", default_value_t = 250)]
+    /// Wake-ups come from pushes on this server and, through the database, on others; this is
+    /// only the safety net.
+    #[arg(long, env = "COMB_POLL_FALLBACK_MS", default_value_t = 2_000)]
     pub poll_fallback_ms: u64,
 }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use tokio::sync::oneshot;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::db::DbError;
@@ -64,15 +65,29 @@ pub struct Delivered {
 }
 
 const CLAIM_SQL: &str = "
-WITH cand AS (
+WITH q AS (
+    SELECT coalesce((options->>'leaseTime')::float8, $6) AS lease_secs,
+           coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
+           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs
+    FROM comb.queues WHERE id = $1
+),
+cand AS (
     SELECT c.partition_id, c.cursor_pos, c.cursor_seg, c.settled
     FROM comb.cursors c
     JOIN comb.partitions p ON p.id = c.partition_id
+    CROSS JOIN q
     WHERE c.queue_id = $1 AND c.consumer_group = $2
       AND ($3::uuid IS NULL OR c.partition_id = $3)
       AND p.head_pos > c.cursor_pos
-      AND (c.lease_expires_at IS NULL OR c.lease_expires_at <= now())
+      AND c.lease_id IS NULL
       AND c.available_at <= now()
+      AND (q.window_secs = 0
+           OR p.last_push_at <= now() - make_interval(secs => q.window_secs))
+      AND (q.delay_secs = 0 OR (
+           SELECT m.created_at FROM comb.messages m
+           WHERE m.partition_id = c.partition_id
+             AND m.pos > c.cursor_pos AND m.seg >= c.cursor_seg
+           ORDER BY m.pos LIMIT 1) <= now() - make_interval(secs => q.delay_secs))
     ORDER BY c.last_claimed_at, c.partition_id
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
@@ -80,11 +95,13 @@ WITH cand AS (
 picked AS (
     SELECT cand.partition_id, cand.cursor_pos, cand.cursor_seg, cand.settled, max(m.pos) AS upto
     FROM cand
+    CROSS JOIN q
     CROSS JOIN LATERAL (
         SELECT m.pos FROM comb.messages m
         WHERE m.partition_id = cand.partition_id
           AND m.pos > cand.cursor_pos AND m.seg >= cand.cursor_seg
           AND m.pos <> ALL (cand.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
         ORDER BY m.pos
         LIMIT $5
     ) m
@@ -94,16 +111,17 @@ claimed AS (
     UPDATE comb.cursors c SET
         lease_id = CASE WHEN $7 THEN NULL ELSE gen_random_uuid() END,
         lease_expires_at = CASE WHEN $7 THEN NULL
-            ELSE now() + make_interval(secs => coalesce((q.options->>'leaseTime')::float8, $6)) END,
+            ELSE now() + make_interval(secs => q.lease_secs) END,
         lease_upto = picked.upto,
         cursor_pos = CASE WHEN $7 THEN picked.upto ELSE c.cursor_pos END,
         settled = CASE WHEN $7 THEN ARRAY(SELECT s FROM unnest(c.settled) s WHERE s > picked.upto)
             ELSE c.settled END,
         last_claimed_at = clock_timestamp()
-    FROM picked, comb.queues q
-    WHERE c.partition_id = picked.partition_id AND c.consumer_group = $2 AND q.id = $1
+    FROM picked, q
+    WHERE c.partition_id = picked.partition_id AND c.consumer_group = $2
     RETURNING c.partition_id, c.lease_id, c.lease_expires_at, c.attempt_pos, c.attempt_cnt,
-              picked.cursor_pos AS from_pos, picked.cursor_seg AS from_seg, picked.settled AS skip
+              picked.cursor_pos AS from_pos, picked.cursor_seg AS from_seg, picked.settled AS skip,
+              picked.upto
 )
 SELECT cl.partition_id, p.name, cl.lease_id, cl.lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
@@ -114,12 +132,20 @@ CROSS JOIN LATERAL (
     SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at
     FROM comb.messages m
     WHERE m.partition_id = cl.partition_id
-      AND m.pos > cl.from_pos AND m.seg >= cl.from_seg
+      AND m.pos > cl.from_pos AND m.pos <= cl.upto AND m.seg >= cl.from_seg
       AND m.pos <> ALL (cl.skip)
     ORDER BY m.pos
-    LIMIT $5
 ) m
 ORDER BY cl.partition_id, m.pos";
+
+/// Leases of the group that ended without being settled: their messages must count an
+/// attempt (and may be dead-lettered) before the partition is handed out again.
+const EXPIRED_SQL: &str = "
+SELECT c.partition_id FROM comb.cursors c
+WHERE c.queue_id = $1 AND c.consumer_group = $2
+  AND ($3::uuid IS NULL OR c.partition_id = $3)
+  AND c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
+LIMIT 256";
 
 /// Starts the pop workers.
 pub fn start(pool: Pool, workers: usize, default_lease_seconds: f64) -> Fuser<PopJob> {
@@ -150,7 +176,7 @@ async fn run_batch(pool: &Pool, default_lease_seconds: f64, jobs: Vec<PopJob>) {
         let client = &client;
         async move {
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
-            let result = claim(client, &shape, wanted, default_lease_seconds).await;
+            let result = claim(client, pool, &shape, wanted, default_lease_seconds).await;
             (jobs, result)
         }
     });
@@ -175,26 +201,60 @@ async fn run_batch(pool: &Pool, default_lease_seconds: f64, jobs: Vec<PopJob>) {
 
 async fn claim(
     client: &deadpool_postgres::Client,
+    pool: &Pool,
     shape: &PopShape,
     partitions: usize,
     default_lease_seconds: f64,
 ) -> Result<Vec<Claim>, DbError> {
+    let mut claims = claim_once(client, shape, partitions, default_lease_seconds).await?;
+    if let Some(expired) = claims.1.take()
+        && !expired.is_empty()
+    {
+        // Count the attempts of the ended leases, then claim again: those partitions (and
+        // their undelivered messages) are free now.
+        crate::ack::expire_leases(pool, &shape.group, &expired).await?;
+        if claims.0.len() < partitions {
+            let more = claim_once(
+                client,
+                shape,
+                partitions - claims.0.len(),
+                default_lease_seconds,
+            )
+            .await?;
+            claims.0.extend(more.0);
+        }
+    }
+    Ok(claims.0)
+}
+
+/// One claim statement, pipelined with the look for ended leases.
+async fn claim_once(
+    client: &deadpool_postgres::Client,
+    shape: &PopShape,
+    partitions: usize,
+    default_lease_seconds: f64,
+) -> Result<(Vec<Claim>, Option<Vec<Uuid>>), DbError> {
     let stmt = client.prepare_cached(CLAIM_SQL).await?;
+    let expired_stmt = client.prepare_cached(EXPIRED_SQL).await?;
     let limit = partitions as i64;
-    let rows = client
-        .query(
-            &stmt,
-            &[
-                &shape.queue_id,
-                &shape.group,
-                &shape.partition_id,
-                &limit,
-                &(shape.batch as i64),
-                &default_lease_seconds,
-                &shape.auto_ack,
-            ],
-        )
-        .await?;
+    let batch = shape.batch as i64;
+    let claim_params: [&(dyn ToSql + Sync); 7] = [
+        &shape.queue_id,
+        &shape.group,
+        &shape.partition_id,
+        &limit,
+        &batch,
+        &default_lease_seconds,
+        &shape.auto_ack,
+    ];
+    let expired_params: [&(dyn ToSql + Sync); 3] =
+        [&shape.queue_id, &shape.group, &shape.partition_id];
+    let (expired, rows) = tokio::join!(
+        client.query(&expired_stmt, &expired_params),
+        client.query(&stmt, &claim_params),
+    );
+    let expired: Vec<Uuid> = expired?.iter().map(|r| r.get(0)).collect();
+    let rows = rows?;
     let mut claims: Vec<Claim> = Vec::new();
     for r in rows {
         let partition_id: Uuid = r.get(0);
@@ -218,5 +278,5 @@ async fn claim(
             attempt: r.get(10),
         });
     }
-    Ok(claims)
+    Ok((claims, Some(expired)))
 }

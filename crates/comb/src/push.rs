@@ -18,6 +18,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{GenericClient, Row, Statement};
 use uuid::Uuid;
 
 use crate::db::DbError;
@@ -28,6 +29,7 @@ use crate::wake::Wake;
 #[derive(Debug, Clone)]
 pub struct NewMessage {
     pub queue: Arc<str>,
+    pub queue_id: Uuid,
     pub partition_id: Uuid,
     pub transaction_id: String,
     /// The producer gave the transaction id (only those can be duplicates).
@@ -102,6 +104,15 @@ LEFT JOIN prior pr ON pr.ord = i.ord
 LEFT JOIN stored s ON s.message_id = i.message_id
 ORDER BY i.ord";
 
+/// Wakes pops waiting on other servers: one notification per batch, naming its queues.
+const NOTIFY_SQL: &str = "SELECT pg_notify('comb_push', $1)";
+
+/// Channel the push notification is sent on.
+pub const NOTIFY_CHANNEL: &str = "comb_push";
+
+/// Largest notification payload PostgreSQL accepts is 8000 bytes; beyond this, wake all.
+const NOTIFY_MAX: usize = 7_900;
+
 /// Starts the push workers.
 pub fn start(pool: Pool, wake: Arc<Wake>, workers: usize, max_items: usize) -> Fuser<PushJob> {
     let run: Runner<PushJob> = Arc::new(move |jobs| {
@@ -114,12 +125,10 @@ pub fn start(pool: Pool, wake: Arc<Wake>, workers: usize, max_items: usize) -> F
 
 async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {
     let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
-    match store(pool, &all).await {
+    let plan = Plan::new(&all);
+    match store(pool, &plan).await {
         Ok(outcomes) => {
-            let mut queues: Vec<&str> = all.iter().map(|m| &*m.queue).collect();
-            queues.sort_unstable();
-            queues.dedup();
-            for q in queues {
+            for q in &plan.queues {
                 wake.notify(q);
             }
             let mut it = outcomes.into_iter();
@@ -137,89 +146,155 @@ async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {
     }
 }
 
-/// Stores a batch in one transaction and answers one outcome per message, in order.
-async fn store(pool: &Pool, all: &[&NewMessage]) -> Result<Vec<Stored>, DbError> {
-    // Within the batch, a repeated (partition, transaction id) is a duplicate of its first
-    // occurrence; only first occurrences go to the database.
-    let mut first_of: HashMap<(Uuid, &str), usize> = HashMap::new();
-    let mut sent: Vec<usize> = Vec::with_capacity(all.len());
-    let mut repeat_of: Vec<Option<usize>> = Vec::with_capacity(all.len());
-    for (i, m) in all.iter().enumerate() {
-        match first_of.get(&(m.partition_id, m.transaction_id.as_str())) {
-            Some(&j) => repeat_of.push(Some(j)),
-            None => {
-                first_of.insert((m.partition_id, m.transaction_id.as_str()), i);
-                repeat_of.push(None);
-                sent.push(i);
-            }
-        }
-    }
-    let mut partition_ids: Vec<Uuid> = Vec::with_capacity(sent.len());
-    let mut txids: Vec<&str> = Vec::with_capacity(sent.len());
-    let mut message_ids: Vec<Uuid> = Vec::with_capacity(sent.len());
-    let mut trace_ids: Vec<Option<&str>> = Vec::with_capacity(sent.len());
-    let mut payloads: Vec<&[u8]> = Vec::with_capacity(sent.len());
-    let mut check: Vec<bool> = Vec::with_capacity(sent.len());
-    for &i in &sent {
-        let m = all[i];
-        partition_ids.push(m.partition_id);
-        txids.push(&m.transaction_id);
-        message_ids.push(m.message_id);
-        trace_ids.push(m.trace_id.as_deref());
-        payloads.push(&m.payload);
-        check.push(m.client_transaction_id);
-    }
-    let mut lock_ids = partition_ids.clone();
-    lock_ids.sort_unstable();
-    lock_ids.dedup();
-
+/// Stores a batch in a transaction of its own: BEGIN, lock, insert, notify and COMMIT are
+/// pipelined in one round trip. If a statement fails, the ones after it fail too and COMMIT
+/// rolls back.
+async fn store(pool: &Pool, plan: &Plan<'_>) -> Result<Vec<Stored>, DbError> {
     let client = pool.get().await?;
     let lock = client.prepare_cached(LOCK_SQL).await?;
     let insert = client.prepare_cached(INSERT_SQL).await?;
-    // BEGIN, lock, insert and COMMIT are pipelined: one round trip. If a statement fails,
-    // the ones after it fail too and COMMIT rolls back.
-    let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_ids];
-    let insert_params: [&(dyn ToSql + Sync); 6] = [
-        &partition_ids,
-        &txids,
-        &message_ids,
-        &trace_ids,
-        &payloads,
-        &check,
-    ];
-    let (begin, _locked, rows, commit) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        client.query(&lock, &lock_params),
-        client.query(&insert, &insert_params),
-        client.batch_execute("COMMIT"),
+    let notify = client.prepare_cached(NOTIFY_SQL).await?;
+    let pg: &tokio_postgres::Client = &client;
+    let payload = plan.notify_payload();
+    let notify_params: [&(dyn ToSql + Sync); 1] = [&payload];
+    let (begin, rows, notified, commit) = tokio::join!(
+        pg.batch_execute("BEGIN"),
+        plan.run(pg, &lock, &insert),
+        pg.execute(&notify, &notify_params),
+        pg.batch_execute("COMMIT"),
     );
     begin?;
     let rows = rows?;
+    notified?;
     commit?;
+    Ok(plan.outcomes(&rows))
+}
 
-    let mut by_sent: Vec<Stored> = Vec::with_capacity(sent.len());
-    for (k, row) in rows.iter().enumerate() {
-        let prior: Option<Uuid> = row.get(1);
-        let stored: bool = row.get(2);
-        by_sent.push(match prior {
-            Some(id) => Stored::Duplicate(id),
-            None if stored => Stored::Queued(message_ids[k]),
-            None => Stored::PartitionGone,
-        });
+/// Stores messages inside the caller's transaction (used by `/transaction`); waiting pops on
+/// other servers are notified when it commits.
+pub async fn store_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    all: &[&NewMessage],
+) -> Result<Vec<Stored>, DbError> {
+    let plan = Plan::new(all);
+    let lock = tx.prepare_cached(LOCK_SQL).await?;
+    let insert = tx.prepare_cached(INSERT_SQL).await?;
+    let pg: &tokio_postgres::Transaction = tx;
+    let rows = plan.run(pg, &lock, &insert).await?;
+    pg.execute(NOTIFY_SQL, &[&plan.notify_payload()]).await?;
+    Ok(plan.outcomes(&rows))
+}
+
+/// A batch ready for the database: repeats within the batch folded onto their first
+/// occurrence, columns laid out as arrays.
+pub struct Plan<'a> {
+    all: &'a [&'a NewMessage],
+    /// Indexes (into `all`) of first occurrences, the ones sent.
+    sent: Vec<usize>,
+    /// For each message, the index of its first occurrence if it repeats one.
+    repeat_of: Vec<Option<usize>>,
+    lock_ids: Vec<Uuid>,
+    /// Distinct queue names, sorted.
+    pub queues: Vec<&'a str>,
+}
+
+impl<'a> Plan<'a> {
+    /// Folds in-batch repeats of (partition, transaction id).
+    pub fn new(all: &'a [&'a NewMessage]) -> Plan<'a> {
+        let mut first_of: HashMap<(Uuid, &str), usize> = HashMap::new();
+        let mut sent = Vec::with_capacity(all.len());
+        let mut repeat_of = Vec::with_capacity(all.len());
+        for (i, m) in all.iter().enumerate() {
+            match first_of.get(&(m.partition_id, m.transaction_id.as_str())) {
+                Some(&j) => repeat_of.push(Some(j)),
+                None => {
+                    first_of.insert((m.partition_id, m.transaction_id.as_str()), i);
+                    repeat_of.push(None);
+                    sent.push(i);
+                }
+            }
+        }
+        let mut lock_ids: Vec<Uuid> = sent.iter().map(|&i| all[i].partition_id).collect();
+        lock_ids.sort_unstable();
+        lock_ids.dedup();
+        let mut queues: Vec<&str> = all.iter().map(|m| &*m.queue).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        Plan {
+            all,
+            sent,
+            repeat_of,
+            lock_ids,
+            queues,
+        }
     }
-    let mut sent_index: HashMap<usize, usize> = HashMap::with_capacity(sent.len());
-    for (k, &i) in sent.iter().enumerate() {
-        sent_index.insert(i, k);
+
+    fn notify_payload(&self) -> String {
+        let joined = self.queues.join("\n");
+        if joined.len() > NOTIFY_MAX {
+            "*".to_string()
+        } else {
+            joined
+        }
     }
-    let mut out = Vec::with_capacity(all.len());
-    for (i, rep) in repeat_of.iter().enumerate() {
-        out.push(match rep {
-            None => by_sent[sent_index[&i]].clone(),
-            Some(j) => match &by_sent[sent_index[j]] {
-                Stored::Queued(id) | Stored::Duplicate(id) => Stored::Duplicate(*id),
-                Stored::PartitionGone => Stored::PartitionGone,
-            },
-        });
+
+    /// Locks the partitions and inserts, pipelined, on a connection inside a transaction.
+    async fn run<C: GenericClient>(
+        &self,
+        client: &C,
+        lock: &Statement,
+        insert: &Statement,
+    ) -> Result<Vec<Row>, DbError> {
+        let sent = || self.sent.iter().map(|&i| self.all[i]);
+        let partition_ids: Vec<Uuid> = sent().map(|m| m.partition_id).collect();
+        let txids: Vec<&str> = sent().map(|m| m.transaction_id.as_str()).collect();
+        let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
+        let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
+        let payloads: Vec<&[u8]> = sent().map(|m| m.payload.as_slice()).collect();
+        let check: Vec<bool> = sent().map(|m| m.client_transaction_id).collect();
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
+        let insert_params: [&(dyn ToSql + Sync); 6] = [
+            &partition_ids,
+            &txids,
+            &message_ids,
+            &trace_ids,
+            &payloads,
+            &check,
+        ];
+        let (locked, rows) = tokio::join!(
+            client.query(lock, &lock_params),
+            client.query(insert, &insert_params),
+        );
+        locked?;
+        Ok(rows?)
     }
-    Ok(out)
+
+    /// One outcome per message of the batch, in order, from the insert's rows.
+    fn outcomes(&self, rows: &[Row]) -> Vec<Stored> {
+        let mut by_sent: HashMap<usize, Stored> = HashMap::with_capacity(self.sent.len());
+        for (k, row) in rows.iter().enumerate() {
+            let prior: Option<Uuid> = row.get(1);
+            let stored: bool = row.get(2);
+            let i = self.sent[k];
+            by_sent.insert(
+                i,
+                match prior {
+                    Some(id) => Stored::Duplicate(id),
+                    None if stored => Stored::Queued(self.all[i].message_id),
+                    None => Stored::PartitionGone,
+                },
+            );
+        }
+        self.repeat_of
+            .iter()
+            .enumerate()
+            .map(|(i, rep)| match rep {
+                None => by_sent[&i].clone(),
+                Some(j) => match &by_sent[j] {
+                    Stored::Queued(id) | Stored::Duplicate(id) => Stored::Duplicate(*id),
+                    Stored::PartitionGone => Stored::PartitionGone,
+                },
+            })
+            .collect()
+    }
 }

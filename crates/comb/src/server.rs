@@ -18,6 +18,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     migrate(&config.database.database_url).await?;
     let pool = db::pool(&config.database.database_url, config.pool_size())?;
     let wake = Arc::new(Wake::default());
+    tokio::spawn(crate::wake::relay(
+        config.database.database_url.clone(),
+        wake.clone(),
+    ));
     let default_lease = QueueOptions::default().lease_time as f64;
     let app = Arc::new(App {
         push: push::start(

@@ -1,13 +1,17 @@
-//! Wake-ups for waiting pops: a push wakes the pops waiting on its queue on this server at once.
+//! Wake-ups for waiting pops: a push wakes the pops waiting on its queue on this server at once,
+//! and, through one PostgreSQL notification per fused push batch, on every other server.
 //!
 //! Each queue name has a version counter. A pop reads the version before it looks in the
 //! database and, if it found nothing, waits for the version to change; a push that commits
 //! between the look and the wait has already bumped the version, so no wake-up is lost.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use futures_util::StreamExt;
 use tokio::sync::watch;
+use tokio_postgres::AsyncMessage;
 
 /// The wake-up registry of one server.
 #[derive(Default)]
@@ -48,10 +52,56 @@ impl Wake {
     }
 }
 
+/// Forwards push notifications from the database to this server's waiting pops, for pushes
+/// made through other servers. Reconnects forever; while disconnected, waiting pops fall back
+/// to re-checking on their own timer, so a lost connection delays but never loses a message.
+pub async fn relay(database_url: String, wake: Arc<Wake>) {
+    loop {
+        if let Err(e) = relay_once(&database_url, &wake).await {
+            tracing::warn!(error = %e, "push notification relay lost its connection; reconnecting");
+        }
+        // Whatever was missed while disconnected: let every waiting pop look again.
+        wake.notify_all();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn relay_once(database_url: &str, wake: &Wake) -> Result<(), tokio_postgres::Error> {
+    let (client, mut conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
+    let messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+    futures_util::pin_mut!(messages);
+    let sql = format!("LISTEN {}", crate::push::NOTIFY_CHANNEL);
+    let listen = client.batch_execute(&sql);
+    futures_util::pin_mut!(listen);
+    // Drive the connection while LISTEN completes, then forward notifications.
+    loop {
+        tokio::select! {
+            r = &mut listen => { r?; break; }
+            m = messages.next() => match m {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Ok(()),
+            },
+        }
+    }
+    tracing::debug!("listening for pushes made through other servers");
+    while let Some(m) = messages.next().await {
+        if let AsyncMessage::Notification(n) = m? {
+            if n.payload() == "*" {
+                wake.notify_all();
+            } else {
+                for queue in n.payload().split('\n') {
+                    wake.notify(queue);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test]
     async fn a_push_after_listen_is_not_lost() {

@@ -21,18 +21,60 @@ fn nothing_stored(env: &Env) {
 #[tokio::test]
 async fn malformed_bodies() {
     let env = Env::start().await;
-    for path in ["/api/v1/push", "/api/v1/ack", "/api/v1/ack/batch", "/api/v1/configure", "/api/v1/pop"] {
+    for path in [
+        "/api/v1/push",
+        "/api/v1/ack",
+        "/api/v1/ack/batch",
+        "/api/v1/configure",
+        "/api/v1/pop",
+    ] {
         let (s, b) = env.post_raw(path, b"{\"items\": [".to_vec()).await;
-        assert_eq!((s, b["code"].as_str()), (StatusCode::BAD_REQUEST, Some("json_invalid")), "{path}");
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("json_invalid")),
+            "{path}"
+        );
         let (s, b) = env.post_raw(path, Vec::new()).await;
-        assert_eq!((s, b["code"].as_str()), (StatusCode::BAD_REQUEST, Some("body_missing")), "{path}");
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("body_missing")),
+            "{path}"
+        );
         let (s, b) = env.post_raw(path, vec![0xff, 0xfe, b'{']).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{path}: {b}");
     }
-    expect(&env, "/api/v1/push", json!({"items": "no"}), StatusCode::BAD_REQUEST, "field_invalid").await;
-    expect(&env, "/api/v1/push", json!({"items": [{"queue": 5, "payload": 1}]}), StatusCode::BAD_REQUEST, "field_invalid").await;
-    expect(&env, "/api/v1/push", json!({"items": [{"queue": "q"}]}), StatusCode::BAD_REQUEST, "field_invalid").await;
-    expect(&env, "/api/v1/push", json!({"items": []}), StatusCode::BAD_REQUEST, "items_empty").await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": "no"}),
+        StatusCode::BAD_REQUEST,
+        "field_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [{"queue": 5, "payload": 1}]}),
+        StatusCode::BAD_REQUEST,
+        "field_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [{"queue": "q"}]}),
+        StatusCode::BAD_REQUEST,
+        "field_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": []}),
+        StatusCode::BAD_REQUEST,
+        "items_empty",
+    )
+    .await;
     nothing_stored(&env);
 }
 
@@ -40,23 +82,89 @@ async fn malformed_bodies() {
 async fn bad_names_and_ids() {
     let env = Env::start().await;
     for bad in ["", "has space", "slash/es", "quote'd", "semi;colon", "é"] {
-        expect(&env, "/api/v1/push", json!({"items": [{"queue": bad, "payload": 1}]}), StatusCode::BAD_REQUEST, "queue_name_invalid").await;
-        expect(&env, "/api/v1/configure", json!({"queue": bad}), StatusCode::BAD_REQUEST, "queue_name_invalid").await;
+        expect(
+            &env,
+            "/api/v1/push",
+            json!({"items": [{"queue": bad, "payload": 1}]}),
+            StatusCode::BAD_REQUEST,
+            "queue_name_invalid",
+        )
+        .await;
+        expect(
+            &env,
+            "/api/v1/configure",
+            json!({"queue": bad}),
+            StatusCode::BAD_REQUEST,
+            "queue_name_invalid",
+        )
+        .await;
     }
     let long = "x".repeat(256);
-    expect(&env, "/api/v1/push", json!({"items": [{"queue": long, "payload": 1}]}), StatusCode::BAD_REQUEST, "queue_name_invalid").await;
-    expect(&env, "/api/v1/push", json!({"items": [{"queue": "q", "partition": "a\u{0}b", "payload": 1}]}), StatusCode::BAD_REQUEST, "partition_name_invalid").await;
-    expect(&env, "/api/v1/push", json!({"items": [{"queue": "q", "partition": "", "payload": 1}]}), StatusCode::BAD_REQUEST, "partition_name_invalid").await;
-    expect(&env, "/api/v1/push", json!({"items": [{"queue": "q", "payload": 1, "transactionId": ""}]}), StatusCode::BAD_REQUEST, "transaction_id_invalid").await;
-    expect(&env, "/api/v1/push", json!({"items": [{"queue": "q", "payload": 1, "transactionId": "x".repeat(256)}]}), StatusCode::BAD_REQUEST, "transaction_id_invalid").await;
-    expect(&env, "/api/v1/push", json!({"items": [{"queue": "q", "payload": 1, "traceId": "t\n"}]}), StatusCode::BAD_REQUEST, "trace_id_invalid").await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [{"queue": long, "payload": 1}]}),
+        StatusCode::BAD_REQUEST,
+        "queue_name_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [{"queue": "q", "partition": "a\u{0}b", "payload": 1}]}),
+        StatusCode::BAD_REQUEST,
+        "partition_name_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [{"queue": "q", "partition": "", "payload": 1}]}),
+        StatusCode::BAD_REQUEST,
+        "partition_name_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [{"queue": "q", "payload": 1, "transactionId": ""}]}),
+        StatusCode::BAD_REQUEST,
+        "transaction_id_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [{"queue": "q", "payload": 1, "transactionId": "x".repeat(256)}]}),
+        StatusCode::BAD_REQUEST,
+        "transaction_id_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [{"queue": "q", "payload": 1, "traceId": "t\n"}]}),
+        StatusCode::BAD_REQUEST,
+        "trace_id_invalid",
+    )
+    .await;
     // One bad item fails its whole request, and nothing of it is stored.
-    expect(&env, "/api/v1/push", json!({"items": [
-        {"queue": "good", "payload": 1},
-        {"queue": "bad queue", "payload": 2},
-    ]}), StatusCode::BAD_REQUEST, "queue_name_invalid").await;
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [
+            {"queue": "good", "payload": 1},
+            {"queue": "bad queue", "payload": 2},
+        ]}),
+        StatusCode::BAD_REQUEST,
+        "queue_name_invalid",
+    )
+    .await;
     let (s, b) = env.get("/api/v1/pop/queue/bad%20queue").await;
-    assert_eq!((s, b["code"].as_str()), (StatusCode::BAD_REQUEST, Some("queue_name_invalid")));
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("queue_name_invalid"))
+    );
     nothing_stored(&env);
     assert_eq!(env.sql("SELECT count(*) FROM comb.queues"), "0");
 }
@@ -65,13 +173,36 @@ async fn bad_names_and_ids() {
 async fn limits_on_body_and_batch() {
     let env = Env::start_with(&["--max-body-bytes", "4096", "--max-batch", "10"]).await;
     let big = json!({"items": [{"queue": "q", "payload": "x".repeat(5000)}]});
-    expect(&env, "/api/v1/push", big, StatusCode::PAYLOAD_TOO_LARGE, "body_too_large").await;
-    let items: Vec<Value> = (0..11).map(|i| json!({"queue": "q", "payload": i})).collect();
-    expect(&env, "/api/v1/push", json!({"items": items}), StatusCode::PAYLOAD_TOO_LARGE, "batch_too_large").await;
+    expect(
+        &env,
+        "/api/v1/push",
+        big,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+    )
+    .await;
+    let items: Vec<Value> = (0..11)
+        .map(|i| json!({"queue": "q", "payload": i}))
+        .collect();
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": items}),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "batch_too_large",
+    )
+    .await;
     let acks: Vec<Value> = (0..11)
         .map(|_| json!({"transactionId": "t", "partitionId": uuid::Uuid::nil(), "status": "completed"}))
         .collect();
-    expect(&env, "/api/v1/ack/batch", json!({"acknowledgments": acks}), StatusCode::PAYLOAD_TOO_LARGE, "batch_too_large").await;
+    expect(
+        &env,
+        "/api/v1/ack/batch",
+        json!({"acknowledgments": acks}),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "batch_too_large",
+    )
+    .await;
     // A body sent without Content-Length (chunked) is cut off at the limit too.
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![
         Ok(b"{\"items\":[{\"queue\":\"q\",\"payload\":\"".to_vec()),
@@ -81,13 +212,18 @@ async fn limits_on_body_and_batch() {
     let r = env
         .http
         .post(env.url("/api/v1/push"))
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let (s, b) = env.get("/api/v1/pop/queue/q?batch=100000").await;
-    assert_eq!((s, b["code"].as_str()), (StatusCode::BAD_REQUEST, Some("parameter_invalid")));
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("parameter_invalid"))
+    );
     nothing_stored(&env);
 }
 
@@ -100,18 +236,38 @@ async fn default_limits_are_16_mib_and_10000_items() {
         16 * 1024 * 1024 + 1
     );
     let addr = env.server.addr();
-    let (s, b) = tokio::task::spawn_blocking(move || common::raw_head_only(addr, &head)).await.unwrap();
-    assert_eq!((s, b["code"].as_str()), (413, Some("body_too_large")), "{b}");
+    let (s, b) = tokio::task::spawn_blocking(move || common::raw_head_only(addr, &head))
+        .await
+        .unwrap();
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (413, Some("body_too_large")),
+        "{b}"
+    );
     // Exactly 16 MiB of body passes the size check (and then fails as JSON, not as size).
     let mut exact = vec![b' '; 16 * 1024 * 1024];
     exact[0] = b'{';
     let (s, b) = env.post_raw("/api/v1/push", exact).await;
-    assert_eq!((s, b["code"].as_str()), (StatusCode::BAD_REQUEST, Some("json_invalid")));
-    let items: Vec<Value> = (0..10_001).map(|i| json!({"queue": "q", "payload": i})).collect();
-    expect(&env, "/api/v1/push", json!({"items": items}), StatusCode::PAYLOAD_TOO_LARGE, "batch_too_large").await;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("json_invalid"))
+    );
+    let items: Vec<Value> = (0..10_001)
+        .map(|i| json!({"queue": "q", "payload": i}))
+        .collect();
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": items}),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "batch_too_large",
+    )
+    .await;
     nothing_stored(&env);
     // Exactly at the limit is accepted.
-    let items: Vec<Value> = (0..10_000).map(|i| json!({"queue": "q", "payload": i})).collect();
+    let items: Vec<Value> = (0..10_000)
+        .map(|i| json!({"queue": "q", "payload": i}))
+        .collect();
     let r = env.push(json!(items)).await;
     assert_eq!(r.len(), 10_000);
 }
@@ -120,7 +276,10 @@ async fn default_limits_are_16_mib_and_10000_items() {
 async fn pop_options() {
     let env = Env::start().await;
     let (s, b) = env.get("/api/v1/pop/queue/nowhere/partition/p").await;
-    assert_eq!((s, b["code"].as_str()), (StatusCode::NOT_FOUND, Some("queue_not_found")));
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("queue_not_found"))
+    );
     for (q, code) in [
         ("batch=0", "parameter_invalid"),
         ("batch=abc", "parameter_invalid"),
@@ -132,19 +291,42 @@ async fn pop_options() {
         ("consumerGroup=", "consumer_group_invalid"),
     ] {
         let (s, b) = env.get(&format!("/api/v1/pop/queue/q?{q}")).await;
-        assert_eq!((s, b["code"].as_str()), (StatusCode::BAD_REQUEST, Some(code)), "{q}");
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(code)),
+            "{q}"
+        );
     }
-    expect(&env, "/api/v1/pop", json!({"queue": "q", "batch": "many"}), StatusCode::BAD_REQUEST, "parameter_invalid").await;
-    expect(&env, "/api/v1/pop", json!({"batch": 1}), StatusCode::BAD_REQUEST, "queue_name_invalid").await;
+    expect(
+        &env,
+        "/api/v1/pop",
+        json!({"queue": "q", "batch": "many"}),
+        StatusCode::BAD_REQUEST,
+        "parameter_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/pop",
+        json!({"batch": 1}),
+        StatusCode::BAD_REQUEST,
+        "queue_name_invalid",
+    )
+    .await;
     let (s, b) = env.get("/api/v1/nope").await;
-    assert_eq!((s, b["code"].as_str()), (StatusCode::NOT_FOUND, Some("route_not_found")));
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("route_not_found"))
+    );
     assert_eq!(env.sql("SELECT count(*) FROM comb.subscriptions"), "0");
 }
 
 #[tokio::test]
 async fn ack_errors() {
     let env = Env::start().await;
-    let pushed = env.push(json!([{"queue": "q", "payload": 1, "transactionId": "t1"}])).await;
+    let pushed = env
+        .push(json!([{"queue": "q", "payload": 1, "transactionId": "t1"}]))
+        .await;
     let pid = pushed[0]["partition_id"].clone();
     let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
     let lease = pop["leaseId"].clone();
@@ -155,18 +337,72 @@ async fn ack_errors() {
         }
         a
     };
-    expect(&env, "/api/v1/ack", ack(json!({"leaseId": uuid::Uuid::new_v4()})), StatusCode::CONFLICT, "lease_invalid").await;
-    expect(&env, "/api/v1/ack", ack(json!({"leaseId": "not-a-uuid"})), StatusCode::BAD_REQUEST, "lease_id_invalid").await;
-    expect(&env, "/api/v1/ack", ack(json!({"partitionId": "p"})), StatusCode::BAD_REQUEST, "partition_id_invalid").await;
-    expect(&env, "/api/v1/ack", ack(json!({"status": "done"})), StatusCode::BAD_REQUEST, "ack_status_invalid").await;
-    expect(&env, "/api/v1/ack", ack(json!({"transactionId": "nope"})), StatusCode::NOT_FOUND, "message_not_found").await;
-    expect(&env, "/api/v1/ack", ack(json!({"consumerGroup": "never-read"})), StatusCode::NOT_FOUND, "consumer_group_not_found").await;
-    expect(&env, "/api/v1/ack/batch", json!({"acknowledgments": []}), StatusCode::BAD_REQUEST, "items_empty").await;
-    // In a batch, a bad lease fails only its own item.
-    let (s, b) = env.post("/api/v1/ack/batch", &json!({"acknowledgments": [
+    expect(
+        &env,
+        "/api/v1/ack",
         ack(json!({"leaseId": uuid::Uuid::new_v4()})),
-        ack(json!({})),
-    ]})).await;
+        StatusCode::CONFLICT,
+        "lease_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/ack",
+        ack(json!({"leaseId": "not-a-uuid"})),
+        StatusCode::BAD_REQUEST,
+        "lease_id_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/ack",
+        ack(json!({"partitionId": "p"})),
+        StatusCode::BAD_REQUEST,
+        "partition_id_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/ack",
+        ack(json!({"status": "done"})),
+        StatusCode::BAD_REQUEST,
+        "ack_status_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/ack",
+        ack(json!({"transactionId": "nope"})),
+        StatusCode::NOT_FOUND,
+        "message_not_found",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/ack",
+        ack(json!({"consumerGroup": "never-read"})),
+        StatusCode::NOT_FOUND,
+        "consumer_group_not_found",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/ack/batch",
+        json!({"acknowledgments": []}),
+        StatusCode::BAD_REQUEST,
+        "items_empty",
+    )
+    .await;
+    // In a batch, a bad lease fails only its own item.
+    let (s, b) = env
+        .post(
+            "/api/v1/ack/batch",
+            &json!({"acknowledgments": [
+                ack(json!({"leaseId": uuid::Uuid::new_v4()})),
+                ack(json!({})),
+            ]}),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(b[0]["success"], false);
     assert!(b[0]["error"].as_str().unwrap().starts_with("lease_invalid"));
@@ -178,11 +414,46 @@ async fn ack_errors() {
 #[tokio::test]
 async fn configure_errors() {
     let env = Env::start().await;
-    expect(&env, "/api/v1/configure", json!({"queue": "q", "options": {"priority": 1}}), StatusCode::BAD_REQUEST, "option_unknown").await;
-    expect(&env, "/api/v1/configure", json!({"queue": "q", "options": {"leaseTime": -1}}), StatusCode::BAD_REQUEST, "option_invalid").await;
-    expect(&env, "/api/v1/configure", json!({"queue": "q", "options": {"leaseTime": 0}}), StatusCode::BAD_REQUEST, "option_invalid").await;
-    expect(&env, "/api/v1/configure", json!({"queue": "q", "options": {"retryLimit": "3"}}), StatusCode::BAD_REQUEST, "option_invalid").await;
-    expect(&env, "/api/v1/configure", json!({"queue": "q", "options": {"encryptionEnabled": true}}), StatusCode::BAD_REQUEST, "encryption_unavailable").await;
+    expect(
+        &env,
+        "/api/v1/configure",
+        json!({"queue": "q", "options": {"priority": 1}}),
+        StatusCode::BAD_REQUEST,
+        "option_unknown",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/configure",
+        json!({"queue": "q", "options": {"leaseTime": -1}}),
+        StatusCode::BAD_REQUEST,
+        "option_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/configure",
+        json!({"queue": "q", "options": {"leaseTime": 0}}),
+        StatusCode::BAD_REQUEST,
+        "option_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/configure",
+        json!({"queue": "q", "options": {"retryLimit": "3"}}),
+        StatusCode::BAD_REQUEST,
+        "option_invalid",
+    )
+    .await;
+    expect(
+        &env,
+        "/api/v1/configure",
+        json!({"queue": "q", "options": {"encryptionEnabled": true}}),
+        StatusCode::BAD_REQUEST,
+        "encryption_unavailable",
+    )
+    .await;
     assert_eq!(env.sql("SELECT count(*) FROM comb.queues"), "0");
 }
 
@@ -206,7 +477,11 @@ async fn one_bad_request_does_not_fail_requests_fused_with_it() {
     }
     for t in tasks {
         let (i, s) = t.await.unwrap();
-        let want = if i % 3 == 0 { StatusCode::BAD_REQUEST } else { StatusCode::CREATED };
+        let want = if i % 3 == 0 {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::CREATED
+        };
         assert_eq!(s, want, "request {i}");
     }
     assert_eq!(env.sql("SELECT count(*) FROM comb.messages"), "40");

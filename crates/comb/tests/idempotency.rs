@@ -78,6 +78,9 @@ async fn the_same_transaction_id_in_two_partitions_is_two_messages() {
     let r = env
         .push(json!([{"queue": "other", "partition": "a", "payload": 3, "transactionId": "same"}]))
         .await;
-    assert_eq!(r[0]["status"], "queued", "another queue is another partition");
+    assert_eq!(
+        r[0]["status"], "queued",
+        "another queue is another partition"
+    );
     assert_eq!(env.sql("SELECT count(*) FROM comb.messages"), "3");
 }

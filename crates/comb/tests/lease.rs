@@ -122,14 +122,21 @@ async fn a_waiting_pop_returns_when_a_message_arrives() {
     let waiter = tokio::spawn(async move {
         let started = std::time::Instant::now();
         let r = http.get(url).send().await.unwrap();
-        (r.status(), r.json::<serde_json::Value>().await.unwrap(), started.elapsed())
+        (
+            r.status(),
+            r.json::<serde_json::Value>().await.unwrap(),
+            started.elapsed(),
+        )
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     env.push(json!([{"queue": "q", "payload": {"n": 7}}])).await;
     let (status, body, elapsed) = waiter.await.unwrap();
     assert_eq!(status, StatusCode::OK);
     assert_eq!(numbers(&body), vec![7]);
-    assert!(elapsed < Duration::from_secs(10), "returned before its timeout");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "returned before its timeout"
+    );
 }
 
 #[tokio::test]

@@ -48,7 +48,10 @@ async fn pop_returns_messages_in_order_with_every_field() {
             {"queue": "q", "partition": "p", "payload": {"n": 3}},
         ]))
         .await;
-    let pop = env.pop("/api/v1/pop/queue/q?batch=2").await.expect("messages");
+    let pop = env
+        .pop("/api/v1/pop/queue/q?batch=2")
+        .await
+        .expect("messages");
     assert_eq!(pop["success"], true);
     assert_eq!(pop["queue"], "q");
     assert_eq!(pop["partition"], "p");

@@ -57,11 +57,7 @@ pub async fn ack_one(
         .pop()
         .expect("one outcome per item");
     if let Err(refusal) = outcome.result {
-        let status = match refusal {
-            AckRefusal::MessageNotFound | AckRefusal::NotConsumed => StatusCode::NOT_FOUND,
-            AckRefusal::LeaseInvalid | AckRefusal::NotDelivered => StatusCode::CONFLICT,
-        };
-        return Err(Problem::new(status, refusal.code(), refusal.message()));
+        return Err(refused(refusal, ""));
     }
     Ok(axum::Json(vec![out(0, txid, outcome)]))
 }
@@ -92,7 +88,13 @@ pub async fn ack_batch(
         .acknowledgments
         .into_iter()
         .enumerate()
-        .map(|(i, a)| validate(a, default_group.as_deref(), &format!("acknowledgments[{i}]: ")))
+        .map(|(i, a)| {
+            validate(
+                a,
+                default_group.as_deref(),
+                &format!("acknowledgments[{i}]: "),
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let txids: Vec<String> = items.iter().map(|i| i.transaction_id.clone()).collect();
     let outcomes = settle(&app, items).await?;
@@ -107,7 +109,11 @@ pub async fn ack_batch(
 }
 
 /// Validates one ack; `at` prefixes messages with the item's place in a batch.
-fn validate(a: AckIn, default_group: Option<&str>, at: &str) -> Result<AckItem, Problem> {
+pub(super) fn validate(
+    a: AckIn,
+    default_group: Option<&str>,
+    at: &str,
+) -> Result<AckItem, Problem> {
     let partition_id = Uuid::parse_str(&a.partition_id).map_err(|_| {
         Problem::bad_request(
             "partition_id_invalid",
@@ -169,6 +175,15 @@ fn validate(a: AckIn, default_group: Option<&str>, at: &str) -> Result<AckItem, 
     })
 }
 
+/// The problem answer for a refused ack; `at` names the item in a larger request.
+pub(super) fn refused(refusal: AckRefusal, at: &str) -> Problem {
+    let status = match refusal {
+        AckRefusal::MessageNotFound | AckRefusal::NotConsumed => StatusCode::NOT_FOUND,
+        AckRefusal::LeaseInvalid | AckRefusal::NotDelivered => StatusCode::CONFLICT,
+    };
+    Problem::new(status, refusal.code(), format!("{at}{}", refusal.message()))
+}
+
 async fn settle(app: &State, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Problem> {
     let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
     let (reply, rx) = oneshot::channel();
@@ -181,7 +196,7 @@ async fn settle(app: &State, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Pro
         .map_err(|e| Problem::from(&*e))
 }
 
-fn out(index: usize, transaction_id: String, o: AckOutcome) -> AckOut {
+pub(super) fn out(index: usize, transaction_id: String, o: AckOutcome) -> AckOut {
     let (success, error) = match o.result {
         Ok(()) => (true, None),
         Err(r) => (false, Some(format!("{}: {}", r.code(), r.message()))),

@@ -71,7 +71,13 @@ pub async fn configure(
                  namespace = coalesce(EXCLUDED.namespace, comb.queues.namespace),
                  task = coalesce(EXCLUDED.task, comb.queues.task)
              RETURNING options, namespace, task",
-            &[&Uuid::now_v7(), &body.queue, &body.namespace, &body.task, &patch],
+            &[
+                &Uuid::now_v7(),
+                &body.queue,
+                &body.namespace,
+                &body.task,
+                &patch,
+            ],
         )
         .await
         .map_err(crate::db::DbError::from)?;

@@ -17,7 +17,10 @@ async fn database_answers(app: &State) -> bool {
         let client = app.pool.get().await.ok()?;
         client.query_one("SELECT 1", &[]).await.ok()
     };
-    matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Some(_)))
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, probe).await,
+        Ok(Some(_))
+    )
 }
 
 pub async fn health(AxState(app): AxState<State>) -> Response {

@@ -4,11 +4,13 @@ mod ack;
 mod body;
 mod configure;
 mod health;
+mod lease;
 mod openapi;
 mod params;
 mod pop;
 mod problem;
 mod push;
+mod transaction;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,7 +68,11 @@ pub type State = Arc<App>;
 pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
     vec![
         (Method::POST, "/api/v1/push", post(push::push)),
-        (Method::GET, "/api/v1/pop/queue/{queue}", get(pop::pop_queue)),
+        (
+            Method::GET,
+            "/api/v1/pop/queue/{queue}",
+            get(pop::pop_queue),
+        ),
         (
             Method::GET,
             "/api/v1/pop/queue/{queue}/partition/{partition}",
@@ -75,7 +81,21 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
         (Method::POST, "/api/v1/pop", post(pop::pop_body)),
         (Method::POST, "/api/v1/ack", post(ack::ack_one)),
         (Method::POST, "/api/v1/ack/batch", post(ack::ack_batch)),
-        (Method::POST, "/api/v1/configure", post(configure::configure)),
+        (
+            Method::POST,
+            "/api/v1/transaction",
+            post(transaction::transaction),
+        ),
+        (
+            Method::POST,
+            "/api/v1/lease/{leaseId}/extend",
+            post(lease::extend),
+        ),
+        (
+            Method::POST,
+            "/api/v1/configure",
+            post(configure::configure),
+        ),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
         (Method::GET, "/api/v1/openapi.json", get(openapi::openapi)),

@@ -42,7 +42,9 @@ impl Params {
                 .transpose(),
             Params::Json(j) => match j.get(name) {
                 None | Some(Value::Null) => Ok(None),
-                Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| invalid(name, expected)),
+                Some(Value::Number(n)) => {
+                    n.as_u64().map(Some).ok_or_else(|| invalid(name, expected))
+                }
                 Some(Value::String(s)) => s
                     .trim()
                     .parse::<u64>()
@@ -103,7 +105,12 @@ mod tests {
         ]));
         assert_eq!(q.uint("batch").unwrap_err().code, "parameter_invalid");
         assert_eq!(q.flag("wait").unwrap_err().code, "parameter_invalid");
-        let j = Params::Json(serde_json::json!({"batch": 1.5}).as_object().unwrap().clone());
+        let j = Params::Json(
+            serde_json::json!({"batch": 1.5})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
         assert!(j.uint("batch").is_err());
     }
 }

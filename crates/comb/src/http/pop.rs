@@ -87,13 +87,13 @@ fn parse(
 ) -> Result<PopRequest, Problem> {
     validate_queue_name(&queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
     if let Some(p) = &partition {
-        validate_partition_name(p).map_err(|e| Problem::bad_request("partition_name_invalid", e))?;
+        validate_partition_name(p)
+            .map_err(|e| Problem::bad_request("partition_name_invalid", e))?;
     }
     let group = params
         .text("consumerGroup")?
         .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
-    validate_group_name(&group)
-        .map_err(|e| Problem::bad_request("consumer_group_invalid", e))?;
+    validate_group_name(&group).map_err(|e| Problem::bad_request("consumer_group_invalid", e))?;
     let max_batch = app.config.max_pop_batch as u64;
     let batch = params.uint("batch")?.unwrap_or(1);
     if !(1..=max_batch).contains(&batch) {
@@ -155,7 +155,12 @@ fn parse(
 
 /// Claims, and when asked to wait, waits for a push to this queue and claims again.
 async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
-    let deadline = Instant::now() + if req.wait { req.timeout } else { Duration::ZERO };
+    let deadline = Instant::now()
+        + if req.wait {
+            req.timeout
+        } else {
+            Duration::ZERO
+        };
     let mut stop = app.stop_signal.subscribe();
     loop {
         // Listen before looking, so a push that commits after the look still wakes us.

@@ -37,8 +37,9 @@ pub struct PushItem {
     trace_id: Option<String>,
 }
 
+/// The answer for one pushed message.
 #[derive(Serialize)]
-struct PushResult<'a> {
+pub(super) struct PushResult<'a> {
     index: usize,
     transaction_id: &'a str,
     message_id: Uuid,
@@ -56,12 +57,17 @@ pub async fn push(
     let items = body.items;
     validate(&items, app.config.max_batch)?;
     let messages = resolve(&app, items).await?;
+    check_capacity(&app, &messages).await?;
     let messages = Arc::new(messages);
     let stored = store(&app, messages.clone()).await?;
+    Ok((StatusCode::CREATED, axum::Json(results(&messages, &stored))).into_response())
+}
 
-    let results: Vec<PushResult> = messages
+/// The answer for each pushed message, in order.
+pub(super) fn results<'a>(messages: &'a [NewMessage], stored: &[Stored]) -> Vec<PushResult<'a>> {
+    messages
         .iter()
-        .zip(&stored)
+        .zip(stored)
         .enumerate()
         .map(|(index, (m, s))| {
             let (status, message_id) = match s {
@@ -79,12 +85,41 @@ pub async fn push(
                 trace_id: m.trace_id.as_deref(),
             }
         })
-        .collect();
-    Ok((StatusCode::CREATED, axum::Json(results)).into_response())
+        .collect()
+}
+
+/// Refuses a push that would take a queue with `maxSize` past that many pending messages
+/// (pending: not yet passed by its slowest consumer group). The count is taken before the
+/// push, so concurrent pushes may overshoot by what they carry together.
+pub(super) async fn check_capacity(app: &State, messages: &[NewMessage]) -> Result<(), Problem> {
+    let mut incoming: HashMap<&str, (Uuid, u64)> = HashMap::new();
+    for m in messages {
+        incoming.entry(&m.queue).or_insert((m.queue_id, 0)).1 += 1;
+    }
+    for (queue, (queue_id, n)) in incoming {
+        let max = app.catalog.options(&app.pool, queue_id).await?.max_size;
+        if max == 0 {
+            continue;
+        }
+        let pending = app.catalog.pending(&app.pool, queue_id).await?;
+        if pending + n > max {
+            return Err(Problem {
+                retry_after: Some(1),
+                ..Problem::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "queue_full",
+                    format!(
+                        "queue `{queue}` holds {pending} pending messages; its maxSize is {max}"
+                    ),
+                )
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks every item before anything is stored, so one bad item fails only its own request.
-fn validate(items: &[PushItem], max_batch: usize) -> Result<(), Problem> {
+pub(super) fn validate(items: &[PushItem], max_batch: usize) -> Result<(), Problem> {
     if items.is_empty() {
         return Err(Problem::bad_request(
             "items_empty",
@@ -134,7 +169,7 @@ fn validate(items: &[PushItem], max_batch: usize) -> Result<(), Problem> {
 }
 
 /// Turns queue and partition names into ids, creating what does not exist yet.
-async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<NewMessage>, Problem> {
+pub(super) async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<NewMessage>, Problem> {
     let names: Vec<&str> = items.iter().map(|i| i.queue.as_str()).collect();
     let queues = app.catalog.ensure_queues(&app.pool, &names).await?;
     let wanted: Vec<(Uuid, &str)> = items
@@ -164,6 +199,7 @@ async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<NewMessage>, P
         };
         out.push(NewMessage {
             queue,
+            queue_id,
             partition_id,
             transaction_id,
             client_transaction_id,

@@ -75,10 +75,7 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
     )
     .await?;
     let current: i32 = tx
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM comb.migrations",
-            &[],
-        )
+        .query_one("SELECT coalesce(max(version), 0) FROM comb.migrations", &[])
         .await?
         .get(0);
     let known = latest_version();
@@ -105,10 +102,7 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
 /// Checks, without changing anything, that the database schema is exactly the one this binary knows.
 pub async fn check(client: &Client) -> Result<(), MigrateError> {
     let row = client
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM comb.migrations",
-            &[],
-        )
+        .query_one("SELECT coalesce(max(version), 0) FROM comb.migrations", &[])
         .await?;
     let current: i32 = row.get(0);
     let known = latest_version();

@@ -56,6 +56,89 @@ impl Env {
             .unwrap()
     }
 
+    /// Another server on the same database, with extra `comb serve` flags.
+    pub async fn second_server_with(&self, args: &[&str]) -> Server {
+        let url = self.db_url.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            Server::start(comb_bin(), &url, &argv).unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Configures a queue's options and asserts 200; returns the answer.
+    pub async fn configure(&self, queue: &str, options: Value) -> Value {
+        let (s, body) = self
+            .post(
+                "/api/v1/configure",
+                &json!({"queue": queue, "options": options}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "configure {queue}: {body}");
+        body
+    }
+
+    /// Pops until the answer is 204 and returns every message handed out, in order. Meant
+    /// for auto-ack pops; a leased pop would stop at the first leased partition.
+    pub async fn drain(&self, path_and_query: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Some(pop) = self.pop(path_and_query).await {
+            let messages = pop["messages"].as_array().unwrap();
+            assert!(!messages.is_empty(), "200 without messages: {pop}");
+            out.extend(messages.iter().cloned());
+        }
+        out
+    }
+
+    /// Acks one message (as found in a pop answer) through `POST /api/v1/ack`.
+    pub async fn ack(
+        &self,
+        message: &Value,
+        status: &str,
+        group: Option<&str>,
+        error: Option<&str>,
+    ) -> (StatusCode, Value) {
+        self.post(
+            "/api/v1/ack",
+            &json!({
+                "transactionId": message["transactionId"],
+                "partitionId": message["partitionId"],
+                "leaseId": message["leaseId"],
+                "status": status,
+                "consumerGroup": group,
+                "error": error,
+            }),
+        )
+        .await
+    }
+
+    /// Like [`Env::post`], also returning the answer's headers.
+    pub async fn post_full(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let headers = r.headers().clone();
+        let (status, body) = read(r).await;
+        (status, headers, body)
+    }
+
+    /// Number of message rows stored.
+    pub fn message_count(&self) -> i64 {
+        self.sql("SELECT count(*) FROM comb.messages")
+            .parse()
+            .unwrap()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.server.base_url(), path)
     }
@@ -153,6 +236,12 @@ pub fn raw_head_only(addr: std::net::SocketAddr, head: &str) -> (u16, Value) {
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// `GET` of a full URL (any server) with the same answer checks as [`Env::get`].
+pub async fn get_url(http: &reqwest::Client, url: &str) -> (StatusCode, Value) {
+    let r = http.get(url).send().await.expect("request");
+    read(r).await
+}
+
 /// An HTTP client with its own connection pool.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -163,10 +252,11 @@ pub fn client() -> reqwest::Client {
 
 async fn read(r: reqwest::Response) -> (StatusCode, Value) {
     let status = r.status();
-    let is_problem = r
-        .headers()
-        .get("content-type")
-        .is_some_and(|v| v.to_str().unwrap_or("").starts_with("application/problem+json"));
+    let is_problem = r.headers().get("content-type").is_some_and(|v| {
+        v.to_str()
+            .unwrap_or("")
+            .starts_with("application/problem+json")
+    });
     let bytes = r.bytes().await.expect("body");
     let body = if bytes.is_empty() {
         Value::Null
