@@ -28,6 +28,7 @@ stop:
 
 test:
 	scripts/install-postgres.sh
+	scripts/install-tools.sh
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace
