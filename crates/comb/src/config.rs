@@ -64,6 +64,14 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_MAX_POLL_TIMEOUT_MS", default_value_t = 60_000)]
     pub max_poll_timeout_ms: u64,
 
+    /// Most HTTP connections held open at once; more are answered 503 and closed.
+    #[arg(long, env = "COMB_MAX_CONNECTIONS", default_value_t = 4_096)]
+    pub max_connections: usize,
+
+    /// Most pops waiting for messages at once; more are answered 429.
+    #[arg(long, env = "COMB_MAX_WAITING_POPS", default_value_t = 10_000)]
+    pub max_waiting_pops: usize,
+
     /// Database connections used to run fused pushes (each runs one fused batch at a time).
     #[arg(long, env = "COMB_PUSH_WORKERS", default_value_t = 4)]
     pub push_workers: usize,

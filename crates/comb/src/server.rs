@@ -37,9 +37,13 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         pool,
         stopping: AtomicBool::new(false),
         stop_signal: watch::channel(false).0,
+        waiting: http::limits::WaitingPops::new(config.max_waiting_pops),
         config,
     });
-    let listener = TcpListener::bind(app.config.listen).await?;
+    let listener = http::limits::LimitedListener::new(
+        TcpListener::bind(app.config.listen).await?,
+        app.config.max_connections,
+    );
     tracing::info!(addr = %app.config.listen, "comb is serving");
     let stopper = app.clone();
     axum::serve(listener, http::router(app.clone()))

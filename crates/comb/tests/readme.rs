@@ -75,7 +75,9 @@ async fn the_readme_session_is_what_a_newcomer_sees() {
 #[test]
 fn shapes_hide_only_ids_and_times() {
     assert_eq!(
-        shape("{\"id\":\"01a203e0-b52f-7303-a242-a56f64da2a40\",\"at\":\"2026-11-22T15:29:47.826Z\",\"n\":1}\n"),
+        shape(
+            "{\"id\":\"01a203e0-b52f-7303-a242-a56f64da2a40\",\"at\":\"2026-11-22T15:29:47.826Z\",\"n\":1}\n"
+        ),
         "{\"id\":\"<uuid>\",\"at\":\"<time>\",\"n\":1}"
     );
 }

@@ -5,6 +5,7 @@ mod body;
 mod configure;
 mod health;
 mod lease;
+pub mod limits;
 mod openapi;
 mod params;
 mod pop;
@@ -44,6 +45,8 @@ pub struct App {
     pub stopping: AtomicBool,
     /// Fires when `stopping` is set, to wake waiting pops.
     pub stop_signal: watch::Sender<bool>,
+    /// Pops waiting for messages, capped.
+    pub waiting: limits::WaitingPops,
 }
 
 impl App {

@@ -162,6 +162,7 @@ async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
             Duration::ZERO
         };
     let mut stop = app.stop_signal.subscribe();
+    let mut slot = None;
     loop {
         // Listen before looking, so a push that commits after the look still wakes us.
         let mut woken = app.wake.listen(&req.queue);
@@ -171,6 +172,16 @@ async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
         let now = Instant::now();
         if now >= deadline || app.is_stopping() {
             return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        if slot.is_none() {
+            slot = Some(app.waiting.enter().ok_or_else(|| Problem {
+                retry_after: Some(1),
+                ..Problem::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "waiting_pops_exhausted",
+                    "the server holds its maximum number of waiting pops; retry shortly or pop without wait",
+                )
+            })?);
         }
         let fallback = Duration::from_millis(app.config.poll_fallback_ms);
         let until = deadline.min(now + fallback);
