@@ -222,7 +222,8 @@ impl Cursor {
         self.lease_live = false;
     }
 
-    fn settle(&mut self, pos: i64, seg: i32) {
+    /// Marks `pos` settled and moves the position over the settled run.
+    pub(crate) fn settle(&mut self, pos: i64, seg: i32) {
         if let Err(i) = self.settled.binary_search(&pos) {
             self.settled.insert(i, pos);
         }
@@ -338,21 +339,22 @@ pub fn start(pool: Pool, workers: usize, max_items: usize) -> Fuser<AckJob> {
     Fuser::start(workers, max_items, |j: &AckJob| j.items.len(), run)
 }
 
-struct Locked {
-    cursor: Cursor,
-    queue_id: Uuid,
-    options: QueueOptions,
-    changed: bool,
+/// A cursor locked for update, with what the rules need to know about its queue.
+pub(crate) struct Locked {
+    pub(crate) cursor: Cursor,
+    pub(crate) queue_id: Uuid,
+    pub(crate) options: QueueOptions,
+    pub(crate) changed: bool,
 }
 
 /// A message to dead-letter, gathered while acks are applied.
-struct DeadLetter {
-    queue_id: Uuid,
-    partition_id: Uuid,
-    group: String,
-    pos: i64,
-    attempts: i32,
-    error: Option<String>,
+pub(crate) struct DeadLetter {
+    pub(crate) queue_id: Uuid,
+    pub(crate) partition_id: Uuid,
+    pub(crate) group: String,
+    pub(crate) pos: i64,
+    pub(crate) attempts: i32,
+    pub(crate) error: Option<String>,
 }
 
 /// Applies acks in one transaction of their own; one outcome per item, in order.
@@ -478,7 +480,7 @@ pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Res
 }
 
 /// Cursors as read by [`LOCK_SQL`] or [`EXPIRED_LOCK_SQL`] (same columns).
-fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
+pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
     let mut cursors = HashMap::new();
     for r in rows {
         let attempt_pos: Vec<i64> = r.get(5);
@@ -509,7 +511,7 @@ fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locke
 }
 
 /// Writes changed cursors and new dead letters (pipelined: one round trip).
-async fn write_back(
+pub(crate) async fn write_back(
     tx: &Transaction<'_>,
     cursors: &HashMap<(Uuid, String), Locked>,
     dead: &[DeadLetter],

@@ -312,7 +312,16 @@ impl Catalog {
         if let Some(id) = self.queues.lock().unwrap().remove(name) {
             self.partitions.lock().unwrap().retain(|k, _| k.0 != id);
             self.subscriptions.lock().unwrap().retain(|k| k.0 != id);
+            self.options.lock().unwrap().remove(&id);
         }
+    }
+
+    /// Forgets every cached id (after notifications may have been missed).
+    pub fn forget_all(&self) {
+        self.queues.lock().unwrap().clear();
+        self.partitions.lock().unwrap().clear();
+        self.subscriptions.lock().unwrap().clear();
+        self.options.lock().unwrap().clear();
     }
 
     fn remember_queue(&self, name: &str, id: Uuid) {

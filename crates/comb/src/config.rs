@@ -92,6 +92,20 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_FUSE_MAX_ITEMS", default_value_t = 5_000)]
     pub fuse_max_items: usize,
 
+    /// How long pushes write into one message segment (table) before the next takes over.
+    /// Retention reclaims storage a whole segment at a time.
+    #[arg(long, env = "COMB_SEGMENT_SECONDS", default_value_t = 3_600)]
+    pub segment_seconds: u64,
+
+    /// Pause between maintenance cycles, in milliseconds.
+    #[arg(long, env = "COMB_MAINTENANCE_INTERVAL_MS", default_value_t = 10_000)]
+    pub maintenance_interval_ms: u64,
+
+    /// How long maintenance waits for a table lock before it gives way to traffic and tries
+    /// again next cycle, in milliseconds.
+    #[arg(long, env = "COMB_MAINTENANCE_LOCK_TIMEOUT_MS", default_value_t = 100)]
+    pub maintenance_lock_timeout_ms: u64,
+
     /// How often a waiting pop re-checks the database when no wake-up arrives, in milliseconds.
     /// Wake-ups come from pushes on this server and, through the database, on others; this is
     /// only the safety net.

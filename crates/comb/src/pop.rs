@@ -68,11 +68,12 @@ const CLAIM_SQL: &str = "
 WITH q AS (
     SELECT coalesce((options->>'leaseTime')::float8, $6) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
-           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs
+           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
+           coalesce((options->>'retentionSeconds')::float8, 0) AS retention_secs
     FROM comb.queues WHERE id = $1
 ),
 cand AS (
-    SELECT c.partition_id, c.cursor_pos, c.cursor_seg, c.settled
+    SELECT c.partition_id, c.cursor_pos, c.cursor_seg, c.settled, c.attempt_pos, c.attempt_cnt
     FROM comb.cursors c
     JOIN comb.partitions p ON p.id = c.partition_id
     CROSS JOIN q
@@ -83,6 +84,8 @@ cand AS (
       AND c.available_at <= now()
       AND (q.window_secs = 0
            OR p.last_push_at <= now() - make_interval(secs => q.window_secs))
+      AND (q.retention_secs = 0
+           OR p.last_push_at > now() - make_interval(secs => q.retention_secs))
       AND (q.delay_secs = 0 OR (
            SELECT m.created_at FROM comb.messages m
            WHERE m.partition_id = c.partition_id
@@ -93,7 +96,8 @@ cand AS (
     FOR NO KEY UPDATE OF c SKIP LOCKED
 ),
 picked AS (
-    SELECT cand.partition_id, cand.cursor_pos, cand.cursor_seg, cand.settled, max(m.pos) AS upto
+    SELECT cand.partition_id, cand.cursor_pos, cand.cursor_seg, cand.settled,
+           cand.attempt_pos, cand.attempt_cnt, min(m.pos) AS first, max(m.pos) AS upto
     FROM cand
     CROSS JOIN q
     CROSS JOIN LATERAL (
@@ -102,10 +106,13 @@ picked AS (
           AND m.pos > cand.cursor_pos AND m.seg >= cand.cursor_seg
           AND m.pos <> ALL (cand.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
         ORDER BY m.pos
         LIMIT $5
     ) m
-    GROUP BY cand.partition_id, cand.cursor_pos, cand.cursor_seg, cand.settled
+    GROUP BY cand.partition_id, cand.cursor_pos, cand.cursor_seg, cand.settled,
+             cand.attempt_pos, cand.attempt_cnt
 ),
 claimed AS (
     UPDATE comb.cursors c SET
@@ -113,15 +120,21 @@ claimed AS (
         lease_expires_at = CASE WHEN $7 THEN NULL
             ELSE now() + make_interval(secs => q.lease_secs) END,
         lease_upto = picked.upto,
-        cursor_pos = CASE WHEN $7 THEN picked.upto ELSE c.cursor_pos END,
-        settled = CASE WHEN $7 THEN ARRAY(SELECT s FROM unnest(c.settled) s WHERE s > picked.upto)
-            ELSE c.settled END,
+        -- Messages before the first one handed out that are not settled are past their
+        -- queue's retention: the position moves over them.
+        cursor_pos = CASE WHEN $7 THEN picked.upto
+            ELSE greatest(c.cursor_pos, picked.first - 1) END,
+        settled = ARRAY(SELECT s FROM unnest(c.settled) s
+            WHERE s > CASE WHEN $7 THEN picked.upto ELSE picked.first - 1 END),
+        attempt_pos = ARRAY(SELECT a FROM unnest(c.attempt_pos) a
+            WHERE a > CASE WHEN $7 THEN picked.upto ELSE picked.first - 1 END),
+        attempt_cnt = ARRAY(SELECT n FROM unnest(c.attempt_pos, c.attempt_cnt) AS x(a, n)
+            WHERE a > CASE WHEN $7 THEN picked.upto ELSE picked.first - 1 END),
         last_claimed_at = clock_timestamp()
     FROM picked, q
     WHERE c.partition_id = picked.partition_id AND c.consumer_group = $2
-    RETURNING c.partition_id, c.lease_id, c.lease_expires_at, c.attempt_pos, c.attempt_cnt,
-              picked.cursor_pos AS from_pos, picked.cursor_seg AS from_seg, picked.settled AS skip,
-              picked.upto
+    RETURNING c.partition_id, c.lease_id, c.lease_expires_at, picked.attempt_pos,
+              picked.attempt_cnt, picked.first, picked.cursor_seg AS from_seg, picked.settled AS skip, picked.upto
 )
 SELECT cl.partition_id, p.name, cl.lease_id, cl.lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
@@ -132,7 +145,7 @@ CROSS JOIN LATERAL (
     SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at
     FROM comb.messages m
     WHERE m.partition_id = cl.partition_id
-      AND m.pos > cl.from_pos AND m.pos <= cl.upto AND m.seg >= cl.from_seg
+      AND m.pos >= cl.first AND m.pos <= cl.upto AND m.seg >= cl.from_seg
       AND m.pos <> ALL (cl.skip)
     ORDER BY m.pos
 ) m

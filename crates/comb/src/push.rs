@@ -30,6 +30,8 @@ use crate::wake::Wake;
 pub struct NewMessage {
     pub queue: Arc<str>,
     pub queue_id: Uuid,
+    /// Partition name, to resolve again if the partition vanished.
+    pub partition: String,
     pub partition_id: Uuid,
     pub transaction_id: String,
     /// The producer gave the transaction id (only those can be duplicates).

@@ -11,16 +11,27 @@ use crate::config::ServeConfig;
 use crate::http::{self, App};
 use crate::queue::QueueOptions;
 use crate::wake::Wake;
-use crate::{ack, db, pop, push, schema};
+use crate::{ack, db, maintenance, pop, push, schema};
 
 /// Runs `comb serve` until SIGTERM or SIGINT.
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
     migrate(&config.database.database_url).await?;
     let pool = db::pool(&config.database.database_url, config.pool_size())?;
+    tokio::spawn(maintenance::run(
+        config.database.database_url.clone(),
+        maintenance::Settings {
+            segment_seconds: config.segment_seconds,
+            interval: std::time::Duration::from_millis(config.maintenance_interval_ms),
+            lock_timeout: std::time::Duration::from_millis(config.maintenance_lock_timeout_ms),
+            server: format!("{} pid {}", config.listen, std::process::id()),
+        },
+    ));
     let wake = Arc::new(Wake::default());
+    let catalog = Arc::new(Catalog::default());
     tokio::spawn(crate::wake::relay(
         config.database.database_url.clone(),
         wake.clone(),
+        catalog.clone(),
     ));
     let default_lease = QueueOptions::default().lease_time as f64;
     let app = Arc::new(App {
@@ -32,7 +43,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         ),
         pop: pop::start(pool.clone(), config.pop_workers, default_lease),
         ack: ack::start(pool.clone(), config.ack_workers, config.fuse_max_items),
-        catalog: Catalog::default(),
+        catalog,
         wake,
         pool,
         stopping: AtomicBool::new(false),

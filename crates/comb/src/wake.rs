@@ -13,6 +13,8 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
 
+use crate::catalog::Catalog;
+
 /// The wake-up registry of one server.
 #[derive(Default)]
 pub struct Wake {
@@ -55,22 +57,35 @@ impl Wake {
 /// Forwards push notifications from the database to this server's waiting pops, for pushes
 /// made through other servers. Reconnects forever; while disconnected, waiting pops fall back
 /// to re-checking on their own timer, so a lost connection delays but never loses a message.
-pub async fn relay(database_url: String, wake: Arc<Wake>) {
+///
+/// The same connection carries catalog changes (a queue deleted through another server), so
+/// that this server forgets ids that no longer exist.
+pub async fn relay(database_url: String, wake: Arc<Wake>, catalog: Arc<Catalog>) {
     loop {
-        if let Err(e) = relay_once(&database_url, &wake).await {
+        if let Err(e) = relay_once(&database_url, &wake, &catalog).await {
             tracing::warn!(error = %e, "push notification relay lost its connection; reconnecting");
         }
-        // Whatever was missed while disconnected: let every waiting pop look again.
+        // Whatever was missed while disconnected: let every waiting pop look again, and
+        // trust no cached id.
         wake.notify_all();
+        catalog.forget_all();
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
-async fn relay_once(database_url: &str, wake: &Wake) -> Result<(), tokio_postgres::Error> {
+async fn relay_once(
+    database_url: &str,
+    wake: &Wake,
+    catalog: &Catalog,
+) -> Result<(), tokio_postgres::Error> {
     let (client, mut conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
     let messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
     futures_util::pin_mut!(messages);
-    let sql = format!("LISTEN {}", crate::push::NOTIFY_CHANNEL);
+    let sql = format!(
+        "LISTEN {}; LISTEN {}",
+        crate::push::NOTIFY_CHANNEL,
+        crate::http::queues::CATALOG_CHANNEL
+    );
     let listen = client.batch_execute(&sql);
     futures_util::pin_mut!(listen);
     // Drive the connection while LISTEN completes, then forward notifications.
@@ -87,7 +102,9 @@ async fn relay_once(database_url: &str, wake: &Wake) -> Result<(), tokio_postgre
     tracing::debug!("listening for pushes made through other servers");
     while let Some(m) = messages.next().await {
         if let AsyncMessage::Notification(n) = m? {
-            if n.payload() == "*" {
+            if n.channel() == crate::http::queues::CATALOG_CHANNEL {
+                catalog.forget_queue(n.payload());
+            } else if n.payload() == "*" {
                 wake.notify_all();
             } else {
                 for queue in n.payload().split('\n') {

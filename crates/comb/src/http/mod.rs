@@ -11,6 +11,7 @@ mod params;
 mod pop;
 mod problem;
 mod push;
+pub mod queues;
 mod transaction;
 
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::http::Method;
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 use deadpool_postgres::Pool;
 use tokio::sync::watch;
 
@@ -36,7 +37,7 @@ use crate::wake::Wake;
 pub struct App {
     pub config: ServeConfig,
     pub pool: Pool,
-    pub catalog: Catalog,
+    pub catalog: Arc<Catalog>,
     pub wake: Arc<Wake>,
     pub push: Fuser<PushJob>,
     pub pop: Fuser<PopJob>,
@@ -98,6 +99,11 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
             Method::POST,
             "/api/v1/configure",
             post(configure::configure),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/resources/queues/{queue}",
+            delete(queues::delete_queue),
         ),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),

@@ -58,8 +58,7 @@ pub async fn push(
     validate(&items, app.config.max_batch)?;
     let messages = resolve(&app, items).await?;
     check_capacity(&app, &messages).await?;
-    let messages = Arc::new(messages);
-    let stored = store(&app, messages.clone()).await?;
+    let (messages, stored) = store(&app, messages).await?;
     Ok((StatusCode::CREATED, axum::Json(results(&messages, &stored))).into_response())
 }
 
@@ -200,6 +199,7 @@ pub(super) async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<New
         out.push(NewMessage {
             queue,
             queue_id,
+            partition: partition.to_string(),
             partition_id,
             transaction_id,
             client_transaction_id,
@@ -211,26 +211,67 @@ pub(super) async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<New
     Ok(out)
 }
 
-async fn store(app: &State, messages: Arc<Vec<NewMessage>>) -> Result<Vec<Stored>, Problem> {
+/// Stores messages through the push fuser. Messages whose partition vanished meanwhile (its
+/// queue was deleted through any server) are resolved again — which creates the queue anew,
+/// as a first push does — and stored in a second round; nothing is stored twice.
+async fn store(
+    app: &State,
+    messages: Vec<NewMessage>,
+) -> Result<(Arc<Vec<NewMessage>>, Vec<Stored>), Problem> {
+    let messages = Arc::new(messages);
+    let stored = submit(app, messages.clone()).await?;
+    let gone: Vec<usize> = (0..stored.len())
+        .filter(|&i| stored[i] == Stored::PartitionGone)
+        .collect();
+    if gone.is_empty() {
+        return Ok((messages, stored));
+    }
+    let mut messages = Arc::try_unwrap(messages).unwrap_or_else(|m| (*m).clone());
+    let mut stored = stored;
+    for &i in &gone {
+        app.catalog.forget_queue(&messages[i].queue);
+    }
+    let names: Vec<&str> = gone.iter().map(|&i| &*messages[i].queue).collect();
+    let queues = app.catalog.ensure_queues(&app.pool, &names).await?;
+    let wanted: Vec<(Uuid, &str)> = gone
+        .iter()
+        .map(|&i| (queues[&*messages[i].queue], messages[i].partition.as_str()))
+        .collect();
+    let partitions = app.catalog.ensure_partitions(&app.pool, &wanted).await?;
+    let retry: Vec<NewMessage> = gone
+        .iter()
+        .map(|&i| {
+            let mut m = messages[i].clone();
+            m.queue_id = queues[&*m.queue];
+            m.partition_id = partitions[&(m.queue_id, m.partition.clone())];
+            m
+        })
+        .collect();
+    let again = submit(app, Arc::new(retry.clone())).await?;
+    for ((&i, m), s) in gone.iter().zip(retry).zip(again) {
+        if s == Stored::PartitionGone {
+            return Err(Problem::conflict(
+                "queue_deleted",
+                format!(
+                    "queue `{}` is being deleted and recreated; retry the push",
+                    m.queue
+                ),
+            ));
+        }
+        messages[i] = m;
+        stored[i] = s;
+    }
+    Ok((Arc::new(messages), stored))
+}
+
+async fn submit(app: &State, messages: Arc<Vec<NewMessage>>) -> Result<Vec<Stored>, Problem> {
+    let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
     let (reply, rx) = oneshot::channel();
-    let queues = messages.clone();
     app.push
         .submit(PushJob { messages, reply })
         .await
-        .map_err(|_| Problem::unavailable("shutting_down", "the server is shutting down"))?;
-    let stored = rx
-        .await
-        .map_err(|_| Problem::unavailable("shutting_down", "the server is shutting down"))?
-        .map_err(|e| Problem::from(&*e))?;
-    if let Some(i) = stored.iter().position(|s| *s == Stored::PartitionGone) {
-        app.catalog.forget_queue(&queues[i].queue);
-        return Err(Problem::conflict(
-            "queue_deleted",
-            format!(
-                "queue `{}` was deleted while the push was in flight; retry the push",
-                queues[i].queue
-            ),
-        ));
-    }
-    Ok(stored)
+        .map_err(|_| closed())?;
+    rx.await
+        .map_err(|_| closed())?
+        .map_err(|e| Problem::from(&*e))
 }

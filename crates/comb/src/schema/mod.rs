@@ -17,11 +17,18 @@ pub struct Migration {
 }
 
 /// Every migration this binary knows, oldest first.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("migrations/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "segments",
+        sql: include_str!("migrations/0002_segments.sql"),
+    },
+];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
 const MIGRATION_LOCK: i64 = 0x636f_6d62_0001;

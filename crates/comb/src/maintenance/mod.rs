@@ -1,0 +1,126 @@
+//! Background maintenance: message segments (make ahead, roll over, summarise, drop whole)
+//! and dead-lettering of messages pending past `maxWaitTimeSeconds`.
+//!
+//! Every server runs the loop, but only the holder of a session-level advisory lock does the
+//! work, so it runs once per cluster however many servers share the database. When the
+//! holder dies its connection closes, the lock is released, and another server takes over on
+//! its next tick. Each statement carries its own `statement_timeout` and every exclusive lock
+//! is asked for with a short `lock_timeout`: maintenance gives way to traffic, never the
+//! reverse.
+
+mod max_wait;
+mod segments;
+
+use std::time::Duration;
+
+use deadpool_postgres::Client;
+
+use crate::db::DbError;
+
+/// Key of the advisory lock whose holder runs maintenance.
+const LEADER_LOCK: i64 = 0x636f_6d62_0002;
+
+/// How maintenance runs; from the server configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long pushes write into one segment before the next takes over.
+    pub segment_seconds: u64,
+    /// Pause between cycles.
+    pub interval: Duration,
+    /// How long a drop or summary may wait for a lock before it gives up until next cycle.
+    pub lock_timeout: Duration,
+    /// Name of this server in logs and `comb.maintenance_runs`.
+    pub server: String,
+}
+
+/// What one cycle did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    pub created: i32,
+    pub rolled: i32,
+    pub summarized: i32,
+    pub dropped: i32,
+    /// Drops that could not get their lock in time and wait for the next cycle.
+    pub drop_retries: i32,
+    pub dead_lettered: i64,
+}
+
+impl Report {
+    fn did_anything(&self) -> bool {
+        *self != Report::default()
+    }
+}
+
+/// Runs maintenance forever on a connection of its own (reconnecting as needed): the leader
+/// lock lives and dies with that connection.
+pub async fn run(database_url: String, settings: Settings) {
+    let pool = match crate::db::pool(&database_url, 1) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, "maintenance disabled");
+            return;
+        }
+    };
+    loop {
+        match pool.get().await {
+            Ok(mut client) => {
+                if let Err(e) = lead(&mut client, &settings).await {
+                    tracing::warn!(error = %e, "maintenance failed; retrying");
+                    // The session may hold the leader lock in an unknown state: start afresh.
+                    let _ = deadpool_postgres::Object::take(client);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "maintenance cannot connect yet"),
+        }
+        tokio::time::sleep(settings.interval).await;
+    }
+}
+
+/// Tries to become the leader and, while leading, runs a cycle every interval.
+async fn lead(client: &mut Client, settings: &Settings) -> Result<(), DbError> {
+    client
+        .batch_execute("SET application_name = 'comb maintenance'; SET statement_timeout = '60s'")
+        .await?;
+    loop {
+        let leader: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK])
+            .await?
+            .get(0);
+        if leader {
+            let started = chrono::Utc::now();
+            let report = cycle(client, settings).await?;
+            if report.did_anything() {
+                tracing::info!(?report, "maintenance");
+                client
+                    .execute(
+                        "INSERT INTO comb.maintenance_runs (started_at, server, created, rolled,
+                             summarized, dropped, drop_retries, dead_lettered)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                        &[
+                            &started,
+                            &settings.server,
+                            &report.created,
+                            &report.rolled,
+                            &report.summarized,
+                            &report.dropped,
+                            &report.drop_retries,
+                            &report.dead_lettered,
+                        ],
+                    )
+                    .await?;
+            }
+        }
+        tokio::time::sleep(settings.interval).await;
+    }
+}
+
+/// One pass over everything maintenance looks after.
+pub async fn cycle(client: &mut Client, settings: &Settings) -> Result<Report, DbError> {
+    let mut report = Report::default();
+    segments::make_ahead(client, settings, &mut report).await?;
+    segments::roll_over(client, settings, &mut report).await?;
+    segments::summarize(client, settings, &mut report).await?;
+    segments::drop_reclaimable(client, settings, &mut report).await?;
+    report.dead_lettered += max_wait::dead_letter_overdue(client).await?;
+    Ok(report)
+}

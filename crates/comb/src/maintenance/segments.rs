@@ -1,0 +1,233 @@
+//! Segments of message storage: one table per period, reclaimed whole.
+//!
+//! The newest segment takes the pushes. One segment ahead always exists, so that rolling over
+//! is a row insert rather than DDL on the hot path. A closed segment is summarised once (per
+//! partition: the last position and time it holds); from then on the decision to drop it reads
+//! only that summary, consumer positions and queue options — never snapshot horizons.
+//!
+//! A closed segment may go when, for every partition with messages in it, its queue was
+//! deleted, or the queue's `retentionSeconds` has passed its newest message there, or the
+//! queue's `completedRetentionSeconds` has passed it and every consumer group is past it.
+
+use deadpool_postgres::Client;
+
+use super::{Report, Settings};
+use crate::db::DbError;
+
+/// Seconds after closing before a segment is summarised: pushes whose statement began before
+/// the roll-over may still be writing into it.
+const SUMMARY_GRACE_SECONDS: f64 = 2.0;
+
+fn table(seg: i32) -> String {
+    format!("comb.messages_{seg}")
+}
+
+fn lock_timeout_sql(settings: &Settings) -> String {
+    format!(
+        "SET LOCAL lock_timeout = '{}ms'",
+        settings.lock_timeout.as_millis().max(1)
+    )
+}
+
+/// Is this error a lock wait that timed out (to be retried next cycle)?
+fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
+}
+
+async fn active(client: &Client) -> Result<(i32, f64), DbError> {
+    let row = client
+        .query_one(
+            "SELECT seg, extract(epoch FROM now() - created_at)::float8
+             FROM comb.segments ORDER BY seg DESC LIMIT 1",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Makes sure the table after the active segment exists.
+pub async fn make_ahead(
+    client: &Client,
+    settings: &Settings,
+    report: &mut Report,
+) -> Result<(), DbError> {
+    let (seg, _) = active(client).await?;
+    let next = seg + 1;
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table(next)])
+        .await?
+        .get(0);
+    if exists {
+        return Ok(());
+    }
+    // Built standalone and then attached: ATTACH takes only SHARE UPDATE EXCLUSIVE on the
+    // parent, which neither readers nor writers conflict with, where CREATE … PARTITION OF
+    // would queue an ACCESS EXCLUSIVE lock in front of all traffic. The CHECK constraint
+    // spares ATTACH a validation scan.
+    let t = table(next);
+    let sql = format!(
+        "BEGIN; {lt};
+         CREATE TABLE {t} (LIKE comb.messages INCLUDING DEFAULTS INCLUDING STORAGE);
+         ALTER TABLE {t} ADD PRIMARY KEY (partition_id, pos, seg);
+         CREATE INDEX ON {t} (partition_id, transaction_id);
+         ALTER TABLE {t} ADD CONSTRAINT messages_{next}_seg CHECK (seg >= {next} AND seg < {end});
+         ALTER TABLE comb.messages ATTACH PARTITION {t} FOR VALUES FROM ({next}) TO ({end});
+         COMMIT;",
+        lt = lock_timeout_sql(settings),
+        end = next + 1
+    );
+    match client.batch_execute(&sql).await {
+        Ok(()) => {
+            report.created += 1;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            if is_lock_timeout(&e) {
+                Ok(())
+            } else {
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Starts the next segment once the active one is `segment_seconds` old and its successor
+/// table exists.
+pub async fn roll_over(
+    client: &Client,
+    settings: &Settings,
+    report: &mut Report,
+) -> Result<(), DbError> {
+    let (seg, age) = active(client).await?;
+    if age < settings.segment_seconds as f64 {
+        return Ok(());
+    }
+    let next = seg + 1;
+    let ready: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table(next)])
+        .await?
+        .get(0);
+    if !ready {
+        return Ok(());
+    }
+    let n = client
+        .execute(
+            "WITH closed AS (UPDATE comb.segments SET closed_at = now() WHERE seg = $1)
+             INSERT INTO comb.segments (seg) VALUES ($2) ON CONFLICT DO NOTHING",
+            &[&seg, &next],
+        )
+        .await?;
+    report.rolled += n as i32;
+    Ok(())
+}
+
+/// Summarises closed segments once no push can still be writing into them.
+pub async fn summarize(
+    client: &Client,
+    settings: &Settings,
+    report: &mut Report,
+) -> Result<(), DbError> {
+    let due: Vec<i32> = client
+        .query(
+            "SELECT seg FROM comb.segments
+             WHERE NOT summarized AND closed_at < now() - make_interval(secs => $1)
+             ORDER BY seg",
+            &[&SUMMARY_GRACE_SECONDS],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for seg in due {
+        // SHARE waits for any push still inserting into the segment and lets readers be.
+        let sql = format!(
+            "BEGIN; {lt}; LOCK TABLE {t} IN SHARE MODE;
+             INSERT INTO comb.segment_partitions (seg, partition_id, max_pos, max_created_at)
+             SELECT {seg}, partition_id, max(pos), max(created_at) FROM {t} GROUP BY partition_id
+             ON CONFLICT DO NOTHING;
+             UPDATE comb.segments SET summarized = true WHERE seg = {seg};
+             COMMIT;",
+            lt = lock_timeout_sql(settings),
+            t = table(seg),
+        );
+        match client.batch_execute(&sql).await {
+            Ok(()) => report.summarized += 1,
+            Err(e) => {
+                let _ = client.batch_execute("ROLLBACK").await;
+                if !is_lock_timeout(&e) {
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Segments every queue with messages in them has let go of.
+const RECLAIMABLE_SQL: &str = "
+SELECT s.seg FROM comb.segments s
+WHERE s.summarized
+  AND s.seg < (SELECT max(seg) FROM comb.segments)
+  AND NOT EXISTS (
+      SELECT 1
+      FROM comb.segment_partitions sp
+      JOIN comb.partitions p ON p.id = sp.partition_id
+      JOIN comb.queues q ON q.id = p.queue_id
+      CROSS JOIN LATERAL (
+          SELECT coalesce((q.options->>'retentionSeconds')::float8, 0) AS retention,
+                 coalesce((q.options->>'completedRetentionSeconds')::float8, 0) AS completed
+      ) o
+      WHERE sp.seg = s.seg
+        AND NOT (
+            (o.retention > 0
+             AND sp.max_created_at < now() - make_interval(secs => o.retention))
+            OR (o.completed > 0
+             AND sp.max_created_at < now() - make_interval(secs => o.completed)
+             AND EXISTS (SELECT 1 FROM comb.cursors c WHERE c.partition_id = sp.partition_id)
+             AND NOT EXISTS (
+                 SELECT 1 FROM comb.cursors c
+                 WHERE c.partition_id = sp.partition_id AND c.cursor_pos < sp.max_pos))
+        )
+  )
+ORDER BY s.seg";
+
+/// Drops every reclaimable segment whose lock can be had within the lock timeout.
+pub async fn drop_reclaimable(
+    client: &Client,
+    settings: &Settings,
+    report: &mut Report,
+) -> Result<(), DbError> {
+    let segs: Vec<i32> = client
+        .query(RECLAIMABLE_SQL, &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for seg in segs {
+        let sql = format!(
+            "BEGIN; {}; DROP TABLE IF EXISTS {};
+             DELETE FROM comb.segment_partitions WHERE seg = {seg};
+             DELETE FROM comb.segments WHERE seg = {seg};
+             COMMIT;",
+            lock_timeout_sql(settings),
+            table(seg)
+        );
+        match client.batch_execute(&sql).await {
+            Ok(()) => {
+                tracing::info!(seg, "dropped message segment");
+                report.dropped += 1;
+            }
+            Err(e) => {
+                let _ = client.batch_execute("ROLLBACK").await;
+                if is_lock_timeout(&e) {
+                    tracing::info!(seg, "segment busy; dropping it next cycle");
+                    report.drop_retries += 1;
+                } else {
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! Storage lifecycle: retention reclaims whole segment tables — never rows — and only what
+//! every queue and every consumer group has let go of; `maxWaitTimeSeconds` dead-letters;
+//! maintenance runs once per cluster; a drop that cannot get its lock gives way to traffic.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Env;
+use reqwest::StatusCode;
+use serde_json::json;
+
+/// Fast segment turnover for tests: a new segment every second, maintenance every 200 ms.
+const FAST: &[&str] = &["--segment-seconds", "1", "--maintenance-interval-ms", "200"];
+
+fn segments(env: &Env) -> Vec<i32> {
+    let s =
+        env.sql("SELECT coalesce(string_agg(seg::text, ',' ORDER BY seg), '') FROM comb.segments");
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse().unwrap())
+        .collect()
+}
+
+fn table_exists(env: &Env, seg: i32) -> bool {
+    env.sql(&format!(
+        "SELECT to_regclass('comb.messages_{seg}') IS NOT NULL"
+    )) == "t"
+}
+
+/// The segment holding a queue's messages (they were pushed together).
+fn segment_of(env: &Env, queue: &str) -> i32 {
+    env.sql(&format!(
+        "SELECT DISTINCT m.seg FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id
+         JOIN comb.queues q ON q.id = p.queue_id WHERE q.name = '{queue}'"
+    ))
+    .parse()
+    .unwrap()
+}
+
+/// Polls `check` until it holds or `limit` passes.
+async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn retention_drops_whole_segments_once_every_queue_in_them_allows() {
+    let env = Env::start_with(FAST).await;
+    env.configure("short", json!({"retentionSeconds": 1})).await;
+    env.push(json!([
+        {"queue": "short", "payload": {"n": 1}},
+        {"queue": "short", "payload": {"n": 2}},
+    ]))
+    .await;
+    let seg = segment_of(&env, "short");
+    // Expired messages are not handed out, even while their segment still exists.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(env.pop("/api/v1/pop/queue/short?batch=10").await.is_none());
+    // The segment is rolled over, summarised and dropped as a whole table.
+    eventually(Duration::from_secs(20), "segment dropped", || {
+        !table_exists(&env, seg)
+    })
+    .await;
+    assert!(!segments(&env).contains(&seg));
+    assert_eq!(
+        env.sql(&format!(
+            "SELECT count(*) FROM comb.segment_partitions WHERE seg = {seg}"
+        )),
+        "0"
+    );
+    // New messages still flow.
+    env.push(json!([{"queue": "short", "payload": {"n": 3}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/short?batch=10").await.unwrap();
+    assert_eq!(common::numbers(&pop), vec![3]);
+    let dropped: i64 = env
+        .sql("SELECT coalesce(sum(dropped), 0) FROM comb.maintenance_runs")
+        .parse()
+        .unwrap();
+    assert!(dropped >= 1, "maintenance recorded its drops");
+}
+
+#[tokio::test]
+async fn a_queue_that_keeps_its_messages_pins_the_segment() {
+    let env = Env::start_with(FAST).await;
+    env.configure("short", json!({"retentionSeconds": 1})).await;
+    env.push(json!([
+        {"queue": "short", "payload": {"n": 1}},
+        {"queue": "keep", "payload": {"n": 10}},
+        {"queue": "keep", "payload": {"n": 11}},
+    ]))
+    .await;
+    let seg = segment_of(&env, "keep");
+    assert_eq!(seg, segment_of(&env, "short"));
+    // Wait until the segment is summarised and several drop decisions have been made.
+    eventually(Duration::from_secs(20), "segment summarised", || {
+        env.sql(&format!(
+            "SELECT summarized FROM comb.segments WHERE seg = {seg}"
+        )) == "t"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        table_exists(&env, seg),
+        "`keep` has no retention: its segment stays"
+    );
+    // The queue with retention no longer hands out its expired message…
+    assert!(env.pop("/api/v1/pop/queue/short").await.is_none());
+    // …and the other queue still has everything.
+    let pop = env.pop("/api/v1/pop/queue/keep?batch=10").await.unwrap();
+    assert_eq!(common::numbers(&pop), vec![10, 11]);
+}
+
+#[tokio::test]
+async fn completed_retention_waits_for_the_slowest_group() {
+    let env = Env::start_with(FAST).await;
+    env.configure("done", json!({"completedRetentionSeconds": 1}))
+        .await;
+    // Both groups exist before the messages arrive.
+    for g in ["fast", "slow"] {
+        assert!(
+            env.pop(&format!("/api/v1/pop/queue/done?consumerGroup={g}"))
+                .await
+                .is_none()
+        );
+    }
+    env.push(json!([
+        {"queue": "done", "partition": "p", "payload": {"n": 1}},
+        {"queue": "done", "partition": "p", "payload": {"n": 2}},
+    ]))
+    .await;
+    let seg = segment_of(&env, "done");
+    let fast = env
+        .drain("/api/v1/pop/queue/done?consumerGroup=fast&autoAck=true&batch=10")
+        .await;
+    assert_eq!(fast.len(), 2);
+    eventually(Duration::from_secs(20), "segment summarised", || {
+        env.sql(&format!(
+            "SELECT summarized FROM comb.segments WHERE seg = {seg}"
+        )) == "t"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        table_exists(&env, seg),
+        "the slow group has not read it: kept"
+    );
+    // The lagging group still gets every message.
+    let slow = env
+        .drain("/api/v1/pop/queue/done?consumerGroup=slow&autoAck=true&batch=10")
+        .await;
+    assert_eq!(slow.len(), 2);
+    // Now every group has passed it: the whole table goes.
+    eventually(Duration::from_secs(20), "segment dropped", || {
+        !table_exists(&env, seg)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_a_queue_frees_its_segments() {
+    let env = Env::start_with(FAST).await;
+    env.push(json!([{"queue": "gone", "payload": {"n": 1}}]))
+        .await;
+    let seg = segment_of(&env, "gone");
+    let (s, body) = env
+        .http
+        .delete(env.url("/api/v1/resources/queues/gone"))
+        .send()
+        .await
+        .map(|r| (r.status(), ()))
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{body:?}");
+    let r = env
+        .http
+        .delete(env.url("/api/v1/resources/queues/gone"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(env.sql("SELECT count(*) FROM comb.partitions"), "0");
+    eventually(Duration::from_secs(20), "segment dropped", || {
+        !table_exists(&env, seg)
+    })
+    .await;
+    // The name can be used again, for a new and empty queue.
+    env.push(json!([{"queue": "gone", "payload": {"n": 2}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/gone?batch=10").await.unwrap();
+    assert_eq!(common::numbers(&pop), vec![2]);
+}
+
+#[tokio::test]
+async fn a_push_through_another_server_after_a_delete_lands_in_the_new_queue() {
+    let env = Env::start().await;
+    let other = env.second_server().await;
+    let other_push = |n: i64| {
+        let http = env.http.clone();
+        let url = format!("{}/api/v1/push", other.base_url());
+        async move {
+            let r = http
+                .post(url)
+                .json(&json!({"items": [{"queue": "q", "partition": "p", "payload": {"n": n}}]}))
+                .send()
+                .await
+                .unwrap();
+            r.status()
+        }
+    };
+    // The other server learns (and caches) the queue's ids.
+    assert_eq!(other_push(1).await, StatusCode::CREATED);
+    let r = env
+        .http
+        .delete(env.url("/api/v1/resources/queues/q"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    // Its next push goes to a new queue, not to the deleted partition.
+    assert_eq!(other_push(2).await, StatusCode::CREATED);
+    let pop = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
+    assert_eq!(common::numbers(&pop), vec![2]);
+}
+
+#[tokio::test]
+async fn messages_pending_past_max_wait_are_dead_lettered() {
+    let env = Env::start_with(&["--maintenance-interval-ms", "200"]).await;
+    env.configure("slow", json!({"maxWaitTimeSeconds": 1}))
+        .await;
+    env.push(json!([
+        {"queue": "slow", "partition": "p", "payload": {"n": 1}},
+        {"queue": "slow", "partition": "p", "payload": {"n": 2}},
+        {"queue": "slow", "partition": "p", "payload": {"n": 3}},
+    ]))
+    .await;
+    // The group takes the first message and leaves the rest pending.
+    let first = env
+        .pop("/api/v1/pop/queue/slow?consumerGroup=g&autoAck=true")
+        .await
+        .unwrap();
+    assert_eq!(common::numbers(&first), vec![1]);
+    eventually(Duration::from_secs(15), "dead-lettered", || {
+        env.sql("SELECT count(*) FROM comb.dead_letters WHERE consumer_group = 'g'") == "2"
+    })
+    .await;
+    let errors = env.sql("SELECT DISTINCT error FROM comb.dead_letters");
+    assert!(errors.contains("maxWaitTimeSeconds"), "{errors}");
+    // The position moved on: nothing is left to deliver, and new messages are delivered.
+    assert!(
+        env.pop("/api/v1/pop/queue/slow?consumerGroup=g")
+            .await
+            .is_none()
+    );
+    env.push(json!([{"queue": "slow", "partition": "p", "payload": {"n": 4}}]))
+        .await;
+    let pop = env
+        .pop("/api/v1/pop/queue/slow?consumerGroup=g&autoAck=true")
+        .await
+        .unwrap();
+    assert_eq!(common::numbers(&pop), vec![4]);
+    // Messages are kept, not deleted.
+    assert_eq!(env.message_count(), 4);
+}
+
+#[tokio::test]
+async fn two_servers_run_maintenance_once() {
+    let env = Env::start_with(FAST).await;
+    let _other = env.second_server_with(FAST).await;
+    eventually(Duration::from_secs(20), "several maintenance runs", || {
+        env.sql("SELECT count(*) FROM comb.maintenance_runs")
+            .parse::<i64>()
+            .unwrap()
+            >= 5
+    })
+    .await;
+    assert_eq!(
+        env.sql("SELECT count(DISTINCT server) FROM comb.maintenance_runs"),
+        "1",
+        "one leader at a time"
+    );
+    // Segments roll over exactly once per period: numbers are consecutive, none skipped.
+    let segs = segments(&env);
+    assert!(segs.windows(2).all(|w| w[1] == w[0] + 1), "{segs:?}");
+}
+
+#[tokio::test]
+async fn a_drop_blocked_by_a_long_reader_does_not_stall_pushes() {
+    let env = Env::start_with(FAST).await;
+    env.configure("short", json!({"retentionSeconds": 1})).await;
+    env.push(json!([{"queue": "short", "payload": {"n": 1}}]))
+        .await;
+    let seg = segment_of(&env, "short");
+    // A long reader holds a lock on the segment table, as a report or a backup would.
+    let (reader, conn) = tokio_postgres::connect(&env.db_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    reader
+        .batch_execute(&format!("BEGIN; SELECT count(*) FROM comb.messages_{seg};"))
+        .await
+        .unwrap();
+    // Only once that segment is closed may pushes go on, or they would share (and pin) it.
+    eventually(Duration::from_secs(20), "segment closed", || {
+        env.sql(&format!(
+            "SELECT closed_at IS NOT NULL FROM comb.segments WHERE seg = {seg}"
+        )) == "t"
+    })
+    .await;
+    // While it holds the lock, maintenance wants to drop the segment and cannot; pushes
+    // must go on (each answered well within the client's 5 s timeout).
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(6);
+    let mut pushed = 0;
+    while Instant::now() < until {
+        let r = http
+            .post(env.url("/api/v1/push"))
+            .json(&json!({"items": [{"queue": "busy", "payload": {"n": pushed}}]}))
+            .send()
+            .await
+            .expect("push answered while the drop waits");
+        assert_eq!(r.status(), StatusCode::CREATED);
+        pushed += 1;
+    }
+    assert!(table_exists(&env, seg), "the reader still holds it");
+    let retries: i64 = env
+        .sql("SELECT coalesce(sum(drop_retries), 0) FROM comb.maintenance_runs")
+        .parse()
+        .unwrap();
+    assert!(retries >= 1, "the drop gave way and will retry");
+    // Segments kept being made and rolled while the reader held its lock.
+    let rolled: i64 = env
+        .sql("SELECT coalesce(sum(rolled), 0) FROM comb.maintenance_runs")
+        .parse()
+        .unwrap();
+    assert!(
+        rolled >= 4,
+        "segments rolled over during the hold: {rolled}"
+    );
+    reader.batch_execute("COMMIT").await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "dropped after the reader left",
+        || !table_exists(&env, seg),
+    )
+    .await;
+    assert_eq!(env.sql("SELECT count(*) FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id JOIN comb.queues q ON q.id = p.queue_id WHERE q.name = 'busy'"), pushed.to_string());
+}
