@@ -3,7 +3,6 @@
 use axum::extract::State as AxState;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::body::JsonBody;
@@ -185,15 +184,7 @@ pub(super) fn refused(refusal: AckRefusal, at: &str) -> Problem {
 }
 
 async fn settle(app: &State, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Problem> {
-    let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
-    let (reply, rx) = oneshot::channel();
-    app.ack
-        .submit(AckJob { items, reply })
-        .await
-        .map_err(|_| closed())?;
-    rx.await
-        .map_err(|_| closed())?
-        .map_err(|e| Problem::from(&*e))
+    super::ask(&app.ack, |reply| AckJob { items, reply }).await
 }
 
 pub(super) fn out(index: usize, transaction_id: String, o: AckOutcome) -> AckOut {

@@ -67,6 +67,22 @@ impl App {
 /// Handler state.
 pub type State = Arc<App>;
 
+/// The reply channel a fused job answers on.
+pub type Reply<T> = tokio::sync::oneshot::Sender<Result<T, Arc<crate::db::DbError>>>;
+
+/// Hands a job to a fuser and waits for its answer, as a problem if it failed.
+pub async fn ask<J: Send + 'static, T>(
+    fuser: &Fuser<J>,
+    job: impl FnOnce(Reply<T>) -> J,
+) -> Result<T, Problem> {
+    let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    fuser.submit(job(reply)).await.map_err(|_| closed())?;
+    rx.await
+        .map_err(|_| closed())?
+        .map_err(|e| Problem::from(&*e))
+}
+
 /// Every route: method, path (OpenAPI syntax) and handler. The router and the OpenAPI
 /// document are both checked against this one list, so they cannot drift apart.
 pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {

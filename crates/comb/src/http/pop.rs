@@ -9,7 +9,6 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -218,24 +217,20 @@ async fn attempt(app: &State, req: &PopRequest) -> Result<Option<Response>, Prob
     app.catalog
         .ensure_subscription(&app.pool, queue_id, &req.group, req.start)
         .await?;
-    let (reply, rx) = oneshot::channel();
-    let job = PopJob {
-        shape: PopShape {
-            queue_id,
-            group: req.group.clone(),
-            partition_id,
-            batch: req.batch,
-            auto_ack: req.auto_ack,
-        },
-        partitions: req.partitions,
-        reply,
+    let shape = PopShape {
+        queue_id,
+        group: req.group.clone(),
+        partition_id,
+        batch: req.batch,
+        auto_ack: req.auto_ack,
     };
-    let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
-    app.pop.submit(job).await.map_err(|_| closed())?;
-    let claims = rx
-        .await
-        .map_err(|_| closed())?
-        .map_err(|e| Problem::from(&*e))?;
+    let partitions = req.partitions;
+    let claims = super::ask(&app.pop, |reply| PopJob {
+        shape,
+        partitions,
+        reply,
+    })
+    .await?;
     if claims.is_empty() {
         return Ok(None);
     }

@@ -8,7 +8,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::body::JsonBody;
@@ -265,13 +264,5 @@ async fn store(
 }
 
 async fn submit(app: &State, messages: Arc<Vec<NewMessage>>) -> Result<Vec<Stored>, Problem> {
-    let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
-    let (reply, rx) = oneshot::channel();
-    app.push
-        .submit(PushJob { messages, reply })
-        .await
-        .map_err(|_| closed())?;
-    rx.await
-        .map_err(|_| closed())?
-        .map_err(|e| Problem::from(&*e))
+    super::ask(&app.push, |reply| PushJob { messages, reply }).await
 }

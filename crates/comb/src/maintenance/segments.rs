@@ -34,6 +34,22 @@ fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
 }
 
+/// Runs a transaction script whose locks are asked for with the lock timeout. `Ok(false)`
+/// when a lock could not be had in time: it rolled back and is tried again next cycle.
+async fn give_way(client: &Client, script: &str) -> Result<bool, DbError> {
+    match client.batch_execute(script).await {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            if is_lock_timeout(&e) {
+                Ok(false)
+            } else {
+                Err(e.into())
+            }
+        }
+    }
+}
+
 async fn active(client: &Client) -> Result<(i32, f64), DbError> {
     let row = client
         .query_one(
@@ -76,20 +92,10 @@ pub async fn make_ahead(
         lt = lock_timeout_sql(settings),
         end = next + 1
     );
-    match client.batch_execute(&sql).await {
-        Ok(()) => {
-            report.created += 1;
-            Ok(())
-        }
-        Err(e) => {
-            let _ = client.batch_execute("ROLLBACK").await;
-            if is_lock_timeout(&e) {
-                Ok(())
-            } else {
-                Err(e.into())
-            }
-        }
+    if give_way(client, &sql).await? {
+        report.created += 1;
     }
+    Ok(())
 }
 
 /// Starts the next segment once the active one is `segment_seconds` old and its successor
@@ -151,14 +157,8 @@ pub async fn summarize(
             lt = lock_timeout_sql(settings),
             t = table(seg),
         );
-        match client.batch_execute(&sql).await {
-            Ok(()) => report.summarized += 1,
-            Err(e) => {
-                let _ = client.batch_execute("ROLLBACK").await;
-                if !is_lock_timeout(&e) {
-                    return Err(e.into());
-                }
-            }
+        if give_way(client, &sql).await? {
+            report.summarized += 1;
         }
     }
     Ok(())
@@ -213,20 +213,12 @@ pub async fn drop_reclaimable(
             lock_timeout_sql(settings),
             table(seg)
         );
-        match client.batch_execute(&sql).await {
-            Ok(()) => {
-                tracing::info!(seg, "dropped message segment");
-                report.dropped += 1;
-            }
-            Err(e) => {
-                let _ = client.batch_execute("ROLLBACK").await;
-                if is_lock_timeout(&e) {
-                    tracing::info!(seg, "segment busy; dropping it next cycle");
-                    report.drop_retries += 1;
-                } else {
-                    return Err(e.into());
-                }
-            }
+        if give_way(client, &sql).await? {
+            tracing::info!(seg, "dropped message segment");
+            report.dropped += 1;
+        } else {
+            tracing::info!(seg, "segment busy; dropping it next cycle");
+            report.drop_retries += 1;
         }
     }
     Ok(())
