@@ -127,8 +127,25 @@ fn main() -> ExitCode {
                 }
             }
             Cmd::Fuzz { comb, cases, seed } => {
-                let _ = (comb, cases, seed);
-                ExitCode::SUCCESS
+                let pg = tokio::task::spawn_blocking(comb_harness::Postgres::start)
+                    .await
+                    .expect("task")
+                    .expect("PostgreSQL");
+                let url = pg.create_database("fuzz").expect("database");
+                match comb_audit::fuzz::against_new_server(&comb, &url, cases, seed).await {
+                    Ok(report) => {
+                        println!("{}", report.summary());
+                        if report.findings.is_empty() {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::FAILURE
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("fuzz could not run: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
             }
         }
     })
