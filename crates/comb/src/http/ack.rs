@@ -45,6 +45,7 @@ pub struct AckOut {
 /// Longest error text kept with a failed message.
 const MAX_ERROR_LEN: usize = 8192;
 
+/// One ack; a refused ack is a problem answer with the refusal's code.
 pub async fn ack_one(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<AckIn>,
@@ -61,6 +62,7 @@ pub async fn ack_one(
     Ok(axum::Json(vec![out(0, txid, outcome)]))
 }
 
+/// Many acks; each item succeeds or fails on its own.
 pub async fn ack_batch(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<AckBatchIn>,
@@ -187,6 +189,7 @@ async fn settle(app: &State, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Pro
     super::ask(&app.ack, |reply| AckJob { items, reply }).await
 }
 
+/// The answer for one ack, in the shape Queen's clients read.
 pub(super) fn out(index: usize, transaction_id: String, o: AckOutcome) -> AckOut {
     let (success, error) = match o.result {
         Ok(()) => (true, None),

@@ -25,6 +25,7 @@ pub struct ConfigureOut {
     options: QueueOptions,
 }
 
+/// Creates the queue if needed and merges the given options into those already set.
 pub async fn configure(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<ConfigureIn>,

@@ -23,6 +23,7 @@ async fn database_answers(app: &State) -> bool {
     )
 }
 
+/// Liveness: the process answers and so does its database.
 pub async fn health(AxState(app): AxState<State>) -> Response {
     if database_answers(&app).await {
         (
@@ -39,6 +40,7 @@ pub async fn health(AxState(app): AxState<State>) -> Response {
     }
 }
 
+/// Readiness: accepting work (not stopping, database reachable); load balancers route on it.
 pub async fn ready(AxState(app): AxState<State>) -> Response {
     let stopping = app.is_stopping();
     let db = !stopping && database_answers(&app).await;

@@ -22,6 +22,7 @@ pub struct ExtendIn {
     partition_id: Option<Uuid>,
 }
 
+/// Moves a live lease's end to `seconds` from now.
 pub async fn extend(
     AxState(app): AxState<State>,
     Path(lease_id): Path<String>,

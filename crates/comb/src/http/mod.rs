@@ -5,12 +5,14 @@ mod body;
 mod configure;
 mod health;
 mod lease;
+/// Caps on connections and waiting pops.
 pub mod limits;
 mod openapi;
 mod params;
 mod pop;
 mod problem;
 mod push;
+/// Queue resources (deletion) and the catalog notification channel.
 pub mod queues;
 mod transaction;
 

@@ -37,6 +37,7 @@ struct PopRequest {
     start: StartFrom,
 }
 
+/// Pop from any partition of a queue that has messages for the group.
 pub async fn pop_queue(
     AxState(app): AxState<State>,
     Path(queue): Path<String>,
@@ -47,6 +48,7 @@ pub async fn pop_queue(
     serve(&app, req).await
 }
 
+/// Pop from one named partition.
 pub async fn pop_partition(
     AxState(app): AxState<State>,
     Path((queue, partition)): Path<(String, String)>,
@@ -57,6 +59,7 @@ pub async fn pop_partition(
     serve(&app, req).await
 }
 
+/// Pop with options in a JSON body, for clients that must not send state-changing GETs.
 pub async fn pop_body(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<serde_json::Map<String, serde_json::Value>>,

@@ -49,6 +49,7 @@ pub(super) struct PushResult<'a> {
     trace_id: Option<&'a str>,
 }
 
+/// Stores a batch of messages and answers only after they are committed.
 pub async fn push(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<PushBody>,

@@ -14,6 +14,7 @@ use crate::queue::validate_queue_name;
 /// Channel on which servers tell each other that catalog entries changed.
 pub const CATALOG_CHANNEL: &str = "comb_catalog";
 
+/// Deletes a queue and everything the catalog knows of it.
 pub async fn delete_queue(
     AxState(app): AxState<State>,
     Path(queue): Path<String>,

@@ -84,6 +84,7 @@ enum Slot {
     Push(std::ops::Range<usize>),
 }
 
+/// Validates every operation, then runs them all in one PostgreSQL transaction.
 pub async fn transaction(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<TransactionIn>,
