@@ -42,3 +42,37 @@ fmt:
 
 build:
 	cargo build --workspace --all-targets
+
+# Benchmarks (docs/benchmarks.md). `make bench` runs every cell, prints one table and records
+# it in bench/results/latest.json and docs/benchmarks.md; `make bench CELLS=push1,push100` runs
+# a subset (results in bench/results/subset.json). `comb-bench --list` names the cells.
+CELLS ?=
+BENCH_ARGS ?=
+
+.PHONY: bench bench-smoke bench-profile
+
+bench:
+	scripts/install-postgres.sh
+	cargo build --release -p comb -p comb-bench
+	@if [ -z "$(CELLS)" ]; then \
+		set -x; target/release/comb-bench --cells "" --command "make bench" \
+			--json bench/results/latest.json --doc docs/benchmarks.md $(BENCH_ARGS); \
+	else \
+		set -x; target/release/comb-bench --cells "$(CELLS)" --command "make bench CELLS=$(CELLS)" \
+			--json bench/results/subset.json $(BENCH_ARGS); \
+	fi
+
+# A few seconds per cell: proves the suite runs end to end. Its numbers mean nothing.
+bench-smoke:
+	scripts/install-postgres.sh
+	cargo build --release -p comb -p comb-bench
+	target/release/comb-bench --smoke --cells "$(CELLS)" --baseline /dev/null $(BENCH_ARGS)
+
+# Same cells with pg_stat_statements, wait-event sampling and `perf record -a`; reports go to
+# bench/results/profile/<cell>.txt and <cell>.perf.txt. Profiling costs CPU: these runs find
+# what bounds a cell, they do not measure it.
+bench-profile:
+	scripts/install-postgres.sh
+	cargo build --release -p comb -p comb-bench
+	target/release/comb-bench --cells "$(CELLS)" --profile bench/results/profile --perf \
+		--json bench/results/profile/rows.json $(BENCH_ARGS)

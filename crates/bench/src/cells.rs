@@ -1,0 +1,276 @@
+//! The cells of the suite: what each one loads and which Comb cell a peer is compared with.
+//!
+//! Peers run right after the Comb cell they are compared with, so that slow drift of a
+//! shared machine affects both sides of a ratio alike.
+
+/// What a cell does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    /// Closed-loop pushes.
+    Push {
+        /// Messages per request.
+        msgs: usize,
+        /// Connections.
+        conns: usize,
+        /// Partitions the requests are spread over.
+        partitions: usize,
+    },
+    /// Fixed-rate pushes (1 message per request) with explicit-ack consumers.
+    Steady {
+        /// Offered rate as a fraction of the `push1` cell's rate.
+        fraction: f64,
+        /// Producer connections.
+        producers: usize,
+        /// Consumer connections.
+        consumers: usize,
+        /// Pop batch size.
+        batch: usize,
+        /// Partitions.
+        partitions: usize,
+    },
+    /// Fixed-rate pushes (10 messages per request) read by several consumer groups.
+    Fanout {
+        /// Offered rate as a fraction of the `push10` cell's rate.
+        fraction: f64,
+        /// Consumer groups.
+        groups: usize,
+        /// Consumer connections per group.
+        consumers_per_group: usize,
+        /// Producer connections.
+        producers: usize,
+        /// Pop batch size.
+        batch: usize,
+        /// Partitions.
+        partitions: usize,
+    },
+    /// Explicit-ack consumers draining a pre-filled queue.
+    Pop {
+        /// Partitions of the pre-filled queue.
+        partitions: usize,
+        /// Consumer connections.
+        conns: usize,
+        /// Pop batch size.
+        batch: usize,
+    },
+    /// Binary `COPY` of Comb-shaped rows straight into PostgreSQL.
+    Ceiling {
+        /// Connections.
+        conns: usize,
+        /// Rows per `COPY`.
+        batch: usize,
+    },
+    /// The SKIP LOCKED table queue.
+    SkipLocked {
+        /// Enqueue connections.
+        enq: usize,
+        /// Dequeue connections (0: enqueue alone).
+        deq: usize,
+    },
+}
+
+/// One cell.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// Name used in `CELLS=` and in results.
+    pub name: &'static str,
+    /// What it does.
+    pub kind: Kind,
+    /// For peers: the Comb cell whose rate is divided by this one's.
+    pub compare: Option<&'static str>,
+    /// One line for the table's legend and `--list`.
+    pub about: &'static str,
+}
+
+impl Cell {
+    /// `comb`, `ceiling` or `skiplocked`.
+    pub fn system(&self) -> &'static str {
+        match self.kind {
+            Kind::Ceiling { .. } => "ceiling",
+            Kind::SkipLocked { .. } => "skiplocked",
+            _ => "comb",
+        }
+    }
+}
+
+/// Every cell, in the order they run.
+pub fn all() -> Vec<Cell> {
+    vec![
+        Cell {
+            name: "push1",
+            kind: Kind::Push {
+                msgs: 1,
+                conns: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "push, 1 msg/request, 50 connections, 100 partitions",
+        },
+        Cell {
+            name: "sl-enq",
+            kind: Kind::SkipLocked { enq: 50, deq: 0 },
+            compare: Some("push1"),
+            about: "SKIP LOCKED table: INSERT 1 row/transaction, 50 connections",
+        },
+        Cell {
+            name: "push10",
+            kind: Kind::Push {
+                msgs: 10,
+                conns: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "push, 10 msgs/request, 50 connections, 100 partitions",
+        },
+        Cell {
+            name: "push100",
+            kind: Kind::Push {
+                msgs: 100,
+                conns: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "push, 100 msgs/request, 50 connections, 100 partitions",
+        },
+        Cell {
+            name: "ceiling",
+            kind: Kind::Ceiling {
+                conns: 4,
+                batch: 1_000,
+            },
+            compare: Some("push100"),
+            about: "binary COPY of Comb's rows, 1,000 rows/COPY, 4 connections",
+        },
+        Cell {
+            name: "part10",
+            kind: Kind::Push {
+                msgs: 1,
+                conns: 200,
+                partitions: 10,
+            },
+            compare: None,
+            about: "push, 1 msg/request, 200 connections, 10 partitions",
+        },
+        Cell {
+            name: "sl-enq200",
+            kind: Kind::SkipLocked { enq: 200, deq: 0 },
+            compare: Some("part10"),
+            about: "SKIP LOCKED table: INSERT 1 row/transaction, 200 connections",
+        },
+        Cell {
+            name: "part10k",
+            kind: Kind::Push {
+                msgs: 1,
+                conns: 200,
+                partitions: 10_000,
+            },
+            compare: None,
+            about: "push, 1 msg/request, 200 connections, 10,000 partitions",
+        },
+        Cell {
+            name: "steady",
+            kind: Kind::Steady {
+                fraction: 1.0,
+                producers: 200,
+                consumers: 20,
+                batch: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "push at push1's rate, 1 msg/request; 20 consumers, pop batch 50 + ack",
+        },
+        Cell {
+            name: "steady-half",
+            kind: Kind::Steady {
+                fraction: 0.5,
+                producers: 200,
+                consumers: 20,
+                batch: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "push at half push1's rate; 20 consumers, pop batch 50 + ack",
+        },
+        Cell {
+            name: "sl-mixed",
+            kind: Kind::SkipLocked { enq: 50, deq: 50 },
+            compare: Some("steady"),
+            about: "SKIP LOCKED table: 50 enqueue + 50 dequeue connections together",
+        },
+        Cell {
+            name: "fanout",
+            kind: Kind::Fanout {
+                fraction: 0.5,
+                groups: 10,
+                consumers_per_group: 2,
+                producers: 100,
+                batch: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "push at half push10's rate (10 msgs/request); 10 groups x 2 consumers",
+        },
+        Cell {
+            name: "pop",
+            kind: Kind::Pop {
+                partitions: 1_000,
+                conns: 50,
+                batch: 50,
+            },
+            compare: None,
+            about: "drain a pre-filled queue of 1,000 partitions: 50 consumers, batch 50 + ack",
+        },
+    ]
+}
+
+/// Picks cells by a comma-separated list of names (empty: all), keeping the suite's order.
+pub fn select(list: &str) -> Result<Vec<Cell>, String> {
+    let all = all();
+    let wanted: Vec<&str> = list
+        .split([',', ' '])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if wanted.is_empty() {
+        return Ok(all);
+    }
+    if let Some(unknown) = wanted.iter().find(|w| !all.iter().any(|c| c.name == **w)) {
+        let names: Vec<&str> = all.iter().map(|c| c.name).collect();
+        return Err(format!(
+            "unknown cell `{unknown}`; cells are: {}",
+            names.join(", ")
+        ));
+    }
+    Ok(all
+        .into_iter()
+        .filter(|c| wanted.contains(&c.name))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selects_subsets_in_suite_order() {
+        let picked = select("push100, push1").unwrap();
+        let names: Vec<&str> = picked.iter().map(|c| c.name).collect();
+        assert_eq!(names, ["push1", "push100"]);
+        assert_eq!(select("").unwrap().len(), all().len());
+        assert_eq!(select(" , ").unwrap().len(), all().len());
+        assert!(select("push1,nope").unwrap_err().contains("nope"));
+    }
+
+    #[test]
+    fn names_are_unique_and_peers_compare_with_earlier_comb_cells() {
+        let all = all();
+        for (i, c) in all.iter().enumerate() {
+            assert_eq!(all.iter().filter(|d| d.name == c.name).count(), 1);
+            if let Some(other) = c.compare {
+                let j = all.iter().position(|d| d.name == other).unwrap();
+                assert!(j < i, "{} compares with a later cell", c.name);
+                assert_eq!(all[j].system(), "comb");
+                assert_ne!(c.system(), "comb");
+            }
+        }
+    }
+}

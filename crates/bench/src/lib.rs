@@ -1,0 +1,21 @@
+//! Comb's benchmark suite: a load generator, the peers Comb is compared with, and the
+//! accounting of what every party costs, all in one run against one PostgreSQL.
+//!
+//! A run starts a PostgreSQL cluster with fixed, durable settings ([`run::PG_SETTINGS`]),
+//! then runs each cell ([`cells`]) on a fresh database with a fresh `comb serve` process:
+//! set-up, warm-up, a measured window, and one result row ([`report::Row`]). Peers
+//! ([`peers`]) run on the same cluster right after the Comb cell they are compared with.
+//! Resources are read from `/proc` at the window's edges ([`meter`], [`procstat`]).
+
+#![warn(missing_docs)]
+
+pub mod cells;
+pub mod http;
+pub mod load;
+pub mod meter;
+pub mod peers;
+pub mod procstat;
+pub mod profile;
+pub mod report;
+pub mod run;
+pub mod stats;

@@ -1,0 +1,472 @@
+//! Load against Comb's HTTP API: producers (closed loop and fixed rate), consumers with
+//! explicit acks, and the set-up pushes that create partitions and pre-fill queues.
+//!
+//! Closed loop: each of N connections sends its next request as soon as the previous one is
+//! answered, which finds the highest rate the broker sustains at that concurrency. Fixed
+//! rate (open loop): request `i` is due at `start + i / rate` whatever happened before, so a
+//! slow broker shows up as a lower achieved rate and a growing backlog rather than as a
+//! quietly lower offered load.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use hyper::Method;
+use serde::Deserialize;
+
+use crate::http::{BoxError, Conn};
+use crate::stats::{Tally, Window, histogram, now_us};
+
+/// The queue every cell uses (each cell has a database of its own).
+pub const QUEUE: &str = "bench";
+
+/// Filler that brings each payload to about 100 bytes of JSON.
+const PAD: &str =
+    "comb-benchmark-payload-padding-0123456789abcdefghijklmnopqrstuvwxyz-0123456789abcdef";
+
+/// A payload: the send stamp (µs, see [`now_us`]) and padding.
+pub fn payload(t_us: u64) -> String {
+    format!("{{\"t\":{t_us},\"pad\":\"{PAD}\"}}")
+}
+
+/// A push body with one item per entry of `partitions`, all stamped `t_us`.
+pub fn push_body(partitions: impl IntoIterator<Item = usize>, t_us: u64) -> Bytes {
+    let mut s = String::with_capacity(160);
+    s.push_str("{\"items\":[");
+    for (k, p) in partitions.into_iter().enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        let _ = write!(
+            s,
+            "{{\"queue\":\"{QUEUE}\",\"partition\":\"p{p}\",\"payload\":{{\"t\":{t_us},\"pad\":\"{PAD}\"}}}}"
+        );
+    }
+    s.push_str("]}");
+    Bytes::from(s)
+}
+
+/// Closed-loop producers: `conns` connections, each pushing `msgs` messages per request into
+/// one partition chosen at random among `partitions`.
+pub async fn closed_push(
+    addr: SocketAddr,
+    conns: usize,
+    msgs: usize,
+    partitions: usize,
+    window: Window,
+) -> Tally {
+    let tasks: Vec<_> = (0..conns)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut conn = Conn::new(addr);
+                let mut tally = Tally::default();
+                let _ = conn.open().await;
+                let mut rng = fastrand::Rng::new();
+                while Instant::now() < window.end {
+                    let p = rng.usize(..partitions);
+                    let body = push_body(std::iter::repeat_n(p, msgs), now_us());
+                    let t0 = Instant::now();
+                    let ok = matches!(
+                        conn.send(Method::POST, "/api/v1/push", Some(body)).await,
+                        Ok(a) if a.status == 201
+                    );
+                    let t1 = Instant::now();
+                    if !ok {
+                        tally.errors += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    } else if window.contains(t1) {
+                        tally.record(t1 - t0, msgs as u64);
+                    }
+                }
+                tally
+            })
+        })
+        .collect();
+    merge(tasks).await
+}
+
+/// A fixed-rate producer's plan.
+#[derive(Debug, Clone, Copy)]
+pub struct Rate {
+    /// Messages per second to offer.
+    pub msgs_per_sec: f64,
+    /// Messages per push request.
+    pub msgs_per_req: usize,
+    /// Connections that share the schedule.
+    pub conns: usize,
+    /// Partitions to spread requests over.
+    pub partitions: usize,
+}
+
+/// Fixed-rate producers from now until `window.end`. `pushed` counts every message the
+/// broker accepted (for the backlog trend); the tally counts requests inside the window.
+pub async fn open_push(
+    addr: SocketAddr,
+    rate: Rate,
+    window: Window,
+    pushed: Arc<AtomicU64>,
+) -> Tally {
+    let start = Instant::now();
+    let interval = rate.msgs_per_req as f64 / rate.msgs_per_sec;
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..rate.conns)
+        .map(|_| {
+            let next = next.clone();
+            let pushed = pushed.clone();
+            tokio::spawn(async move {
+                let mut conn = Conn::new(addr);
+                let _ = conn.open().await;
+                let mut tally = Tally::default();
+                let mut rng = fastrand::Rng::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let due = start + Duration::from_secs_f64(i as f64 * interval);
+                    if due >= window.end {
+                        break;
+                    }
+                    tokio::time::sleep_until(due.into()).await;
+                    let p = rng.usize(..rate.partitions);
+                    let body = push_body(std::iter::repeat_n(p, rate.msgs_per_req), now_us());
+                    let t0 = Instant::now();
+                    let ok = matches!(
+                        conn.send(Method::POST, "/api/v1/push", Some(body)).await,
+                        Ok(a) if a.status == 201
+                    );
+                    let t1 = Instant::now();
+                    if ok {
+                        pushed.fetch_add(rate.msgs_per_req as u64, Ordering::Relaxed);
+                        if window.contains(t1) {
+                            tally.record(t1 - t0, rate.msgs_per_req as u64);
+                        }
+                    } else {
+                        tally.errors += 1;
+                    }
+                }
+                tally
+            })
+        })
+        .collect();
+    merge(tasks).await
+}
+
+/// How consumers pop.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    /// Consumer group (`None`: the queue mode group, competing consumers).
+    pub group: Option<String>,
+    /// Connections (each pops, then acks what it got, then pops again).
+    pub conns: usize,
+    /// `batch` of each pop.
+    pub batch: usize,
+}
+
+/// What a set of consumers did.
+#[derive(Debug)]
+pub struct Consumed {
+    /// Pop requests that returned messages, and the messages they returned.
+    pub pops: Tally,
+    /// Pops that found nothing (204).
+    pub empty_pops: u64,
+    /// Ack batch requests.
+    pub acks: Tally,
+    /// End-to-end delivery latency (push sent → pop answered) of messages in the window, µs.
+    pub e2e: Histogram<u64>,
+    /// When the last message inside the window arrived.
+    pub last_delivery: Option<Instant>,
+}
+
+#[derive(Deserialize)]
+struct PopAnswer<'a> {
+    #[serde(borrow)]
+    messages: Vec<PopMessage<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PopMessage<'a> {
+    transaction_id: &'a str,
+    partition_id: &'a str,
+    lease_id: Option<&'a str>,
+    data: Stamp,
+}
+
+#[derive(Deserialize)]
+struct Stamp {
+    t: u64,
+}
+
+/// Consumers with explicit acks until `window.end`: pop (long poll), note the delivery
+/// latency of each message, ack the batch, repeat. `consumed` counts every delivered message.
+pub async fn consume(
+    addr: SocketAddr,
+    spec: ConsumerSpec,
+    window: Window,
+    consumed: Arc<AtomicU64>,
+) -> Consumed {
+    let group_param = spec
+        .group
+        .as_ref()
+        .map(|g| format!("&consumerGroup={g}"))
+        .unwrap_or_default();
+    let pop_path: Arc<str> = format!(
+        "/api/v1/pop/queue/{QUEUE}?batch={}&wait=true&timeout=500{group_param}",
+        spec.batch
+    )
+    .into();
+    let ack_group: Arc<str> = spec
+        .group
+        .as_ref()
+        .map(|g| format!("\"consumerGroup\":\"{g}\","))
+        .unwrap_or_default()
+        .into();
+    let tasks: Vec<_> = (0..spec.conns)
+        .map(|_| {
+            let consumed = consumed.clone();
+            let pop_path = pop_path.clone();
+            let ack_group = ack_group.clone();
+            tokio::spawn(async move {
+                let mut conn = Conn::new(addr);
+                let _ = conn.open().await;
+                let mut out = Consumed {
+                    pops: Tally::default(),
+                    empty_pops: 0,
+                    acks: Tally::default(),
+                    e2e: histogram(),
+                    last_delivery: None,
+                };
+                while Instant::now() < window.end {
+                    if let Err(e) = consume_once(
+                        &mut conn, &pop_path, &ack_group, window, &consumed, &mut out,
+                    )
+                    .await
+                    {
+                        out.pops.errors += 1;
+                        tracing_error(&e);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                out
+            })
+        })
+        .collect();
+    let mut all = Consumed {
+        pops: Tally::default(),
+        empty_pops: 0,
+        acks: Tally::default(),
+        e2e: histogram(),
+        last_delivery: None,
+    };
+    for t in tasks {
+        if let Ok(c) = t.await {
+            all.pops.merge(&c.pops);
+            all.acks.merge(&c.acks);
+            all.empty_pops += c.empty_pops;
+            all.e2e.add(&c.e2e).expect("same bounds");
+            all.last_delivery = all.last_delivery.max(c.last_delivery);
+        }
+    }
+    all
+}
+
+/// Prints the first few consumer errors: they mean the cell's numbers are suspect.
+fn tracing_error(e: &BoxError) {
+    static SHOWN: AtomicU64 = AtomicU64::new(0);
+    if SHOWN.fetch_add(1, Ordering::Relaxed) < 5 {
+        eprintln!("  consumer error: {e}");
+    }
+}
+
+async fn consume_once(
+    conn: &mut Conn,
+    pop_path: &str,
+    ack_group: &str,
+    window: Window,
+    consumed: &AtomicU64,
+    out: &mut Consumed,
+) -> Result<(), BoxError> {
+    let t0 = Instant::now();
+    let answer = conn.send(Method::GET, pop_path, None).await?;
+    let t1 = Instant::now();
+    match answer.status {
+        204 => {
+            out.empty_pops += 1;
+            return Ok(());
+        }
+        200 => {}
+        s => {
+            return Err(format!(
+                "pop answered {s}: {}",
+                String::from_utf8_lossy(&answer.body)
+            )
+            .into());
+        }
+    }
+    let got: PopAnswer = serde_json::from_slice(&answer.body)?;
+    let n = got.messages.len() as u64;
+    consumed.fetch_add(n, Ordering::Relaxed);
+    let now = now_us();
+    if window.contains(t1) {
+        out.pops.record(t1 - t0, n);
+        out.last_delivery = Some(t1);
+        for m in &got.messages {
+            out.e2e
+                .saturating_record(now.saturating_sub(m.data.t).max(1));
+        }
+    }
+    if got.messages.is_empty() {
+        return Ok(());
+    }
+    let mut body = String::with_capacity(40 + got.messages.len() * 160);
+    let _ = write!(body, "{{{ack_group}\"acknowledgments\":[");
+    for (k, m) in got.messages.iter().enumerate() {
+        if k > 0 {
+            body.push(',');
+        }
+        let _ = write!(
+            body,
+            "{{\"transactionId\":\"{}\",\"partitionId\":\"{}\",\"status\":\"completed\"",
+            m.transaction_id, m.partition_id
+        );
+        if let Some(l) = m.lease_id {
+            let _ = write!(body, ",\"leaseId\":\"{l}\"");
+        }
+        body.push('}');
+    }
+    body.push_str("]}");
+    let t2 = Instant::now();
+    let answer = conn
+        .send(Method::POST, "/api/v1/ack/batch", Some(Bytes::from(body)))
+        .await?;
+    let t3 = Instant::now();
+    if answer.status != 200 {
+        out.acks.errors += 1;
+        return Err(format!(
+            "ack answered {}: {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        )
+        .into());
+    }
+    if window.contains(t3) {
+        out.acks.record(t3 - t2, n);
+    }
+    Ok(())
+}
+
+/// Pushes `rounds` messages into each of `partitions` partitions (1,000 items a request,
+/// over a few connections): creates the partitions before a cell, or pre-fills a queue.
+pub async fn fill(
+    addr: SocketAddr,
+    partitions: usize,
+    rounds: usize,
+    conns: usize,
+) -> Result<u64, BoxError> {
+    const PER_REQUEST: usize = 1_000;
+    let total = partitions * rounds;
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..conns.max(1))
+        .map(|_| {
+            let next = next.clone();
+            tokio::spawn(async move {
+                let mut conn = Conn::new(addr);
+                let mut sent = 0u64;
+                loop {
+                    let from = next.fetch_add(PER_REQUEST as u64, Ordering::Relaxed) as usize;
+                    if from >= total {
+                        return Ok::<u64, BoxError>(sent);
+                    }
+                    let to = (from + PER_REQUEST).min(total);
+                    let body = push_body((from..to).map(|k| k % partitions), now_us());
+                    let a = conn.send(Method::POST, "/api/v1/push", Some(body)).await?;
+                    if a.status != 201 {
+                        return Err(format!(
+                            "set-up push answered {}: {}",
+                            a.status,
+                            String::from_utf8_lossy(&a.body)
+                        )
+                        .into());
+                    }
+                    sent += (to - from) as u64;
+                }
+            })
+        })
+        .collect();
+    let mut sent = 0;
+    for t in tasks {
+        sent += t.await??;
+    }
+    Ok(sent)
+}
+
+/// Creates the queue and subscribes `groups` before any partition exists, so that every
+/// group gets a cursor in every partition from its first message on.
+pub async fn subscribe(addr: SocketAddr, groups: &[String]) -> Result<(), BoxError> {
+    let mut conn = Conn::new(addr);
+    let body = Bytes::from(format!("{{\"queue\":\"{QUEUE}\",\"options\":{{}}}}"));
+    let a = conn
+        .send(Method::POST, "/api/v1/configure", Some(body))
+        .await?;
+    if a.status != 200 {
+        return Err(format!("configure answered {}", a.status).into());
+    }
+    for g in groups {
+        let path = format!("/api/v1/pop/queue/{QUEUE}?consumerGroup={g}");
+        let a = conn.send(Method::GET, &path, None).await?;
+        if a.status != 204 {
+            return Err(format!("subscribing pop answered {}", a.status).into());
+        }
+    }
+    Ok(())
+}
+
+async fn merge(tasks: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
+    let mut all = Tally::default();
+    for t in tasks {
+        if let Ok(t) = t.await {
+            all.merge(&t);
+        }
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_bodies_are_valid_json() {
+        let body = push_body([3, 3, 7], 42);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let items = v["items"].as_array().unwrap();
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[2]["partition"], "p7");
+        assert_eq!(items[0]["queue"], QUEUE);
+        assert_eq!(items[0]["payload"]["t"], 42);
+        let p = payload(42);
+        assert_eq!(
+            items[1]["payload"],
+            serde_json::from_str::<serde_json::Value>(&p).unwrap()
+        );
+        assert!((90..=110).contains(&p.len()), "{}", p.len());
+    }
+
+    #[test]
+    fn pop_answers_parse() {
+        let body = r#"{"success":true,"queue":"bench","partition":"p1","partitionId":"x",
+            "leaseId":"l","consumerGroup":"g","partitionsClaimed":1,
+            "messages":[{"id":"i","transactionId":"tx","traceId":null,
+            "data":{"t":17,"pad":"zz"},"createdAt":"2026-01-01T00:00:00.000Z",
+            "partitionId":"pid","partition":"p1","leaseId":"lid","consumerGroup":"g","attempt":1}]}"#;
+        let a: PopAnswer = serde_json::from_str(body).unwrap();
+        assert_eq!(a.messages.len(), 1);
+        let m = &a.messages[0];
+        assert_eq!(
+            (m.transaction_id, m.partition_id, m.lease_id, m.data.t),
+            ("tx", "pid", Some("lid"), 17)
+        );
+    }
+}

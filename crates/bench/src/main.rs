@@ -1,0 +1,260 @@
+//! `comb-bench`: runs the benchmark suite (see `docs/benchmarks.md`).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use comb_bench::cells;
+use comb_bench::profile::Profile;
+use comb_bench::report;
+use comb_bench::run::{Options, PG_SETTINGS, Runner};
+
+/// Runs Comb's benchmark cells and their peers against one PostgreSQL and prints one table.
+#[derive(Debug, Parser)]
+#[command(name = "comb-bench")]
+struct Args {
+    /// Cells to run, comma-separated (empty: all). `--list` shows them.
+    #[arg(long, env = "CELLS", default_value = "")]
+    cells: String,
+    /// List the cells and exit.
+    #[arg(long)]
+    list: bool,
+    /// The `comb` binary to benchmark (a release build).
+    #[arg(long, default_value = "target/release/comb")]
+    comb: PathBuf,
+    /// Warm-up seconds per cell (load runs, nothing is counted).
+    #[arg(long, default_value_t = 5.0)]
+    warmup: f64,
+    /// Measured seconds per cell.
+    #[arg(long, default_value_t = 20.0)]
+    duration: f64,
+    /// A quick run that proves the tool works end to end (1 s warm-up, 3 s window, small
+    /// pre-fill). Its numbers mean nothing.
+    #[arg(long)]
+    smoke: bool,
+    /// Messages per partition pre-filled for the `pop` cell.
+    #[arg(long, default_value_t = 600)]
+    pop_fill: usize,
+    /// Write the rows here as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Update the results section of this Markdown file.
+    #[arg(long)]
+    doc: Option<PathBuf>,
+    /// Earlier results, for the rates of fixed-rate cells whose source cell is not run.
+    #[arg(long, default_value = "bench/results/latest.json")]
+    baseline: PathBuf,
+    /// Write profiles (pg_stat_statements, wait events) per cell into this directory.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// With `--profile`: also `perf record` the whole machine during each window.
+    #[arg(long)]
+    perf: bool,
+    /// Extra flag for `comb serve` (repeatable), e.g. `--comb-arg=--push-workers=8`.
+    #[arg(long = "comb-arg", allow_hyphen_values = true)]
+    comb_args: Vec<String>,
+    /// Worker threads of the load generator's runtime.
+    #[arg(long, default_value_t = 1)]
+    client_threads: usize,
+    /// Offered rate of `steady` in msgs/s (default: push1's rate).
+    #[arg(long)]
+    steady_rate: Option<f64>,
+    /// Offered rate base of `fanout` in msgs/s, halved (default: push10's rate).
+    #[arg(long)]
+    fanout_rate: Option<f64>,
+    /// How the run was started, for the docs (default: this command line).
+    #[arg(long)]
+    command: Option<String>,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("comb-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let selected = cells::select(&args.cells)?;
+    if args.list {
+        for c in cells::all() {
+            println!("{:<12} {:<10} {}", c.name, c.system(), c.about);
+        }
+        return Ok(());
+    }
+    if !args.comb.is_file() {
+        return Err(format!(
+            "{} not found: build it first (cargo build --release -p comb)",
+            args.comb.display()
+        )
+        .into());
+    }
+    let (warmup, duration, pop_fill) = if args.smoke {
+        (1.0, 3.0, 20)
+    } else {
+        (args.warmup, args.duration, args.pop_fill)
+    };
+    let baseline = report::read_json(&args.baseline).unwrap_or_default();
+    let opts = Options {
+        comb_bin: args.comb.clone(),
+        comb_args: args.comb_args.clone(),
+        warmup: Duration::from_secs_f64(warmup),
+        duration: Duration::from_secs_f64(duration),
+        pop_fill_per_partition: pop_fill,
+        profile: args.profile.clone().map(|dir| Profile {
+            dir,
+            perf: args.perf,
+        }),
+        baseline,
+        steady_rate: args.steady_rate,
+        fanout_rate: args.fanout_rate,
+    };
+    let rt = if args.client_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.client_threads)
+            .enable_all()
+            .build()?
+    };
+    let started = Instant::now();
+    let mut runner = Runner::new(opts, rt)?;
+    eprintln!(
+        "PostgreSQL on port {}; {} cells, {warmup} s warm-up + {duration} s each",
+        runner.pg.port(),
+        selected.len()
+    );
+    for cell in &selected {
+        eprintln!("cell {:<12} {}", cell.name, cell.about);
+        let t = Instant::now();
+        match runner.run(cell) {
+            Ok(row) => eprintln!(
+                "  {:.0} msg/s, p99 {} ms ({:.0} s)",
+                row.msgs_per_sec,
+                report::num(row.p99_ms),
+                t.elapsed().as_secs_f64()
+            ),
+            Err(e) => eprintln!("  FAILED: {e}"),
+        }
+    }
+    let mut rows = runner.rows.clone();
+    report::fill_ratios(&mut rows, |name| {
+        cells::all()
+            .into_iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.compare)
+    });
+    let table = report::table(&rows);
+    let checks = report::checks_text(&report::checks(&rows));
+    println!("\n{table}\n{checks}");
+    println!(
+        "Whole run: {:.1} min",
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    if let Some(path) = &args.json {
+        report::write_json(path, &rows)?;
+        eprintln!("rows written to {}", path.display());
+    }
+    if let Some(path) = &args.doc {
+        let pg_version = runner
+            .pg
+            .psql("postgres", "SHOW server_version")
+            .unwrap_or_default();
+        let command = args
+            .command
+            .clone()
+            .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" "));
+        let section = results_section(
+            &command,
+            &pg_version,
+            &table,
+            &checks,
+            warmup,
+            duration,
+            started.elapsed(),
+        );
+        let doc = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmarks\n".into());
+        std::fs::write(path, report::splice(&doc, &section))?;
+        eprintln!("results section of {} updated", path.display());
+    }
+    Ok(())
+}
+
+/// The generated part of the benchmarks page: how, when and where, then the table.
+fn results_section(
+    command: &str,
+    pg_version: &str,
+    table: &str,
+    checks: &str,
+    warmup: f64,
+    duration: f64,
+    took: Duration,
+) -> String {
+    let settings: Vec<String> = PG_SETTINGS
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let mut s = String::new();
+    let _ = writeln!(s, "- Command: `{command}`");
+    let _ = writeln!(s, "- Date: {}", shell("date -u +%Y-%m-%dT%H:%MZ"));
+    let _ = writeln!(s, "- Machine: {}", machine());
+    let _ = writeln!(s, "- PostgreSQL {pg_version}: {}", settings.join(", "));
+    let _ = writeln!(
+        s,
+        "- Comb commit: {}",
+        shell("git describe --always --dirty 2>/dev/null || echo unknown")
+    );
+    let _ = writeln!(
+        s,
+        "- Per cell: {warmup} s warm-up, {duration} s measured; whole run {:.1} min",
+        took.as_secs_f64() / 60.0
+    );
+    let _ = writeln!(
+        s,
+        "\n```text\n{table}```\n\nTargets:\n\n```text\n{checks}```"
+    );
+    s
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0 / 1024.0)
+        .unwrap_or(0.0);
+    format!(
+        "{cpu}, {cores} cores, {mem_gib:.0} GiB, Linux {}, {}",
+        shell("uname -r"),
+        shell("rustc --version")
+    )
+}
+
+fn shell(cmd: &str) -> String {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}

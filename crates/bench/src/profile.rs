@@ -1,0 +1,293 @@
+//! Optional profiling of a cell's window: what PostgreSQL spent its time on
+//! (`pg_stat_statements`), what its backends were waiting for (sampled
+//! `pg_stat_activity`), and where the machine's CPU went (`perf record -a`).
+//!
+//! The published numbers are taken without any of this: profiling costs CPU on a 2-core
+//! machine. It exists to find what bounds a cell, not to measure it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+/// Where profiles go and what to collect.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// Directory for `<cell>.txt` (and `<cell>.perf.*` with `perf`).
+    pub dir: PathBuf,
+    /// Also run `perf record -a` over the window.
+    pub perf: bool,
+}
+
+/// PostgreSQL settings that profiling needs in addition to the suite's.
+pub const PG_SETTINGS: &[(&str, &str)] = &[
+    ("shared_preload_libraries", "pg_stat_statements"),
+    ("pg_stat_statements.track", "all"),
+    ("track_io_timing", "on"),
+    ("track_wal_io_timing", "on"),
+];
+
+/// Prepares the cell's database (creates the extension).
+pub async fn prepare(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await
+}
+
+/// Clears statement statistics at the start of the window.
+pub async fn reset(client: &Client) {
+    let _ = client
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .await;
+}
+
+/// `perf record` processes of one window.
+pub struct Perf {
+    children: Vec<Child>,
+}
+
+/// Starts `perf record` for `secs` seconds: the whole machine without call graphs (where
+/// the CPU goes, by process and function), and, given its pid, the broker alone with DWARF
+/// call graphs (what its functions cost including their callees).
+pub fn start_perf(dir: &Path, cell: &str, secs: f64, broker_pid: Option<u32>) -> Perf {
+    let _ = std::fs::create_dir_all(dir);
+    let mut children = Vec::new();
+    let sleep = format!("{secs:.1}");
+    let mut all = Command::new("perf");
+    all.args(["record", "-a", "-F", "499", "-o"])
+        .arg(dir.join(format!("{cell}.perf.data")))
+        .args(["--", "sleep", &sleep]);
+    children.extend(spawn_quiet(all));
+    if let Some(pid) = broker_pid {
+        let mut broker = Command::new("perf");
+        broker
+            .args(["record", "-F", "199", "--call-graph", "dwarf,16384", "-p"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(dir.join(format!("{cell}.comb.perf.data")))
+            .args(["--", "sleep", &sleep]);
+        children.extend(spawn_quiet(broker));
+    }
+    Perf { children }
+}
+
+fn spawn_quiet(mut cmd: Command) -> Option<Child> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| eprintln!("  perf record could not start: {e}"))
+        .ok()
+}
+
+fn perf_report(data: &Path, args: &[&str]) -> String {
+    Command::new("perf")
+        .args(["report", "--stdio", "-i"])
+        .arg(data)
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Waits for the recordings and writes `<cell>.perf.txt`: CPU by process and library, the
+/// PostgreSQL functions, and the broker's functions by own and by inclusive time. With
+/// `inferno-collapse-perf` and `inferno-flamegraph` on `PATH`, also `<cell>.comb.svg`.
+pub fn finish_perf(perf: Perf, dir: &Path, cell: &str) {
+    for mut child in perf.children {
+        let _ = child.wait();
+    }
+    let all = dir.join(format!("{cell}.perf.data"));
+    let comb = dir.join(format!("{cell}.comb.perf.data"));
+    let mut text = String::new();
+    let sections: [(&str, &Path, &[&str]); 5] = [
+        (
+            "Whole machine: CPU by process and library",
+            &all,
+            &[
+                "--no-children",
+                "--sort",
+                "comm,dso",
+                "--percent-limit",
+                "0.5",
+            ],
+        ),
+        (
+            "PostgreSQL processes: functions (share of PostgreSQL's samples)",
+            &all,
+            &[
+                "--no-children",
+                "--comms",
+                "postgres",
+                "--percentage",
+                "relative",
+                "--sort",
+                "sym",
+                "--percent-limit",
+                "0.8",
+            ],
+        ),
+        (
+            "Load generator: functions (share of its samples)",
+            &all,
+            &[
+                "--no-children",
+                "--comms",
+                "comb-bench",
+                "--percentage",
+                "relative",
+                "--sort",
+                "sym",
+                "--percent-limit",
+                "2",
+            ],
+        ),
+        (
+            "Broker: functions by own time",
+            &comb,
+            &[
+                "--no-children",
+                "--sort",
+                "sym",
+                "-g",
+                "none",
+                "--percent-limit",
+                "0.8",
+            ],
+        ),
+        (
+            "Broker: functions by inclusive time (own + callees)",
+            &comb,
+            &[
+                "--children",
+                "--sort",
+                "sym",
+                "-g",
+                "none",
+                "--percent-limit",
+                "4",
+            ],
+        ),
+    ];
+    for (title, data, args) in sections {
+        if !data.exists() {
+            continue;
+        }
+        text.push_str(&format!("\n======== {title} ========\n"));
+        let report = perf_report(data, args);
+        // perf's header comments add nothing here.
+        for line in report
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        {
+            text.push_str(line.trim_end());
+            text.push('\n');
+        }
+    }
+    let _ = std::fs::write(dir.join(format!("{cell}.perf.txt")), text);
+    if comb.exists() {
+        let svg = dir.join(format!("{cell}.comb.svg"));
+        let script = format!(
+            "command -v inferno-flamegraph >/dev/null && perf script -i '{}' 2>/dev/null \
+             | inferno-collapse-perf | inferno-flamegraph > '{}'",
+            comb.display(),
+            svg.display()
+        );
+        let _ = Command::new("sh").args(["-c", &script]).status();
+    }
+    let _ = std::fs::remove_file(all);
+    let _ = std::fs::remove_file(comb);
+}
+
+/// Wait events of the cell's active backends, counted over samples.
+#[derive(Debug, Default)]
+pub struct Waits {
+    samples: u64,
+    counts: BTreeMap<String, u64>,
+}
+
+const WAITS_SQL: &str = "SELECT coalesce(wait_event_type, 'CPU') || ':' || coalesce(wait_event, 'running'), count(*)::int8
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND state <> 'idle' AND pid <> pg_backend_pid()
+    GROUP BY 1";
+
+impl Waits {
+    /// Samples `pg_stat_activity` every 50 ms until `until`.
+    pub async fn sample(client: &Client, until: tokio::time::Instant) -> Waits {
+        let mut w = Waits::default();
+        while tokio::time::Instant::now() < until {
+            if let Ok(rows) = client.query(WAITS_SQL, &[]).await {
+                w.samples += 1;
+                for r in rows {
+                    *w.counts.entry(r.get(0)).or_default() += r.get::<_, i64>(1) as u64;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        w
+    }
+
+    /// Average number of backends in each state, busiest first.
+    pub fn text(&self) -> String {
+        let mut v: Vec<(&String, &u64)> = self.counts.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        let mut out = format!(
+            "Active backends by wait event (average over {} samples):\n",
+            self.samples
+        );
+        for (k, n) in v {
+            let _ = writeln!(
+                out,
+                "  {:>7.2}  {k}",
+                *n as f64 / self.samples.max(1) as f64
+            );
+        }
+        out
+    }
+}
+
+const STATEMENTS_SQL: &str = "
+SELECT calls::int8, total_exec_time, mean_exec_time, rows::int8, wal_bytes::int8,
+       100 * total_exec_time / nullif(sum(total_exec_time) OVER (), 0),
+       left(regexp_replace(query, '\\s+', ' ', 'g'), 150)
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY total_exec_time DESC
+LIMIT 15";
+
+/// The statements that took most of PostgreSQL's execution time in the window.
+pub async fn statements(client: &Client, secs: f64) -> String {
+    let rows = match client.query(STATEMENTS_SQL, &[]).await {
+        Ok(r) => r,
+        Err(e) => return format!("pg_stat_statements unavailable: {e}\n"),
+    };
+    let mut out = String::from(
+        "Statements by total execution time (pg_stat_statements, window only):\n\
+         calls/s    total ms/s  mean ms   rows/call  WAL B/call  share  query\n",
+    );
+    for r in rows {
+        let calls: i64 = r.get(0);
+        let total: f64 = r.get(1);
+        let mean: f64 = r.get(2);
+        let rows: i64 = r.get(3);
+        let wal: i64 = r.get(4);
+        let share: Option<f64> = r.get(5);
+        let q: String = r.get(6);
+        let per = |x: i64| x as f64 / calls.max(1) as f64;
+        let _ = writeln!(
+            out,
+            "{:>8.0}  {:>10.1}  {:>8.3}  {:>9.1}  {:>10.0}  {:>4.0}%  {q}",
+            calls as f64 / secs,
+            total / secs,
+            mean,
+            per(rows),
+            per(wal),
+            share.unwrap_or(0.0)
+        );
+    }
+    out
+}

@@ -1,0 +1,538 @@
+//! Results: one [`Row`] per cell, the printed table, the target checks, the JSON file and
+//! the results section of `docs/benchmarks.md`.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// One cell's figures. Fields that do not apply to a cell are `None` (JSON `null`), so that
+/// scripts can compare runs key by key.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Row {
+    /// Cell name.
+    pub cell: String,
+    /// `comb`, `ceiling` or `skiplocked`.
+    pub system: String,
+    /// Messages per second by the cell's main measure (pushed for push cells, delivered for
+    /// consumer cells, deliveries summed over groups for fan-out, rows for the ceiling).
+    pub msgs_per_sec: f64,
+    /// Requests per second (HTTP requests for Comb, statements for peers).
+    pub req_per_sec: Option<f64>,
+    /// Median latency of the cell's main request (push, pop, COPY or INSERT), ms.
+    pub p50_ms: Option<f64>,
+    /// 99th percentile of the same, ms.
+    pub p99_ms: Option<f64>,
+    /// Median delivery latency, producer send to consumer receipt, ms.
+    pub e2e_p50_ms: Option<f64>,
+    /// 99th percentile delivery latency, ms.
+    pub e2e_p99_ms: Option<f64>,
+    /// 99th percentile latency of pops (or dequeues), ms.
+    pub pop_p99_ms: Option<f64>,
+    /// 99th percentile latency of ack batches, ms.
+    pub ack_p99_ms: Option<f64>,
+    /// Broker CPU per HTTP request over the window, µs.
+    pub broker_cpu_us_per_req: Option<f64>,
+    /// Broker CPU per message (by `msgs_per_sec`'s measure), µs.
+    pub broker_cpu_us_per_msg: Option<f64>,
+    /// Broker peak resident set size over the cell (VmHWM), MiB.
+    pub broker_rss_mb: Option<f64>,
+    /// Broker CPU in cores (CPU seconds per second).
+    pub broker_cpu_cores: Option<f64>,
+    /// PostgreSQL CPU in cores.
+    pub pg_cpu_cores: Option<f64>,
+    /// Load generator CPU in cores.
+    pub loadgen_cpu_cores: Option<f64>,
+    /// CPU used by everything else on the machine, in cores: on a shared machine, the
+    /// neighbours' share of the cores the cell ran on.
+    pub other_cpu_cores: Option<f64>,
+    /// Busy fraction of the whole machine (all cores), 0–1.
+    pub machine_busy: Option<f64>,
+    /// Fraction of the machine's time stolen by the hypervisor, 0–1.
+    pub machine_steal: Option<f64>,
+    /// Transactions committed per second (whole cluster).
+    pub pg_commits_per_sec: Option<f64>,
+    /// WAL flushes per second.
+    pub pg_wal_syncs_per_sec: Option<f64>,
+    /// WAL bytes per message.
+    pub pg_wal_bytes_per_msg: Option<f64>,
+    /// Offered rate of fixed-rate producers, msgs/s.
+    pub offered_per_sec: Option<f64>,
+    /// Messages accepted per second.
+    pub pushed_per_sec: Option<f64>,
+    /// Messages delivered per second (per group for fan-out: the slowest group).
+    pub consumed_per_sec: Option<f64>,
+    /// Backlog at the end of the window (worst group), messages.
+    pub backlog_end: Option<f64>,
+    /// Backlog growth over the window (worst group), msgs/s.
+    pub backlog_slope: Option<f64>,
+    /// Whether consumers kept up: producers met the offered rate and backlog stayed flat.
+    pub keeps_up: Option<bool>,
+    /// For peers: the compared Comb cell's rate divided by this row's.
+    pub ratio: Option<f64>,
+    /// The Comb cell of `ratio`.
+    pub ratio_of: Option<String>,
+    /// Failed requests during the cell.
+    pub errors: u64,
+    /// Length of the measured window, s.
+    pub window_s: f64,
+    /// Anything a reader must know about this cell's numbers.
+    pub note: Option<String>,
+}
+
+/// Fills `ratio` of every peer row from the Comb cell it is compared with.
+pub fn fill_ratios(rows: &mut [Row], compare: impl Fn(&str) -> Option<&'static str>) {
+    let comb: Vec<(String, f64)> = rows
+        .iter()
+        .filter(|r| r.system == "comb")
+        .map(|r| (r.cell.clone(), r.msgs_per_sec))
+        .collect();
+    for r in rows.iter_mut().filter(|r| r.system != "comb") {
+        let Some(other) = compare(&r.cell) else {
+            continue;
+        };
+        r.ratio_of = Some(other.to_string());
+        r.ratio = comb
+            .iter()
+            .find(|(c, _)| c == other)
+            .filter(|_| r.msgs_per_sec > 0.0)
+            .map(|(_, rate)| rate / r.msgs_per_sec);
+    }
+}
+
+/// A number for the table: integers above 100, otherwise three significant digits.
+pub fn num(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(v) if !v.is_finite() => "-".into(),
+        Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
+        Some(v) if v.abs() >= 10.0 => format!("{v:.1}"),
+        Some(v) if v.abs() >= 1.0 => format!("{v:.2}"),
+        Some(v) => format!("{v:.3}"),
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|v| format!("{:.0}%", v * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The table printed at the end of a run (and copied into the docs).
+pub fn table(rows: &[Row]) -> String {
+    let header = [
+        "cell",
+        "system",
+        "msg/s",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "e2e p50",
+        "e2e p99",
+        "us/req",
+        "us/msg",
+        "RSS MB",
+        "comb cpu",
+        "pg cpu",
+        "bench cpu",
+        "other cpu",
+        "busy",
+        "steal",
+        "commit/s",
+        "ratio",
+        "notes",
+    ];
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for r in rows {
+        lines.push(vec![
+            r.cell.clone(),
+            r.system.clone(),
+            num(Some(r.msgs_per_sec)),
+            num(r.req_per_sec),
+            num(r.p50_ms),
+            num(r.p99_ms),
+            num(r.e2e_p50_ms),
+            num(r.e2e_p99_ms),
+            num(r.broker_cpu_us_per_req),
+            num(r.broker_cpu_us_per_msg),
+            num(r.broker_rss_mb),
+            num(r.broker_cpu_cores),
+            num(r.pg_cpu_cores),
+            num(r.loadgen_cpu_cores),
+            num(r.other_cpu_cores),
+            pct(r.machine_busy),
+            pct(r.machine_steal),
+            num(r.pg_commits_per_sec),
+            match (&r.ratio, &r.ratio_of) {
+                (Some(x), Some(of)) => format!("{x:.2} ({of})"),
+                _ => "-".into(),
+            },
+            notes(r),
+        ]);
+    }
+    let cols = header.len();
+    let width: Vec<usize> = (0..cols)
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for (i, l) in lines.iter().enumerate() {
+        let mut line = String::new();
+        for c in 0..cols {
+            let cell = &l[c];
+            let pad = width[c] - cell.chars().count();
+            if c == cols - 1 {
+                line.push_str(cell);
+            } else if c < 2 {
+                let _ = write!(line, "{cell}{}  ", " ".repeat(pad));
+            } else {
+                let _ = write!(line, "{}{cell}  ", " ".repeat(pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+        if i == 0 {
+            let total: usize = width.iter().sum::<usize>() + 2 * (cols - 1);
+            out.push_str(&"-".repeat(total.min(200)));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn notes(r: &Row) -> String {
+    let mut parts = Vec::new();
+    if let Some(offered) = r.offered_per_sec {
+        parts.push(format!(
+            "offered {} pushed {}",
+            num(Some(offered)),
+            num(r.pushed_per_sec)
+        ));
+    }
+    if r.system == "skiplocked" && r.consumed_per_sec.is_some() {
+        parts.push(format!(
+            "enq {} deq {}",
+            num(r.pushed_per_sec),
+            num(r.consumed_per_sec)
+        ));
+    }
+    if let Some(s) = r.backlog_slope {
+        parts.push(format!("backlog {:+.0}/s end {}", s, num(r.backlog_end)));
+    }
+    match r.keeps_up {
+        Some(true) => parts.push("keeps up".into()),
+        Some(false) => parts.push("FALLS BEHIND".into()),
+        None => {}
+    }
+    if r.errors > 0 {
+        parts.push(format!("{} errors", r.errors));
+    }
+    if let Some(n) = &r.note {
+        parts.push(n.clone());
+    }
+    parts.join("; ")
+}
+
+/// Whether a performance target holds in this run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The figures meet it.
+    Met,
+    /// The figures miss it.
+    Missed,
+    /// A cell it needs did not run.
+    NotRun,
+}
+
+/// One of the targets, checked against a run.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// The target, in words.
+    pub target: &'static str,
+    /// The figures it was judged on.
+    pub measured: String,
+    /// The outcome.
+    pub verdict: Verdict,
+}
+
+/// Checks the performance targets against a run's rows. These are benchmark figures, to be
+/// read by people, never asserted by tests.
+pub fn checks(rows: &[Row]) -> Vec<Check> {
+    let get = |name: &str| rows.iter().find(|r| r.cell == name);
+    let verdict = |ok: Option<bool>| match ok {
+        Some(true) => Verdict::Met,
+        Some(false) => Verdict::Missed,
+        None => Verdict::NotRun,
+    };
+    let mut out = Vec::new();
+
+    let (p100, ceil) = (get("push100"), get("ceiling"));
+    let ratio = p100.zip(ceil).map(|(a, b)| a.msgs_per_sec / b.msgs_per_sec);
+    out.push(Check {
+        target: "push 100 msgs/request >= 70% of the ceiling",
+        measured: ratio
+            .map(|r| {
+                format!(
+                    "{:.0}% ({} vs {} msg/s)",
+                    r * 100.0,
+                    num(p100.map(|r| r.msgs_per_sec)),
+                    num(ceil.map(|r| r.msgs_per_sec))
+                )
+            })
+            .unwrap_or_default(),
+        verdict: verdict(ratio.map(|r| r >= 0.70)),
+    });
+
+    let (p1, sl) = (get("push1"), get("sl-enq"));
+    let ratio = p1.zip(sl).map(|(a, b)| a.msgs_per_sec / b.msgs_per_sec);
+    out.push(Check {
+        target: "push 1 msg/request >= 1.5x SKIP LOCKED enqueue",
+        measured: ratio
+            .map(|r| {
+                format!(
+                    "{r:.2}x ({} vs {} msg/s)",
+                    num(p1.map(|r| r.msgs_per_sec)),
+                    num(sl.map(|r| r.msgs_per_sec))
+                )
+            })
+            .unwrap_or_default(),
+        verdict: verdict(ratio.map(|r| r >= 1.5)),
+    });
+
+    let cpu = p1.and_then(|r| r.broker_cpu_us_per_req);
+    out.push(Check {
+        target: "push 1 msg/request <= 40 us broker CPU per request",
+        measured: cpu.map(|c| format!("{c:.1} us")).unwrap_or_default(),
+        verdict: verdict(cpu.map(|c| c <= 40.0)),
+    });
+
+    let (k10, k10k) = (get("part10"), get("part10k"));
+    let ratio = k10.zip(k10k).map(|(a, b)| b.msgs_per_sec / a.msgs_per_sec);
+    out.push(Check {
+        target: "10,000 partitions >= 85% of the 10-partition rate",
+        measured: ratio
+            .map(|r| {
+                format!(
+                    "{:.0}% ({} vs {} msg/s)",
+                    r * 100.0,
+                    num(k10k.map(|r| r.msgs_per_sec)),
+                    num(k10.map(|r| r.msgs_per_sec))
+                )
+            })
+            .unwrap_or_default(),
+        verdict: verdict(ratio.map(|r| r >= 0.85)),
+    });
+
+    let steady = get("steady");
+    out.push(Check {
+        target: "steady: consumers keep up with push1's rate (backlog flat)",
+        measured: steady
+            .map(|r| {
+                format!(
+                    "offered {} pushed {} delivered {} msg/s, backlog {:+.0}/s",
+                    num(r.offered_per_sec),
+                    num(r.pushed_per_sec),
+                    num(Some(r.msgs_per_sec)),
+                    r.backlog_slope.unwrap_or(0.0)
+                )
+            })
+            .unwrap_or_default(),
+        verdict: verdict(steady.and_then(|r| r.keeps_up)),
+    });
+
+    let half = get("steady-half");
+    let p99 = half.and_then(|r| r.e2e_p99_ms);
+    out.push(Check {
+        target: "steady at half that rate: end-to-end p99 <= 50 ms",
+        measured: p99
+            .map(|p| format!("{p:.1} ms at {} msg/s", num(half.map(|r| r.msgs_per_sec))))
+            .unwrap_or_default(),
+        verdict: verdict(p99.map(|p| p <= 50.0)),
+    });
+
+    let fan = get("fanout");
+    let p10 = get("push10");
+    let fan_ok = fan.zip(p10).map(|(f, p)| {
+        f.keeps_up == Some(true) && f.pushed_per_sec.unwrap_or(0.0) >= 0.5 * p.msgs_per_sec * 0.97
+    });
+    out.push(Check {
+        target: "fan-out: 10 groups keep up with a producer at >= 50% of push10",
+        measured: fan
+            .map(|r| {
+                format!(
+                    "producer {} msg/s ({}), slowest group {} msg/s, backlog {:+.0}/s",
+                    num(r.pushed_per_sec),
+                    p10.map(|p| format!(
+                        "{:.0}% of push10",
+                        100.0 * r.pushed_per_sec.unwrap_or(0.0) / p.msgs_per_sec
+                    ))
+                    .unwrap_or_default(),
+                    num(r.consumed_per_sec),
+                    r.backlog_slope.unwrap_or(0.0)
+                )
+            })
+            .unwrap_or_default(),
+        verdict: verdict(fan_ok),
+    });
+
+    let rss: Vec<(&str, f64)> = rows
+        .iter()
+        .filter_map(|r| r.broker_rss_mb.map(|m| (r.cell.as_str(), m)))
+        .collect();
+    let worst = rss.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
+    out.push(Check {
+        target: "broker RSS <= 64 MB in every cell",
+        measured: worst
+            .map(|(c, m)| format!("max {m:.1} MB ({c})"))
+            .unwrap_or_default(),
+        verdict: verdict(worst.map(|(_, m)| m <= 64.0)),
+    });
+    out
+}
+
+/// The target checks as text.
+pub fn checks_text(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        let v = match c.verdict {
+            Verdict::Met => "met   ",
+            Verdict::Missed => "MISSED",
+            Verdict::NotRun => "not run",
+        };
+        let _ = writeln!(out, "{v}  {}: {}", c.target, c.measured);
+    }
+    out
+}
+
+/// Writes rows as a JSON array.
+pub fn write_json(path: &Path, rows: &[Row]) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let text = serde_json::to_string_pretty(rows).map_err(io::Error::other)?;
+    fs::write(path, text + "\n")
+}
+
+/// Reads rows written by [`write_json`].
+pub fn read_json(path: &Path) -> io::Result<Vec<Row>> {
+    let text = fs::read_to_string(path)?;
+    serde_json::from_str(&text).map_err(io::Error::other)
+}
+
+/// Start of the generated part of the benchmarks page.
+pub const BEGIN: &str =
+    "<!-- results:begin (written by comb-bench; edit outside these markers) -->";
+/// End of the generated part.
+pub const END: &str = "<!-- results:end -->";
+
+/// Replaces the text between [`BEGIN`] and [`END`] in `doc` (appending both when absent).
+pub fn splice(doc: &str, generated: &str) -> String {
+    match (doc.find(BEGIN), doc.find(END)) {
+        (Some(b), Some(e)) if b < e => {
+            format!("{}{BEGIN}\n{generated}{}", &doc[..b], &doc[e..])
+        }
+        _ => format!("{doc}\n{BEGIN}\n{generated}{END}\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(cell: &str, system: &str, rate: f64) -> Row {
+        Row {
+            cell: cell.into(),
+            system: system.into(),
+            msgs_per_sec: rate,
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn json_round_trip_keeps_nulls() {
+        let rows = vec![row("push1", "comb", 1234.5)];
+        let dir = std::env::temp_dir().join(format!("combbench{}", std::process::id()));
+        let path = dir.join("r.json");
+        write_json(&path, &rows).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"broker_rss_mb\": null"));
+        assert!(text.contains("\"msgs_per_sec\": 1234.5"));
+        assert_eq!(read_json(&path).unwrap(), rows);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn ratios_divide_comb_by_peer() {
+        let mut rows = vec![
+            row("push1", "comb", 3000.0),
+            row("sl-enq", "skiplocked", 2000.0),
+        ];
+        fill_ratios(&mut rows, |c| (c == "sl-enq").then_some("push1"));
+        assert_eq!(rows[1].ratio, Some(1.5));
+        assert_eq!(rows[1].ratio_of.as_deref(), Some("push1"));
+        assert_eq!(rows[0].ratio, None);
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let mut a = row("push1", "comb", 12345.0);
+        a.p99_ms = Some(3.25);
+        a.keeps_up = Some(false);
+        let t = table(&[a, row("ceiling", "ceiling", 99.5)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert!(lines[0].starts_with("cell "));
+        assert!(lines[2].contains("12345"));
+        assert!(lines[2].contains("3.25"));
+        assert!(lines[2].ends_with("FALLS BEHIND"));
+        assert!(lines[3].contains("99.5"));
+        // Right-aligned numbers end in the same column.
+        let col = |l: &str, s: &str| l.find(s).unwrap() + s.len();
+        assert_eq!(col(lines[2], "12345"), col(lines[3], "99.5"));
+    }
+
+    #[test]
+    fn formats_numbers() {
+        assert_eq!(num(None), "-");
+        assert_eq!(num(Some(1234.4)), "1234");
+        assert_eq!(num(Some(12.34)), "12.3");
+        assert_eq!(num(Some(1.234)), "1.23");
+        assert_eq!(num(Some(0.1234)), "0.123");
+        assert_eq!(num(Some(f64::NAN)), "-");
+    }
+
+    #[test]
+    fn checks_judge_targets() {
+        let mut rows = vec![
+            row("push1", "comb", 3000.0),
+            row("sl-enq", "skiplocked", 2500.0),
+            row("push100", "comb", 80000.0),
+            row("ceiling", "ceiling", 100000.0),
+        ];
+        rows[0].broker_cpu_us_per_req = Some(35.0);
+        rows[0].broker_rss_mb = Some(70.0);
+        let c = checks(&rows);
+        let find = |t: &str| c.iter().find(|c| c.target.starts_with(t)).unwrap();
+        assert_eq!(find("push 100").verdict, Verdict::Met);
+        assert_eq!(find("push 1 msg/request >=").verdict, Verdict::Missed);
+        assert_eq!(find("push 1 msg/request <=").verdict, Verdict::Met);
+        assert_eq!(find("10,000").verdict, Verdict::NotRun);
+        assert_eq!(find("broker RSS").verdict, Verdict::Missed);
+        assert!(checks_text(&c).contains("MISSED"));
+    }
+
+    #[test]
+    fn splices_generated_section() {
+        let doc = format!("# B\nintro\n{BEGIN}\nold\n{END}\nanalysis\n");
+        let out = splice(&doc, "new\n");
+        assert_eq!(out, format!("# B\nintro\n{BEGIN}\nnew\n{END}\nanalysis\n"));
+        let fresh = splice("# B\n", "x\n");
+        assert!(fresh.ends_with(&format!("{BEGIN}\nx\n{END}\n")));
+    }
+}

@@ -1,0 +1,577 @@
+//! Runs cells: a fresh database and (for Comb cells) a fresh `comb serve` per cell, set-up,
+//! warm-up, the measured window with resource snapshots at its edges, and one [`Row`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use comb_harness::{Postgres, Server};
+use tokio::runtime::Runtime;
+
+use crate::cells::{Cell, Kind};
+use crate::http::BoxError;
+use crate::load::{self, ConsumerSpec, Rate};
+use crate::meter::{Meter, Usage, usage};
+use crate::peers;
+use crate::procstat;
+use crate::profile::{self, Profile};
+use crate::report::Row;
+use crate::stats::{Tally, Window, quantile_ms, slope};
+
+/// PostgreSQL settings of every run. Durable: these are the numbers worth publishing.
+/// `checkpoint_timeout` is long enough that no timed checkpoint lands inside a cell (each
+/// cell starts right after a `CHECKPOINT`), so cells are comparable with each other.
+pub const PG_SETTINGS: &[(&str, &str)] = &[
+    ("fsync", "on"),
+    ("synchronous_commit", "on"),
+    ("full_page_writes", "on"),
+    ("shared_buffers", "1GB"),
+    ("max_wal_size", "4GB"),
+    ("checkpoint_timeout", "30min"),
+    ("max_connections", "400"),
+];
+
+/// How a run is done.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The `comb` binary (a release build).
+    pub comb_bin: PathBuf,
+    /// Extra `comb serve` flags for every Comb cell.
+    pub comb_args: Vec<String>,
+    /// Load before the window opens.
+    pub warmup: Duration,
+    /// The measured window.
+    pub duration: Duration,
+    /// Messages per partition pre-filled for the `pop` cell.
+    pub pop_fill_per_partition: usize,
+    /// Collect profiles.
+    pub profile: Option<Profile>,
+    /// Rates of cells that did not run in this run (from an earlier run's results), used
+    /// for fixed-rate cells that derive their rate from them.
+    pub baseline: Vec<Row>,
+    /// Offered rate for `steady` (overrides push1's rate).
+    pub steady_rate: Option<f64>,
+    /// Offered rate for `fanout` (overrides half of push10's rate).
+    pub fanout_rate: Option<f64>,
+}
+
+/// Rate used when neither this run nor an earlier one measured the cell a fixed-rate cell
+/// derives its rate from.
+const FALLBACK_RATE: f64 = 2_000.0;
+
+/// A run in progress: the cluster, the options and the rows so far.
+pub struct Runner {
+    /// The cluster every cell's database lives in.
+    pub pg: Postgres,
+    opts: Options,
+    rt: Runtime,
+    /// Results so far, in run order.
+    pub rows: Vec<Row>,
+}
+
+impl Runner {
+    /// Starts the cluster with the suite's settings.
+    pub fn new(opts: Options, rt: Runtime) -> Result<Runner, BoxError> {
+        let mut settings: Vec<(&str, &str)> = PG_SETTINGS.to_vec();
+        if opts.profile.is_some() {
+            settings.extend_from_slice(profile::PG_SETTINGS);
+        }
+        let pg = Postgres::start_with(&settings)?;
+        Ok(Runner {
+            pg,
+            opts,
+            rt,
+            rows: Vec::new(),
+        })
+    }
+
+    /// Runs one cell on a fresh database and records its row.
+    pub fn run(&mut self, cell: &Cell) -> Result<Row, BoxError> {
+        let url = self.pg.create_database(cell.name)?;
+        let db = url.rsplit('/').next().unwrap_or_default().to_string();
+        let result = match cell.kind {
+            Kind::Ceiling { .. } | Kind::SkipLocked { .. } => self.run_peer(cell, &url),
+            _ => self.run_comb(cell, &url),
+        };
+        // Free the disk for the next cell (this also checkpoints).
+        let _ = self
+            .pg
+            .psql("postgres", &format!("DROP DATABASE IF EXISTS \"{db}\""));
+        let row = result?;
+        self.rows.push(row.clone());
+        Ok(row)
+    }
+
+    /// A measured rate of `cell` from this run, else from the baseline.
+    fn rate_of(&self, cell: &str) -> Option<(f64, &'static str)> {
+        if let Some(r) = self.rows.iter().find(|r| r.cell == cell) {
+            return Some((r.msgs_per_sec, "this run"));
+        }
+        self.opts
+            .baseline
+            .iter()
+            .find(|r| r.cell == cell)
+            .map(|r| (r.msgs_per_sec, "an earlier run"))
+    }
+
+    /// The offered rate of a fixed-rate cell and where it came from.
+    fn offered(&self, cell: &Cell) -> (f64, String) {
+        let (source, fraction, forced) = match cell.kind {
+            Kind::Steady { fraction, .. } => ("push1", fraction, self.opts.steady_rate),
+            Kind::Fanout { fraction, .. } => ("push10", fraction, self.opts.fanout_rate),
+            _ => return (0.0, String::new()),
+        };
+        if let Some(r) = forced {
+            return (
+                r * fraction,
+                format!("{fraction} x the rate given on the command line"),
+            );
+        }
+        match self.rate_of(source) {
+            Some((r, from)) => (r * fraction, format!("{fraction} x {source} of {from}")),
+            None => (
+                FALLBACK_RATE * fraction,
+                format!("{fraction} x {FALLBACK_RATE} msg/s ({source} not measured)"),
+            ),
+        }
+    }
+
+    fn run_comb(&mut self, cell: &Cell, url: &str) -> Result<Row, BoxError> {
+        let args: Vec<&str> = self.opts.comb_args.iter().map(String::as_str).collect();
+        let server = Server::start(&self.opts.comb_bin, url, &args)?;
+        let (addr, pid) = (server.addr(), server.pid());
+        let (offered, offered_from) = self.offered(cell);
+        let opts = self.opts.clone();
+        let kind = cell.kind.clone();
+        let name = cell.name;
+        let result = self.rt.block_on(async move {
+            // Set-up: queue, groups, partitions, pre-fill.
+            match &kind {
+                Kind::Push { partitions, .. } => {
+                    load::fill(addr, *partitions, 1, 4).await?;
+                }
+                Kind::Steady { partitions, .. } => {
+                    load::subscribe(addr, &[]).await?;
+                    load::fill(addr, *partitions, 1, 4).await?;
+                }
+                Kind::Fanout {
+                    partitions, groups, ..
+                } => {
+                    load::subscribe(addr, &group_names(*groups)).await?;
+                    load::fill(addr, *partitions, 1, 4).await?;
+                }
+                Kind::Pop { partitions, .. } => {
+                    load::fill(addr, *partitions, opts.pop_fill_per_partition, 4).await?;
+                }
+                _ => unreachable!("peers run elsewhere"),
+            }
+            let (window, measuring) = start_window(url, Some(pid), name, &opts).await?;
+            let mut row = Row {
+                cell: name.to_string(),
+                system: "comb".into(),
+                window_s: window.secs(),
+                ..Row::default()
+            };
+            let requests: u64;
+            match kind {
+                Kind::Push {
+                    msgs,
+                    conns,
+                    partitions,
+                } => {
+                    let t = load::closed_push(addr, conns, msgs, partitions, window).await;
+                    requests = t.requests;
+                    set_main(&mut row, &t, window);
+                    row.pushed_per_sec = Some(row.msgs_per_sec);
+                }
+                Kind::Steady {
+                    producers,
+                    consumers,
+                    batch,
+                    partitions,
+                    ..
+                } => {
+                    let pushed = Arc::new(AtomicU64::new(0));
+                    let consumed = Arc::new(AtomicU64::new(0));
+                    let rate = Rate {
+                        msgs_per_sec: offered,
+                        msgs_per_req: 1,
+                        conns: producers,
+                        partitions,
+                    };
+                    let spec = ConsumerSpec {
+                        group: None,
+                        conns: consumers,
+                        batch,
+                    };
+                    let sampler = tokio::spawn(sample_backlog(
+                        window,
+                        pushed.clone(),
+                        vec![consumed.clone()],
+                    ));
+                    let (p, c) = tokio::join!(
+                        load::open_push(addr, rate, window, pushed),
+                        load::consume(addr, spec, window, consumed)
+                    );
+                    let samples = sampler.await?;
+                    requests = p.requests + c.pops.requests + c.empty_pops + c.acks.requests;
+                    set_main(&mut row, &p, window);
+                    row.pushed_per_sec = Some(p.messages as f64 / window.secs());
+                    row.msgs_per_sec = c.pops.messages as f64 / window.secs();
+                    row.consumed_per_sec = Some(row.msgs_per_sec);
+                    row.errors += c.pops.errors + c.acks.errors;
+                    set_consumer(&mut row, &c);
+                    set_backlog(&mut row, &samples, offered);
+                    row.offered_per_sec = Some(offered);
+                    row.note = Some(format!("rate: {offered_from}"));
+                }
+                Kind::Fanout {
+                    groups,
+                    consumers_per_group,
+                    producers,
+                    batch,
+                    partitions,
+                    ..
+                } => {
+                    let pushed = Arc::new(AtomicU64::new(0));
+                    let counters: Vec<Arc<AtomicU64>> =
+                        (0..groups).map(|_| Arc::new(AtomicU64::new(0))).collect();
+                    let rate = Rate {
+                        msgs_per_sec: offered,
+                        msgs_per_req: 10,
+                        conns: producers,
+                        partitions,
+                    };
+                    let sampler =
+                        tokio::spawn(sample_backlog(window, pushed.clone(), counters.clone()));
+                    let consumers =
+                        group_names(groups)
+                            .into_iter()
+                            .zip(counters)
+                            .map(|(g, counter)| {
+                                let spec = ConsumerSpec {
+                                    group: Some(g),
+                                    conns: consumers_per_group,
+                                    batch,
+                                };
+                                tokio::spawn(load::consume(addr, spec, window, counter))
+                            });
+                    let consumers: Vec<_> = consumers.collect();
+                    let p = load::open_push(addr, rate, window, pushed).await;
+                    let mut all = Vec::new();
+                    for c in consumers {
+                        all.push(c.await?);
+                    }
+                    let samples = sampler.await?;
+                    let mut merged = load::Consumed {
+                        pops: Tally::default(),
+                        empty_pops: 0,
+                        acks: Tally::default(),
+                        e2e: crate::stats::histogram(),
+                        last_delivery: None,
+                    };
+                    let mut slowest = f64::INFINITY;
+                    for c in &all {
+                        merged.pops.merge(&c.pops);
+                        merged.acks.merge(&c.acks);
+                        merged.empty_pops += c.empty_pops;
+                        merged.e2e.add(&c.e2e).expect("same bounds");
+                        slowest = slowest.min(c.pops.messages as f64 / window.secs());
+                    }
+                    requests = p.requests
+                        + merged.pops.requests
+                        + merged.empty_pops
+                        + merged.acks.requests;
+                    set_main(&mut row, &p, window);
+                    row.pushed_per_sec = Some(p.messages as f64 / window.secs());
+                    row.msgs_per_sec = merged.pops.messages as f64 / window.secs();
+                    row.consumed_per_sec = Some(slowest);
+                    row.errors += merged.pops.errors + merged.acks.errors;
+                    set_consumer(&mut row, &merged);
+                    set_backlog(&mut row, &samples, offered);
+                    row.offered_per_sec = Some(offered);
+                    row.note = Some(format!(
+                        "msg/s = deliveries over {groups} groups; rate: {offered_from}"
+                    ));
+                }
+                Kind::Pop { conns, batch, .. } => {
+                    let consumed = Arc::new(AtomicU64::new(0));
+                    let spec = ConsumerSpec {
+                        group: None,
+                        conns,
+                        batch,
+                    };
+                    let c = load::consume(addr, spec, window, consumed).await;
+                    requests = c.pops.requests + c.empty_pops + c.acks.requests;
+                    // If the queue ran dry inside the window, rate over the time it had work.
+                    let busy = c
+                        .last_delivery
+                        .map(|t| (t - window.start).as_secs_f64())
+                        .unwrap_or(window.secs());
+                    let secs = if busy < window.secs() * 0.95 {
+                        row.note = Some(format!("queue ran dry after {busy:.1} s of the window"));
+                        busy.max(0.001)
+                    } else {
+                        window.secs()
+                    };
+                    row.msgs_per_sec = c.pops.messages as f64 / secs;
+                    row.consumed_per_sec = Some(row.msgs_per_sec);
+                    row.p50_ms = c.pops.quantile_ms(0.5);
+                    row.p99_ms = c.pops.quantile_ms(0.99);
+                    row.errors = c.pops.errors + c.acks.errors;
+                    set_consumer(&mut row, &c);
+                }
+                _ => unreachable!(),
+            }
+            let usage = measuring.await?;
+            set_usage(&mut row, &usage, requests);
+            Ok::<Row, BoxError>(row)
+        });
+        let mut row = result?;
+        row.broker_rss_mb = procstat::peak_rss_mb(pid);
+        drop(server);
+        Ok(row)
+    }
+
+    fn run_peer(&mut self, cell: &Cell, url: &str) -> Result<Row, BoxError> {
+        if let Kind::Ceiling { .. } = cell.kind {
+            // Comb's own schema, so the rows land in the very table Comb writes.
+            let out = std::process::Command::new(&self.opts.comb_bin)
+                .arg("migrate")
+                .env("DATABASE_URL", url)
+                .env("COMB_LOG", "warn")
+                .output()?;
+            if !out.status.success() {
+                return Err(format!(
+                    "comb migrate failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+                .into());
+            }
+        }
+        let opts = self.opts.clone();
+        let kind = cell.kind.clone();
+        let name = cell.name;
+        self.rt.block_on(async move {
+            if let Kind::SkipLocked { .. } = kind {
+                peers::connect(url)
+                    .await?
+                    .batch_execute(peers::SKIP_LOCKED_SCHEMA)
+                    .await?;
+            }
+            let (window, measuring) = start_window(url, None, name, &opts).await?;
+            let mut row = Row {
+                cell: name.to_string(),
+                system: match kind {
+                    Kind::Ceiling { .. } => "ceiling".into(),
+                    _ => "skiplocked".into(),
+                },
+                window_s: window.secs(),
+                ..Row::default()
+            };
+            let requests;
+            match kind {
+                Kind::Ceiling { conns, batch } => {
+                    let t = peers::ceiling(url, conns, batch, 25, window).await?;
+                    requests = t.requests;
+                    set_main(&mut row, &t, window);
+                }
+                Kind::SkipLocked { enq, deq } => {
+                    let s = peers::skip_locked(url, enq, deq, window).await?;
+                    requests = s.enqueued.requests + s.dequeued.requests + s.empty;
+                    set_main(&mut row, &s.enqueued, window);
+                    row.pushed_per_sec = Some(row.msgs_per_sec);
+                    if deq > 0 {
+                        row.msgs_per_sec = s.dequeued.messages as f64 / window.secs();
+                        row.consumed_per_sec = Some(row.msgs_per_sec);
+                        row.pop_p99_ms = s.dequeued.quantile_ms(0.99);
+                        row.e2e_p50_ms = quantile_ms(&s.e2e, 0.5);
+                        row.e2e_p99_ms = quantile_ms(&s.e2e, 0.99);
+                        row.errors += s.dequeued.errors;
+                        let enq_rate = row.pushed_per_sec.unwrap_or(0.0);
+                        row.keeps_up = Some(row.msgs_per_sec >= 0.98 * enq_rate);
+                        row.note = Some("msg/s = dequeued".into());
+                    }
+                }
+                _ => unreachable!(),
+            }
+            let usage = measuring.await?;
+            set_usage(&mut row, &usage, requests);
+            Ok(row)
+        })
+    }
+}
+
+/// Consumer group names of the fan-out cell.
+fn group_names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("g{i}")).collect()
+}
+
+type Measuring = tokio::task::JoinHandle<Usage>;
+
+/// Checkpoints and analyses the set-up's data, then opens the window after the warm-up and
+/// starts the task that snapshots resources at its edges (and profiles, when asked).
+async fn start_window(
+    url: &str,
+    broker_pid: Option<u32>,
+    cell: &'static str,
+    opts: &Options,
+) -> Result<(Window, Measuring), BoxError> {
+    let client = peers::connect(url).await?;
+    client.batch_execute("ANALYZE; CHECKPOINT").await?;
+    if opts.profile.is_some() {
+        profile::prepare(&client).await?;
+    }
+    let meter = Meter::new(broker_pid, client).await?;
+    let window = Window::after(opts.warmup, opts.duration);
+    let prof = opts.profile.clone();
+    let task = tokio::spawn(async move {
+        tokio::time::sleep_until(window.start.into()).await;
+        if prof.is_some() {
+            profile::reset(meter.client()).await;
+        }
+        let a = meter.snapshot().await;
+        let perf = prof
+            .as_ref()
+            .filter(|p| p.perf)
+            .map(|p| profile::start_perf(&p.dir, cell, window.secs(), broker_pid));
+        let waits = match &prof {
+            Some(_) => Some(profile::Waits::sample(meter.client(), window.end.into()).await),
+            None => {
+                tokio::time::sleep_until(window.end.into()).await;
+                None
+            }
+        };
+        let b = meter.snapshot().await;
+        let u = usage(&a, &b);
+        if let Some(p) = &prof {
+            let mut text = format!("Cell {cell}\n\n");
+            text.push_str(&profile::statements(meter.client(), u.secs).await);
+            text.push('\n');
+            text.push_str(&waits.unwrap_or_default().text());
+            let _ = std::fs::create_dir_all(&p.dir);
+            let _ = std::fs::write(p.dir.join(format!("{cell}.txt")), text);
+            if let Some(child) = perf {
+                let dir = p.dir.clone();
+                let _ =
+                    tokio::task::spawn_blocking(move || profile::finish_perf(child, &dir, cell))
+                        .await;
+            }
+        }
+        u
+    });
+    Ok((window, task))
+}
+
+/// Rate, request latency and errors from the cell's main kind of request.
+fn set_main(row: &mut Row, t: &Tally, window: Window) {
+    row.msgs_per_sec = t.messages as f64 / window.secs();
+    row.p50_ms = t.quantile_ms(0.5);
+    row.p99_ms = t.quantile_ms(0.99);
+    row.errors += t.errors;
+}
+
+fn set_consumer(row: &mut Row, c: &load::Consumed) {
+    row.e2e_p50_ms = quantile_ms(&c.e2e, 0.5);
+    row.e2e_p99_ms = quantile_ms(&c.e2e, 0.99);
+    row.pop_p99_ms = c.pops.quantile_ms(0.99);
+    row.ack_p99_ms = c.acks.quantile_ms(0.99);
+}
+
+/// Backlog trend of the worst group; consumers keep up when producers met the offered rate
+/// (within 3 %) and no group's backlog grew by more than 2 % of the offered rate per second.
+fn set_backlog(row: &mut Row, samples: &[(f64, u64, Vec<u64>)], offered: f64) {
+    let groups = samples.first().map(|s| s.2.len()).unwrap_or(0);
+    let mut worst_slope = f64::NEG_INFINITY;
+    let mut worst_end = 0.0f64;
+    for g in 0..groups {
+        let pts: Vec<(f64, f64)> = samples
+            .iter()
+            .map(|(t, pushed, consumed)| (*t, *pushed as f64 - consumed[g] as f64))
+            .collect();
+        if let Some(s) = slope(&pts) {
+            worst_slope = worst_slope.max(s);
+        }
+        if let Some(last) = pts.last() {
+            worst_end = worst_end.max(last.1);
+        }
+    }
+    if worst_slope.is_finite() {
+        row.backlog_slope = Some(worst_slope);
+        row.backlog_end = Some(worst_end);
+        let producers_ok = row.pushed_per_sec.unwrap_or(0.0) >= 0.97 * offered;
+        row.keeps_up = Some(producers_ok && worst_slope <= 0.02 * offered);
+    }
+}
+
+/// Samples (seconds into the window, pushed, consumed per group) every 250 ms of the window.
+async fn sample_backlog(
+    window: Window,
+    pushed: Arc<AtomicU64>,
+    consumed: Vec<Arc<AtomicU64>>,
+) -> Vec<(f64, u64, Vec<u64>)> {
+    tokio::time::sleep_until(window.start.into()).await;
+    let mut out = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    while std::time::Instant::now() < window.end {
+        tick.tick().await;
+        out.push((
+            (std::time::Instant::now() - window.start).as_secs_f64(),
+            pushed.load(Ordering::Relaxed),
+            consumed.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+        ));
+    }
+    out
+}
+
+/// Resource figures of the window.
+fn set_usage(row: &mut Row, u: &Usage, requests: u64) {
+    let per_sec = |x: f64| x / u.secs;
+    let msgs = row.msgs_per_sec * row.window_s;
+    if let Some(cpu) = u.broker_cpu {
+        row.broker_cpu_cores = Some(per_sec(cpu));
+        row.broker_cpu_us_per_req = (requests > 0).then(|| cpu * 1e6 / requests as f64);
+        row.broker_cpu_us_per_msg = (msgs > 0.0).then(|| cpu * 1e6 / msgs);
+    }
+    row.req_per_sec = Some(requests as f64 / row.window_s);
+    row.pg_cpu_cores = Some(per_sec(u.pg_cpu));
+    row.loadgen_cpu_cores = Some(per_sec(u.loadgen_cpu));
+    row.other_cpu_cores = Some(per_sec(u.other_cpu));
+    row.machine_busy = Some(u.machine_busy);
+    row.machine_steal = Some(u.machine_steal);
+    row.pg_commits_per_sec = u.commits.map(per_sec);
+    row.pg_wal_syncs_per_sec = u.wal_syncs.map(per_sec);
+    row.pg_wal_bytes_per_msg = u.wal_bytes.filter(|_| msgs > 0.0).map(|b| b / msgs);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backlog_verdicts() {
+        let flat: Vec<(f64, u64, Vec<u64>)> = (0..20)
+            .map(|i| (i as f64 * 0.25, 1000 * i + 30, vec![1000 * i]))
+            .collect();
+        let mut row = Row {
+            pushed_per_sec: Some(4000.0),
+            ..Row::default()
+        };
+        set_backlog(&mut row, &flat, 4000.0);
+        assert_eq!(row.keeps_up, Some(true));
+        assert_eq!(row.backlog_end, Some(30.0));
+
+        let growing: Vec<(f64, u64, Vec<u64>)> = (0..20)
+            .map(|i| (i as f64 * 0.25, 1000 * i, vec![1000 * i, 800 * i]))
+            .collect();
+        set_backlog(&mut row, &growing, 4000.0);
+        assert_eq!(row.keeps_up, Some(false));
+        assert!((row.backlog_slope.unwrap() - 800.0).abs() < 1e-6);
+
+        // Flat backlog, but the producers could not offer the load.
+        row.pushed_per_sec = Some(3000.0);
+        set_backlog(&mut row, &flat, 4000.0);
+        assert_eq!(row.keeps_up, Some(false));
+    }
+}
