@@ -253,6 +253,8 @@ pub struct Liveness {
     down: AtomicBool,
     /// The last probe's time and verdict; the lock makes concurrent probes share one.
     last: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    /// A background probe is running (see [`Liveness::back_again`]).
+    probing: AtomicBool,
 }
 
 impl Liveness {
@@ -279,6 +281,27 @@ impl Liveness {
             }
         }
         verdict
+    }
+
+    /// While the database is down: whether a recent probe found it back. Never waits, so
+    /// that requests during an outage are refused at once: when the last verdict is stale it
+    /// starts a probe in the background and answers no; a later attempt sees the verdict.
+    fn back_again(self: &Arc<Self>, target: &Target) -> bool {
+        if let Ok(last) = self.last.try_lock()
+            && let Some((at, verdict)) = *last
+            && at.elapsed() < PROBE_REUSE
+        {
+            return verdict;
+        }
+        if !self.probing.swap(true, Ordering::AcqRel) {
+            let me = self.clone();
+            let target = target.clone();
+            tokio::spawn(async move {
+                me.check(&target).await;
+                me.probing.store(false, Ordering::Release);
+            });
+        }
+        false
     }
 }
 
@@ -313,7 +336,7 @@ impl deadpool_postgres::Connect for WatchedConnect {
         Box::pin(async move {
             let mut last_error = io::Error::other("no database host to connect to");
             for target in &self.targets {
-                if self.liveness.is_down() && !self.liveness.check(target).await {
+                if self.liveness.is_down() && !self.liveness.back_again(target) {
                     last_error =
                         io::Error::new(io::ErrorKind::TimedOut, "the database does not answer");
                     continue;
@@ -630,9 +653,14 @@ mod tests {
             first < SILENCE + PROBE_TIMEOUT + Duration::from_secs(1),
             "{first:?}"
         );
-        let started = Instant::now();
-        assert!(pool.get().await.is_err());
-        assert!(started.elapsed() < PROBE_TIMEOUT + Duration::from_millis(500));
+        // While it stays silent, further requests fail at once, also once the verdict is
+        // stale (a new probe then runs in the background).
+        for pause in [0, 700] {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let started = Instant::now();
+            assert!(pool.get().await.is_err());
+            assert!(started.elapsed() < Duration::from_millis(200));
+        }
         held.abort();
     }
 }
