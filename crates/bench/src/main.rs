@@ -35,8 +35,11 @@ struct Args {
     #[arg(long)]
     smoke: bool,
     /// Messages per partition pre-filled for the `pop` cell.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 1000)]
     pop_fill: usize,
+    /// Partitions the ceiling's rows are spread over.
+    #[arg(long, default_value_t = 100)]
+    ceiling_partitions: usize,
     /// Write the rows here as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -104,6 +107,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         warmup: Duration::from_secs_f64(warmup),
         duration: Duration::from_secs_f64(duration),
         pop_fill_per_partition: pop_fill,
+        ceiling_partitions: args.ceiling_partitions,
         profile: args.profile.clone().map(|dir| Profile {
             dir,
             perf: args.perf,

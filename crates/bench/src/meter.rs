@@ -25,6 +25,7 @@ struct DbCounters {
     commits: i64,
     wal_bytes: i64,
     wal_syncs: i64,
+    wal_sync_ms: f64,
 }
 
 /// What happened between two snapshots.
@@ -51,6 +52,8 @@ pub struct Usage {
     pub wal_bytes: Option<f64>,
     /// WAL flushes to disk (fsync/fdatasync calls).
     pub wal_syncs: Option<f64>,
+    /// Milliseconds spent in those flushes (0 unless `track_wal_io_timing` is on).
+    pub wal_sync_ms: Option<f64>,
 }
 
 /// Takes snapshots for one cell.
@@ -61,7 +64,7 @@ pub struct Meter {
 }
 
 const COUNTERS_SQL: &str = "SELECT (SELECT sum(xact_commit)::int8 FROM pg_stat_database), \
-    wal_bytes::int8, wal_sync FROM pg_stat_wal";
+    wal_bytes::int8, wal_sync, wal_sync_time FROM pg_stat_wal";
 
 impl Meter {
     /// A meter for a broker process (if any) and the cluster `client` is connected to.
@@ -95,6 +98,7 @@ impl Meter {
                 commits: r.get(0),
                 wal_bytes: r.get(1),
                 wal_syncs: r.get(2),
+                wal_sync_ms: r.get(3),
             });
         Snapshot {
             at: Instant::now(),
@@ -143,5 +147,9 @@ pub fn usage(a: &Snapshot, b: &Snapshot) -> Usage {
         commits: db(|c| c.commits),
         wal_bytes: db(|c| c.wal_bytes),
         wal_syncs: db(|c| c.wal_syncs),
+        wal_sync_ms: match (&a.db, &b.db) {
+            (Some(x), Some(y)) => Some(y.wal_sync_ms - x.wal_sync_ms),
+            _ => None,
+        },
     }
 }

@@ -45,6 +45,9 @@ pub struct Options {
     pub duration: Duration,
     /// Messages per partition pre-filled for the `pop` cell.
     pub pop_fill_per_partition: usize,
+    /// Partitions the ceiling's rows are spread over (100 like the push cells; 10,000
+    /// shows what many partitions cost the database itself).
+    pub ceiling_partitions: usize,
     /// Collect profiles.
     pub profile: Option<Profile>,
     /// Rates of cells that did not run in this run (from an earlier run's results), used
@@ -321,6 +324,9 @@ impl Runner {
                     row.p99_ms = c.pops.quantile_ms(0.99);
                     row.errors = c.pops.errors + c.acks.errors;
                     set_consumer(&mut row, &c);
+                    // The messages are as old as the pre-fill: their age says nothing.
+                    row.e2e_p50_ms = None;
+                    row.e2e_p99_ms = None;
                 }
                 _ => unreachable!(),
             }
@@ -373,7 +379,8 @@ impl Runner {
             let requests;
             match kind {
                 Kind::Ceiling { conns, batch } => {
-                    let t = peers::ceiling(url, conns, batch, 25, window).await?;
+                    let per_conn = (opts.ceiling_partitions / conns).max(1);
+                    let t = peers::ceiling(url, conns, batch, per_conn, window).await?;
                     requests = t.requests;
                     set_main(&mut row, &t, window);
                 }
@@ -450,6 +457,7 @@ async fn start_window(
             text.push_str(&profile::statements(meter.client(), u.secs).await);
             text.push('\n');
             text.push_str(&waits.unwrap_or_default().text());
+            text.push_str(&wal_text(&u));
             let _ = std::fs::create_dir_all(&p.dir);
             let _ = std::fs::write(p.dir.join(format!("{cell}.txt")), text);
             if let Some(child) = perf {
@@ -462,6 +470,26 @@ async fn start_window(
         u
     });
     Ok((window, task))
+}
+
+/// Where the cell's time went outside PostgreSQL's statements: commits, WAL flushes and
+/// their duration, CPU by party.
+fn wal_text(u: &Usage) -> String {
+    let per = |x: Option<f64>| x.map(|v| v / u.secs).unwrap_or(0.0);
+    let syncs = u.wal_syncs.unwrap_or(0.0);
+    format!(
+        "\nCommits {:.0}/s, WAL flushes {:.0}/s, mean flush {:.3} ms ({:.0}% of one backend's time), \
+         WAL {:.1} MB/s\nCPU cores: broker {:.2}, PostgreSQL {:.2}, load generator {:.2}, others {:.2}\n",
+        per(u.commits),
+        per(u.wal_syncs),
+        u.wal_sync_ms.unwrap_or(0.0) / syncs.max(1.0),
+        u.wal_sync_ms.unwrap_or(0.0) / u.secs / 10.0,
+        per(u.wal_bytes) / 1e6,
+        u.broker_cpu.unwrap_or(0.0) / u.secs,
+        u.pg_cpu / u.secs,
+        u.loadgen_cpu / u.secs,
+        u.other_cpu / u.secs,
+    )
 }
 
 /// Rate, request latency and errors from the cell's main kind of request.
