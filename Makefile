@@ -76,3 +76,22 @@ bench-profile:
 	cargo build --release -p comb -p comb-bench
 	target/release/comb-bench --cells "$(CELLS)" --profile bench/results/profile --perf \
 		--json bench/results/profile/rows.json $(BENCH_ARGS)
+
+.PHONY: chaos fuzz
+
+# Fault scenarios, each with the delivery audit running throughout (about 10 minutes), then
+# the long fuzz run. The short audit and a bounded fuzz run are part of `make test`. Output is
+# also kept in target/chaos.log; docs/reliability.md records the results.
+chaos:
+	scripts/install-postgres.sh
+	cargo build --release -p comb -p comb-audit
+	set -o pipefail; { \
+		target/release/comb-audit chaos --comb target/release/comb && \
+		target/release/comb-audit fuzz --comb target/release/comb --cases 30000; \
+	} 2>&1 | tee target/chaos.log
+
+# The long fuzz run alone.
+fuzz:
+	scripts/install-postgres.sh
+	cargo build --release -p comb -p comb-audit
+	target/release/comb-audit fuzz --comb target/release/comb --cases 30000

@@ -122,6 +122,14 @@ async fn finish(
 ) -> Outcome {
     let (report, stats) = audit.finish().await;
     let mut notes = notes;
+    let mut problems = problems;
+    let errors = stats.status_500.load(std::sync::atomic::Ordering::Relaxed);
+    if errors > 0 {
+        // A fault makes the server unavailable (503, retry), never broken (500).
+        problems.push(format!(
+            "{errors} answers were 5xx other than 503 (samples in the notes)"
+        ));
+    }
     for s in stats.samples.lock().expect("samples").iter() {
         notes.push(format!("5xx sample: {s}"));
     }

@@ -60,14 +60,28 @@ impl std::error::Error for DbError {}
 
 impl From<tokio_postgres::Error> for DbError {
     fn from(e: tokio_postgres::Error) -> Self {
-        // A closed connection or an I/O error means the database went away; anything the
-        // server answered with a SQLSTATE is a real error of the statement.
-        if e.is_closed() || e.as_db_error().is_none() && e.code().is_none() {
+        // A closed connection or an I/O error means the database went away, and so do the
+        // SQLSTATEs of a server that is starting, stopping or full; anything else the server
+        // answered with a SQLSTATE is a real error of the statement.
+        if e.is_closed()
+            || e.as_db_error().is_none() && e.code().is_none()
+            || e.code().is_some_and(means_unavailable)
+        {
             DbError::Unavailable(e.to_string())
         } else {
             DbError::Postgres(e)
         }
     }
+}
+
+/// SQLSTATEs that say the database cannot serve now, not that the statement was wrong:
+/// connection exceptions (class 08), the server shutting down or crashed (57P01, 57P02),
+/// starting up or in recovery (57P03), a session ended by the server (57P05), and no free
+/// connection slot (53300). They come with a 503 and `Retry-After`, like a refused
+/// connection, and the client retries.
+pub fn means_unavailable(code: &tokio_postgres::error::SqlState) -> bool {
+    let c = code.code();
+    c.starts_with("08") || c.starts_with("57P0") || c == "53300"
 }
 
 impl From<deadpool_postgres::PoolError> for DbError {
@@ -605,6 +619,28 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unavailability_is_told_from_statement_errors() {
+        use tokio_postgres::error::SqlState;
+        for code in [
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CONNECTION_FAILURE,
+            SqlState::TOO_MANY_CONNECTIONS,
+        ] {
+            assert!(means_unavailable(&code), "{code:?}");
+        }
+        for code in [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::QUERY_CANCELED,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::LOCK_NOT_AVAILABLE,
+        ] {
+            assert!(!means_unavailable(&code), "{code:?}");
+        }
+    }
 
     #[test]
     fn framing_counts_requests_and_answers_across_chunks() {
