@@ -486,3 +486,90 @@ async fn one_bad_request_does_not_fail_requests_fused_with_it() {
     }
     assert_eq!(env.sql("SELECT count(*) FROM comb.messages"), "40");
 }
+
+#[tokio::test]
+async fn a_path_that_is_not_utf8_is_a_problem_not_plain_text() {
+    let env = Env::start().await;
+    for path in [
+        "/api/v1/pop/queue/%FF",
+        "/api/v1/pop/queue/q/partition/%FF%FE",
+        "/api/v1/lease/%FF/extend",
+    ] {
+        let (s, b) = if path.ends_with("extend") {
+            env.post(path, &json!({"seconds": 5})).await
+        } else {
+            env.get(path).await
+        };
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("parameter_invalid")),
+            "{path}"
+        );
+    }
+    let r = env
+        .http
+        .delete(env.url("/api/v1/resources/queues/%FF"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+}
+
+#[tokio::test]
+async fn nul_characters_never_reach_the_database() {
+    let env = Env::start().await;
+    let pushed = env
+        .push(json!([{"queue": "q", "payload": 1, "transactionId": "t1"}]))
+        .await;
+    let pid = pushed[0]["partition_id"].clone();
+    let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
+    expect(
+        &env,
+        "/api/v1/ack",
+        json!({"transactionId": "t\u{0}1", "partitionId": pid, "status": "completed"}),
+        StatusCode::BAD_REQUEST,
+        "transaction_id_invalid",
+    )
+    .await;
+    // A failure text may hold anything; a NUL in it is replaced, not refused.
+    let (s, b) = env
+        .post(
+            "/api/v1/ack",
+            &json!({
+                "transactionId": "t1", "partitionId": pid, "leaseId": pop["leaseId"],
+                "status": "dlq", "error": "line 1\nline\t2 \u{0} end",
+            }),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b[0]["dlq"], true);
+    assert_eq!(
+        env.sql("SELECT error FROM comb.dead_letters"),
+        "line 1\nline\t2 \u{FFFD} end"
+    );
+}
+
+#[tokio::test]
+async fn a_push_refused_for_max_size_leaves_no_trace() {
+    let env = Env::start().await;
+    env.configure("small", json!({"maxSize": 1})).await;
+    env.push(json!([{"queue": "small", "payload": 1}])).await;
+    let partitions = env.sql("SELECT count(*) FROM comb.partitions");
+    let queues = env.sql("SELECT count(*) FROM comb.queues");
+    // A new partition of the full queue and a brand-new queue in the same refused request.
+    expect(
+        &env,
+        "/api/v1/push",
+        json!({"items": [
+            {"queue": "small", "partition": "new", "payload": 2},
+            {"queue": "brand-new", "payload": 3},
+        ]}),
+        StatusCode::TOO_MANY_REQUESTS,
+        "queue_full",
+    )
+    .await;
+    assert_eq!(env.sql("SELECT count(*) FROM comb.partitions"), partitions);
+    assert_eq!(env.sql("SELECT count(*) FROM comb.queues"), queues);
+    assert_eq!(env.message_count(), 1);
+}

@@ -150,13 +150,18 @@ pub(super) fn validate(
         .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
     validate_group_name(&group)
         .map_err(|e| Problem::bad_request("consumer_group_invalid", format!("{at}{e}")))?;
-    if a.transaction_id.is_empty() || a.transaction_id.len() > 255 {
+    if a.transaction_id.is_empty()
+        || a.transaction_id.len() > 255
+        || a.transaction_id.chars().any(char::is_control)
+    {
         return Err(Problem::bad_request(
             "transaction_id_invalid",
-            format!("{at}transactionId must be 1-255 bytes"),
+            format!("{at}transactionId must be 1-255 bytes without control characters"),
         ));
     }
-    let error = a.error.map(|mut e| {
+    // Error texts are free-form (stack traces with newlines and tabs are welcome); only NUL,
+    // which PostgreSQL text cannot hold, is replaced.
+    let error = a.error.map(|e| e.replace('\0', "\u{FFFD}")).map(|mut e| {
         if e.len() > MAX_ERROR_LEN {
             let mut cut = MAX_ERROR_LEN;
             while !e.is_char_boundary(cut) {

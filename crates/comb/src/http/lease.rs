@@ -1,7 +1,9 @@
 //! `POST /api/v1/lease/{leaseId}/extend`: keep a live lease for longer while work goes on.
 //! An ended lease cannot be revived: its partition may already be with another consumer.
 
-use axum::extract::{Path, State as AxState};
+use axum::extract::State as AxState;
+
+use super::params::PathParams;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -25,7 +27,7 @@ pub struct ExtendIn {
 /// Moves a live lease's end to `seconds` from now.
 pub async fn extend(
     AxState(app): AxState<State>,
-    Path(lease_id): Path<String>,
+    PathParams(lease_id): PathParams<String>,
     JsonBody(body): JsonBody<ExtendIn>,
 ) -> Result<axum::Json<Value>, Problem> {
     let lease = Uuid::parse_str(&lease_id).map_err(|_| {

@@ -2,9 +2,31 @@
 
 use std::collections::HashMap;
 
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::Problem;
+
+/// Path parameters; a path that cannot be decoded (not UTF-8, say) is answered as
+/// problem+json like every other bad input, instead of the framework's plain text.
+pub struct PathParams<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for PathParams<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(PathParams(v)),
+            Err(e) => Err(Problem::bad_request("parameter_invalid", e.body_text())),
+        }
+    }
+}
 
 /// Named request options, from the query string or a JSON object.
 pub enum Params {

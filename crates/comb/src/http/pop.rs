@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State as AxState};
+use axum::extract::{Query, State as AxState};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::body::JsonBody;
-use super::params::Params;
+use super::params::{Params, PathParams};
 use super::{Problem, State};
 use crate::catalog::StartFrom;
 use crate::pop::{Claim, PopJob, PopShape};
@@ -40,7 +40,7 @@ struct PopRequest {
 /// Pop from any partition of a queue that has messages for the group.
 pub async fn pop_queue(
     AxState(app): AxState<State>,
-    Path(queue): Path<String>,
+    PathParams(queue): PathParams<String>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Problem> {
     let params = Params::Query(query_params(query)?);
@@ -51,7 +51,7 @@ pub async fn pop_queue(
 /// Pop from one named partition.
 pub async fn pop_partition(
     AxState(app): AxState<State>,
-    Path((queue, partition)): Path<(String, String)>,
+    PathParams((queue, partition)): PathParams<(String, String)>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Problem> {
     let params = Params::Query(query_params(query)?);

@@ -56,8 +56,8 @@ pub async fn push(
 ) -> Result<Response, Problem> {
     let items = body.items;
     validate(&items, app.config.max_batch)?;
+    check_capacity(&app, &items).await?;
     let messages = resolve(&app, items).await?;
-    check_capacity(&app, &messages).await?;
     let (messages, stored) = store(&app, messages).await?;
     Ok((StatusCode::CREATED, axum::Json(results(&messages, &stored))).into_response())
 }
@@ -88,14 +88,18 @@ pub(super) fn results<'a>(messages: &'a [NewMessage], stored: &[Stored]) -> Vec<
 }
 
 /// Refuses a push that would take a queue with `maxSize` past that many pending messages
-/// (pending: not yet passed by its slowest consumer group). The count is taken before the
-/// push, so concurrent pushes may overshoot by what they carry together.
-pub(super) async fn check_capacity(app: &State, messages: &[NewMessage]) -> Result<(), Problem> {
-    let mut incoming: HashMap<&str, (Uuid, u64)> = HashMap::new();
-    for m in messages {
-        incoming.entry(&m.queue).or_insert((m.queue_id, 0)).1 += 1;
+/// (pending: not yet passed by its slowest consumer group). Checked before anything is
+/// created, so a refused push leaves no trace; a queue that does not exist yet has no limit.
+/// The count is taken before the push, so concurrent pushes may overshoot by what they carry.
+pub(super) async fn check_capacity(app: &State, items: &[PushItem]) -> Result<(), Problem> {
+    let mut incoming: HashMap<&str, u64> = HashMap::new();
+    for item in items {
+        *incoming.entry(item.queue.as_str()).or_default() += 1;
     }
-    for (queue, (queue_id, n)) in incoming {
+    for (queue, n) in incoming {
+        let Some(queue_id) = app.catalog.find_queue(&app.pool, queue).await? else {
+            continue;
+        };
         let max = app.catalog.options(&app.pool, queue_id).await?.max_size;
         if max == 0 {
             continue;

@@ -4,7 +4,9 @@
 //! dead letters); its messages stop being reachable and their storage is reclaimed with the
 //! segments that hold them, whole tables at a time, by maintenance.
 
-use axum::extract::{Path, State as AxState};
+use axum::extract::State as AxState;
+
+use super::params::PathParams;
 use serde_json::{Value, json};
 
 use super::{Problem, State};
@@ -17,7 +19,7 @@ pub const CATALOG_CHANNEL: &str = "comb_catalog";
 /// Deletes a queue and everything the catalog knows of it.
 pub async fn delete_queue(
     AxState(app): AxState<State>,
-    Path(queue): Path<String>,
+    PathParams(queue): PathParams<String>,
 ) -> Result<axum::Json<Value>, Problem> {
     validate_queue_name(&queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
     let mut client = app.pool.get().await.map_err(DbError::from)?;

@@ -133,9 +133,8 @@ pub async fn transaction(
         Vec::new()
     } else {
         super::push::validate(&push_items, max)?;
-        let messages = resolve(&app, push_items).await?;
-        check_capacity(&app, &messages).await?;
-        messages
+        check_capacity(&app, &push_items).await?;
+        resolve(&app, push_items).await?
     };
 
     let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
