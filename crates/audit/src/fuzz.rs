@@ -970,20 +970,7 @@ pub fn edge_cases(max_body: usize, ctx: &Context) -> Vec<Case> {
 /// identifies its findings. They are reported but do not fail a run, so that the suite keeps
 /// guarding everything else meanwhile; `docs/reliability.md` describes each one. Remove an
 /// entry once the server is fixed.
-pub const KNOWN_DEFECTS: &[(&str, &str)] = &[
-    (
-        "not problem+json: \"Invalid URL: Invalid UTF-8 in",
-        "a path segment that is not UTF-8 (%FF) gets axum's plain-text 400, not problem+json",
-    ),
-    (
-        "invalid byte sequence for encoding \\\"UTF8\\\": 0x00",
-        "an ack whose transactionId holds a NUL character reaches PostgreSQL and gets a 500",
-    ),
-    (
-        "refused with 429 but the database changed",
-        "a push refused with 429 queue_full has already created its new queues and partitions",
-    ),
-];
+pub const KNOWN_DEFECTS: &[(&str, &str)] = &[];
 
 /// The outcome of a fuzz run.
 #[derive(Debug, Default)]
