@@ -96,7 +96,9 @@ fn perf_report(data: &Path, args: &[&str]) -> String {
 
 /// Waits for the recordings and writes `<cell>.perf.txt`: CPU by process and library, the
 /// PostgreSQL functions, and the broker's functions by own and by inclusive time. With
-/// `inferno-collapse-perf` and `inferno-flamegraph` on `PATH`, also `<cell>.comb.svg`.
+/// `inferno-collapse-perf` and `inferno-flamegraph` on `PATH` (`cargo install inferno`),
+/// also the broker's folded stacks `<cell>.comb.folded`, a flame graph `<cell>.comb.svg`
+/// and the broker's CPU by part.
 pub fn finish_perf(perf: Perf, dir: &Path, cell: &str) {
     for mut child in perf.children {
         let _ = child.wait();
@@ -104,7 +106,7 @@ pub fn finish_perf(perf: Perf, dir: &Path, cell: &str) {
     let all = dir.join(format!("{cell}.perf.data"));
     let comb = dir.join(format!("{cell}.comb.perf.data"));
     let mut text = String::new();
-    let sections: [(&str, &Path, &[&str]); 5] = [
+    let sections: [(&str, &Path, &[&str]); 4] = [
         (
             "Whole machine: CPU by process and library",
             &all,
@@ -159,19 +161,6 @@ pub fn finish_perf(perf: Perf, dir: &Path, cell: &str) {
                 "0.8",
             ],
         ),
-        (
-            "Broker: functions by inclusive time (own + callees)",
-            &comb,
-            &[
-                "--children",
-                "--sort",
-                "sym",
-                "-g",
-                "none",
-                "--percent-limit",
-                "4",
-            ],
-        ),
     ];
     for (title, data, args) in sections {
         if !data.exists() {
@@ -188,19 +177,109 @@ pub fn finish_perf(perf: Perf, dir: &Path, cell: &str) {
             text.push('\n');
         }
     }
-    let _ = std::fs::write(dir.join(format!("{cell}.perf.txt")), text);
     if comb.exists() {
-        let svg = dir.join(format!("{cell}.comb.svg"));
+        // Folded stacks (one line per distinct stack with its sample count) are small, keep
+        // the whole call-graph information, and feed flame graph tools.
+        let folded = dir.join(format!("{cell}.comb.folded"));
         let script = format!(
-            "command -v inferno-flamegraph >/dev/null && perf script -i '{}' 2>/dev/null \
-             | inferno-collapse-perf | inferno-flamegraph > '{}'",
+            "perf script -i '{}' 2>/dev/null | inferno-collapse-perf > '{}' && \
+             inferno-flamegraph < '{}' > '{}'",
             comb.display(),
-            svg.display()
+            folded.display(),
+            folded.display(),
+            dir.join(format!("{cell}.comb.svg")).display()
         );
         let _ = Command::new("sh").args(["-c", &script]).status();
+        if let Ok(stacks) = std::fs::read_to_string(&folded) {
+            text.push_str("\n======== Broker: share of samples whose stack contains ========\n");
+            for (name, share) in categories(&stacks) {
+                text.push_str(&format!("  {:>5.1}%  {name}\n", share * 100.0));
+            }
+        }
     }
+    let _ = std::fs::write(dir.join(format!("{cell}.perf.txt")), text);
     let _ = std::fs::remove_file(all);
     let _ = std::fs::remove_file(comb);
+}
+
+/// Parts of the broker, each named by frames that mark it. A sample counts for every part
+/// whose frame is on its stack, so shares overlap (an allocation inside JSON parsing counts
+/// for both).
+const CATEGORIES: &[(&str, &[&str])] = &[
+    (
+        "HTTP connections (hyper/axum), handlers included",
+        &["axum::serve::handle_connection"],
+    ),
+    ("  route handlers", &["axum::handler::Handler"]),
+    (
+        "    request body JSON parsing",
+        &["comb::http::body::parse_json"],
+    ),
+    (
+        "    response JSON",
+        &["axum::json::Json<T> as axum_core::response::into_response"],
+    ),
+    (
+        "    name resolution (catalog)",
+        &["comb::http::push::resolve", "comb::catalog::"],
+    ),
+    ("    message ids (UUIDv7)", &["now_v7"]),
+    (
+        "fused batch workers (push, pop, ack)",
+        &["comb::fusion::Fuser"],
+    ),
+    (
+        "PostgreSQL connection I/O (tokio-postgres)",
+        &["tokio_postgres::connection::Connection"],
+    ),
+    (
+        "PostgreSQL query encode/decode",
+        &[
+            "tokio_postgres::client::Client::query",
+            "tokio_postgres::query::",
+        ],
+    ),
+    ("comb push path", &["comb::push::", "comb::http::push::"]),
+    ("comb pop path", &["comb::pop::", "comb::http::pop::"]),
+    ("comb ack path", &["comb::ack::", "comb::http::ack::"]),
+    ("hashing (SipHash)", &["sip::Hasher"]),
+    (
+        "allocator (malloc/free)",
+        &["malloc", "cfree", "_int_free", "realloc"],
+    ),
+    ("system calls", &["do_syscall_64"]),
+    ("  socket writes", &["writev", "sys_sendto", "sys_write"]),
+    ("  socket reads", &["recvfrom", "sys_read"]),
+    ("  epoll", &["epoll_wait"]),
+    ("  futex", &["futex"]),
+    (
+        "runtime worker parking and waking",
+        &["worker::Context::park", "unpark"],
+    ),
+    ("kernel context switches", &["finish_task_switch"]),
+];
+
+/// Shares of samples (0–1) per [`CATEGORIES`] entry in folded stacks (`a;b;c 12` lines).
+pub fn categories(folded: &str) -> Vec<(&'static str, f64)> {
+    let mut total = 0u64;
+    let mut counts = vec![0u64; CATEGORIES.len()];
+    for line in folded.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        total += n;
+        for (i, (_, marks)) in CATEGORIES.iter().enumerate() {
+            if marks.iter().any(|m| stack.contains(m)) {
+                counts[i] += n;
+            }
+        }
+    }
+    CATEGORIES
+        .iter()
+        .zip(counts)
+        .map(|((name, _), c)| (*name, c as f64 / total.max(1) as f64))
+        .collect()
 }
 
 /// Wait events of the cell's active backends, counted over samples.
@@ -290,4 +369,30 @@ pub async fn statements(client: &Client, secs: f64) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn categories_share_samples() {
+        let folded = "main;axum::serve::handle_connection::x;comb::http::body::parse_json 30\n\
+                      main;tokio_postgres::connection::Connection<S,T>::poll;malloc 10\n\
+                      main;idle 60\n\
+                      garbage line\n";
+        let c = categories(folded);
+        let get = |n: &str| {
+            c.iter()
+                .find(|(k, _)| k.trim_start().starts_with(n))
+                .unwrap()
+                .1
+        };
+        assert!((get("HTTP connections") - 0.3).abs() < 1e-9);
+        assert!((get("request body JSON") - 0.3).abs() < 1e-9);
+        assert!((get("PostgreSQL connection I/O") - 0.1).abs() < 1e-9);
+        assert!((get("allocator") - 0.1).abs() < 1e-9);
+        assert_eq!(get("comb pop"), 0.0);
+        assert!(categories("").iter().all(|(_, s)| *s == 0.0));
+    }
 }
