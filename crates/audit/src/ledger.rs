@@ -132,6 +132,10 @@ pub struct GroupCounts {
     pub stored_twice: u64,
     /// Accepted messages whose last delivery was never settled.
     pub unsettled: u64,
+    /// A few of those, described, for diagnosis.
+    pub unsettled_examples: Vec<String>,
+    /// Their partitions.
+    pub unsettled_partitions: Vec<u32>,
 }
 
 /// The verdict for a run.
@@ -221,6 +225,9 @@ impl Report {
                 g.stored_twice,
                 g.unsettled
             ));
+            for e in &g.unsettled_examples {
+                s.push_str(&format!("  unsettled: {e}\n"));
+            }
         }
         s.push_str(&format!(
             "TOTAL lost {} duplicated {} out-of-order {}: {}",
@@ -260,6 +267,9 @@ fn check_group(h: &History, group: usize) -> GroupCounts {
         abandoned: u64,
         first_id: &'a str,
         last_settled: bool,
+        last_at: Instant,
+        last_abandoned: bool,
+        partition: u32,
     }
     let mut seen: HashMap<MessageNumber, Seen> = HashMap::new();
     let mut twice: HashSet<MessageNumber> = HashSet::new();
@@ -281,7 +291,12 @@ fn check_group(h: &History, group: usize) -> GroupCounts {
             abandoned: 0,
             first_id: &d.message_id,
             last_settled: false,
+            last_at: d.at,
+            last_abandoned: false,
+            partition: d.partition,
         });
+        s.last_at = d.at;
+        s.last_abandoned = d.abandoned;
         s.deliveries += 1;
         if d.abandoned {
             s.abandoned += 1;
@@ -305,6 +320,26 @@ fn check_group(h: &History, group: usize) -> GroupCounts {
                 c.delivered += 1;
                 if !s.last_settled {
                     c.unsettled += 1;
+                    if c.unsettled_examples.len() < 5 {
+                        c.unsettled_partitions.push(s.partition);
+                        let since = h.faults.first().map(|f| f.start);
+                        c.unsettled_examples.push(format!(
+                            "message {} in partition {}: {} deliveries, the last {} ({:.1} s \
+                             after the first fault began)",
+                            number.0,
+                            s.partition,
+                            s.deliveries,
+                            if s.last_abandoned {
+                                "abandoned on purpose"
+                            } else {
+                                "never acked successfully"
+                            },
+                            since.map_or(0.0, |t| s
+                                .last_at
+                                .saturating_duration_since(t)
+                                .as_secs_f64()),
+                        ));
+                    }
                 }
             }
         }

@@ -94,6 +94,36 @@ fn check_log(server: &Server, what: &str, problems: &mut Vec<String>) {
     }
 }
 
+/// When messages were left unsettled, adds the state of their partitions' cursors to the
+/// notes: that is where a stuck partition shows.
+async fn dump_cursors(pg: &Arc<Postgres>, url: &str, out: &mut Outcome) {
+    let partitions: Vec<String> = out
+        .report
+        .groups
+        .iter()
+        .flat_map(|g| g.unsettled_partitions.iter())
+        .map(|p| format!("'{}'", crate::ledger::partition_name(*p)))
+        .collect();
+    if partitions.is_empty() {
+        return;
+    }
+    let db = url.rsplit('/').next().unwrap_or_default().to_string();
+    let sql = format!(
+        "SELECT string_agg(concat_ws(' ', p.name, c.consumer_group, 'head', p.head_pos, 'cursor', \
+         c.cursor_pos, 'settled', c.settled::text, 'lease', c.lease_id, c.lease_expires_at - now(), \
+         'upto', c.lease_upto, 'available in', c.available_at - now()), E'\\n') \
+         FROM comb.cursors c JOIN comb.partitions p ON p.id = c.partition_id \
+         WHERE p.name IN ({})",
+        partitions.join(",")
+    );
+    let pg = pg.clone();
+    let dump = blocking(move || pg.psql(&db, &sql)).await;
+    out.notes.push(format!(
+        "cursors of unsettled partitions:\n{}",
+        dump.unwrap_or_else(|e| e.to_string())
+    ));
+}
+
 /// Options shared by the scenarios.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -123,6 +153,14 @@ async fn finish(
     let (report, stats) = audit.finish().await;
     let mut notes = notes;
     let mut problems = problems;
+    let unsettled: u64 = report.groups.iter().map(|g| g.unsettled).sum();
+    if unsettled > 0 {
+        // Every accepted message must end settled in every group once the fault is over;
+        // one that is not was stuck for the whole drain.
+        problems.push(format!(
+            "{unsettled} messages still unsettled when the drain ended"
+        ));
+    }
     let errors = stats.status_500.load(std::sync::atomic::Ordering::Relaxed);
     if errors > 0 {
         // A fault makes the server unavailable (503, retry), never broken (500).
@@ -151,7 +189,8 @@ pub async fn short_audit(comb: &Path, database_url: &str, messages: u64) -> Outc
     let mut server = start_server(comb, database_url).await;
     let endpoints = Endpoints::new(vec![server.base_url()]);
     let mut cfg = Config::standard("short", messages);
-    cfg.lease_secs = 3;
+    // Long enough that a slow, loaded test machine does not let healthy leases run out.
+    cfg.lease_secs = 10;
     cfg.drain_timeout = Duration::from_secs(45);
     Audit::configure(&cfg, &endpoints)
         .await
@@ -183,6 +222,30 @@ pub async fn short_audit(comb: &Path, database_url: &str, messages: u64) -> Outc
     let mut out = out;
     check_log(&server, "restarted server", &mut out.problems);
     out
+}
+
+/// The audit's own check: consumers pop with `autoAck=true` (at-most-once) and die holding
+/// batches, so messages are lost for real; the audit must count them and fail.
+pub async fn at_most_once_loses(comb: &Path, database_url: &str, messages: u64) -> Outcome {
+    let started = Instant::now();
+    let server = start_server(comb, database_url).await;
+    let endpoints = Endpoints::new(vec![server.base_url()]);
+    let mut cfg = Config::standard("amo", messages);
+    cfg.auto_ack = true;
+    cfg.death_rate = 0.02;
+    cfg.drain_timeout = Duration::from_secs(5);
+    Audit::configure(&cfg, &endpoints)
+        .await
+        .expect("queue configured");
+    let audit = Audit::start(cfg, endpoints);
+    finish(
+        "at-most-once consumers that die",
+        audit,
+        started,
+        Vec::new(),
+        Vec::new(),
+    )
+    .await
 }
 
 /// `kill -9` of the only server every `every`, for `total`, restarted each time.
@@ -232,6 +295,7 @@ pub async fn server_kills(opts: &Options, every: Duration, total: Duration) -> O
     ));
     let mut out = finish(name, audit, started, notes, problems).await;
     check_log(&server, "server", &mut out.problems);
+    dump_cursors(&pg, &url, &mut out).await;
     out
 }
 
@@ -312,6 +376,7 @@ pub async fn postgres_crash(opts: &Options) -> Outcome {
     notes.push(format!("crash at {accepted_before} accepted"));
     let mut out = finish(name, audit, started, notes, problems).await;
     check_log(&server, "server", &mut out.problems);
+    dump_cursors(&pg, &url, &mut out).await;
     out
 }
 
@@ -494,6 +559,7 @@ pub async fn postgres_unreachable(opts: &Options, outage: Duration) -> Outcome {
     }
     let mut out = finish(name, audit, started, notes, problems).await;
     check_log(&server, "server", &mut out.problems);
+    dump_cursors(&pg, &url, &mut out).await;
     out
 }
 

@@ -42,6 +42,9 @@ pub struct Config {
     pub forced_death_at: Option<u64>,
     pub lease_secs: u32,
     pub retry_delay_ms: u64,
+    /// Pop with `autoAck=true` (at-most-once) instead of leases and acks. With consumer
+    /// deaths this must lose messages: it shows the audit notices loss.
+    pub auto_ack: bool,
     /// How long a producer keeps retrying one push before it counts it unconfirmed.
     pub push_give_up: Duration,
     /// How long [`Audit::finish`] waits for every accepted message to be settled.
@@ -68,6 +71,7 @@ impl Config {
             forced_death_at: Some(3),
             lease_secs: 4,
             retry_delay_ms: 200,
+            auto_ack: false,
             push_give_up: Duration::from_secs(120),
             drain_timeout: Duration::from_secs(60),
             seed: 1,
@@ -481,6 +485,7 @@ async fn consume(shared: Arc<Shared>, group: usize, id: usize) {
         "batch": cfg.pop_batch,
         "wait": true,
         "timeout": 1000,
+        "autoAck": cfg.auto_ack,
     });
     while !shared.stop_consumers.load(Ordering::SeqCst) {
         let url = format!("{}/api/v1/pop", shared.endpoints.pick(k));
@@ -509,9 +514,22 @@ async fn consume(shared: Arc<Shared>, group: usize, id: usize) {
             continue;
         };
         let messages = answer["messages"].as_array().cloned().unwrap_or_default();
+        if messages.is_empty() {
+            continue;
+        }
+        batches += 1;
+        let dies = (id == 0 && cfg.forced_death_at == Some(batches)) || rng.chance(cfg.death_rate);
+        if cfg.auto_ack && dies {
+            // At-most-once: the batch was settled inside the pop, and the consumer died
+            // before handling any of it. Nobody ever sees these messages.
+            shared.stats.deaths.fetch_add(1, Ordering::Relaxed);
+            http = client();
+            continue;
+        }
         let mut got = Vec::with_capacity(messages.len());
         {
             let mut h = shared.history.lock().expect("history");
+            let mut done = shared.completed[group].lock().expect("completed");
             for m in &messages {
                 let txid = m["transactionId"].as_str().unwrap_or_default().to_string();
                 let number = MessageNumber::from_transaction_id(&cfg.run, &txid);
@@ -527,8 +545,13 @@ async fn consume(shared: Arc<Shared>, group: usize, id: usize) {
                     message_id: m["id"].as_str().unwrap_or_default().to_string(),
                     at: received,
                     abandoned: false,
-                    settled_at: None,
+                    settled_at: cfg.auto_ack.then_some(received),
                 });
+                if cfg.auto_ack
+                    && let Some(n) = number
+                {
+                    done.insert(n);
+                }
                 got.push(Got {
                     delivery: h.deliveries.len() - 1,
                     number,
@@ -538,11 +561,9 @@ async fn consume(shared: Arc<Shared>, group: usize, id: usize) {
                 });
             }
         }
-        if got.is_empty() {
+        if cfg.auto_ack {
             continue;
         }
-        batches += 1;
-        let dies = (id == 0 && cfg.forced_death_at == Some(batches)) || rng.chance(cfg.death_rate);
         // Which messages get acked, and how.
         let mut acks: Vec<(&Got, &'static str)> = Vec::new();
         let mut abandoned: Vec<usize> = Vec::new();
@@ -587,7 +608,10 @@ async fn consume(shared: Arc<Shared>, group: usize, id: usize) {
     }
 }
 
-/// Acks a batch, retrying across servers while the lease may still hold.
+/// How long a consumer keeps retrying one ack request.
+const ACK_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Acks a batch, retrying across servers until it gets a definite answer.
 async fn ack(
     shared: &Shared,
     http: &reqwest::Client,
@@ -609,7 +633,11 @@ async fn ack(
         })
         .collect();
     let body = json!({"acknowledgments": items, "consumerGroup": cfg.groups[group]});
-    let deadline = received + Duration::from_secs(cfg.lease_secs as u64);
+    // Retry until the server gives a definite answer, not just while the lease holds: an ack
+    // whose answer was lost may still have been committed (its COMMIT sent before the
+    // database froze or the server died). Sent again, it answers success if it was (a
+    // settled message acks again without error) and lease_invalid if it was not.
+    let deadline = received + ACK_PATIENCE;
     loop {
         shared.stats.acks.fetch_add(1, Ordering::Relaxed);
         let url = format!("{}/api/v1/ack/batch", shared.endpoints.pick(*k));
@@ -657,9 +685,9 @@ async fn ack(
                 *k += 1;
             }
         }
-        if Instant::now() + Duration::from_millis(100) > deadline {
+        if Instant::now() + Duration::from_millis(200) > deadline {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

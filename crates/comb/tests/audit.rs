@@ -27,3 +27,18 @@ async fn nothing_is_lost_or_reordered_across_a_server_kill_and_a_consumer_death(
     );
     assert!(out.passed(), "{}", out.render());
 }
+
+/// The audit is not blind: consumers that settle at delivery (`autoAck`) and die holding
+/// batches lose messages for real, and the audit must count them and fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_counts_messages_lost_by_at_most_once_consumers() {
+    let url = tokio::task::spawn_blocking(|| Postgres::shared().create_database("audit_amo"))
+        .await
+        .unwrap()
+        .expect("database");
+    let out = comb_audit::scenario::at_most_once_loses(common::comb_bin(), &url, 2_000).await;
+    println!("{}", out.render());
+    assert!(out.report.lost() > 0, "{}", out.render());
+    assert!(!out.passed());
+    assert_eq!(out.report.out_of_order(), 0, "{}", out.render());
+}
