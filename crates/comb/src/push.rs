@@ -73,7 +73,7 @@ prior AS (
     CROSS JOIN LATERAL (
         SELECT m.message_id FROM comb.messages m
         WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
-        ORDER BY m.pos LIMIT 1
+        LIMIT 1
     ) m
     WHERE i.check_dup
 ),
@@ -106,15 +106,6 @@ LEFT JOIN prior pr ON pr.ord = i.ord
 LEFT JOIN stored s ON s.message_id = i.message_id
 ORDER BY i.ord";
 
-/// Wakes pops waiting on other servers: one notification per batch, naming its queues.
-const NOTIFY_SQL: &str = "SELECT pg_notify('comb_push', $1)";
-
-/// Channel the push notification is sent on.
-pub const NOTIFY_CHANNEL: &str = "comb_push";
-
-/// Largest notification payload PostgreSQL accepts is 8000 bytes; beyond this, wake all.
-const NOTIFY_MAX: usize = 7_900;
-
 /// Starts the push workers.
 pub fn start(pool: Pool, wake: Arc<Wake>, workers: usize, max_items: usize) -> Fuser<PushJob> {
     let run: Runner<PushJob> = Arc::new(move |jobs| {
@@ -131,7 +122,7 @@ async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {
     match store(pool, &plan).await {
         Ok(outcomes) => {
             for q in &plan.queues {
-                wake.notify(q);
+                wake.pushed(q);
             }
             let mut it = outcomes.into_iter();
             for job in jobs {
@@ -148,32 +139,28 @@ async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {
     }
 }
 
-/// Stores a batch in a transaction of its own: BEGIN, lock, insert, notify and COMMIT are
-/// pipelined in one round trip. If a statement fails, the ones after it fail too and COMMIT
-/// rolls back.
+/// Stores a batch in a transaction of its own: BEGIN, lock, insert and COMMIT are pipelined
+/// in one round trip. If a statement fails, the ones after it fail too and COMMIT rolls back.
+/// (No NOTIFY in here: it takes a cluster-wide lock held through the commit's WAL flush,
+/// which would serialise every push commit; see `wake::broadcast`.)
 async fn store(pool: &Pool, plan: &Plan<'_>) -> Result<Vec<Stored>, DbError> {
     let client = pool.get().await?;
     let lock = client.prepare_cached(LOCK_SQL).await?;
     let insert = client.prepare_cached(INSERT_SQL).await?;
-    let notify = client.prepare_cached(NOTIFY_SQL).await?;
     let pg: &tokio_postgres::Client = &client;
-    let payload = plan.notify_payload();
-    let notify_params: [&(dyn ToSql + Sync); 1] = [&payload];
-    let (begin, rows, notified, commit) = tokio::join!(
+    let (begin, rows, commit) = tokio::join!(
         pg.batch_execute("BEGIN"),
         plan.run(pg, &lock, &insert),
-        pg.execute(&notify, &notify_params),
         pg.batch_execute("COMMIT"),
     );
     begin?;
     let rows = rows?;
-    notified?;
     commit?;
     Ok(plan.outcomes(&rows))
 }
 
-/// Stores messages inside the caller's transaction (used by `/transaction`); waiting pops on
-/// other servers are notified when it commits.
+/// Stores messages inside the caller's transaction (used by `/transaction`); the caller
+/// announces the pushed queues once it has committed.
 pub async fn store_in(
     tx: &deadpool_postgres::Transaction<'_>,
     all: &[&NewMessage],
@@ -183,7 +170,6 @@ pub async fn store_in(
     let insert = tx.prepare_cached(INSERT_SQL).await?;
     let pg: &tokio_postgres::Transaction = tx;
     let rows = plan.run(pg, &lock, &insert).await?;
-    pg.execute(NOTIFY_SQL, &[&plan.notify_payload()]).await?;
     Ok(plan.outcomes(&rows))
 }
 
@@ -228,15 +214,6 @@ impl<'a> Plan<'a> {
             repeat_of,
             lock_ids,
             queues,
-        }
-    }
-
-    fn notify_payload(&self) -> String {
-        let joined = self.queues.join("\n");
-        if joined.len() > NOTIFY_MAX {
-            "*".to_string()
-        } else {
-            joined
         }
     }
 

@@ -34,6 +34,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         catalog.clone(),
     ));
     let default_lease = QueueOptions::default().lease_time as f64;
+    crate::wake::start_broadcast(&wake, pool.clone());
     let app = Arc::new(App {
         push: push::start(
             pool.clone(),

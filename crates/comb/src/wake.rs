@@ -1,5 +1,11 @@
 //! Wake-ups for waiting pops: a push wakes the pops waiting on its queue on this server at once,
-//! and, through one PostgreSQL notification per fused push batch, on every other server.
+//! and, through PostgreSQL notifications, on every other server.
+//!
+//! Notifications are sent after the push committed, coalesced: at most one `NOTIFY` per
+//! [`BROADCAST_EVERY`] per server, naming every queue pushed meanwhile. Sending them inside
+//! the push transaction would be simpler and is what serialises Postgres queues: `NOTIFY`
+//! takes a cluster-wide lock that is held through the commit's WAL flush, so no two pushing
+//! transactions could ever share a flush.
 //!
 //! Each queue name has a version counter. A pop reads the version before it looks in the
 //! database and, if it found nothing, waits for the version to change; a push that commits
@@ -15,10 +21,21 @@ use tokio_postgres::AsyncMessage;
 
 use crate::catalog::Catalog;
 
+/// Channel push notifications are sent on.
+pub const NOTIFY_CHANNEL: &str = "comb_push";
+
+/// Longest a push waits before other servers hear of it (besides the send itself).
+pub const BROADCAST_EVERY: Duration = Duration::from_millis(10);
+
+/// Largest notification payload PostgreSQL accepts is 8000 bytes; beyond this, wake all.
+const NOTIFY_MAX: usize = 7_900;
+
 /// The wake-up registry of one server.
 #[derive(Default)]
 pub struct Wake {
     queues: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Queue names to announce to other servers (see [`broadcast`]).
+    outbox: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 impl Wake {
@@ -31,6 +48,14 @@ impl Wake {
         let mut rx = tx.subscribe();
         rx.mark_unchanged();
         rx
+    }
+
+    /// A push to `queue` committed: wake its pops here now, and on other servers soon.
+    pub fn pushed(&self, queue: &str) {
+        self.notify(queue);
+        if let Some(outbox) = self.outbox.get() {
+            let _ = outbox.send(queue.to_string());
+        }
     }
 
     /// Wakes every pop waiting on `queue`. Cheap when nobody waits.
@@ -52,6 +77,48 @@ impl Wake {
             tx.send_modify(|v| *v += 1);
         }
     }
+}
+
+/// Announces pushed queues to other servers: one `NOTIFY` per [`BROADCAST_EVERY`] at most,
+/// outside any push transaction. A failed send is not retried: the waiting pops elsewhere
+/// fall back to re-checking on their own timer.
+pub fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    if wake.outbox.set(tx).is_err() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut names: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        while let Some(first) = rx.recv().await {
+            names.insert(first);
+            tokio::time::sleep(BROADCAST_EVERY).await;
+            while let Ok(more) = rx.try_recv() {
+                names.insert(more);
+            }
+            let joined = names
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join("\n");
+            let payload = if joined.len() > NOTIFY_MAX {
+                "*".to_string()
+            } else {
+                joined
+            };
+            names.clear();
+            match pool.get().await {
+                Ok(client) => {
+                    if let Err(e) = client
+                        .execute("SELECT pg_notify($1, $2)", &[&NOTIFY_CHANNEL, &payload])
+                        .await
+                    {
+                        tracing::debug!(error = %e, "push notification not sent");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "push notification not sent"),
+            }
+        }
+    });
 }
 
 /// Forwards push notifications from the database to this server's waiting pops, for pushes
@@ -83,7 +150,7 @@ async fn relay_once(
     futures_util::pin_mut!(messages);
     let sql = format!(
         "LISTEN {}; LISTEN {}",
-        crate::push::NOTIFY_CHANNEL,
+        NOTIFY_CHANNEL,
         crate::http::queues::CATALOG_CHANNEL
     );
     let listen = client.batch_execute(&sql);

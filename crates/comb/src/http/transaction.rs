@@ -140,7 +140,7 @@ pub async fn transaction(
     let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
     let (ack_outcomes, stored) = run(&app, &acks, &messages).await?;
     for q in messages.iter().map(|m| &*m.queue) {
-        app.wake.notify(q);
+        app.wake.pushed(q);
     }
 
     let mut ack_outcomes = ack_outcomes.into_iter().map(Some).collect::<Vec<_>>();
