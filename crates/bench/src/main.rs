@@ -127,6 +127,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             .build()?
     };
     let started = Instant::now();
+    // The tree may change while the suite runs; record what was built.
+    let commit = shell("git describe --always --dirty 2>/dev/null || echo unknown");
     let mut runner = Runner::new(opts, rt)?;
     eprintln!(
         "PostgreSQL on port {}; {} cells, {warmup} s warm-up + {duration} s each",
@@ -173,15 +175,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             .command
             .clone()
             .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" "));
-        let section = results_section(
-            &command,
-            &pg_version,
-            &table,
-            &checks,
+        let info = RunInfo {
+            command: &command,
+            commit: &commit,
+            pg_version: &pg_version,
             warmup,
             duration,
-            started.elapsed(),
-        );
+            took: started.elapsed(),
+        };
+        let section = results_section(&info, &table, &checks);
         let doc = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmarks\n".into());
         std::fs::write(path, report::splice(&doc, &section))?;
         eprintln!("results section of {} updated", path.display());
@@ -189,34 +191,39 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     Ok(())
 }
 
-/// The generated part of the benchmarks page: how, when and where, then the table.
-fn results_section(
-    command: &str,
-    pg_version: &str,
-    table: &str,
-    checks: &str,
+/// How, when and where a run was made, for the benchmarks page.
+struct RunInfo<'a> {
+    command: &'a str,
+    commit: &'a str,
+    pg_version: &'a str,
     warmup: f64,
     duration: f64,
     took: Duration,
-) -> String {
+}
+
+/// The generated part of the benchmarks page: how, when and where, then the table.
+fn results_section(run: &RunInfo, table: &str, checks: &str) -> String {
     let settings: Vec<String> = PG_SETTINGS
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     let mut s = String::new();
-    let _ = writeln!(s, "- Command: `{command}`");
+    let _ = writeln!(s, "- Command: `{}`", run.command);
     let _ = writeln!(s, "- Date: {}", shell("date -u +%Y-%m-%dT%H:%MZ"));
     let _ = writeln!(s, "- Machine: {}", machine());
-    let _ = writeln!(s, "- PostgreSQL {pg_version}: {}", settings.join(", "));
     let _ = writeln!(
         s,
-        "- Comb commit: {}",
-        shell("git describe --always --dirty 2>/dev/null || echo unknown")
+        "- PostgreSQL {}: {}",
+        run.pg_version,
+        settings.join(", ")
     );
+    let _ = writeln!(s, "- Comb commit: {}", run.commit);
     let _ = writeln!(
         s,
-        "- Per cell: {warmup} s warm-up, {duration} s measured; whole run {:.1} min",
-        took.as_secs_f64() / 60.0
+        "- Per cell: {} s warm-up, {} s measured; whole run {:.1} min",
+        run.warmup,
+        run.duration,
+        run.took.as_secs_f64() / 60.0
     );
     let _ = writeln!(
         s,
