@@ -72,7 +72,8 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_MAX_WAITING_POPS", default_value_t = 10_000)]
     pub max_waiting_pops: usize,
 
-    /// Database connections used to run fused pushes (each runs one fused batch at a time).
+    /// Push workers, each with its own database connection and its own share of the
+    /// partitions (pushes to one partition always go to the same worker).
     #[arg(long, env = "COMB_PUSH_WORKERS", default_value_t = 4)]
     pub push_workers: usize,
 

@@ -5,6 +5,10 @@
 //! everything else already queued behind it (up to a weight limit). So a lone request is
 //! never held back, and under load batches grow by themselves: the busier the database, the
 //! more requests arrive while a batch is in flight and the larger the next one is.
+//!
+//! A fuser is either *shared* (several workers drain one queue) or *keyed* (one queue and
+//! one worker per shard, jobs routed by a key). Pushes are keyed by partition, so two batches
+//! in flight never wait for each other's partition row locks.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,15 +19,15 @@ use tokio::sync::{Mutex, mpsc};
 /// Runs one fused batch.
 pub type Runner<J> = Arc<dyn Fn(Vec<J>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
-/// The queue in front of one kind of worker.
+/// The queues in front of one kind of worker.
 pub struct Fuser<J> {
-    tx: mpsc::Sender<J>,
+    shards: Vec<mpsc::Sender<J>>,
 }
 
 impl<J> Clone for Fuser<J> {
     fn clone(&self) -> Self {
         Fuser {
-            tx: self.tx.clone(),
+            shards: self.shards.clone(),
         }
     }
 }
@@ -33,13 +37,39 @@ impl<J> Clone for Fuser<J> {
 pub struct Closed;
 
 impl<J: Send + 'static> Fuser<J> {
-    /// Starts `workers` workers; a batch stops growing once its jobs weigh `max_weight`.
+    /// Starts `workers` workers on one shared queue; a batch stops growing once its jobs weigh
+    /// `max_weight`.
     pub fn start(
         workers: usize,
         max_weight: usize,
         weight: fn(&J) -> usize,
         run: Runner<J>,
     ) -> Fuser<J> {
+        Fuser {
+            shards: vec![Self::shard(workers, max_weight, weight, run)],
+        }
+    }
+
+    /// Starts `shards` queues with one worker each; [`Fuser::submit_keyed`] routes jobs.
+    pub fn start_keyed(
+        shards: usize,
+        max_weight: usize,
+        weight: fn(&J) -> usize,
+        run: Runner<J>,
+    ) -> Fuser<J> {
+        Fuser {
+            shards: (0..shards.max(1))
+                .map(|_| Self::shard(1, max_weight, weight, run.clone()))
+                .collect(),
+        }
+    }
+
+    fn shard(
+        workers: usize,
+        max_weight: usize,
+        weight: fn(&J) -> usize,
+        run: Runner<J>,
+    ) -> mpsc::Sender<J> {
         let (tx, rx) = mpsc::channel::<J>(65_536);
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..workers.max(1) {
@@ -67,12 +97,18 @@ impl<J: Send + 'static> Fuser<J> {
                 }
             });
         }
-        Fuser { tx }
+        tx
     }
 
     /// Queues a job; its own reply channel carries the result.
     pub async fn submit(&self, job: J) -> Result<(), Closed> {
-        self.tx.send(job).await.map_err(|_| Closed)
+        self.submit_keyed(0, job).await
+    }
+
+    /// Queues a job on the shard its key maps to: jobs with equal keys go to the same worker.
+    pub async fn submit_keyed(&self, key: u64, job: J) -> Result<(), Closed> {
+        let shard = &self.shards[(key % self.shards.len() as u64) as usize];
+        shard.send(job).await.map_err(|_| Closed)
     }
 }
 
@@ -121,6 +157,35 @@ mod tests {
             assert_eq!(rx.await.unwrap(), (i as u32 + 2) * 2);
         }
         assert_eq!(*batches.lock().unwrap(), vec![1, 5]);
+    }
+
+    #[tokio::test]
+    async fn keyed_jobs_go_to_their_own_worker() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<Vec<u64>>::new()));
+        let s2 = seen.clone();
+        let run: Runner<(u64, oneshot::Sender<()>)> = Arc::new(move |batch| {
+            let s = s2.clone();
+            Box::pin(async move {
+                s.lock().unwrap().push(batch.iter().map(|j| j.0).collect());
+                for (_, reply) in batch {
+                    let _ = reply.send(());
+                }
+            })
+        });
+        let fuser = Fuser::start_keyed(2, 100, |_| 1, run);
+        let mut waits = Vec::new();
+        for key in [0u64, 1, 2, 3, 4, 5] {
+            let (tx, rx) = oneshot::channel();
+            fuser.submit_keyed(key, (key, tx)).await.unwrap();
+            waits.push(rx);
+        }
+        for w in waits {
+            w.await.unwrap();
+        }
+        // Every batch holds keys of one parity only: one shard each.
+        for batch in seen.lock().unwrap().iter() {
+            assert!(batch.iter().all(|k| k % 2 == batch[0] % 2), "{batch:?}");
+        }
     }
 
     #[tokio::test]

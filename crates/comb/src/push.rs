@@ -113,7 +113,21 @@ pub fn start(pool: Pool, wake: Arc<Wake>, workers: usize, max_items: usize) -> F
         let wake = wake.clone();
         Box::pin(async move { run_batch(&pool, &wake, jobs).await })
     });
-    Fuser::start(workers, max_items, |j: &PushJob| j.messages.len(), run)
+    Fuser::start_keyed(workers, max_items, |j: &PushJob| j.messages.len(), run)
+}
+
+/// The shard key of a push: its lowest partition id. Pushes to one partition always share a
+/// worker, so batches in flight at once never wait for each other's partition locks; a push
+/// spanning partitions stays one transaction (and may then wait, briefly, for another worker).
+pub fn shard_key(messages: &[NewMessage]) -> u64 {
+    messages
+        .iter()
+        .map(|m| m.partition_id)
+        .min()
+        .map_or(0, |id| {
+            let v = id.as_u128();
+            (v as u64) ^ ((v >> 64) as u64)
+        })
 }
 
 async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {

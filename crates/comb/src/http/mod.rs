@@ -77,9 +77,21 @@ pub async fn ask<J: Send + 'static, T>(
     fuser: &Fuser<J>,
     job: impl FnOnce(Reply<T>) -> J,
 ) -> Result<T, Problem> {
+    ask_keyed(fuser, 0, job).await
+}
+
+/// Like [`ask`], on the shard of `key` of a keyed fuser.
+pub async fn ask_keyed<J: Send + 'static, T>(
+    fuser: &Fuser<J>,
+    key: u64,
+    job: impl FnOnce(Reply<T>) -> J,
+) -> Result<T, Problem> {
     let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
     let (reply, rx) = tokio::sync::oneshot::channel();
-    fuser.submit(job(reply)).await.map_err(|_| closed())?;
+    fuser
+        .submit_keyed(key, job(reply))
+        .await
+        .map_err(|_| closed())?;
     rx.await
         .map_err(|_| closed())?
         .map_err(|e| Problem::from(&*e))

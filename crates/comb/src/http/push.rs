@@ -269,5 +269,6 @@ async fn store(
 }
 
 async fn submit(app: &State, messages: Arc<Vec<NewMessage>>) -> Result<Vec<Stored>, Problem> {
-    super::ask(&app.push, |reply| PushJob { messages, reply }).await
+    let key = crate::push::shard_key(&messages);
+    super::ask_keyed(&app.push, key, |reply| PushJob { messages, reply }).await
 }
