@@ -40,5 +40,7 @@ async fn the_audit_counts_messages_lost_by_at_most_once_consumers() {
     println!("{}", out.render());
     assert!(out.report.lost() > 0, "{}", out.render());
     assert!(!out.passed());
-    assert_eq!(out.report.out_of_order(), 0, "{}", out.render());
+    // No assertion on order here: auto-ack takes no lease, so two consumers of one group may
+    // hold consecutive batches of a partition at once and record them in either order. Order
+    // under leases is what the other audits check.
 }
