@@ -279,7 +279,7 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
         measured: ratio
             .map(|r| {
                 format!(
-                    "{:.0}% ({} vs {} msg/s)",
+                    "{:.1}% ({} vs {} msg/s)",
                     r * 100.0,
                     num(p100.map(|r| r.msgs_per_sec)),
                     num(ceil.map(|r| r.msgs_per_sec))
@@ -319,7 +319,7 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
         measured: ratio
             .map(|r| {
                 format!(
-                    "{:.0}% ({} vs {} msg/s)",
+                    "{:.1}% ({} vs {} msg/s)",
                     r * 100.0,
                     num(k10k.map(|r| r.msgs_per_sec)),
                     num(k10.map(|r| r.msgs_per_sec))
