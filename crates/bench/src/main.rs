@@ -96,7 +96,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .into());
     }
     let (warmup, duration, pop_fill) = if args.smoke {
-        (1.0, 3.0, 20)
+        (1.0, 3.0, 150)
     } else {
         (args.warmup, args.duration, args.pop_fill)
     };
