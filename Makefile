@@ -95,3 +95,17 @@ fuzz:
 	scripts/install-postgres.sh
 	cargo build --release -p comb -p comb-audit
 	target/release/comb-audit fuzz --comb target/release/comb --cases 30000
+
+# Comb and the SKIP LOCKED table side by side at a fixed rate through a clean phase, a held
+# REPEATABLE READ snapshot in each database and its release (about 17 minutes); records the
+# "Held snapshot" section of docs/benchmarks.md and bench/results/xmin.json.
+# `make bench-xmin BENCH_ARGS=--smoke` is a 1.5-minute run that proves the tool works and
+# writes nothing.
+.PHONY: bench-xmin
+
+bench-xmin:
+	scripts/install-postgres.sh
+	cargo build --release -p comb
+	cargo build --release -p comb-bench --bin comb-bench-xmin
+	target/release/comb-bench-xmin --command "make bench-xmin" \
+		--json bench/results/xmin.json --doc docs/benchmarks.md $(BENCH_ARGS)

@@ -1,0 +1,1703 @@
+//! `comb-bench-xmin`: Comb and the SKIP LOCKED peer under a held snapshot (`make bench-xmin`,
+//! see "Held snapshot" in `docs/benchmarks.md`).
+//!
+//! One PostgreSQL cluster with the suite's durable settings and autovacuum at its defaults.
+//! Comb and the SKIP LOCKED table run at the same time, each in a database of its own, each at
+//! the same fixed rate (one message per push or `INSERT`). After a clean phase, one session per
+//! database opens a `REPEATABLE READ` transaction, takes a snapshot and stays idle in it (vacuum's
+//! horizon is per database, so one session per database holds back vacuum of both); after the
+//! held phase it commits and the run goes on for a released phase. Every sample interval the
+//! tool records, per system: delivered messages per second, end-to-end p99 of the deliveries in
+//! the interval, dead tuples (`pg_stat_user_tables.n_dead_tup`) and total size
+//! (`pg_total_relation_size`) of all the system's tables, and the CPU its processes used.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use comb_bench::http::{BoxError, Conn};
+use comb_bench::load::{self, QUEUE, Rate};
+use comb_bench::peers::{self, SKIP_LOCKED_SCHEMA};
+use comb_bench::procstat;
+use comb_bench::profile;
+use comb_bench::report::{Check, Verdict, checks_text, num};
+use comb_bench::run::PG_SETTINGS;
+use comb_bench::stats::{Window, histogram, now_us, quantile_ms};
+use comb_harness::{Postgres, Server};
+use hdrhistogram::Histogram;
+use hyper::Method;
+use serde::{Deserialize, Serialize};
+use tokio_postgres::Client;
+
+/// Runs Comb and the SKIP LOCKED peer side by side through a clean phase, a phase with a
+/// `REPEATABLE READ` snapshot held open in each database, and a phase after its release.
+#[derive(Debug, Parser)]
+#[command(name = "comb-bench-xmin")]
+struct Args {
+    /// The `comb` binary to run (a release build).
+    #[arg(long, default_value = "target/release/comb")]
+    comb: PathBuf,
+    /// Offered rate of each system, messages per second (one message per push / INSERT).
+    #[arg(long, default_value_t = 300.0)]
+    rate: f64,
+    /// Seconds of load before the clean phase starts (not sampled).
+    #[arg(long, default_value_t = 10.0)]
+    warmup_s: f64,
+    /// Seconds without a held snapshot.
+    #[arg(long, default_value_t = 180.0)]
+    clean_s: f64,
+    /// Seconds with a `REPEATABLE READ` snapshot held open in each database.
+    #[arg(long, default_value_t = 600.0)]
+    held_s: f64,
+    /// Seconds after the snapshot is released.
+    #[arg(long, default_value_t = 180.0)]
+    released_s: f64,
+    /// Seconds between samples.
+    #[arg(long, default_value_t = 10.0)]
+    sample_s: f64,
+    /// A quick development run: 5 s warm-up, 20/40/20 s phases, 10 s segments, 20 s
+    /// retention, 5 s maintenance. Its numbers mean nothing and nothing is written.
+    #[arg(long)]
+    smoke: bool,
+    /// Which systems to run (comma-separated: comb, skiplocked).
+    #[arg(long, default_value = "comb,skiplocked")]
+    systems: String,
+    /// Partitions of Comb's queue (each push picks one at random).
+    #[arg(long, default_value_t = 100)]
+    partitions: usize,
+    /// Comb producer connections sharing the fixed-rate schedule.
+    #[arg(long, default_value_t = 50)]
+    producers: usize,
+    /// Comb consumer connections (pop with long poll, then ack the batch).
+    #[arg(long, default_value_t = 4)]
+    consumers: usize,
+    /// Pop batch size.
+    #[arg(long, default_value_t = 50)]
+    batch: usize,
+    /// `comb serve --segment-seconds`.
+    #[arg(long, default_value_t = 60)]
+    segment_seconds: u64,
+    /// `comb serve --maintenance-interval-ms`.
+    #[arg(long, default_value_t = 10_000)]
+    maintenance_interval_ms: u64,
+    /// `retentionSeconds` of the queue.
+    #[arg(long, default_value_t = 120)]
+    retention_s: u64,
+    /// Extra flag for `comb serve` (repeatable).
+    #[arg(long = "comb-arg", allow_hyphen_values = true)]
+    comb_args: Vec<String>,
+    /// SKIP LOCKED enqueue connections sharing the fixed-rate schedule.
+    #[arg(long, default_value_t = 8)]
+    sl_enqueuers: usize,
+    /// SKIP LOCKED dequeue connections (closed loop, one row per transaction).
+    #[arg(long, default_value_t = 4)]
+    sl_dequeuers: usize,
+    /// Milliseconds a SKIP LOCKED dequeuer that found nothing waits before trying again.
+    #[arg(long, default_value_t = 1)]
+    sl_poll_ms: u64,
+    /// Write the samples here as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Update the held-snapshot section of this Markdown file.
+    #[arg(long)]
+    doc: Option<PathBuf>,
+    /// How the run was started, for the docs (default: this command line).
+    #[arg(long)]
+    command: Option<String>,
+    /// Load pg_stat_statements and report the statements of the clean and the held phase
+    /// (cluster-wide: with both systems running it mixes their statements). Costs some CPU.
+    #[arg(long)]
+    statements: bool,
+    /// The commit the `comb` binary was built from, for the docs (default: `git describe`
+    /// of the working tree).
+    #[arg(long)]
+    comb_commit: Option<String>,
+}
+
+const COMB: &str = "comb";
+const SKIPLOCKED: &str = "skiplocked";
+
+/// Copied from the suite's SKIP LOCKED peer (`peers.rs`), whose statements are private.
+const ENQUEUE_SQL: &str = "INSERT INTO sl_queue (payload) VALUES ($1::text::jsonb)";
+const DEQUEUE_SQL: &str = "DELETE FROM sl_queue WHERE id = (
+    SELECT id FROM sl_queue ORDER BY time FOR UPDATE SKIP LOCKED LIMIT 1
+) RETURNING (payload->>'t')::int8";
+
+/// Per table of one schema: activity counters and sizes.
+const TABLES_SQL: &str = "
+SELECT c.relname::text,
+       coalesce(s.n_dead_tup, 0)::int8, coalesce(s.n_live_tup, 0)::int8,
+       coalesce(s.n_tup_ins, 0)::int8, coalesce(s.n_tup_upd, 0)::int8,
+       coalesce(s.n_tup_hot_upd, 0)::int8, coalesce(s.n_tup_del, 0)::int8,
+       coalesce(s.autovacuum_count + s.vacuum_count, 0)::int8,
+       coalesce(pg_table_size(c.oid), 0)::int8, coalesce(pg_indexes_size(c.oid), 0)::int8,
+       coalesce(pg_total_relation_size(c.oid), 0)::int8
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE n.nspname = $1 AND c.relkind = 'r'
+ORDER BY c.relname";
+
+/// Age in transactions of the oldest snapshot or transaction in this database.
+const XMIN_AGE_SQL: &str = "
+SELECT max(greatest(age(backend_xmin), age(backend_xid)))::int8
+FROM pg_stat_activity WHERE datname = current_database()";
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("comb-bench-xmin: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Phases of a run, in seconds from the start of the clean phase.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    warmup: f64,
+    clean: f64,
+    held: f64,
+    released: f64,
+    sample: f64,
+}
+
+impl Plan {
+    fn hold_start(&self) -> f64 {
+        self.clean
+    }
+    fn hold_end(&self) -> f64 {
+        self.clean + self.held
+    }
+    fn total(&self) -> f64 {
+        self.clean + self.held + self.released
+    }
+    /// The phase an interval ending at `t` belongs to (by its midpoint).
+    fn phase(&self, t_end: f64, len: f64) -> &'static str {
+        let mid = t_end - len / 2.0;
+        if mid < self.hold_start() {
+            "clean"
+        } else if mid < self.hold_end() {
+            "held"
+        } else {
+            "released"
+        }
+    }
+}
+
+/// Settings of one run after `--smoke` is applied.
+#[derive(Debug, Clone)]
+struct Setup {
+    plan: Plan,
+    comb: bool,
+    skiplocked: bool,
+    segment_seconds: u64,
+    maintenance_ms: u64,
+    retention_s: u64,
+}
+
+fn setup(args: &Args) -> Result<Setup, BoxError> {
+    let mut comb = false;
+    let mut skiplocked = false;
+    for s in args.systems.split([',', ' ']).filter(|s| !s.is_empty()) {
+        match s {
+            COMB => comb = true,
+            SKIPLOCKED => skiplocked = true,
+            other => return Err(format!("unknown system `{other}` (comb, skiplocked)").into()),
+        }
+    }
+    if !comb && !skiplocked {
+        return Err("no system to run".into());
+    }
+    if args.smoke {
+        return Ok(Setup {
+            plan: Plan {
+                warmup: 5.0,
+                clean: 20.0,
+                held: 40.0,
+                released: 20.0,
+                sample: 5.0,
+            },
+            comb,
+            skiplocked,
+            segment_seconds: 10,
+            maintenance_ms: 5_000,
+            retention_s: 20,
+        });
+    }
+    if args.sample_s <= 0.0 || args.clean_s <= 0.0 || args.held_s < 0.0 || args.released_s < 0.0 {
+        return Err("phase and sample lengths must be positive".into());
+    }
+    Ok(Setup {
+        plan: Plan {
+            warmup: args.warmup_s.max(0.0),
+            clean: args.clean_s,
+            held: args.held_s,
+            released: args.released_s,
+            sample: args.sample_s,
+        },
+        comb,
+        skiplocked,
+        segment_seconds: args.segment_seconds,
+        maintenance_ms: args.maintenance_interval_ms,
+        retention_s: args.retention_s,
+    })
+}
+
+fn run(args: Args) -> Result<(), BoxError> {
+    let setup = setup(&args)?;
+    if setup.comb && !args.comb.is_file() {
+        return Err(format!(
+            "{} not found: build it first (cargo build --release -p comb)",
+            args.comb.display()
+        )
+        .into());
+    }
+    let started = Instant::now();
+    let commit = args
+        .comb_commit
+        .clone()
+        .unwrap_or_else(|| shell("git describe --always --dirty 2>/dev/null || echo unknown"));
+    let mut settings: Vec<(&str, &str)> = PG_SETTINGS.to_vec();
+    if args.statements {
+        settings.extend_from_slice(profile::PG_SETTINGS);
+    }
+    let pg = Postgres::start_with(&settings)?;
+    let pg_version = pg
+        .psql("postgres", "SHOW server_version")
+        .unwrap_or_default();
+    let autovacuum = pg
+        .psql(
+            "postgres",
+            "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings \
+             WHERE name IN ('autovacuum', 'autovacuum_naptime', \
+             'autovacuum_vacuum_scale_factor', 'autovacuum_vacuum_threshold')",
+        )
+        .unwrap_or_default();
+    let comb_url = setup
+        .comb
+        .then(|| pg.create_database("xmin_comb"))
+        .transpose()?;
+    let sl_url = setup
+        .skiplocked
+        .then(|| pg.create_database("xmin_sl"))
+        .transpose()?;
+    let server = match &comb_url {
+        Some(url) => {
+            let mut flags = vec![
+                "--segment-seconds".to_string(),
+                setup.segment_seconds.to_string(),
+                "--maintenance-interval-ms".to_string(),
+                setup.maintenance_ms.to_string(),
+            ];
+            flags.extend(args.comb_args.iter().cloned());
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            Some(Server::start(&args.comb, url, &flags)?)
+        }
+        None => None,
+    };
+    eprintln!(
+        "PostgreSQL {pg_version} on port {}; {autovacuum}",
+        pg.port()
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let out = rt.block_on(measure(
+        &args,
+        &setup,
+        comb_url.as_deref(),
+        sl_url.as_deref(),
+        server.as_ref().map(|s| (s.addr(), s.pid())),
+    ))?;
+    drop(server);
+
+    let report = render(&args, &setup, &out);
+    println!("\n{report}");
+    println!(
+        "Whole run: {:.1} min",
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    if args.smoke {
+        eprintln!("smoke run: nothing written");
+        return Ok(());
+    }
+    if let Some(path) = &args.json {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, serde_json::to_string_pretty(&out.samples)? + "\n")?;
+        eprintln!("samples written to {}", path.display());
+    }
+    if let Some(path) = &args.doc {
+        let command = args
+            .command
+            .clone()
+            .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" "));
+        let mut s = String::new();
+        let _ = writeln!(s, "- Command: `{command}`");
+        let _ = writeln!(s, "- Date: {}", shell("date -u +%Y-%m-%dT%H:%MZ"));
+        let _ = writeln!(s, "- Machine: {}", machine());
+        let settings: Vec<String> = PG_SETTINGS
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "- PostgreSQL {pg_version}: {}; {autovacuum} (defaults)",
+            settings.join(", ")
+        );
+        let _ = writeln!(s, "- Comb commit: {commit}");
+        let _ = writeln!(
+            s,
+            "- Whole run {:.1} min\n\n```text\n{report}```",
+            started.elapsed().as_secs_f64() / 60.0
+        );
+        let doc = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmarks\n".into());
+        std::fs::write(path, splice(&doc, &s))?;
+        eprintln!("held-snapshot section of {} updated", path.display());
+    }
+    Ok(())
+}
+
+/// One sample of one system: the JSON rows of `bench/results/xmin.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Sample {
+    /// `comb` or `skiplocked`.
+    system: String,
+    /// `clean`, `held` or `released`.
+    phase: String,
+    /// End of the sample interval, seconds from the start of the clean phase.
+    t_s: f64,
+    /// Messages delivered (Comb: returned by pops; SKIP LOCKED: dequeued) per second.
+    msgs_per_sec: f64,
+    /// End-to-end p99 (send → receipt) of the messages delivered in the interval, ms.
+    e2e_p99_ms: Option<f64>,
+    /// `n_dead_tup` of all the system's tables together.
+    dead_tuples: i64,
+    /// `n_dead_tup` of message storage (Comb: the `messages_*` segment tables).
+    message_dead_tuples: i64,
+    /// `pg_total_relation_size` of all the system's tables (with indexes and TOAST).
+    total_bytes: i64,
+    /// Messages accepted per second.
+    pushed_per_sec: f64,
+    /// Accepted but not yet delivered, at the end of the interval.
+    backlog: i64,
+    /// CPU cores used by the system: Comb's broker process plus its database's backends;
+    /// for SKIP LOCKED its database's backends.
+    cpu_cores: f64,
+    /// Share of the machine's CPU time that was busy.
+    machine_busy: f64,
+    /// CPU cores used by processes outside this run (neighbours on a shared machine).
+    other_cpu_cores: f64,
+    /// Age in transactions of the oldest snapshot in the system's database.
+    oldest_xmin_age: Option<i64>,
+}
+
+/// Counters and sizes of one table.
+#[derive(Debug, Clone, Default)]
+struct TableStat {
+    name: String,
+    dead: i64,
+    live: i64,
+    ins: i64,
+    upd: i64,
+    hot_upd: i64,
+    del: i64,
+    vacuums: i64,
+    table_bytes: i64,
+    index_bytes: i64,
+    total_bytes: i64,
+}
+
+fn is_message_table(name: &str) -> bool {
+    name.strip_prefix("messages_")
+        .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+}
+
+async fn tables(client: &Client, schema: &str) -> Result<Vec<TableStat>, BoxError> {
+    let rows = client.query(TABLES_SQL, &[&schema]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| TableStat {
+            name: r.get(0),
+            dead: r.get(1),
+            live: r.get(2),
+            ins: r.get(3),
+            upd: r.get(4),
+            hot_upd: r.get(5),
+            del: r.get(6),
+            vacuums: r.get(7),
+            table_bytes: r.get(8),
+            index_bytes: r.get(9),
+            total_bytes: r.get(10),
+        })
+        .collect())
+}
+
+/// What the running load of one system exposes to the sampler.
+struct Live {
+    name: &'static str,
+    /// The schema whose tables are the system's.
+    schema: &'static str,
+    /// A connection to the system's database for sampling.
+    stats: Client,
+    datname: String,
+    pushed: Arc<AtomicU64>,
+    delivered: Arc<AtomicU64>,
+    e2e: Arc<Mutex<Histogram<u64>>>,
+    broker_pid: Option<u32>,
+}
+
+/// Per-table statistics of one system at the moments that matter.
+#[derive(Default)]
+struct Snapshots {
+    end_clean: Vec<TableStat>,
+    end_hold: Vec<TableStat>,
+    end_run: Vec<TableStat>,
+}
+
+/// Everything a run measured.
+struct Outcome {
+    samples: Vec<Sample>,
+    /// Per system: merged e2e histogram of each phase.
+    phase_e2e: HashMap<(&'static str, &'static str), Histogram<u64>>,
+    snapshots: HashMap<&'static str, Snapshots>,
+    hold_info: Vec<String>,
+    errors: HashMap<&'static str, u64>,
+    /// pg_stat_statements reports per phase (with `--statements`).
+    statements: Vec<(&'static str, String)>,
+}
+
+async fn measure(
+    args: &Args,
+    setup: &Setup,
+    comb_url: Option<&str>,
+    sl_url: Option<&str>,
+    comb_server: Option<(SocketAddr, u32)>,
+) -> Result<Outcome, BoxError> {
+    let plan = setup.plan;
+    let mut lives: Vec<Live> = Vec::new();
+    let mut urls: Vec<&str> = Vec::new();
+    let errors: HashMap<&'static str, Arc<AtomicU64>> = [COMB, SKIPLOCKED]
+        .into_iter()
+        .map(|s| (s, Arc::new(AtomicU64::new(0))))
+        .collect();
+
+    // Set-up of both systems before any load starts.
+    let mut comb_filled = 0;
+    if let (Some(url), Some((addr, _))) = (comb_url, comb_server) {
+        configure(addr, setup.retention_s).await?;
+        // One message per partition creates the partitions; they count as pushed.
+        comb_filled = load::fill(addr, args.partitions, 1, 4).await?;
+        urls.push(url);
+    }
+    if let Some(url) = sl_url {
+        peers::connect(url)
+            .await?
+            .batch_execute(SKIP_LOCKED_SCHEMA)
+            .await?;
+        urls.push(url);
+    }
+    for url in &urls {
+        let c = peers::connect(url).await?;
+        c.batch_execute("ANALYZE; CHECKPOINT").await?;
+        if args.statements {
+            profile::prepare(&c).await?;
+        }
+    }
+
+    let load_start = Instant::now();
+    let clean_start = load_start + Duration::from_secs_f64(plan.warmup);
+    let end = clean_start + Duration::from_secs_f64(plan.total());
+    let whole = Window {
+        start: load_start,
+        end,
+    };
+    let mut loads = Vec::new();
+
+    if let (Some(url), Some((addr, pid))) = (comb_url, comb_server) {
+        let live = Live {
+            name: COMB,
+            schema: "comb",
+            stats: peers::connect(url).await?,
+            datname: db_name(url),
+            pushed: Arc::new(AtomicU64::new(comb_filled)),
+            delivered: Arc::new(AtomicU64::new(0)),
+            e2e: Arc::new(Mutex::new(histogram())),
+            broker_pid: Some(pid),
+        };
+        let rate = Rate {
+            msgs_per_sec: args.rate,
+            msgs_per_req: 1,
+            conns: args.producers,
+            partitions: args.partitions,
+        };
+        let pushed = live.pushed.clone();
+        loads.push(tokio::spawn(async move {
+            let t = load::open_push(addr, rate, whole, pushed).await;
+            if t.errors > 0 {
+                eprintln!("  comb: {} pushes failed", t.errors);
+            }
+        }));
+        for _ in 0..args.consumers {
+            loads.push(tokio::spawn(comb_consumer(
+                addr,
+                args.batch,
+                end,
+                live.delivered.clone(),
+                live.e2e.clone(),
+                errors[COMB].clone(),
+            )));
+        }
+        lives.push(live);
+    }
+    if let Some(url) = sl_url {
+        let live = Live {
+            name: SKIPLOCKED,
+            schema: "public",
+            stats: peers::connect(url).await?,
+            datname: db_name(url),
+            pushed: Arc::new(AtomicU64::new(0)),
+            delivered: Arc::new(AtomicU64::new(0)),
+            e2e: Arc::new(Mutex::new(histogram())),
+            broker_pid: None,
+        };
+        let next = Arc::new(AtomicU64::new(0));
+        let interval = 1.0 / args.rate;
+        for _ in 0..args.sl_enqueuers {
+            loads.push(tokio::spawn(sl_enqueuer(
+                peers::connect(url).await?,
+                load_start,
+                interval,
+                end,
+                next.clone(),
+                live.pushed.clone(),
+                errors[SKIPLOCKED].clone(),
+            )));
+        }
+        for _ in 0..args.sl_dequeuers {
+            loads.push(tokio::spawn(sl_dequeuer(
+                peers::connect(url).await?,
+                Duration::from_millis(args.sl_poll_ms),
+                end,
+                live.delivered.clone(),
+                live.e2e.clone(),
+                errors[SKIPLOCKED].clone(),
+            )));
+        }
+        lives.push(live);
+    }
+    eprintln!(
+        "load started: {} msg/s per system; {:.0} s warm-up, then clean {:.0} s, held {:.0} s, \
+         released {:.0} s, a sample every {:.0} s",
+        args.rate, plan.warmup, plan.clean, plan.held, plan.released, plan.sample
+    );
+
+    // Timeline: sample ticks, and the hold's start and end (after the tick at the same time).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Event {
+        Sample,
+        Hold,
+        Release,
+    }
+    let mut events: Vec<(f64, Event)> = Vec::new();
+    let mut k = 1;
+    while (k as f64) * plan.sample <= plan.total() + 1e-9 {
+        events.push((k as f64 * plan.sample, Event::Sample));
+        k += 1;
+    }
+    if plan.held > 0.0 {
+        events.push((plan.hold_start(), Event::Hold));
+        events.push((plan.hold_end(), Event::Release));
+    }
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1 as u8).cmp(&(b.1 as u8))));
+
+    tokio::time::sleep_until(clean_start.into()).await;
+    let mut sampler = Sampler::new(&lives).await?;
+    let mut out = Outcome {
+        samples: Vec::new(),
+        phase_e2e: HashMap::new(),
+        snapshots: HashMap::new(),
+        hold_info: Vec::new(),
+        errors: HashMap::new(),
+        statements: Vec::new(),
+    };
+    if args.statements {
+        profile::reset(&lives[0].stats).await;
+    }
+    let mut holders: Vec<Client> = Vec::new();
+    for (t, event) in events {
+        tokio::time::sleep_until((clean_start + Duration::from_secs_f64(t)).into()).await;
+        match event {
+            Event::Sample => {
+                let rows = sampler.sample(&lives, t, &plan, &mut out).await;
+                let line: Vec<String> = rows
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{} {:.0} msg/s p99 {} ms dead {} {:.1} MB",
+                            s.system,
+                            s.msgs_per_sec,
+                            num(s.e2e_p99_ms),
+                            s.dead_tuples,
+                            s.total_bytes as f64 / 1e6
+                        )
+                    })
+                    .collect();
+                eprintln!("  {:>5.0} s {:<8} {}", t, rows[0].phase, line.join(" | "));
+            }
+            Event::Hold => {
+                for live in &lives {
+                    let snap = tables(&live.stats, live.schema).await.unwrap_or_default();
+                    out.snapshots.entry(live.name).or_default().end_clean = snap;
+                }
+                if args.statements {
+                    let text = profile::statements(&lives[0].stats, plan.hold_start()).await;
+                    out.statements.push(("clean", text));
+                    profile::reset(&lives[0].stats).await;
+                }
+                for url in &urls {
+                    holders.push(hold(url).await?);
+                }
+                let info = describe_holders(&lives[0].stats).await;
+                eprintln!("  snapshot held: {}", info.join("; "));
+                out.hold_info = info;
+            }
+            Event::Release => {
+                for live in &lives {
+                    let snap = tables(&live.stats, live.schema).await.unwrap_or_default();
+                    out.snapshots.entry(live.name).or_default().end_hold = snap;
+                }
+                if args.statements {
+                    let text = profile::statements(&lives[0].stats, plan.held).await;
+                    out.statements.push(("held", text));
+                }
+                for h in holders.drain(..) {
+                    h.batch_execute("COMMIT").await?;
+                }
+                eprintln!("  snapshot released");
+            }
+        }
+    }
+    for live in &lives {
+        let snap = tables(&live.stats, live.schema).await.unwrap_or_default();
+        out.snapshots.entry(live.name).or_default().end_run = snap;
+    }
+    for l in loads {
+        let _ = l.await;
+    }
+    for (name, e) in errors {
+        out.errors.insert(name, e.load(Ordering::Relaxed));
+    }
+    Ok(out)
+}
+
+fn db_name(url: &str) -> String {
+    url.rsplit('/').next().unwrap_or_default().to_string()
+}
+
+/// Creates the queue with its retention, before any partition exists.
+async fn configure(addr: SocketAddr, retention_s: u64) -> Result<(), BoxError> {
+    let mut conn = Conn::new(addr);
+    let body = Bytes::from(format!(
+        "{{\"queue\":\"{QUEUE}\",\"options\":{{\"retentionSeconds\":{retention_s}}}}}"
+    ));
+    let a = conn
+        .send(Method::POST, "/api/v1/configure", Some(body))
+        .await?;
+    if a.status != 200 {
+        return Err(format!(
+            "configure answered {}: {}",
+            a.status,
+            String::from_utf8_lossy(&a.body)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Opens a `REPEATABLE READ` transaction, takes its snapshot, and leaves it idle.
+async fn hold(url: &str) -> Result<Client, BoxError> {
+    let c = peers::connect(url).await?;
+    c.batch_execute(
+        "SET application_name = 'xmin holder';
+         BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1; SELECT count(*) FROM pg_class;",
+    )
+    .await?;
+    Ok(c)
+}
+
+/// The holders as PostgreSQL sees them (database, state, snapshot xmin).
+async fn describe_holders(client: &Client) -> Vec<String> {
+    match client
+        .query(
+            "SELECT datname::text, state, backend_xmin::text FROM pg_stat_activity
+             WHERE application_name = 'xmin holder' ORDER BY datname",
+            &[],
+        )
+        .await
+    {
+        Ok(rows) => rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}: {}, backend_xmin {}",
+                    r.get::<_, Option<String>>(0).unwrap_or_default(),
+                    r.get::<_, Option<String>>(1).unwrap_or_default(),
+                    r.get::<_, Option<String>>(2)
+                        .unwrap_or_else(|| "none".into())
+                )
+            })
+            .collect(),
+        Err(e) => vec![format!("could not read pg_stat_activity: {e}")],
+    }
+}
+
+#[derive(Deserialize)]
+struct PopAnswer<'a> {
+    #[serde(borrow)]
+    messages: Vec<PopMessage<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PopMessage<'a> {
+    transaction_id: &'a str,
+    partition_id: &'a str,
+    lease_id: Option<&'a str>,
+    data: Stamp,
+}
+
+#[derive(Deserialize)]
+struct Stamp {
+    t: u64,
+}
+
+/// An explicit-ack consumer (the suite's consumer loop, recording into a shared histogram
+/// that the sampler empties every interval): pop with long poll, ack the batch, repeat.
+async fn comb_consumer(
+    addr: SocketAddr,
+    batch: usize,
+    end: Instant,
+    delivered: Arc<AtomicU64>,
+    e2e: Arc<Mutex<Histogram<u64>>>,
+    errors: Arc<AtomicU64>,
+) {
+    let pop_path = format!("/api/v1/pop/queue/{QUEUE}?batch={batch}&wait=true&timeout=500");
+    let mut conn = Conn::new(addr);
+    let _ = conn.open().await;
+    while Instant::now() < end {
+        if let Err(e) = consume_once(&mut conn, &pop_path, &delivered, &e2e).await {
+            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                eprintln!("  comb consumer error: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+async fn consume_once(
+    conn: &mut Conn,
+    pop_path: &str,
+    delivered: &AtomicU64,
+    e2e: &Mutex<Histogram<u64>>,
+) -> Result<(), BoxError> {
+    let answer = conn.send(Method::GET, pop_path, None).await?;
+    match answer.status {
+        204 => return Ok(()),
+        200 => {}
+        s => {
+            return Err(format!(
+                "pop answered {s}: {}",
+                String::from_utf8_lossy(&answer.body)
+            )
+            .into());
+        }
+    }
+    let got: PopAnswer = serde_json::from_slice(&answer.body)?;
+    if got.messages.is_empty() {
+        return Ok(());
+    }
+    let now = now_us();
+    {
+        let mut h = e2e.lock().expect("not poisoned");
+        for m in &got.messages {
+            h.saturating_record(now.saturating_sub(m.data.t).max(1));
+        }
+    }
+    delivered.fetch_add(got.messages.len() as u64, Ordering::Relaxed);
+    let mut body = String::with_capacity(40 + got.messages.len() * 160);
+    body.push_str("{\"acknowledgments\":[");
+    for (k, m) in got.messages.iter().enumerate() {
+        if k > 0 {
+            body.push(',');
+        }
+        let _ = write!(
+            body,
+            "{{\"transactionId\":\"{}\",\"partitionId\":\"{}\",\"status\":\"completed\"",
+            m.transaction_id, m.partition_id
+        );
+        if let Some(l) = m.lease_id {
+            let _ = write!(body, ",\"leaseId\":\"{l}\"");
+        }
+        body.push('}');
+    }
+    body.push_str("]}");
+    let answer = conn
+        .send(Method::POST, "/api/v1/ack/batch", Some(Bytes::from(body)))
+        .await?;
+    if answer.status != 200 {
+        return Err(format!(
+            "ack answered {}: {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A fixed-rate enqueuer: row `i` of the shared schedule is due at `start + i * interval`.
+async fn sl_enqueuer(
+    client: Client,
+    start: Instant,
+    interval: f64,
+    end: Instant,
+    next: Arc<AtomicU64>,
+    pushed: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+) {
+    let Ok(stmt) = client.prepare(ENQUEUE_SQL).await else {
+        errors.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let due = start + Duration::from_secs_f64(i as f64 * interval);
+        if due >= end {
+            break;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        match client.execute(&stmt, &[&load::payload(now_us())]).await {
+            Ok(_) => {
+                pushed.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                    eprintln!("  skiplocked enqueue error: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// A dequeuer: one row per transaction, closed loop; waits `poll` when the queue is empty.
+async fn sl_dequeuer(
+    client: Client,
+    poll: Duration,
+    end: Instant,
+    delivered: Arc<AtomicU64>,
+    e2e: Arc<Mutex<Histogram<u64>>>,
+    errors: Arc<AtomicU64>,
+) {
+    let Ok(stmt) = client.prepare(DEQUEUE_SQL).await else {
+        errors.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    while Instant::now() < end {
+        match client.query_opt(&stmt, &[]).await {
+            Ok(Some(row)) => {
+                let sent: i64 = row.get(0);
+                e2e.lock()
+                    .expect("not poisoned")
+                    .saturating_record(now_us().saturating_sub(sent as u64).max(1));
+                delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(None) => tokio::time::sleep(poll).await,
+            Err(e) => {
+                if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                    eprintln!("  skiplocked dequeue error: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// CPU ticks of the broker processes so far.
+fn broker_ticks(lives: &[Live]) -> u64 {
+    lives
+        .iter()
+        .filter_map(|l| l.broker_pid)
+        .filter_map(|p| procstat::read_stat(p).ok())
+        .map(|s| s.own())
+        .sum()
+}
+
+/// Counter readings at the previous sample.
+struct Sampler {
+    at: Instant,
+    pushed: HashMap<&'static str, u64>,
+    delivered: HashMap<&'static str, u64>,
+    /// CPU ticks per process (broker and backends) at the previous sample.
+    proc_ticks: HashMap<u32, u64>,
+    postmaster: u32,
+    pg_ticks: u64,
+    broker_ticks: u64,
+    me_ticks: u64,
+    sys: procstat::SysCpu,
+}
+
+impl Sampler {
+    /// Starts counting now: the warm-up's deliveries and latencies are discarded.
+    async fn new(lives: &[Live]) -> Result<Sampler, BoxError> {
+        let backend: i32 = lives[0]
+            .stats
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let postmaster = procstat::read_stat(backend as u32)
+            .map(|s| s.ppid)
+            .unwrap_or(0);
+        let mut s = Sampler {
+            at: Instant::now(),
+            pushed: HashMap::new(),
+            delivered: HashMap::new(),
+            proc_ticks: HashMap::new(),
+            postmaster,
+            pg_ticks: procstat::tree_cpu(postmaster),
+            broker_ticks: broker_ticks(lives),
+            me_ticks: procstat::self_cpu(),
+            sys: procstat::sys_cpu(),
+        };
+        for live in lives {
+            s.pushed
+                .insert(live.name, live.pushed.load(Ordering::Relaxed));
+            s.delivered
+                .insert(live.name, live.delivered.load(Ordering::Relaxed));
+            *live.e2e.lock().expect("not poisoned") = histogram();
+            let _ = s.system_ticks(live).await;
+        }
+        Ok(s)
+    }
+
+    /// CPU ticks used since the previous reading by the system's processes: the broker and
+    /// the backends (and autovacuum workers) of its database. Processes that came and went
+    /// between two readings are missed.
+    async fn system_ticks(&mut self, live: &Live) -> u64 {
+        let mut pids: Vec<u32> = live.broker_pid.into_iter().collect();
+        if let Ok(rows) = live
+            .stats
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE datname = $1",
+                &[&live.datname],
+            )
+            .await
+        {
+            pids.extend(rows.iter().map(|r| r.get::<_, i32>(0) as u32));
+        }
+        let mut used = 0;
+        for pid in pids {
+            if let Ok(stat) = procstat::read_stat(pid) {
+                let now = stat.own();
+                let before = self.proc_ticks.insert(pid, now).unwrap_or(0);
+                used += now.saturating_sub(before);
+            }
+        }
+        used
+    }
+
+    async fn sample(
+        &mut self,
+        lives: &[Live],
+        t: f64,
+        plan: &Plan,
+        out: &mut Outcome,
+    ) -> Vec<Sample> {
+        let now = Instant::now();
+        let secs = (now - self.at).as_secs_f64().max(1e-3);
+        self.at = now;
+        let phase = plan.phase(t, plan.sample);
+        let pg = procstat::tree_cpu(self.postmaster);
+        let me = procstat::self_cpu();
+        let sys = procstat::sys_cpu();
+        let total = sys.total.saturating_sub(self.sys.total).max(1) as f64;
+        let idle = sys.idle.saturating_sub(self.sys.idle) as f64;
+        let steal = sys.steal.saturating_sub(self.sys.steal) as f64;
+        let busy_ticks = (total - idle - steal).max(0.0);
+        let mut ours = pg.saturating_sub(self.pg_ticks) + me.saturating_sub(self.me_ticks);
+        self.pg_ticks = pg;
+        self.me_ticks = me;
+        self.sys = sys;
+        let mut rows = Vec::new();
+        for live in lives {
+            let pushed = live.pushed.load(Ordering::Relaxed);
+            let delivered = live.delivered.load(Ordering::Relaxed);
+            let d_pushed = pushed - self.pushed.insert(live.name, pushed).unwrap_or(0);
+            let d_delivered = delivered - self.delivered.insert(live.name, delivered).unwrap_or(0);
+            let h = std::mem::replace(&mut *live.e2e.lock().expect("not poisoned"), histogram());
+            let ticks = self.system_ticks(live).await;
+            let stats = tables(&live.stats, live.schema).await.unwrap_or_default();
+            let xmin_age = live
+                .stats
+                .query_one(XMIN_AGE_SQL, &[])
+                .await
+                .ok()
+                .and_then(|r| r.get::<_, Option<i64>>(0));
+            let sample = Sample {
+                system: live.name.to_string(),
+                phase: phase.to_string(),
+                t_s: (t * 10.0).round() / 10.0,
+                msgs_per_sec: d_delivered as f64 / secs,
+                e2e_p99_ms: quantile_ms(&h, 0.99),
+                dead_tuples: stats.iter().map(|s| s.dead).sum(),
+                message_dead_tuples: stats
+                    .iter()
+                    .filter(|s| live.name != COMB || is_message_table(&s.name))
+                    .map(|s| s.dead)
+                    .sum(),
+                total_bytes: stats.iter().map(|s| s.total_bytes).sum(),
+                pushed_per_sec: d_pushed as f64 / secs,
+                backlog: pushed as i64 - delivered as i64,
+                cpu_cores: procstat::ticks_to_secs(ticks) / secs,
+                machine_busy: busy_ticks / total,
+                other_cpu_cores: 0.0,
+                oldest_xmin_age: xmin_age,
+            };
+            out.phase_e2e
+                .entry((live.name, phase))
+                .or_insert_with(histogram)
+                .add(&h)
+                .expect("same bounds");
+            rows.push(sample);
+        }
+        // Neighbours: busy time not spent by PostgreSQL, the broker or this process.
+        let broker = broker_ticks(lives);
+        ours += broker.saturating_sub(self.broker_ticks);
+        self.broker_ticks = broker;
+        let other = (busy_ticks - ours as f64).max(0.0);
+        let other_cores = procstat::ticks_to_secs(other as u64) / secs;
+        for r in &mut rows {
+            r.other_cpu_cores = other_cores;
+        }
+        out.samples.extend(rows.iter().cloned());
+        rows
+    }
+}
+
+/// Start and end of the generated part of the held-snapshot section.
+const BEGIN: &str = "<!-- xmin:begin (written by comb-bench-xmin; edit outside these markers) -->";
+const END: &str = "<!-- xmin:end -->";
+const HEADING: &str = "## Held snapshot (make bench-xmin)";
+
+/// Replaces the generated part of the held-snapshot section, appending the section at the
+/// end of the page when it is not there yet.
+fn splice(doc: &str, generated: &str) -> String {
+    match (doc.find(BEGIN), doc.find(END)) {
+        (Some(b), Some(e)) if b < e => format!("{}{BEGIN}\n{generated}{}", &doc[..b], &doc[e..]),
+        _ => {
+            let sep = if doc.ends_with('\n') { "" } else { "\n" };
+            format!("{doc}{sep}\n{HEADING}\n\n{BEGIN}\n{generated}{END}\n")
+        }
+    }
+}
+
+/// Means and phase-wide p99 of one system.
+struct PhaseFigures {
+    rate: Option<f64>,
+    p99: Option<f64>,
+}
+
+fn phase_figures(out: &Outcome, system: &str, phase: &'static str) -> PhaseFigures {
+    let xs: Vec<f64> = out
+        .samples
+        .iter()
+        .filter(|s| s.system == system && s.phase == phase)
+        .map(|s| s.msgs_per_sec)
+        .collect();
+    let key = out
+        .phase_e2e
+        .keys()
+        .find(|(s, p)| *s == system && *p == phase)
+        .copied();
+    PhaseFigures {
+        rate: mean(&xs),
+        p99: key.and_then(|k| quantile_ms(&out.phase_e2e[&k], 0.99)),
+    }
+}
+
+fn mean(xs: &[f64]) -> Option<f64> {
+    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+}
+
+fn mb(bytes: i64) -> String {
+    format!("{:.1}", bytes as f64 / 1e6)
+}
+
+/// The printed report: samples side by side, phase summary, goals, per-table figures.
+fn render(args: &Args, setup: &Setup, out: &Outcome) -> String {
+    let plan = setup.plan;
+    let mut s = String::new();
+    let systems: Vec<&str> = [COMB, SKIPLOCKED]
+        .into_iter()
+        .filter(|sys| out.samples.iter().any(|x| x.system == *sys))
+        .collect();
+    let _ = writeln!(
+        s,
+        "Load: {} msg/s offered to each system, 1 message per push/INSERT. Comb: {} partitions, \
+         {} producer connections, {} consumers (pop batch {}, long poll 500 ms, explicit ack), \
+         --segment-seconds {} --maintenance-interval-ms {}, retentionSeconds {}. SKIP LOCKED: \
+         {} enqueue connections (fixed rate), {} dequeuers (one row per transaction, {} ms poll \
+         when empty). Phases: clean {:.0} s, held {:.0} s, released {:.0} s (after {:.0} s \
+         warm-up); a sample every {:.0} s.",
+        args.rate,
+        args.partitions,
+        args.producers,
+        args.consumers,
+        args.batch,
+        setup.segment_seconds,
+        setup.maintenance_ms,
+        setup.retention_s,
+        args.sl_enqueuers,
+        args.sl_dequeuers,
+        args.sl_poll_ms,
+        plan.clean,
+        plan.held,
+        plan.released,
+        plan.warmup,
+        plan.sample,
+    );
+    if !out.hold_info.is_empty() {
+        let _ = writeln!(s, "Held snapshots: {}.", out.hold_info.join("; "));
+    }
+    let _ = writeln!(s);
+
+    // Side by side: one line per sample time.
+    let mut header = vec!["phase".to_string(), "t_s".to_string()];
+    for sys in &systems {
+        let short = if *sys == COMB { "comb" } else { "sl" };
+        for col in [
+            "msg/s", "push/s", "e2e p99", "dead", "msg dead", "MB", "backlog", "cpu",
+        ] {
+            header.push(format!("{short} {col}"));
+        }
+    }
+    header.push("busy".into());
+    header.push("other".into());
+    let mut lines: Vec<Vec<String>> = Vec::new();
+    let mut times: Vec<f64> = out.samples.iter().map(|x| x.t_s).collect();
+    times.dedup();
+    for t in times {
+        let at: Vec<&Sample> = out.samples.iter().filter(|x| x.t_s == t).collect();
+        let Some(first) = at.first() else { continue };
+        let mut line = vec![first.phase.clone(), format!("{t:.0}")];
+        for sys in &systems {
+            match at.iter().find(|x| x.system == *sys) {
+                Some(x) => {
+                    line.push(format!("{:.0}", x.msgs_per_sec));
+                    line.push(format!("{:.0}", x.pushed_per_sec));
+                    line.push(num(x.e2e_p99_ms));
+                    line.push(x.dead_tuples.to_string());
+                    line.push(if *sys == COMB {
+                        x.message_dead_tuples.to_string()
+                    } else {
+                        "=".into()
+                    });
+                    line.push(mb(x.total_bytes));
+                    line.push(x.backlog.to_string());
+                    line.push(format!("{:.2}", x.cpu_cores));
+                }
+                None => line.extend(std::iter::repeat_n("-".to_string(), 8)),
+            }
+        }
+        line.push(format!("{:.0}%", first.machine_busy * 100.0));
+        line.push(format!("{:.2}", first.other_cpu_cores));
+        lines.push(line);
+    }
+    s.push_str(&align(&header, &lines));
+    let _ = writeln!(
+        s,
+        "(msg/s = delivered; e2e p99 in ms over the interval's deliveries; dead = n_dead_tup of \
+         all the system's tables, msg dead = of message storage (for SKIP LOCKED the one table is \
+         message storage); MB = pg_total_relation_size of all its tables; cpu = cores used by \
+         the broker and the database's backends; busy = whole machine; other = cores used by \
+         processes outside this run)\n"
+    );
+
+    // Phase summary.
+    let mut summary = Vec::new();
+    for sys in &systems {
+        for phase in ["clean", "held", "released"] {
+            let f = phase_figures(out, sys, phase);
+            let xs: Vec<&Sample> = out
+                .samples
+                .iter()
+                .filter(|x| x.system == *sys && x.phase == phase)
+                .collect();
+            let Some(last) = xs.last() else { continue };
+            let min_rate = xs
+                .iter()
+                .map(|x| x.msgs_per_sec)
+                .fold(f64::INFINITY, f64::min);
+            let max_dead = xs.iter().map(|x| x.dead_tuples).max().unwrap_or(0);
+            let cpu = mean(&xs.iter().map(|x| x.cpu_cores).collect::<Vec<_>>());
+            summary.push(vec![
+                sys.to_string(),
+                phase.to_string(),
+                num(f.rate),
+                format!("{min_rate:.0}"),
+                num(f.p99),
+                max_dead.to_string(),
+                last.dead_tuples.to_string(),
+                mb(last.total_bytes),
+                num(cpu),
+            ]);
+        }
+    }
+    let head: Vec<String> = [
+        "system",
+        "phase",
+        "mean msg/s",
+        "worst msg/s",
+        "e2e p99 ms",
+        "max dead",
+        "dead at end",
+        "MB at end",
+        "mean cpu",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    s.push_str("Per phase:\n\n");
+    s.push_str(&align(&head, &summary));
+    let busy: Vec<f64> = out.samples.iter().map(|x| x.machine_busy).collect();
+    let other: Vec<f64> = out.samples.iter().map(|x| x.other_cpu_cores).collect();
+    let _ = writeln!(
+        s,
+        "Machine: {} busy on average; processes outside this run used {} cores on average \
+         (most in one sample: {}).\n",
+        mean(&busy)
+            .map(|b| format!("{:.0}%", b * 100.0))
+            .unwrap_or("-".into()),
+        num(mean(&other)),
+        num(other.iter().copied().reduce(f64::max)),
+    );
+
+    if systems.contains(&COMB) {
+        s.push_str("Goals (Comb):\n\n");
+        s.push_str(&checks_text(&goals(out, setup)));
+        s.push('\n');
+    }
+    if systems.contains(&SKIPLOCKED) {
+        s.push_str("SKIP LOCKED under the same load and hold, for comparison:\n\n");
+        s.push_str(&peer_lines(out, &plan));
+        s.push('\n');
+    }
+    for sys in &systems {
+        if let Some(snap) = out.snapshots.get(sys) {
+            let _ = writeln!(
+                s,
+                "{} tables (pg_stat_user_tables, which lags by up to ~10 s: backends flush their \
+                 counters at most once a second while busy, within 10 s when idle):\n",
+                if *sys == COMB { "Comb" } else { "SKIP LOCKED" }
+            );
+            s.push_str(&table_diag(snap));
+            s.push('\n');
+        }
+    }
+    for (phase, text) in &out.statements {
+        let _ = writeln!(s, "{phase} phase: {text}");
+    }
+    let errs: Vec<String> = out
+        .errors
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect();
+    if !errs.is_empty() {
+        let _ = writeln!(s, "Errors: {}\n", errs.join(", "));
+    }
+    s
+}
+
+/// Per table: dead tuples at the end of the clean phase, at the end of the hold and at the
+/// end of the run; updates (and how many were HOT) and deletes during the hold; sizes.
+fn table_diag(snap: &Snapshots) -> String {
+    let find = |v: &[TableStat], name: &str| v.iter().find(|t| t.name == name).cloned();
+    let mut names: Vec<String> = Vec::new();
+    for v in [&snap.end_clean, &snap.end_hold, &snap.end_run] {
+        for t in v.iter() {
+            if !names.contains(&t.name) {
+                names.push(t.name.clone());
+            }
+        }
+    }
+    names.sort();
+    let mut rows = Vec::new();
+    for name in &names {
+        let c = find(&snap.end_clean, name);
+        let h = find(&snap.end_hold, name);
+        let r = find(&snap.end_run, name);
+        let dead =
+            |t: &Option<TableStat>| t.as_ref().map(|t| t.dead.to_string()).unwrap_or("-".into());
+        let size = |t: &Option<TableStat>| {
+            t.as_ref()
+                .map(|t| format!("{}+{}", mb(t.table_bytes), mb(t.index_bytes)))
+                .unwrap_or("-".into())
+        };
+        let (upd, hot, del, ins) = match (&c, &h) {
+            (Some(c), Some(h)) => (
+                (h.upd - c.upd).to_string(),
+                if h.upd > c.upd {
+                    format!(
+                        "{:.0}%",
+                        100.0 * (h.hot_upd - c.hot_upd) as f64 / (h.upd - c.upd) as f64
+                    )
+                } else {
+                    "-".into()
+                },
+                (h.del - c.del).to_string(),
+                (h.ins - c.ins).to_string(),
+            ),
+            (None, Some(h)) => (
+                h.upd.to_string(),
+                "-".into(),
+                h.del.to_string(),
+                h.ins.to_string(),
+            ),
+            _ => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        rows.push(vec![
+            name.clone(),
+            dead(&c),
+            dead(&h),
+            dead(&r),
+            h.as_ref().map(|t| t.live.to_string()).unwrap_or("-".into()),
+            ins,
+            upd,
+            hot,
+            del,
+            size(&c),
+            size(&h),
+            size(&r),
+            r.as_ref()
+                .map(|t| t.vacuums.to_string())
+                .unwrap_or("-".into()),
+        ]);
+    }
+    let head: Vec<String> = [
+        "table",
+        "dead end clean",
+        "dead end hold",
+        "dead end run",
+        "live end hold",
+        "ins in hold",
+        "upd in hold",
+        "HOT",
+        "del in hold",
+        "MB end clean",
+        "MB end hold",
+        "MB end run",
+        "vacuums",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    let mut s = align(&head, &rows);
+    s.push_str("(MB = heap incl. TOAST + indexes; vacuums = autovacuum and vacuum runs since the table was made; a table missing at a moment shows -)\n");
+    s
+}
+
+/// The issue's goals for Comb, judged from the samples.
+fn goals(out: &Outcome, setup: &Setup) -> Vec<Check> {
+    let plan = setup.plan;
+    let verdict = |ok: Option<bool>| match ok {
+        Some(true) => Verdict::Met,
+        Some(false) => Verdict::Missed,
+        None => Verdict::NotRun,
+    };
+    let comb: Vec<&Sample> = out.samples.iter().filter(|s| s.system == COMB).collect();
+    let clean = phase_figures(out, COMB, "clean");
+    let held = phase_figures(out, COMB, "held");
+    let mut checks = Vec::new();
+
+    // Throughput: the held phase's mean and its last minute, against the clean mean.
+    let last_minute: Vec<f64> = comb
+        .iter()
+        .filter(|s| s.phase == "held" && s.t_s > plan.hold_end() - 60.0)
+        .map(|s| s.msgs_per_sec)
+        .collect();
+    let last = mean(&last_minute);
+    let worst = held.rate.zip(last).map(|(a, b)| a.min(b));
+    checks.push(Check {
+        target: "during the hold Comb keeps >= 95% of its clean throughput",
+        measured: match (clean.rate, held.rate, last) {
+            (Some(c), Some(h), Some(l)) => format!(
+                "clean {c:.0} msg/s; held {h:.0} ({:.0}%), last minute of the hold {l:.0} ({:.0}%)",
+                100.0 * h / c,
+                100.0 * l / c
+            ),
+            _ => String::new(),
+        },
+        verdict: verdict(clean.rate.zip(worst).map(|(c, w)| w >= 0.95 * c)),
+    });
+
+    checks.push(Check {
+        target: "during the hold Comb's end-to-end p99 <= 2x clean",
+        measured: match (clean.p99, held.p99) {
+            (Some(c), Some(h)) => format!("clean {c:.1} ms, held {h:.1} ms ({:.2}x)", h / c),
+            _ => String::new(),
+        },
+        verdict: verdict(clean.p99.zip(held.p99).map(|(c, h)| h <= 2.0 * c)),
+    });
+
+    let max_msg_dead = comb.iter().map(|s| s.message_dead_tuples).max();
+    checks.push(Check {
+        target: "message storage shows 0 dead tuples",
+        measured: max_msg_dead
+            .map(|d| format!("at most {d} in any sample of the run"))
+            .unwrap_or_default(),
+        verdict: verdict(max_msg_dead.map(|d| d == 0)),
+    });
+
+    let end_hold: Option<i64> = out
+        .snapshots
+        .get(COMB)
+        .filter(|s| !s.end_hold.is_empty())
+        .map(|s| s.end_hold.iter().map(|t| t.dead).sum());
+    let top = out
+        .snapshots
+        .get(COMB)
+        .and_then(|s| s.end_hold.iter().max_by_key(|t| t.dead))
+        .map(|t| format!(" (most in {}: {})", t.name, t.dead))
+        .unwrap_or_default();
+    checks.push(Check {
+        target: "all Comb tables together hold <= 10,000 dead tuples at the end of the hold",
+        measured: end_hold.map(|d| format!("{d}{top}")).unwrap_or_default(),
+        verdict: verdict(end_hold.map(|d| d <= 10_000)),
+    });
+
+    // Disk: the steady size is the largest total of the clean phase (segments are made
+    // ahead, rolled over and dropped there as in any other phase); from one maintenance
+    // cycle after the release on, every sample must be back within 10 % of it.
+    let steady = comb
+        .iter()
+        .filter(|s| s.phase == "clean")
+        .map(|s| s.total_bytes)
+        .max();
+    let cycle = setup.maintenance_ms as f64 / 1000.0;
+    let after: Vec<&&Sample> = comb
+        .iter()
+        .filter(|s| s.phase == "released" && s.t_s >= plan.hold_end() + cycle - 1e-6)
+        .collect();
+    let end_hold_bytes = comb
+        .iter()
+        .filter(|s| s.phase == "held")
+        .map(|s| s.total_bytes)
+        .next_back();
+    let largest_after = after.iter().map(|s| s.total_bytes).max();
+    checks.push(Check {
+        target: "after release, disk returns to its steady size within one maintenance cycle",
+        measured: match (steady, after.first(), largest_after) {
+            (Some(st), Some(first), Some(big)) => format!(
+                "steady (largest clean sample) {} MB; end of hold {} MB; {:.0} s after release {} MB; \
+                 largest from then on {} MB ({:.0}% of steady)",
+                mb(st),
+                end_hold_bytes.map(mb).unwrap_or("-".into()),
+                first.t_s - plan.hold_end(),
+                mb(first.total_bytes),
+                mb(big),
+                100.0 * big as f64 / st as f64
+            ),
+            _ => String::new(),
+        },
+        verdict: verdict(
+            steady
+                .zip(largest_after)
+                .map(|(st, big)| big as f64 <= 1.10 * st as f64),
+        ),
+    });
+    checks
+}
+
+/// The same figures for the SKIP LOCKED table, stated without a verdict.
+fn peer_lines(out: &Outcome, plan: &Plan) -> String {
+    let clean = phase_figures(out, SKIPLOCKED, "clean");
+    let held = phase_figures(out, SKIPLOCKED, "held");
+    let released = phase_figures(out, SKIPLOCKED, "released");
+    let sl: Vec<&Sample> = out
+        .samples
+        .iter()
+        .filter(|s| s.system == SKIPLOCKED)
+        .collect();
+    let at = |t: f64| sl.iter().rfind(|s| s.t_s <= t + 1e-6).copied();
+    let first_held_min = sl
+        .iter()
+        .filter(|s| s.phase == "held" && s.t_s <= plan.hold_start() + 180.0)
+        .map(|s| s.msgs_per_sec)
+        .collect::<Vec<_>>();
+    let mut s = String::new();
+    let ratio = |a: Option<f64>, b: Option<f64>| {
+        a.zip(b)
+            .map(|(a, b)| format!("{:.0}%", 100.0 * a / b))
+            .unwrap_or("-".into())
+    };
+    let _ = writeln!(
+        s,
+        "throughput: clean {} msg/s; held {} ({} of clean), first 3 minutes of the hold {} ({}); released {}",
+        num(clean.rate),
+        num(held.rate),
+        ratio(held.rate, clean.rate),
+        num(mean(&first_held_min)),
+        ratio(mean(&first_held_min), clean.rate),
+        num(released.rate),
+    );
+    let _ = writeln!(
+        s,
+        "end-to-end p99: clean {} ms, held {} ms, released {} ms",
+        num(clean.p99),
+        num(held.p99),
+        num(released.p99)
+    );
+    let line = |t: f64| {
+        at(t)
+            .map(|x| {
+                format!(
+                    "{} dead, {} MB, backlog {}",
+                    x.dead_tuples,
+                    mb(x.total_bytes),
+                    x.backlog
+                )
+            })
+            .unwrap_or("-".into())
+    };
+    let _ = writeln!(
+        s,
+        "end of clean: {}; end of hold: {}; end of run: {}",
+        line(plan.hold_start()),
+        line(plan.hold_end()),
+        line(plan.total())
+    );
+    s
+}
+
+/// Left-aligned first columns, right-aligned numbers, two spaces apart.
+fn align(header: &[String], rows: &[Vec<String>]) -> String {
+    let n = header.len();
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(n) {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let text_cols = 2;
+    let fmt = |cells: &[String]| {
+        let mut line = String::new();
+        for (i, c) in cells.iter().enumerate().take(n) {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            if i < text_cols {
+                let _ = write!(line, "{c:<width$}", width = w[i]);
+            } else {
+                let _ = write!(line, "{c:>width$}", width = w[i]);
+            }
+        }
+        line.trim_end().to_string()
+    };
+    let mut s = fmt(header);
+    s.push('\n');
+    s.push_str(&"-".repeat(w.iter().sum::<usize>() + 2 * (n - 1)));
+    s.push('\n');
+    for r in rows {
+        s.push_str(&fmt(r));
+        s.push('\n');
+    }
+    s
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem = shell("free -h | awk '/^Mem:/ {print $2 \" total, \" $7 \" available\"}'");
+    format!(
+        "{cpu}, nproc {}, memory {mem} (free -h), Linux {}, {}; a shared machine whose \
+         neighbours' CPU use shows in the `other` column",
+        shell("nproc"),
+        shell("uname -r"),
+        shell("rustc --version")
+    )
+}
+
+fn shell(cmd: &str) -> String {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_tables_are_the_numbered_segments() {
+        assert!(is_message_table("messages_1"));
+        assert!(is_message_table("messages_123"));
+        assert!(!is_message_table("messages"));
+        assert!(!is_message_table("messages_"));
+        assert!(!is_message_table("messages_transaction"));
+        assert!(!is_message_table("cursors"));
+    }
+
+    #[test]
+    fn phases_by_interval_midpoint() {
+        let p = Plan {
+            warmup: 0.0,
+            clean: 180.0,
+            held: 600.0,
+            released: 180.0,
+            sample: 10.0,
+        };
+        assert_eq!(p.phase(10.0, 10.0), "clean");
+        assert_eq!(p.phase(180.0, 10.0), "clean");
+        assert_eq!(p.phase(190.0, 10.0), "held");
+        assert_eq!(p.phase(780.0, 10.0), "held");
+        assert_eq!(p.phase(790.0, 10.0), "released");
+        assert_eq!(p.total(), 960.0);
+    }
+
+    #[test]
+    fn splices_its_own_section() {
+        let fresh = splice("# B\n\n## Latest results\n", "x\n");
+        assert!(fresh.ends_with(&format!("{HEADING}\n\n{BEGIN}\nx\n{END}\n")));
+        let again = splice(&format!("{fresh}\nAnalysis.\n"), "y\n");
+        assert!(again.contains(&format!("{BEGIN}\ny\n{END}\n\nAnalysis.\n")));
+        assert_eq!(again.matches(HEADING).count(), 1);
+    }
+
+    #[test]
+    fn aligns_columns() {
+        let head = vec!["a".to_string(), "b".to_string(), "n".to_string()];
+        let rows = vec![vec!["xx".to_string(), "y".to_string(), "1234".to_string()]];
+        let t = align(&head, &rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0].len(), lines[2].len());
+        assert!(lines[2].ends_with("1234"));
+    }
+}
