@@ -573,3 +573,30 @@ async fn a_push_refused_for_max_size_leaves_no_trace() {
     assert_eq!(env.sql("SELECT count(*) FROM comb.queues"), queues);
     assert_eq!(env.message_count(), 1);
 }
+
+#[tokio::test]
+async fn deleting_a_queue_with_a_bad_or_unknown_name() {
+    let env = Env::start().await;
+    env.push(json!([{"queue": "kept", "payload": 1}])).await;
+    for (path, status, code) in [
+        (
+            "/api/v1/resources/queues/bad%20name",
+            StatusCode::BAD_REQUEST,
+            "queue_name_invalid",
+        ),
+        (
+            "/api/v1/resources/queues/nowhere",
+            StatusCode::NOT_FOUND,
+            "queue_not_found",
+        ),
+    ] {
+        let r = env.http.delete(env.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), status, "{path}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let b: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(b["code"], code, "{path}");
+    }
+    // Nothing else was touched.
+    assert_eq!(env.sql("SELECT count(*) FROM comb.queues"), "1");
+    assert_eq!(env.message_count(), 1);
+}
