@@ -1023,9 +1023,9 @@ pub const FINGERPRINT_SQL: &str = "SELECT concat_ws(' ',
     (SELECT count(*) FROM comb.queues),
     (SELECT count(*) FROM comb.subscriptions),
     (SELECT count(*) FROM comb.cursors),
-    (SELECT coalesce(sum(cursor_pos), 0) FROM comb.cursors),
-    (SELECT count(*) FROM comb.cursors WHERE lease_id IS NOT NULL),
-    (SELECT md5(coalesce(string_agg(lease_id::text || coalesce(lease_expires_at::text, ''), ',' ORDER BY lease_id), '')) FROM comb.cursors),
+    (SELECT coalesce(sum(cursor_pos), 0) FROM comb.cursors_now),
+    (SELECT count(*) FROM comb.cursors_now WHERE lease_id IS NOT NULL),
+    (SELECT md5(coalesce(string_agg(lease_id::text || coalesce(lease_expires_at::text, ''), ',' ORDER BY lease_id), '')) FROM comb.cursors_now),
     (SELECT count(*) FROM comb.dead_letters),
     (SELECT md5(coalesce(string_agg(name || options::text, ',' ORDER BY name), '')) FROM comb.queues))";
 

@@ -109,10 +109,10 @@ async fn dump_cursors(pg: &Arc<Postgres>, url: &str, out: &mut Outcome) {
     }
     let db = url.rsplit('/').next().unwrap_or_default().to_string();
     let sql = format!(
-        "SELECT string_agg(concat_ws(' ', p.name, c.consumer_group, 'head', p.head_pos, 'cursor', \
+        "SELECT string_agg(concat_ws(' ', p.name, c.consumer_group, 'head', (SELECT h.pos FROM comb.partition_head(p.id) h), 'cursor', \
          c.cursor_pos, 'settled', c.settled::text, 'lease', c.lease_id, c.lease_expires_at - now(), \
          'upto', c.lease_upto, 'available in', c.available_at - now()), E'\\n') \
-         FROM comb.cursors c JOIN comb.partitions p ON p.id = c.partition_id \
+         FROM comb.cursors_now c JOIN comb.partitions p ON p.id = c.partition_id \
          WHERE p.name IN ({})",
         partitions.join(",")
     );

@@ -263,48 +263,59 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) m";
 
+/// Locks cursor rows in a stable order (acks of one batch never deadlock with another's).
+/// The rows only serialise writers; the state is read by a later statement ([`STATE_SQL`]),
+/// whose snapshot then holds every version written before the lock was granted.
 const LOCK_SQL: &str = "
-SELECT c.partition_id, c.consumer_group, c.cursor_pos, c.cursor_seg, c.settled,
-       c.attempt_pos, c.attempt_cnt, c.lease_id,
-       coalesce(c.lease_expires_at > now(), false), c.lease_upto,
-       q.options, q.id
-FROM comb.cursors c
-JOIN comb.queues q ON q.id = c.queue_id
+SELECT c.partition_id FROM comb.cursors c
 WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
 ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c";
 
+/// Like [`LOCK_SQL`] for the cursors of one group whose lease ended, skipping busy ones.
 const EXPIRED_LOCK_SQL: &str = "
-SELECT c.partition_id, c.consumer_group, c.cursor_pos, c.cursor_seg, c.settled,
-       c.attempt_pos, c.attempt_cnt, c.lease_id, false, c.lease_upto,
-       q.options, q.id
-FROM comb.cursors c
-JOIN comb.queues q ON q.id = c.queue_id
+SELECT c.partition_id FROM comb.cursors c
+CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
 WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
-  AND c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
+  AND s.lease_id IS NOT NULL AND s.lease_expires_at <= now()
 ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED";
+
+/// The latest state of locked cursors, in the columns [`locked_cursors`] reads.
+pub(crate) const STATE_SQL: &str = "
+SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
+       s.attempt_pos, s.attempt_cnt, s.lease_id,
+       coalesce(s.lease_expires_at > now(), false), s.lease_upto,
+       q.options, q.id
+FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS u(partition_id, consumer_group)
+JOIN comb.cursors c
+  ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+JOIN comb.queues q ON q.id = c.queue_id
+CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s";
 
 const NAMES_SQL: &str = "
 SELECT p.id, p.name, q.name FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
 WHERE p.id = ANY($1)";
 
-const UPDATE_SQL: &str = "
-UPDATE comb.cursors c SET
-    cursor_pos = u.cursor_pos,
-    cursor_seg = u.cursor_seg,
-    settled = u.settled::bigint[],
-    attempt_pos = u.attempt_pos::bigint[],
-    attempt_cnt = u.attempt_cnt::integer[],
-    lease_id = u.lease_id,
-    lease_expires_at = CASE WHEN u.lease_id IS NULL THEN NULL ELSE c.lease_expires_at END,
-    available_at = CASE WHEN u.rest_ms IS NULL THEN c.available_at
-        ELSE now() + make_interval(secs => u.rest_ms / 1000.0) END
+/// Appends the next version of changed cursors. What the rules do not decide (lease expiry,
+/// last claim) is carried over from the version it follows.
+const WRITE_SQL: &str = "
+INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+SELECT u.partition_id, u.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
+       u.cursor_pos, u.cursor_seg, u.settled::bigint[], u.attempt_pos::bigint[],
+       u.attempt_cnt::integer[], u.lease_id,
+       CASE WHEN u.lease_id IS NULL THEN NULL ELSE s.lease_expires_at END,
+       s.lease_upto,
+       CASE WHEN u.rest_ms IS NULL THEN s.available_at
+           ELSE now() + make_interval(secs => u.rest_ms / 1000.0) END,
+       s.last_claimed_at
 FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::integer[], $5::text[], $6::text[],
             $7::text[], $8::uuid[], $9::bigint[])
     AS u(partition_id, consumer_group, cursor_pos, cursor_seg, settled, attempt_pos,
          attempt_cnt, lease_id, rest_ms)
-WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group";
+CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s";
 
 const DEAD_LETTER_SQL: &str = "
 INSERT INTO comb.dead_letters
@@ -382,16 +393,19 @@ pub async fn settle_in(
 
     let lookup = tx.prepare_cached(LOOKUP_SQL).await?;
     let lock = tx.prepare_cached(LOCK_SQL).await?;
+    let state = tx.prepare_cached(STATE_SQL).await?;
     let names = tx.prepare_cached(NAMES_SQL).await?;
     let lookup_params: [&(dyn ToSql + Sync); 2] = [&pids, &txids];
     let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
     let names_params: [&(dyn ToSql + Sync); 1] = [&pids];
-    // Pipelined: one round trip.
-    let (found, locked, named) = tokio::join!(
+    // Pipelined: one round trip. The state is read after the lock statement has finished.
+    let (found, lock, locked, named) = tokio::join!(
         tx.query(&lookup, &lookup_params),
         tx.query(&lock, &lock_params),
+        tx.query(&state, &lock_params),
         tx.query(&names, &names_params),
     );
+    lock?;
     let mut position: Vec<Option<(i64, i32)>> = vec![None; items.len()];
     for r in found? {
         let ord: i64 = r.get(0);
@@ -461,8 +475,21 @@ pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Res
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let stmt = tx.prepare_cached(EXPIRED_LOCK_SQL).await?;
-    let rows = tx.query(&stmt, &[&partitions, &group]).await?;
+    let state = tx.prepare_cached(STATE_SQL).await?;
+    let locked: Vec<Uuid> = tx
+        .query(&stmt, &[&partitions, &group])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if locked.is_empty() {
+        return Ok(());
+    }
+    let groups: Vec<&str> = locked.iter().map(|_| group).collect();
+    let rows = tx.query(&state, &[&locked, &groups]).await?;
     let mut cursors = locked_cursors(&rows);
+    // Read again under the lock: only leases still ended are expired.
+    cursors.retain(|_, l| l.cursor.lease_id.is_some() && !l.cursor.lease_live);
     let mut dead = Vec::new();
     for ((partition_id, group), state) in cursors.iter_mut() {
         state.changed = true;
@@ -482,7 +509,7 @@ pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Res
     Ok(())
 }
 
-/// Cursors as read by [`LOCK_SQL`] or [`EXPIRED_LOCK_SQL`] (same columns).
+/// Cursors as read by [`STATE_SQL`].
 pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
     let mut cursors = HashMap::new();
     for r in rows {
@@ -513,7 +540,8 @@ pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, Str
     cursors
 }
 
-/// Writes changed cursors and new dead letters (pipelined: one round trip).
+/// Appends the next version of changed cursors and writes new dead letters (pipelined: one
+/// round trip). The cursors must have been locked in this transaction.
 pub(crate) async fn write_back(
     tx: &Transaction<'_>,
     cursors: &HashMap<(Uuid, String), Locked>,
@@ -524,7 +552,7 @@ pub(crate) async fn write_back(
     if changed.is_empty() {
         return Ok(());
     }
-    let update = tx.prepare_cached(UPDATE_SQL).await?;
+    let update = tx.prepare_cached(WRITE_SQL).await?;
     let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
     let u_group: Vec<&str> = changed.iter().map(|(k, _)| k.1.as_str()).collect();
     let u_pos: Vec<i64> = changed.iter().map(|(_, l)| l.cursor.cursor_pos).collect();

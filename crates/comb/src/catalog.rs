@@ -178,10 +178,16 @@ impl Catalog {
                  ON CONFLICT (queue_id, name) DO NOTHING
                  RETURNING id, queue_id
              )
-             INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
-             SELECT c.id, s.consumer_group, c.queue_id
-             FROM created c JOIN comb.subscriptions s ON s.queue_id = c.queue_id
-             ON CONFLICT DO NOTHING",
+             , anchors AS (
+                 INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
+                 SELECT c.id, s.consumer_group, c.queue_id
+                 FROM created c JOIN comb.subscriptions s ON s.queue_id = c.queue_id
+                 ON CONFLICT DO NOTHING
+                 RETURNING partition_id, consumer_group
+             )
+             INSERT INTO comb.cursor_states (partition_id, consumer_group, gen, ver)
+             SELECT a.partition_id, a.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), 1
+             FROM anchors a",
             &[&new_ids, &queue_ids, &names],
         )
         .await?;
@@ -238,20 +244,26 @@ impl Catalog {
             .is_some();
         if created {
             tx.execute(
-                "INSERT INTO comb.cursors (partition_id, consumer_group, queue_id, cursor_pos, lease_upto)
-                 SELECT p.id, $2, p.queue_id, s.pos, s.pos
-                 FROM comb.partitions p
+                "WITH anchors AS (
+                     INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
+                     SELECT p.id, $2, p.queue_id FROM comb.partitions p WHERE p.queue_id = $1
+                     ON CONFLICT DO NOTHING
+                     RETURNING partition_id
+                 )
+                 INSERT INTO comb.cursor_states
+                     (partition_id, consumer_group, gen, ver, cursor_pos, lease_upto)
+                 SELECT a.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), 1,
+                        s.pos, s.pos
+                 FROM anchors a
                  CROSS JOIN LATERAL (
                      SELECT CASE $3::text
-                         WHEN 'new' THEN p.head_pos
+                         WHEN 'new' THEN (SELECT h.pos FROM comb.partition_head(a.partition_id) h)
                          WHEN 'from' THEN coalesce((
                              SELECT m.pos FROM comb.messages m
-                             WHERE m.partition_id = p.id AND m.created_at < $4
+                             WHERE m.partition_id = a.partition_id AND m.created_at < $4
                              ORDER BY m.pos DESC LIMIT 1), 0)
                          ELSE 0 END AS pos
-                 ) s
-                 WHERE p.queue_id = $1
-                 ON CONFLICT DO NOTHING",
+                 ) s",
                 &[&queue_id, &group, &mode, &start_at],
             )
             .await?;
@@ -297,10 +309,14 @@ impl Catalog {
         let client = pool.get().await?;
         let row = client
             .query_one(
-                "SELECT coalesce(sum(p.head_pos - coalesce((
-                     SELECT min(c.cursor_pos) FROM comb.cursors c WHERE c.partition_id = p.id
+                "SELECT coalesce(sum(h.pos - coalesce((
+                     SELECT min(s.cursor_pos) FROM comb.cursors c
+                     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+                     WHERE c.partition_id = p.id
                  ), 0)), 0)::bigint
-                 FROM comb.partitions p WHERE p.queue_id = $1",
+                 FROM comb.partitions p
+                 CROSS JOIN LATERAL comb.partition_head(p.id) h
+                 WHERE p.queue_id = $1",
                 &[&queue_id],
             )
             .await?;

@@ -11,6 +11,7 @@ pub mod config;
 pub mod db;
 pub mod fusion;
 pub mod http;
+pub mod lease;
 pub mod maintenance;
 pub mod pop;
 pub mod push;

@@ -1,14 +1,16 @@
 //! Pop: lease partitions to a consumer group and hand out their next messages.
 //!
-//! A claim is one statement: pick partitions of the queue where the group's cursor is behind
-//! the partition head and no lease is live, least recently served first (fairness), locking
-//! the cursor rows with `SKIP LOCKED` so concurrent claims never wait on each other; read the
-//! next `batch` unsettled messages of each; record the lease (or, with auto-ack, move the cursor
-//! past what was handed out). Concurrent pops with the same shape are fused into one claim
+//! A claim takes two round trips in one transaction. The first picks the group's cursors of
+//! the queue that are behind their partition's head and hold no lease, least recently served
+//! first (fairness), and locks their rows with `SKIP LOCKED`, so concurrent claims never wait
+//! on each other. The second, whose snapshot is taken once the locks are held, reads each
+//! cursor's latest state again, reads the next `batch` unsettled messages once, and appends
+//! the cursor's next state version holding the lease (or, with auto-ack, the moved position).
+//! Nothing is updated in place. Concurrent pops with the same shape are fused into one claim
 //! for as many partitions as they want together.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
@@ -64,101 +66,124 @@ pub struct Delivered {
     pub attempt: i32,
 }
 
-const CLAIM_SQL: &str = "
-WITH q AS (
-    SELECT coalesce((options->>'leaseTime')::float8, $6) AS lease_secs,
+/// Options of the queue a claim reads, with the server's defaults filled in.
+const QUEUE_OPTIONS: &str = "
+    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
            coalesce((options->>'retentionSeconds')::float8, 0) AS retention_secs
-    FROM comb.queues WHERE id = $1
-),
-cand AS (
-    SELECT c.partition_id, c.cursor_pos, c.cursor_seg, c.settled, c.attempt_pos, c.attempt_cnt
+    FROM comb.queues WHERE id = $1";
+
+/// First half of a claim: the group's cursors of the queue with messages to hand out and no
+/// lease, least recently served first (fairness), locked with `SKIP LOCKED` so concurrent
+/// claims never wait on each other; and the cursors whose lease ended unsettled (not locked:
+/// `ack::expire_leases` locks them). One row per cursor, `true` for the ones to claim.
+static CANDIDATES_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
+WITH q AS ({QUEUE_OPTIONS}),
+cs AS MATERIALIZED (
+    SELECT s.*
     FROM comb.cursors c
-    JOIN comb.partitions p ON p.id = c.partition_id
-    CROSS JOIN q
+    CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
     WHERE c.queue_id = $1 AND c.consumer_group = $2
       AND ($3::uuid IS NULL OR c.partition_id = $3)
-      AND p.head_pos > c.cursor_pos
-      AND c.lease_id IS NULL
-      AND c.available_at <= now()
-      AND (q.window_secs = 0
-           OR p.last_push_at <= now() - make_interval(secs => q.window_secs))
-      AND (q.retention_secs = 0
-           OR p.last_push_at > now() - make_interval(secs => q.retention_secs))
+),
+cand AS (
+    SELECT c.partition_id
+    FROM cs
+    JOIN comb.cursors c ON c.partition_id = cs.partition_id AND c.consumer_group = $2
+    CROSS JOIN q
+    CROSS JOIN LATERAL comb.partition_head(cs.partition_id) h
+    WHERE cs.lease_id IS NULL
+      AND cs.available_at <= now()
+      AND h.pos > cs.cursor_pos
+      AND (q.window_secs = 0 OR h.at <= now() - make_interval(secs => q.window_secs))
+      AND (q.retention_secs = 0 OR h.at > now() - make_interval(secs => q.retention_secs))
       AND (q.delay_secs = 0 OR (
            SELECT m.created_at FROM comb.messages m
-           WHERE m.partition_id = c.partition_id
-             AND m.pos > c.cursor_pos AND m.seg >= c.cursor_seg
+           WHERE m.partition_id = cs.partition_id
+             AND m.pos > cs.cursor_pos AND m.seg >= cs.cursor_seg
            ORDER BY m.pos LIMIT 1) <= now() - make_interval(secs => q.delay_secs))
-    ORDER BY c.last_claimed_at, c.partition_id
+    ORDER BY cs.last_claimed_at, cs.partition_id
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
+)
+SELECT partition_id, true FROM cand
+UNION ALL
+(SELECT partition_id, false FROM cs
+ WHERE lease_id IS NOT NULL AND lease_expires_at <= now()
+ LIMIT 256)"
+    )
+});
+
+/// Second half of a claim, run once the cursors are locked (so its snapshot sees every
+/// version written before): read the latest state again, read the next `batch` unsettled
+/// messages of each partition once, and write the cursor's next version with the lease (or,
+/// with auto-ack, with the position moved past what was handed out).
+static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
+WITH q AS ({QUEUE_OPTIONS}),
+st AS MATERIALIZED (
+    SELECT s.*
+    FROM unnest($3::uuid[]) AS c(partition_id)
+    CROSS JOIN LATERAL comb.cursor_state(c.partition_id, $2) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
-picked AS (
-    SELECT cand.partition_id, cand.cursor_pos, cand.cursor_seg, cand.settled,
-           cand.attempt_pos, cand.attempt_cnt, min(m.pos) AS first, max(m.pos) AS upto
-    FROM cand
+msgs AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at
+    FROM st
     CROSS JOIN q
     CROSS JOIN LATERAL (
-        SELECT m.pos FROM comb.messages m
-        WHERE m.partition_id = cand.partition_id
-          AND m.pos > cand.cursor_pos AND m.seg >= cand.cursor_seg
-          AND m.pos <> ALL (cand.settled)
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at
+        FROM comb.messages m
+        WHERE m.partition_id = st.partition_id
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
           AND (q.retention_secs = 0
                OR m.created_at > now() - make_interval(secs => q.retention_secs))
         ORDER BY m.pos
-        LIMIT $5
+        LIMIT $4
     ) m
-    GROUP BY cand.partition_id, cand.cursor_pos, cand.cursor_seg, cand.settled,
-             cand.attempt_pos, cand.attempt_cnt
+),
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
 ),
 claimed AS (
-    UPDATE comb.cursors c SET
-        lease_id = CASE WHEN $7 THEN NULL ELSE gen_random_uuid() END,
-        lease_expires_at = CASE WHEN $7 THEN NULL
-            ELSE now() + make_interval(secs => q.lease_secs) END,
-        lease_upto = picked.upto,
-        -- Messages before the first one handed out that are not settled are past their
-        -- queue's retention: the position moves over them.
-        cursor_pos = CASE WHEN $7 THEN picked.upto
-            ELSE greatest(c.cursor_pos, picked.first - 1) END,
-        settled = ARRAY(SELECT s FROM unnest(c.settled) s
-            WHERE s > CASE WHEN $7 THEN picked.upto ELSE picked.first - 1 END),
-        attempt_pos = ARRAY(SELECT a FROM unnest(c.attempt_pos) a
-            WHERE a > CASE WHEN $7 THEN picked.upto ELSE picked.first - 1 END),
-        attempt_cnt = ARRAY(SELECT n FROM unnest(c.attempt_pos, c.attempt_cnt) AS x(a, n)
-            WHERE a > CASE WHEN $7 THEN picked.upto ELSE picked.first - 1 END),
-        last_claimed_at = clock_timestamp()
-    FROM picked, q
-    WHERE c.partition_id = picked.partition_id AND c.consumer_group = $2
-    RETURNING c.partition_id, c.lease_id, c.lease_expires_at, picked.attempt_pos,
-              picked.attempt_cnt, picked.first, picked.cursor_seg AS from_seg, picked.settled AS skip, picked.upto
+    INSERT INTO comb.cursor_states
+        (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+         attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+           greatest(st.cursor_pos, span.cut), st.cursor_seg,
+           ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
+           ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
+           ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
+                 WHERE a > span.cut),
+           CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
+           CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
+           span.upto, st.available_at, clock_timestamp()
+    FROM st
+    JOIN span ON span.partition_id = st.partition_id
+    CROSS JOIN q
+    RETURNING partition_id, lease_id, lease_expires_at
 )
 SELECT cl.partition_id, p.name, cl.lease_id, cl.lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
-       1 + coalesce(cl.attempt_cnt[array_position(cl.attempt_pos, m.pos)], 0) AS attempt
+       1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
 FROM claimed cl
+JOIN st ON st.partition_id = cl.partition_id
 JOIN comb.partitions p ON p.id = cl.partition_id
-CROSS JOIN LATERAL (
-    SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at
-    FROM comb.messages m
-    WHERE m.partition_id = cl.partition_id
-      AND m.pos >= cl.first AND m.pos <= cl.upto AND m.seg >= cl.from_seg
-      AND m.pos <> ALL (cl.skip)
-    ORDER BY m.pos
-) m
-ORDER BY cl.partition_id, m.pos";
-
-/// Leases of the group that ended without being settled: their messages must count an
-/// attempt (and may be dead-lettered) before the partition is handed out again.
-const EXPIRED_SQL: &str = "
-SELECT c.partition_id FROM comb.cursors c
-WHERE c.queue_id = $1 AND c.consumer_group = $2
-  AND ($3::uuid IS NULL OR c.partition_id = $3)
-  AND c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
-LIMIT 256";
+JOIN msgs m ON m.partition_id = cl.partition_id
+ORDER BY cl.partition_id, m.pos"
+    )
+});
 
 /// Starts the pop workers.
 pub fn start(pool: Pool, workers: usize, default_lease_seconds: f64) -> Fuser<PopJob> {
@@ -240,34 +265,56 @@ async fn claim(
     Ok(claims.0)
 }
 
-/// One claim statement, pipelined with the look for ended leases.
+/// One claim: candidates locked and ended leases found in one round trip, then the claim
+/// and its commit in a second.
 async fn claim_once(
     client: &deadpool_postgres::Client,
     shape: &PopShape,
     partitions: usize,
     default_lease_seconds: f64,
 ) -> Result<(Vec<Claim>, Option<Vec<Uuid>>), DbError> {
-    let stmt = client.prepare_cached(CLAIM_SQL).await?;
-    let expired_stmt = client.prepare_cached(EXPIRED_SQL).await?;
+    let candidates = client.prepare_cached(&CANDIDATES_SQL).await?;
+    let stmt = client.prepare_cached(&CLAIM_SQL).await?;
+    let pg: &tokio_postgres::Client = client;
     let limit = partitions as i64;
     let batch = shape.batch as i64;
-    let claim_params: [&(dyn ToSql + Sync); 7] = [
+    let params: [&(dyn ToSql + Sync); 5] = [
         &shape.queue_id,
         &shape.group,
         &shape.partition_id,
         &limit,
+        &default_lease_seconds,
+    ];
+    let (begin, found) = tokio::join!(pg.batch_execute("BEGIN"), pg.query(&candidates, &params));
+    let found = match begin.and(found) {
+        Ok(rows) => rows,
+        Err(e) => return Err(rollback(pg, e).await),
+    };
+    let mut locked: Vec<Uuid> = Vec::new();
+    let mut expired: Vec<Uuid> = Vec::new();
+    for r in found {
+        if r.get::<_, bool>(1) {
+            locked.push(r.get(0));
+        } else {
+            expired.push(r.get(0));
+        }
+    }
+    if locked.is_empty() {
+        pg.batch_execute("COMMIT").await?;
+        return Ok((Vec::new(), Some(expired)));
+    }
+    let claim_params: [&(dyn ToSql + Sync); 6] = [
+        &shape.queue_id,
+        &shape.group,
+        &locked,
         &batch,
         &default_lease_seconds,
         &shape.auto_ack,
     ];
-    let expired_params: [&(dyn ToSql + Sync); 3] =
-        [&shape.queue_id, &shape.group, &shape.partition_id];
-    let (expired, rows) = tokio::join!(
-        client.query(&expired_stmt, &expired_params),
-        client.query(&stmt, &claim_params),
-    );
-    let expired: Vec<Uuid> = expired?.iter().map(|r| r.get(0)).collect();
+    let (rows, commit) = tokio::join!(pg.query(&stmt, &claim_params), pg.batch_execute("COMMIT"));
+    // A failed claim makes the pipelined COMMIT roll back.
     let rows = rows?;
+    commit?;
     let mut claims: Vec<Claim> = Vec::new();
     for r in rows {
         let partition_id: Uuid = r.get(0);
@@ -292,4 +339,11 @@ async fn claim_once(
         });
     }
     Ok((claims, Some(expired)))
+}
+
+/// Ends a transaction that failed part-way so the connection goes back to the pool clean, and
+/// hands back the error that failed it.
+async fn rollback(pg: &tokio_postgres::Client, e: tokio_postgres::Error) -> DbError {
+    let _ = pg.batch_execute("ROLLBACK").await;
+    e.into()
 }

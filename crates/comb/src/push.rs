@@ -5,7 +5,8 @@
 //!
 //! 1. lock the rows of every partition in the batch, in id order (no deadlocks between batches);
 //! 2. skip items whose transaction id the partition already holds, then insert the rest at
-//!    positions `head_pos + 1, head_pos + 2, …` and move each partition's head.
+//!    positions `head + 1, head + 2, …`, where the head is the newest position stored
+//!    (`comb.partition_head`). Nothing is updated: the partition row is only locked.
 //!
 //! The second statement takes its snapshot after the locks are held, so it sees every earlier
 //! push of those partitions, and positions in a partition are committed in the order they are
@@ -83,22 +84,20 @@ fresh AS (
     WHERE NOT EXISTS (SELECT 1 FROM prior p WHERE p.ord = i.ord)
 ),
 segment AS (SELECT max(seg) AS seg FROM comb.segments),
+heads AS (
+    SELECT d.partition_id, h.pos
+    FROM (SELECT DISTINCT partition_id FROM fresh) d
+    CROSS JOIN LATERAL comb.partition_head(d.partition_id) h
+),
 stored AS (
     INSERT INTO comb.messages
         (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
-    SELECT f.partition_id, p.head_pos + f.rn, s.seg, f.message_id, f.transaction_id,
+    SELECT f.partition_id, h.pos + f.rn, s.seg, f.message_id, f.transaction_id,
            f.trace_id, f.payload, statement_timestamp()
     FROM fresh f
-    JOIN comb.partitions p ON p.id = f.partition_id
+    JOIN heads h ON h.partition_id = f.partition_id
     CROSS JOIN segment s
     RETURNING message_id
-),
-heads AS (
-    UPDATE comb.partitions p
-    SET head_pos = p.head_pos + c.n, last_push_at = statement_timestamp()
-    FROM (SELECT partition_id, count(*) AS n FROM fresh GROUP BY partition_id) c
-    WHERE p.id = c.partition_id
-    RETURNING p.id
 )
 SELECT i.ord, pr.message_id AS prior_id, s.message_id IS NOT NULL AS stored
 FROM input i

@@ -408,7 +408,7 @@ async fn ack_errors() {
     assert!(b[0]["error"].as_str().unwrap().starts_with("lease_invalid"));
     assert_eq!(b[1]["success"], true);
     // None of the refused acks moved anything before the good one.
-    assert_eq!(env.sql("SELECT cursor_pos FROM comb.cursors"), "1");
+    assert_eq!(env.sql("SELECT cursor_pos FROM comb.cursors_now"), "1");
 }
 
 #[tokio::test]

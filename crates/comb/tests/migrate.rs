@@ -34,7 +34,7 @@ fn migrate_applies_every_version_once() {
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM comb.migrations",
         )
         .unwrap();
-    assert_eq!(versions.trim(), "1,2");
+    assert_eq!(versions.trim(), "1,2,3");
     // Running it again changes nothing.
     let out = comb(&["migrate"], &url);
     assert!(out.status.success());
@@ -42,7 +42,7 @@ fn migrate_applies_every_version_once() {
         pg.psql(&db, "SELECT count(*) FROM comb.migrations")
             .unwrap()
             .trim(),
-        "2"
+        "3"
     );
     assert_eq!(
         pg.psql(&db, "SELECT count(*) FROM comb.segments")
@@ -72,4 +72,54 @@ fn a_server_refuses_a_schema_newer_than_it_knows() {
             "{args:?}: {err}"
         );
     }
+}
+
+/// A database at version 2 keeps every head and position through the move to insert-only
+/// state: the next message of a partition takes the position after its old head, and a
+/// group resumes where it was.
+#[test]
+fn upgrade_to_insert_only_state_keeps_heads_and_positions() {
+    let pg = Postgres::shared();
+    let url = pg.create_database("m_up").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/migrations");
+    let v1 = std::fs::read_to_string(format!("{dir}/0001_init.sql")).unwrap();
+    let v2 = std::fs::read_to_string(format!("{dir}/0002_segments.sql")).unwrap();
+    pg.psql(
+        &db,
+        &format!(
+            "CREATE SCHEMA comb;
+         CREATE TABLE comb.migrations (version integer PRIMARY KEY, name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());
+         {v1}
+         {v2}
+         INSERT INTO comb.migrations (version, name) VALUES (1, 'init'), (2, 'segments');
+         INSERT INTO comb.queues (id, name) VALUES ('00000000-0000-0000-0000-000000000001', 'q');
+         -- Partition p held 7 messages, whose segment is gone; group g settled 5 of them.
+         INSERT INTO comb.partitions (id, queue_id, name, head_pos, last_push_at)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', '00000000-0000-0000-0000-000000000001',
+                 'p', 7, now());
+         INSERT INTO comb.subscriptions (queue_id, consumer_group, mode)
+         VALUES ('00000000-0000-0000-0000-000000000001', 'g', 'all');
+         INSERT INTO comb.cursors (partition_id, consumer_group, queue_id, cursor_pos, settled)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', 'g',
+                 '00000000-0000-0000-0000-000000000001', 5, '{{7}}');"
+        ),
+    )
+    .unwrap();
+    let out = comb(&["migrate"], &url);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = pg
+        .psql(
+            &db,
+            "SELECT (SELECT pos FROM comb.partition_head('00000000-0000-0000-0000-0000000000a1')),
+                    c.cursor_pos, c.settled::text, c.ver
+             FROM comb.cursors_now c",
+        )
+        .unwrap();
+    assert_eq!(got.trim(), "7|5|{7}|1");
 }

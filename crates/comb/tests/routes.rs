@@ -131,13 +131,13 @@ async fn ack_single_and_batch_move_the_position() {
     assert_eq!(one[0]["queueName"], "q");
     assert_eq!(one[0]["partitionName"], "Default");
     assert_eq!(one[0]["leaseReleased"], false);
-    assert_eq!(env.sql("SELECT cursor_pos FROM comb.cursors"), "0");
+    assert_eq!(env.sql("SELECT cursor_pos FROM comb.cursors_now"), "0");
     // The batch settles the rest and releases the lease.
     let first_two = json!({"messages": [msgs[0].clone(), msgs[1].clone()]});
     let results = env.ack_all(&first_two, "completed", None).await;
     assert!(results.iter().all(|r| r["success"] == true), "{results:?}");
     assert_eq!(results[1]["leaseReleased"], true);
-    assert_eq!(env.sql("SELECT cursor_pos FROM comb.cursors"), "3");
+    assert_eq!(env.sql("SELECT cursor_pos FROM comb.cursors_now"), "3");
     assert!(env.pop("/api/v1/pop/queue/q").await.is_none());
 }
 
@@ -166,7 +166,7 @@ async fn configure_merges_options() {
     env.push(json!([{"queue": "q", "payload": 1}])).await;
     env.pop("/api/v1/pop/queue/q").await.unwrap();
     let secs: f64 = env
-        .sql("SELECT extract(epoch FROM lease_expires_at - now()) FROM comb.cursors")
+        .sql("SELECT extract(epoch FROM lease_expires_at - now()) FROM comb.cursors_now")
         .parse()
         .unwrap();
     assert!(secs > 20.0 && secs <= 30.0, "lease of {secs}s");

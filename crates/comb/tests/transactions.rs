@@ -223,7 +223,7 @@ async fn bad_input_is_refused_and_nothing_of_it_happens() {
     // The ack in the refused transactions did not happen: the lease still holds it, and it
     // still acks (and then the partition is done).
     assert_eq!(
-        env.sql("SELECT max(cursor_pos) FROM comb.cursors"),
+        env.sql("SELECT max(cursor_pos) FROM comb.cursors_now"),
         "0",
         "a refused transaction moved a position"
     );

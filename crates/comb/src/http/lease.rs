@@ -4,14 +4,13 @@
 use axum::extract::State as AxState;
 
 use super::params::PathParams;
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::SecondsFormat;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::body::JsonBody;
 use super::{Problem, State};
-use crate::db::DbError;
 use crate::queue::MAX_LEASE_SECONDS;
 
 /// The extension request body.
@@ -42,25 +41,14 @@ pub async fn extend(
             format!("seconds must be between 1 and {MAX_LEASE_SECONDS}"),
         ));
     }
-    let client = app.pool.get().await.map_err(DbError::from)?;
-    let row = client
-        .query_opt(
-            "UPDATE comb.cursors
-             SET lease_expires_at = now() + make_interval(secs => $2::float8)
-             WHERE lease_id = $1 AND lease_expires_at > now()
-               AND ($3::uuid IS NULL OR partition_id = $3)
-             RETURNING lease_expires_at",
-            &[&lease, &(body.seconds as f64), &body.partition_id],
-        )
-        .await
-        .map_err(DbError::from)?;
-    let Some(row) = row else {
+    let expires =
+        crate::lease::extend(&app.pool, lease, body.seconds as f64, body.partition_id).await?;
+    let Some(expires) = expires else {
         return Err(Problem::conflict(
             "lease_invalid",
             "no live lease with this id: it ended, was released, or never existed (an ended lease cannot be revived)",
         ));
     };
-    let expires: DateTime<Utc> = row.get(0);
     Ok(axum::Json(json!([{
         "leaseId": lease,
         "success": true,

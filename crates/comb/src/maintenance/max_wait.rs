@@ -4,22 +4,22 @@
 
 use deadpool_postgres::Client;
 
-use crate::ack::{DeadLetter, locked_cursors, write_back};
+use crate::ack::{DeadLetter, STATE_SQL, locked_cursors, write_back};
 use crate::db::DbError;
 
-/// Cursors whose next message is overdue, locked (busy ones skipped), in the column layout of
-/// `ack::locked_cursors`.
+/// Cursors whose next message is overdue, locked (busy ones skipped); their state is read
+/// afterwards with `ack::STATE_SQL`.
 const OVERDUE_CURSORS_SQL: &str = "
-SELECT c.partition_id, c.consumer_group, c.cursor_pos, c.cursor_seg, c.settled,
-       c.attempt_pos, c.attempt_cnt, c.lease_id, false, c.lease_upto, q.options, q.id
+SELECT c.partition_id, c.consumer_group
 FROM comb.cursors c
 JOIN comb.queues q ON q.id = c.queue_id
-JOIN comb.partitions p ON p.id = c.partition_id
+CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+CROSS JOIN LATERAL comb.partition_head(c.partition_id) h
 WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
-  AND p.head_pos > c.cursor_pos
-  AND c.lease_id IS NULL
+  AND h.pos > s.cursor_pos
+  AND s.lease_id IS NULL
   AND (SELECT m.created_at FROM comb.messages m
-       WHERE m.partition_id = c.partition_id AND m.pos > c.cursor_pos AND m.seg >= c.cursor_seg
+       WHERE m.partition_id = c.partition_id AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
        ORDER BY m.pos LIMIT 1)
       < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
 ORDER BY c.partition_id, c.consumer_group
@@ -37,11 +37,16 @@ LIMIT 10000";
 /// Dead-letters overdue messages; returns how many.
 pub async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbError> {
     let tx = client.transaction().await?;
-    let rows = tx.query(OVERDUE_CURSORS_SQL, &[]).await?;
-    if rows.is_empty() {
+    let overdue = tx.query(OVERDUE_CURSORS_SQL, &[]).await?;
+    if overdue.is_empty() {
         return Ok(0);
     }
+    let pids: Vec<uuid::Uuid> = overdue.iter().map(|r| r.get(0)).collect();
+    let groups: Vec<String> = overdue.iter().map(|r| r.get(1)).collect();
+    let rows = tx.query(STATE_SQL, &[&pids, &groups]).await?;
     let mut cursors = locked_cursors(&rows);
+    // Read again under the lock: a lease taken meanwhile leaves the cursor to its consumer.
+    cursors.retain(|_, l| l.cursor.lease_id.is_none());
     let mut dead = Vec::new();
     for ((partition_id, group), state) in cursors.iter_mut() {
         let max_wait = state.options.max_wait_time_seconds as f64;

@@ -28,6 +28,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "segments",
         sql: include_str!("migrations/0002_segments.sql"),
     },
+    Migration {
+        version: 3,
+        name: "insert_only_state",
+        sql: include_str!("migrations/0003_insert_only_state.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

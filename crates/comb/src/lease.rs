@@ -1,0 +1,65 @@
+//! Lease extension: a consumer still working keeps its partition for longer.
+//!
+//! A lease lives in its cursor's latest state version, so extending it appends a version with
+//! the new end, under the cursor's row lock like every other writer. An ended lease is never
+//! revived: its partition may already be with another consumer.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use crate::db::DbError;
+
+/// The cursors a lease id was ever written to (any version holds it).
+const FIND_SQL: &str = "
+SELECT DISTINCT partition_id, consumer_group FROM comb.cursor_states
+WHERE lease_id = $1 AND ($2::uuid IS NULL OR partition_id = $2)";
+
+const LOCK_SQL: &str = "
+SELECT 1 FROM comb.cursors WHERE partition_id = $1 AND consumer_group = $2
+FOR NO KEY UPDATE";
+
+/// Appends the version with the new end, if the lease is still the cursor's and still live.
+const EXTEND_SQL: &str = "
+INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+SELECT s.partition_id, s.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
+       s.cursor_pos, s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
+       now() + make_interval(secs => $4::float8), s.lease_upto, s.available_at,
+       s.last_claimed_at
+FROM comb.cursor_state($1, $2) s
+WHERE s.lease_id = $3 AND s.lease_expires_at > now()
+RETURNING lease_expires_at";
+
+/// Moves the end of a live lease to `seconds` from now; `None` when no live lease has this id.
+pub async fn extend(
+    pool: &Pool,
+    lease: Uuid,
+    seconds: f64,
+    partition: Option<Uuid>,
+) -> Result<Option<DateTime<Utc>>, DbError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let found = tx.query(FIND_SQL, &[&lease, &partition]).await?;
+    for r in found {
+        let (pid, group): (Uuid, String) = (r.get(0), r.get(1));
+        let lock = tx.prepare_cached(LOCK_SQL).await?;
+        let extend = tx.prepare_cached(EXTEND_SQL).await?;
+        // Pipelined: the insert's snapshot is taken once the lock is held.
+        let lock_params: [&(dyn ToSql + Sync); 2] = [&pid, &group];
+        let extend_params: [&(dyn ToSql + Sync); 4] = [&pid, &group, &lease, &seconds];
+        let (locked, extended) = tokio::join!(
+            tx.query(&lock, &lock_params),
+            tx.query_opt(&extend, &extend_params),
+        );
+        locked?;
+        if let Some(row) = extended? {
+            let expires: DateTime<Utc> = row.get(0);
+            tx.commit().await?;
+            return Ok(Some(expires));
+        }
+    }
+    Ok(None)
+}
