@@ -98,6 +98,13 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_SEGMENT_SECONDS", default_value_t = 3_600)]
     pub segment_seconds: u64,
 
+    /// How long pops and acks write cursor state into one generation (table) before the next
+    /// takes over. Maintenance then carries the latest state of each cursor forward and drops
+    /// the older generation whole: superseded versions outlive this by about one maintenance
+    /// interval.
+    #[arg(long, env = "COMB_GENERATION_SECONDS", default_value_t = 60)]
+    pub generation_seconds: u64,
+
     /// Pause between maintenance cycles, in milliseconds.
     #[arg(long, env = "COMB_MAINTENANCE_INTERVAL_MS", default_value_t = 10_000)]
     pub maintenance_interval_ms: u64,

@@ -21,6 +21,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         config.database.database_url.clone(),
         maintenance::Settings {
             segment_seconds: config.segment_seconds,
+            generation_seconds: config.generation_seconds,
             interval: std::time::Duration::from_millis(config.maintenance_interval_ms),
             lock_timeout: std::time::Duration::from_millis(config.maintenance_lock_timeout_ms),
             server: format!("{} pid {}", config.listen, std::process::id()),

@@ -1,5 +1,6 @@
-//! Background maintenance: message segments (make ahead, roll over, summarise, drop whole)
-//! and dead-lettering of messages pending past `maxWaitTimeSeconds`.
+//! Background maintenance: message segments (make ahead, roll over, summarise, drop whole),
+//! generations of cursor state (make ahead, rotate, carry forward, drop whole) and
+//! dead-lettering of messages pending past `maxWaitTimeSeconds`.
 //!
 //! Every server runs the loop, but only the holder of a session-level advisory lock does the
 //! work, so it runs once per cluster however many servers share the database. When the
@@ -8,6 +9,7 @@
 //! is asked for with a short `lock_timeout`: maintenance gives way to traffic, never the
 //! reverse.
 
+mod generations;
 mod max_wait;
 mod segments;
 
@@ -25,6 +27,8 @@ const LEADER_LOCK: i64 = 0x636f_6d62_0002;
 pub struct Settings {
     /// How long pushes write into one segment before the next takes over.
     pub segment_seconds: u64,
+    /// How long cursor state versions go into one generation before the next takes over.
+    pub generation_seconds: u64,
     /// Pause between cycles.
     pub interval: Duration,
     /// How long a drop or summary may wait for a lock before it gives up until next cycle.
@@ -40,9 +44,15 @@ pub struct Report {
     pub rolled: i32,
     pub summarized: i32,
     pub dropped: i32,
-    /// Drops that could not get their lock in time and wait for the next cycle.
+    /// Drops (of segments or generations) that could not get their lock in time and wait
+    /// for the next cycle.
     pub drop_retries: i32,
     pub dead_lettered: i64,
+    /// Generation tables made (ahead of their use).
+    pub generations_created: i32,
+    pub generations_dropped: i32,
+    /// Cursor states copied into the newest generation from the ones dropped.
+    pub states_carried: i64,
 }
 
 impl Report {
@@ -94,8 +104,9 @@ async fn lead(client: &mut Client, settings: &Settings) -> Result<(), DbError> {
                 client
                     .execute(
                         "INSERT INTO comb.maintenance_runs (started_at, server, created, rolled,
-                             summarized, dropped, drop_retries, dead_lettered)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                             summarized, dropped, drop_retries, dead_lettered,
+                             generations_created, generations_dropped, states_carried)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                         &[
                             &started,
                             &settings.server,
@@ -105,6 +116,9 @@ async fn lead(client: &mut Client, settings: &Settings) -> Result<(), DbError> {
                             &report.dropped,
                             &report.drop_retries,
                             &report.dead_lettered,
+                            &report.generations_created,
+                            &report.generations_dropped,
+                            &report.states_carried,
                         ],
                     )
                     .await?;
@@ -121,6 +135,12 @@ pub async fn cycle(client: &mut Client, settings: &Settings) -> Result<Report, D
     segments::roll_over(client, settings, &mut report).await?;
     segments::summarize(client, settings, &mut report).await?;
     segments::drop_reclaimable(client, settings, &mut report).await?;
+    // Older generations are carried before a new one starts, so that the generation just
+    // replaced is left a whole cycle for writers that chose it to finish; the next one is
+    // made after the switch, so that it is attached a whole cycle before writers go to it.
+    generations::carry_forward_and_drop(client, settings, &mut report).await?;
+    generations::rotate(client, settings).await?;
+    generations::make_ahead(client, settings, &mut report).await?;
     report.dead_lettered += max_wait::dead_letter_overdue(client).await?;
     Ok(report)
 }

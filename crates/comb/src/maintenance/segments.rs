@@ -3,7 +3,9 @@
 //! The newest segment takes the pushes. One segment ahead always exists, so that rolling over
 //! is a row insert rather than DDL on the hot path. A closed segment is summarised once (per
 //! partition: the last position and time it holds); from then on the decision to drop it reads
-//! only that summary, consumer positions and queue options — never snapshot horizons.
+//! only that summary, consumer positions and queue options — never snapshot horizons. The
+//! newest summary of a partition outlives its segment's table: with the messages gone, it is
+//! where the partition's head is read from.
 //!
 //! A closed segment may go when, for every partition with messages in it, its queue was
 //! deleted, or the queue's `retentionSeconds` has passed its newest message there, or the
@@ -22,7 +24,7 @@ fn table(seg: i32) -> String {
     format!("comb.messages_{seg}")
 }
 
-fn lock_timeout_sql(settings: &Settings) -> String {
+pub(super) fn lock_timeout_sql(settings: &Settings) -> String {
     format!(
         "SET LOCAL lock_timeout = '{}ms'",
         settings.lock_timeout.as_millis().max(1)
@@ -36,13 +38,31 @@ fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
 
 /// Runs a transaction script whose locks are asked for with the lock timeout. `Ok(false)`
 /// when a lock could not be had in time: it rolled back and is tried again next cycle.
-async fn give_way(client: &Client, script: &str) -> Result<bool, DbError> {
-    match client.batch_execute(script).await {
-        Ok(()) => Ok(true),
+pub(super) async fn give_way(client: &Client, script: &str) -> Result<bool, DbError> {
+    Ok(give_way_counting(client, script).await?.is_some())
+}
+
+/// [`give_way`] for scripts whose row counts matter: one count per statement, in script
+/// order (0 for statements that touch no rows, such as `BEGIN` or `LOCK`). `None` when a lock
+/// could not be had in time.
+pub(super) async fn give_way_counting(
+    client: &Client,
+    script: &str,
+) -> Result<Option<Vec<u64>>, DbError> {
+    match client.simple_query(script).await {
+        Ok(messages) => Ok(Some(
+            messages
+                .iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::CommandComplete(n) => Some(*n),
+                    _ => None,
+                })
+                .collect(),
+        )),
         Err(e) => {
             let _ = client.batch_execute("ROLLBACK").await;
             if is_lock_timeout(&e) {
-                Ok(false)
+                Ok(None)
             } else {
                 Err(e.into())
             }
@@ -187,10 +207,25 @@ WHERE s.summarized
              AND EXISTS (SELECT 1 FROM comb.cursors c WHERE c.partition_id = sp.partition_id)
              AND NOT EXISTS (
                  SELECT 1 FROM comb.cursors c
-                 WHERE c.partition_id = sp.partition_id AND c.cursor_pos < sp.max_pos))
+                 LEFT JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) st
+                     ON true
+                 WHERE c.partition_id = sp.partition_id
+                   AND coalesce(st.cursor_pos, 0) < sp.max_pos))
         )
   )
 ORDER BY s.seg";
+
+/// Summaries of dropped segments that no longer tell anything. Once its messages are gone,
+/// the newest summary of a partition is where its head is read from
+/// (`comb.partition_head`), so it stays until a newer segment's summary supersedes it or the
+/// partition is deleted. Summaries of segments that still exist are what the drop decision
+/// reads, and stay with them.
+const FORGET_SUMMARIES_SQL: &str = "
+DELETE FROM comb.segment_partitions sp
+WHERE sp.seg <> ALL (ARRAY(SELECT seg FROM comb.segments))
+  AND (EXISTS (SELECT 1 FROM comb.segment_partitions n
+               WHERE n.partition_id = sp.partition_id AND n.seg > sp.seg)
+       OR NOT EXISTS (SELECT 1 FROM comb.partitions p WHERE p.id = sp.partition_id))";
 
 /// Drops every reclaimable segment whose lock can be had within the lock timeout.
 pub async fn drop_reclaimable(
@@ -207,8 +242,8 @@ pub async fn drop_reclaimable(
     for seg in segs {
         let sql = format!(
             "BEGIN; {}; DROP TABLE IF EXISTS {};
-             DELETE FROM comb.segment_partitions WHERE seg = {seg};
              DELETE FROM comb.segments WHERE seg = {seg};
+             {FORGET_SUMMARIES_SQL};
              COMMIT;",
             lock_timeout_sql(settings),
             table(seg)
