@@ -89,23 +89,39 @@ cs AS MATERIALIZED (
     WHERE c.queue_id = $1 AND c.consumer_group = $2
       AND ($3::uuid IS NULL OR c.partition_id = $3)
 ),
-cand AS (
-    SELECT c.partition_id
-    FROM cs
-    JOIN comb.cursors c ON c.partition_id = cs.partition_id AND c.consumer_group = $2
+-- Free cursors, least recently served first; whether a partition has messages to hand out is
+-- checked lazily in that order (the filter sits above the sort), so a claim looks at a few
+-- more partitions than it wants, not at every partition of the queue. A few more than wanted
+-- are kept for concurrent claims that lock some of them first.
+eligible AS (
+    SELECT f.partition_id, f.last_claimed_at
+    FROM (
+        SELECT * FROM cs
+        WHERE cs.lease_id IS NULL AND cs.available_at <= now()
+        ORDER BY cs.last_claimed_at, cs.partition_id
+        OFFSET 0
+    ) f
     CROSS JOIN q
-    CROSS JOIN LATERAL comb.partition_head(cs.partition_id) h
-    WHERE cs.lease_id IS NULL
-      AND cs.available_at <= now()
-      AND h.pos > cs.cursor_pos
-      AND (q.window_secs = 0 OR h.at <= now() - make_interval(secs => q.window_secs))
-      AND (q.retention_secs = 0 OR h.at > now() - make_interval(secs => q.retention_secs))
+    WHERE EXISTS (
+          SELECT 1 FROM comb.messages m
+          WHERE m.partition_id = f.partition_id
+            AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)
+      AND (q.window_secs = 0 OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
+           <= now() - make_interval(secs => q.window_secs))
+      AND (q.retention_secs = 0 OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
+           > now() - make_interval(secs => q.retention_secs))
       AND (q.delay_secs = 0 OR (
            SELECT m.created_at FROM comb.messages m
-           WHERE m.partition_id = cs.partition_id
-             AND m.pos > cs.cursor_pos AND m.seg >= cs.cursor_seg
+           WHERE m.partition_id = f.partition_id
+             AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
            ORDER BY m.pos LIMIT 1) <= now() - make_interval(secs => q.delay_secs))
-    ORDER BY cs.last_claimed_at, cs.partition_id
+    LIMIT $4::bigint * 4 + 16
+),
+cand AS (
+    SELECT c.partition_id
+    FROM eligible e
+    JOIN comb.cursors c ON c.partition_id = e.partition_id AND c.consumer_group = $2
+    ORDER BY e.last_claimed_at, e.partition_id
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
 )
