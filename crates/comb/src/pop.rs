@@ -1,16 +1,17 @@
 //! Pop: lease partitions to a consumer group and hand out their next messages.
 //!
-//! A claim takes two round trips in one transaction. The first picks the group's cursors of
-//! the queue that are behind their partition's head and hold no lease, least recently served
-//! first (fairness), and locks their rows with `SKIP LOCKED`, so concurrent claims never wait
-//! on each other. The second, whose snapshot is taken once the locks are held, reads each
-//! cursor's latest state again, reads the next `batch` unsettled messages once, and appends
-//! the cursor's next state version holding the lease (or, with auto-ack, the moved position).
+//! A claim takes two round trips in one transaction. The first walks the group's cursors of
+//! the queue round robin (from just after the partition this server claimed last), takes
+//! those that are behind their partition's head and hold no lease, and locks their rows with
+//! `SKIP LOCKED`, so concurrent claims never wait on each other. The second, whose snapshot is
+//! taken once the locks are held, reads each cursor's latest state again, reads the next
+//! `batch` unsettled messages once, and appends the cursor's next state version holding the
+//! lease (or, with auto-ack, the moved position).
 //! Nothing is updated in place. Concurrent pops with the same shape are fused into one claim
 //! for as many partitions as they want together.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
@@ -75,61 +76,72 @@ const QUEUE_OPTIONS: &str = "
     FROM comb.queues WHERE id = $1";
 
 /// First half of a claim: the group's cursors of the queue with messages to hand out and no
-/// lease, least recently served first (fairness), locked with `SKIP LOCKED` so concurrent
-/// claims never wait on each other; and the cursors whose lease ended unsettled (not locked:
-/// `ack::expire_leases` locks them). One row per cursor, `true` for the ones to claim.
+/// lease, locked with `SKIP LOCKED` so concurrent claims never wait on each other; and the
+/// cursors whose lease ended unsettled (not locked: `ack::expire_leases` locks them). One row
+/// per cursor, `true` for the ones to claim.
+///
+/// Fairness is round robin: cursors are walked in partition order starting after the
+/// partition the previous claim of this server took (`$6`), wrapping around, so every
+/// partition with pending messages is served within one turn of the walk. The walk is lazy:
+/// a claim reads the state of a few more cursors than it wants, not of every partition of the
+/// queue, unless few partitions have messages.
 static CANDIDATES_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "
 WITH q AS ({QUEUE_OPTIONS}),
-cs AS MATERIALIZED (
-    SELECT s.*
-    FROM comb.cursors c
-    CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-    WHERE c.queue_id = $1 AND c.consumer_group = $2
-      AND ($3::uuid IS NULL OR c.partition_id = $3)
+walk AS (
+    (SELECT c.partition_id, false AS wrapped FROM comb.cursors c
+     WHERE c.queue_id = $1 AND c.consumer_group = $2
+       AND ($3::uuid IS NULL OR c.partition_id = $3) AND c.partition_id > $6
+     ORDER BY c.partition_id)
+    UNION ALL
+    (SELECT c.partition_id, true FROM comb.cursors c
+     WHERE c.queue_id = $1 AND c.consumer_group = $2
+       AND ($3::uuid IS NULL OR c.partition_id = $3) AND c.partition_id <= $6
+     ORDER BY c.partition_id)
 ),
--- Free cursors, least recently served first; whether a partition has messages to hand out is
--- checked lazily in that order (the filter sits above the sort), so a claim looks at a few
--- more partitions than it wants, not at every partition of the queue. A few more than wanted
--- are kept for concurrent claims that lock some of them first.
-eligible AS (
-    SELECT f.partition_id, f.last_claimed_at
-    FROM (
-        SELECT * FROM cs
-        WHERE cs.lease_id IS NULL AND cs.available_at <= now()
-        ORDER BY cs.last_claimed_at, cs.partition_id
-        OFFSET 0
-    ) f
+cs AS (
+    SELECT w.wrapped, s.*
+    FROM walk w
+    CROSS JOIN LATERAL comb.cursor_state(w.partition_id, $2) s
+),
+-- Cursors to claim (free, with messages to hand out) and cursors whose lease ended, in walk
+-- order; the walk stops once a few more than wanted are found, for concurrent claims that
+-- lock some of them first.
+seen AS (
+    SELECT f.partition_id, f.wrapped, f.lease_id IS NOT NULL AS expired
+    FROM cs f
     CROSS JOIN q
-    WHERE EXISTS (
-          SELECT 1 FROM comb.messages m
-          WHERE m.partition_id = f.partition_id
-            AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)
-      AND (q.window_secs = 0 OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
-           <= now() - make_interval(secs => q.window_secs))
-      AND (q.retention_secs = 0 OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
-           > now() - make_interval(secs => q.retention_secs))
-      AND (q.delay_secs = 0 OR (
-           SELECT m.created_at FROM comb.messages m
-           WHERE m.partition_id = f.partition_id
-             AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
-           ORDER BY m.pos LIMIT 1) <= now() - make_interval(secs => q.delay_secs))
+    WHERE (f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
+       OR (f.lease_id IS NULL AND f.available_at <= now()
+           AND EXISTS (
+               SELECT 1 FROM comb.messages m
+               WHERE m.partition_id = f.partition_id
+                 AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)
+           AND (q.window_secs = 0 OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
+                <= now() - make_interval(secs => q.window_secs))
+           AND (q.retention_secs = 0
+                OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
+                   > now() - make_interval(secs => q.retention_secs))
+           AND (q.delay_secs = 0 OR (
+                SELECT m.created_at FROM comb.messages m
+                WHERE m.partition_id = f.partition_id
+                  AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
+                ORDER BY m.pos LIMIT 1) <= now() - make_interval(secs => q.delay_secs)))
     LIMIT $4::bigint * 4 + 16
 ),
 cand AS (
     SELECT c.partition_id
-    FROM eligible e
+    FROM seen e
     JOIN comb.cursors c ON c.partition_id = e.partition_id AND c.consumer_group = $2
-    ORDER BY e.last_claimed_at, e.partition_id
+    WHERE NOT e.expired
+    ORDER BY e.wrapped, e.partition_id
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
 )
 SELECT partition_id, true FROM cand
 UNION ALL
-(SELECT partition_id, false FROM cs
- WHERE lease_id IS NOT NULL AND lease_expires_at <= now()
- LIMIT 256)"
+SELECT partition_id, false FROM seen WHERE expired"
     )
 });
 
@@ -201,38 +213,55 @@ ORDER BY cl.partition_id, m.pos"
     )
 });
 
+/// Where the next claim of each (queue, group) starts its walk over the partitions: just
+/// after the last partition this server claimed. Only a hint for fairness (another server
+/// keeps its own); losing it costs nothing but one walk from the start.
+#[derive(Default)]
+struct Rovers(Mutex<HashMap<(Uuid, String), Uuid>>);
+
+impl Rovers {
+    const LIMIT: usize = 100_000;
+
+    fn get(&self, queue_id: Uuid, group: &str) -> Uuid {
+        let map = self.0.lock().unwrap();
+        map.get(&(queue_id, group.to_string()))
+            .copied()
+            .unwrap_or(Uuid::nil())
+    }
+
+    fn set(&self, queue_id: Uuid, group: &str, after: Uuid) {
+        let mut map = self.0.lock().unwrap();
+        if map.len() >= Self::LIMIT {
+            map.clear();
+        }
+        map.insert((queue_id, group.to_string()), after);
+    }
+}
+
 /// Starts the pop workers.
 pub fn start(pool: Pool, workers: usize, default_lease_seconds: f64) -> Fuser<PopJob> {
+    let rovers = Arc::new(Rovers::default());
     let run: Runner<PopJob> = Arc::new(move |jobs| {
         let pool = pool.clone();
-        Box::pin(async move { run_batch(&pool, default_lease_seconds, jobs).await })
+        let rovers = rovers.clone();
+        Box::pin(async move { run_batch(&pool, &rovers, default_lease_seconds, jobs).await })
     });
     Fuser::start(workers, 256, |_| 1, run)
 }
 
-async fn run_batch(pool: &Pool, default_lease_seconds: f64, jobs: Vec<PopJob>) {
+async fn run_batch(pool: &Pool, rovers: &Rovers, default_lease_seconds: f64, jobs: Vec<PopJob>) {
     let mut by_shape: HashMap<PopShape, Vec<PopJob>> = HashMap::new();
     for job in jobs {
         by_shape.entry(job.shape.clone()).or_default().push(job);
     }
-    let client = match pool.get().await {
-        Ok(c) => c,
-        Err(e) => {
-            let e = Arc::new(DbError::from(e));
-            for job in by_shape.into_values().flatten() {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-            return;
-        }
-    };
-    // Each shape is one statement; they are pipelined on the same connection.
-    let claims = by_shape.into_iter().map(|(shape, jobs)| {
-        let client = &client;
-        async move {
-            let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
-            let result = claim(client, pool, &shape, wanted, default_lease_seconds).await;
-            (jobs, result)
-        }
+    // Each shape is a transaction of its own, on a connection of its own, all at once.
+    let claims = by_shape.into_iter().map(|(shape, jobs)| async move {
+        let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
+        let result = match pool.get().await {
+            Ok(client) => claim(&client, pool, rovers, &shape, wanted, default_lease_seconds).await,
+            Err(e) => Err(DbError::from(e)),
+        };
+        (jobs, result)
     });
     for (jobs, result) in futures_util::future::join_all(claims).await {
         match result {
@@ -256,11 +285,12 @@ async fn run_batch(pool: &Pool, default_lease_seconds: f64, jobs: Vec<PopJob>) {
 async fn claim(
     client: &deadpool_postgres::Client,
     pool: &Pool,
+    rovers: &Rovers,
     shape: &PopShape,
     partitions: usize,
     default_lease_seconds: f64,
 ) -> Result<Vec<Claim>, DbError> {
-    let mut claims = claim_once(client, shape, partitions, default_lease_seconds).await?;
+    let mut claims = claim_once(client, rovers, shape, partitions, default_lease_seconds).await?;
     if let Some(expired) = claims.1.take()
         && !expired.is_empty()
     {
@@ -270,6 +300,7 @@ async fn claim(
         if claims.0.len() < partitions {
             let more = claim_once(
                 client,
+                rovers,
                 shape,
                 partitions - claims.0.len(),
                 default_lease_seconds,
@@ -285,6 +316,7 @@ async fn claim(
 /// and its commit in a second.
 async fn claim_once(
     client: &deadpool_postgres::Client,
+    rovers: &Rovers,
     shape: &PopShape,
     partitions: usize,
     default_lease_seconds: f64,
@@ -294,12 +326,14 @@ async fn claim_once(
     let pg: &tokio_postgres::Client = client;
     let limit = partitions as i64;
     let batch = shape.batch as i64;
-    let params: [&(dyn ToSql + Sync); 5] = [
+    let rover = rovers.get(shape.queue_id, &shape.group);
+    let params: [&(dyn ToSql + Sync); 6] = [
         &shape.queue_id,
         &shape.group,
         &shape.partition_id,
         &limit,
         &default_lease_seconds,
+        &rover,
     ];
     let (begin, found) = tokio::join!(pg.batch_execute("BEGIN"), pg.query(&candidates, &params));
     let found = match begin.and(found) {
@@ -319,6 +353,9 @@ async fn claim_once(
         pg.batch_execute("COMMIT").await?;
         return Ok((Vec::new(), Some(expired)));
     }
+    // Locked in walk order: the next claim starts after the last of them.
+    let last = *locked.last().expect("not empty");
+    rovers.set(shape.queue_id, &shape.group, last);
     let claim_params: [&(dyn ToSql + Sync); 6] = [
         &shape.queue_id,
         &shape.group,

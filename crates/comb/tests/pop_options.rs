@@ -123,8 +123,8 @@ async fn under_steady_load_every_partition_is_served() {
         })
     };
 
-    // Claims prefer the least recently served partition, so every partition with pending
-    // messages is served within one round over all partitions plus the claims in flight.
+    // Claims walk the partitions round robin, so every partition with pending messages is
+    // served within one round over all partitions plus the claims in flight.
     // 2 × 200 pops leaves a round's worth of slack for that.
     let bound = 2 * FAIR_PARTITIONS;
     let pops = Arc::new(AtomicUsize::new(0));

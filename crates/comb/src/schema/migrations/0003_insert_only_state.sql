@@ -98,6 +98,10 @@ ALTER TABLE comb.cursors
     DROP COLUMN lease_expires_at, DROP COLUMN lease_upto, DROP COLUMN available_at,
     DROP COLUMN last_claimed_at;
 ALTER TABLE comb.cursors SET (fillfactor = 100);
+-- Claims walk a group's cursors of a queue in partition order, from where the last claim
+-- stopped (round robin).
+DROP INDEX comb.cursors_queue_group;
+CREATE INDEX cursors_walk ON comb.cursors (queue_id, consumer_group, partition_id);
 
 -- The latest version of a cursor's state.
 CREATE FUNCTION comb.cursor_state(p uuid, g text)
