@@ -5,8 +5,9 @@
 //! a failure ends the lease and counts an attempt for that message only; at the retry limit
 //! the message is dead-lettered, which settles it for the group so the partition moves on.
 //!
-//! Fused acks run as one transaction in two round trips: look up the messages and lock their
-//! cursors (in a stable order), then write the new cursors and dead letters and commit.
+//! Fused acks run as one transaction in two round trips: look up the messages, lock their
+//! cursor rows (in a stable order) and read the cursors' latest state after the lock; then
+//! append each changed cursor's next state version and the dead letters, and commit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
