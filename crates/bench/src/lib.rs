@@ -6,12 +6,16 @@
 //! set-up, warm-up, a measured window, and one result row ([`report::Row`]). Peers
 //! ([`peers`]) run on the same cluster right after the Comb cell they are compared with.
 //! Resources are read from `/proc` at the window's edges ([`meter`], [`procstat`]).
+//!
+//! The long runs (`comb-bench-xmin`, `comb-bench-soak`) reuse the same load and accounting
+//! over many minutes, sampling as they go ([`long`], [`tables`]).
 
 #![warn(missing_docs)]
 
 pub mod cells;
 pub mod http;
 pub mod load;
+pub mod long;
 pub mod meter;
 pub mod peers;
 pub mod procstat;
@@ -19,3 +23,4 @@ pub mod profile;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod tables;

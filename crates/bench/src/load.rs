@@ -9,8 +9,8 @@
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,7 +18,7 @@ use hdrhistogram::Histogram;
 use hyper::Method;
 use serde::Deserialize;
 
-use crate::http::{BoxError, Conn};
+use crate::http::{Answer, BoxError, Conn};
 use crate::stats::{Tally, Window, histogram, now_us};
 
 /// The queue every cell uses (each cell has a database of its own).
@@ -59,8 +59,23 @@ pub async fn closed_push(
     partitions: usize,
     window: Window,
 ) -> Tally {
+    let pushed = Arc::new(AtomicU64::new(0));
+    closed_push_counted(addr, conns, msgs, partitions, window, pushed).await
+}
+
+/// [`closed_push`] that also counts every accepted message in `pushed` as it goes, for runs
+/// that sample the backlog while the producers run.
+pub async fn closed_push_counted(
+    addr: SocketAddr,
+    conns: usize,
+    msgs: usize,
+    partitions: usize,
+    window: Window,
+    pushed: Arc<AtomicU64>,
+) -> Tally {
     let tasks: Vec<_> = (0..conns)
         .map(|_| {
+            let pushed = pushed.clone();
             tokio::spawn(async move {
                 let mut conn = Conn::new(addr);
                 let mut tally = Tally::default();
@@ -78,7 +93,10 @@ pub async fn closed_push(
                     if !ok {
                         tally.errors += 1;
                         tokio::time::sleep(Duration::from_millis(10)).await;
-                    } else if window.contains(t1) {
+                        continue;
+                    }
+                    pushed.fetch_add(msgs as u64, Ordering::Relaxed);
+                    if window.contains(t1) {
                         tally.record(t1 - t0, msgs as u64);
                     }
                 }
@@ -291,19 +309,9 @@ async fn consume_once(
     let t0 = Instant::now();
     let answer = conn.send(Method::GET, pop_path, None).await?;
     let t1 = Instant::now();
-    match answer.status {
-        204 => {
-            out.empty_pops += 1;
-            return Ok(());
-        }
-        200 => {}
-        s => {
-            return Err(format!(
-                "pop answered {s}: {}",
-                String::from_utf8_lossy(&answer.body)
-            )
-            .into());
-        }
+    if !popped(&answer)? {
+        out.empty_pops += 1;
+        return Ok(());
     }
     let got: PopAnswer = serde_json::from_slice(&answer.body)?;
     let n = got.messages.len() as u64;
@@ -320,9 +328,42 @@ async fn consume_once(
     if got.messages.is_empty() {
         return Ok(());
     }
-    let mut body = String::with_capacity(40 + got.messages.len() * 160);
+    let body = ack_body(ack_group, &got.messages);
+    let t2 = Instant::now();
+    let answer = conn
+        .send(Method::POST, "/api/v1/ack/batch", Some(body))
+        .await?;
+    let t3 = Instant::now();
+    if let Err(e) = acked(&answer) {
+        out.acks.errors += 1;
+        return Err(e);
+    }
+    if window.contains(t3) {
+        out.acks.record(t3 - t2, n);
+    }
+    Ok(())
+}
+
+/// Whether a pop's answer carries messages (200) or found none (204); any other status is an
+/// error.
+fn popped(answer: &Answer) -> Result<bool, BoxError> {
+    match answer.status {
+        204 => Ok(false),
+        200 => Ok(true),
+        s => Err(format!(
+            "pop answered {s}: {}",
+            String::from_utf8_lossy(&answer.body)
+        )
+        .into()),
+    }
+}
+
+/// The body of an ack batch completing `messages`; `ack_group` is empty or the
+/// `"consumerGroup":…,` member.
+fn ack_body(ack_group: &str, messages: &[PopMessage]) -> Bytes {
+    let mut body = String::with_capacity(40 + messages.len() * 160);
     let _ = write!(body, "{{{ack_group}\"acknowledgments\":[");
-    for (k, m) in got.messages.iter().enumerate() {
+    for (k, m) in messages.iter().enumerate() {
         if k > 0 {
             body.push(',');
         }
@@ -337,24 +378,77 @@ async fn consume_once(
         body.push('}');
     }
     body.push_str("]}");
-    let t2 = Instant::now();
+    Bytes::from(body)
+}
+
+/// An ack batch's answer: anything but 200 is an error.
+fn acked(answer: &Answer) -> Result<(), BoxError> {
+    if answer.status == 200 {
+        return Ok(());
+    }
+    Err(format!(
+        "ack answered {}: {}",
+        answer.status,
+        String::from_utf8_lossy(&answer.body)
+    )
+    .into())
+}
+
+/// An explicit-ack consumer of the queue mode group until `end` that keeps its counts where a
+/// sampler can read them while it runs (long runs report every few seconds, not once at the
+/// end): each delivered message adds to `delivered` and its end-to-end latency to `e2e`, which
+/// the sampler empties each interval; failed requests add to `errors`.
+pub async fn consume_live(
+    addr: SocketAddr,
+    batch: usize,
+    end: Instant,
+    delivered: Arc<AtomicU64>,
+    e2e: Arc<Mutex<Histogram<u64>>>,
+    errors: Arc<AtomicU64>,
+) {
+    let pop_path = format!("/api/v1/pop/queue/{QUEUE}?batch={batch}&wait=true&timeout=500");
+    let mut conn = Conn::new(addr);
+    let _ = conn.open().await;
+    while Instant::now() < end {
+        if let Err(e) = deliver_once(&mut conn, &pop_path, &delivered, &e2e).await {
+            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                eprintln!("  comb consumer error: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+async fn deliver_once(
+    conn: &mut Conn,
+    pop_path: &str,
+    delivered: &AtomicU64,
+    e2e: &Mutex<Histogram<u64>>,
+) -> Result<(), BoxError> {
+    let answer = conn.send(Method::GET, pop_path, None).await?;
+    if !popped(&answer)? {
+        return Ok(());
+    }
+    let got: PopAnswer = serde_json::from_slice(&answer.body)?;
+    if got.messages.is_empty() {
+        return Ok(());
+    }
+    let now = now_us();
+    {
+        let mut h = e2e.lock().expect("not poisoned");
+        for m in &got.messages {
+            h.saturating_record(now.saturating_sub(m.data.t).max(1));
+        }
+    }
+    delivered.fetch_add(got.messages.len() as u64, Ordering::Relaxed);
     let answer = conn
-        .send(Method::POST, "/api/v1/ack/batch", Some(Bytes::from(body)))
-        .await?;
-    let t3 = Instant::now();
-    if answer.status != 200 {
-        out.acks.errors += 1;
-        return Err(format!(
-            "ack answered {}: {}",
-            answer.status,
-            String::from_utf8_lossy(&answer.body)
+        .send(
+            Method::POST,
+            "/api/v1/ack/batch",
+            Some(ack_body("", &got.messages)),
         )
-        .into());
-    }
-    if window.contains(t3) {
-        out.acks.record(t3 - t2, n);
-    }
-    Ok(())
+        .await?;
+    acked(&answer)
 }
 
 /// Pushes `rounds` messages into each of `partitions` partitions (1,000 items a request,
@@ -405,20 +499,33 @@ pub async fn fill(
 /// Creates the queue and subscribes `groups` before any partition exists, so that every
 /// group gets a cursor in every partition from its first message on.
 pub async fn subscribe(addr: SocketAddr, groups: &[String]) -> Result<(), BoxError> {
+    configure(addr, "{}").await?;
     let mut conn = Conn::new(addr);
-    let body = Bytes::from(format!("{{\"queue\":\"{QUEUE}\",\"options\":{{}}}}"));
-    let a = conn
-        .send(Method::POST, "/api/v1/configure", Some(body))
-        .await?;
-    if a.status != 200 {
-        return Err(format!("configure answered {}", a.status).into());
-    }
     for g in groups {
         let path = format!("/api/v1/pop/queue/{QUEUE}?consumerGroup={g}");
         let a = conn.send(Method::GET, &path, None).await?;
         if a.status != 204 {
             return Err(format!("subscribing pop answered {}", a.status).into());
         }
+    }
+    Ok(())
+}
+
+/// Creates the queue with `options` (a JSON object of queue options) before any partition
+/// exists, so that every message of the run is stored under them.
+pub async fn configure(addr: SocketAddr, options: &str) -> Result<(), BoxError> {
+    let mut conn = Conn::new(addr);
+    let body = Bytes::from(format!("{{\"queue\":\"{QUEUE}\",\"options\":{options}}}"));
+    let a = conn
+        .send(Method::POST, "/api/v1/configure", Some(body))
+        .await?;
+    if a.status != 200 {
+        return Err(format!(
+            "configure answered {}: {}",
+            a.status,
+            String::from_utf8_lossy(&a.body)
+        )
+        .into());
     }
     Ok(())
 }
@@ -468,5 +575,24 @@ mod tests {
             (m.transaction_id, m.partition_id, m.lease_id, m.data.t),
             ("tx", "pid", Some("lid"), 17)
         );
+    }
+
+    #[test]
+    fn ack_bodies_are_valid_json() {
+        let m = |lease| PopMessage {
+            transaction_id: "tx",
+            partition_id: "pid",
+            lease_id: lease,
+            data: Stamp { t: 1 },
+        };
+        let body = ack_body("\"consumerGroup\":\"g\",", &[m(Some("l")), m(None)]);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["consumerGroup"], "g");
+        let acks = v["acknowledgments"].as_array().unwrap();
+        assert_eq!(acks[0]["leaseId"], "l");
+        assert_eq!(acks[1]["status"], "completed");
+        assert!(acks[1].get("leaseId").is_none());
+        let plain: serde_json::Value = serde_json::from_slice(&ack_body("", &[m(None)])).unwrap();
+        assert_eq!(plain["acknowledgments"][0]["transactionId"], "tx");
     }
 }

@@ -2,7 +2,6 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -128,7 +127,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     };
     let started = Instant::now();
     // The tree may change while the suite runs; record what was built.
-    let commit = shell("git describe --always --dirty 2>/dev/null || echo unknown");
+    let commit = report::shell("git describe --always --dirty 2>/dev/null || echo unknown");
     let mut runner = Runner::new(opts, rt)?;
     eprintln!(
         "PostgreSQL on port {}; {} cells, {warmup} s warm-up + {duration} s each",
@@ -209,8 +208,8 @@ fn results_section(run: &RunInfo, table: &str, checks: &str) -> String {
         .collect();
     let mut s = String::new();
     let _ = writeln!(s, "- Command: `{}`", run.command);
-    let _ = writeln!(s, "- Date: {}", shell("date -u +%Y-%m-%dT%H:%MZ"));
-    let _ = writeln!(s, "- Machine: {}", machine());
+    let _ = writeln!(s, "- Date: {}", report::shell("date -u +%Y-%m-%dT%H:%MZ"));
+    let _ = writeln!(s, "- Machine: {}", report::machine());
     let _ = writeln!(
         s,
         "- PostgreSQL {}: {}",
@@ -230,42 +229,4 @@ fn results_section(run: &RunInfo, table: &str, checks: &str) -> String {
         "\n```text\n{table}```\n\nTargets:\n\n```text\n{checks}```"
     );
     s
-}
-
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let mem_gib = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0 / 1024.0)
-        .unwrap_or(0.0);
-    format!(
-        "{cpu}, {cores} cores, {mem_gib:.0} GiB, Linux {}, {}",
-        shell("uname -r"),
-        shell("rustc --version")
-    )
-}
-
-fn shell(cmd: &str) -> String {
-    Command::new("sh")
-        .args(["-c", cmd])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }

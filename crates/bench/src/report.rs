@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::io;
 use std::path::Path;
+use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
@@ -250,6 +251,17 @@ pub enum Verdict {
     NotRun,
 }
 
+impl From<Option<bool>> for Verdict {
+    /// Met or missed when the figures could be judged; not run when a figure is missing.
+    fn from(ok: Option<bool>) -> Verdict {
+        match ok {
+            Some(true) => Verdict::Met,
+            Some(false) => Verdict::Missed,
+            None => Verdict::NotRun,
+        }
+    }
+}
+
 /// One of the issue's targets, checked against a run.
 #[derive(Debug, Clone)]
 pub struct Check {
@@ -265,11 +277,7 @@ pub struct Check {
 /// read by people, never asserted by tests.
 pub fn checks(rows: &[Row]) -> Vec<Check> {
     let get = |name: &str| rows.iter().find(|r| r.cell == name);
-    let verdict = |ok: Option<bool>| match ok {
-        Some(true) => Verdict::Met,
-        Some(false) => Verdict::Missed,
-        None => Verdict::NotRun,
-    };
+    let verdict = Verdict::from;
     let mut out = Vec::new();
 
     let (p100, ceil) = (get("push100"), get("ceiling"));
@@ -441,6 +449,124 @@ pub fn splice(doc: &str, generated: &str) -> String {
     }
 }
 
+/// A section of a Markdown page that a long run writes on its own: its heading, and markers
+/// around the generated part so that text written by hand around it survives the next run.
+#[derive(Debug, Clone, Copy)]
+pub struct Section {
+    /// The heading line, added with the markers when the page does not have them yet.
+    pub heading: &'static str,
+    /// The line before the generated part.
+    pub begin: &'static str,
+    /// The line after it.
+    pub end: &'static str,
+}
+
+impl Section {
+    /// Replaces the generated part of this section in `doc`, appending the section at the end
+    /// of the page when it is not there yet.
+    pub fn splice(&self, doc: &str, generated: &str) -> String {
+        let Section {
+            heading,
+            begin,
+            end,
+        } = self;
+        match (doc.find(begin), doc.find(end)) {
+            (Some(b), Some(e)) if b < e => {
+                format!("{}{begin}\n{generated}{}", &doc[..b], &doc[e..])
+            }
+            _ => {
+                let sep = if doc.ends_with('\n') { "" } else { "\n" };
+                format!("{doc}{sep}\n{heading}\n\n{begin}\n{generated}{end}\n")
+            }
+        }
+    }
+}
+
+/// A plain-text table: the first two columns (names) left-aligned, the rest (numbers)
+/// right-aligned, two spaces apart, a rule under the header. The long runs print many columns
+/// of samples, and aligned text is what survives copying into a Markdown code block.
+pub fn align(header: &[String], rows: &[Vec<String>]) -> String {
+    let n = header.len();
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(n) {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let text_cols = 2;
+    let fmt = |cells: &[String]| {
+        let mut line = String::new();
+        for (i, c) in cells.iter().enumerate().take(n) {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            if i < text_cols {
+                let _ = write!(line, "{c:<width$}", width = w[i]);
+            } else {
+                let _ = write!(line, "{c:>width$}", width = w[i]);
+            }
+        }
+        line.trim_end().to_string()
+    };
+    let mut s = fmt(header);
+    s.push('\n');
+    s.push_str(&"-".repeat(w.iter().sum::<usize>() + 2 * (n - 1)));
+    s.push('\n');
+    for r in rows {
+        s.push_str(&fmt(r));
+        s.push('\n');
+    }
+    s
+}
+
+/// The CPU model from `/proc/cpuinfo`: numbers from different machines are not comparable,
+/// so every recorded run names its machine.
+pub fn cpu_model() -> String {
+    fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// The machine a run was made on, as the benchmarks page records it: CPU, cores, memory,
+/// kernel and compiler.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem_gib = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0 / 1024.0)
+        .unwrap_or(0.0);
+    format!(
+        "{}, {cores} cores, {mem_gib:.0} GiB, Linux {}, {}",
+        cpu_model(),
+        shell("uname -r"),
+        shell("rustc --version")
+    )
+}
+
+/// The trimmed standard output of a shell command (empty if it fails): dates, commits and
+/// versions for the records of a run, where a missing value must not stop the run.
+pub fn shell(cmd: &str) -> String {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,5 +660,34 @@ mod tests {
         assert_eq!(out, format!("# B\nintro\n{BEGIN}\nnew\n{END}\nanalysis\n"));
         let fresh = splice("# B\n", "x\n");
         assert!(fresh.ends_with(&format!("{BEGIN}\nx\n{END}\n")));
+    }
+
+    #[test]
+    fn sections_splice_their_own_part() {
+        const S: Section = Section {
+            heading: "## Soak",
+            begin: "<!-- s:begin -->",
+            end: "<!-- s:end -->",
+        };
+        let fresh = S.splice("# B\n\n## Latest results\n", "x\n");
+        assert!(fresh.ends_with("## Soak\n\n<!-- s:begin -->\nx\n<!-- s:end -->\n"));
+        let again = S.splice(&format!("{fresh}\nAnalysis.\n"), "y\n");
+        assert!(again.contains("<!-- s:begin -->\ny\n<!-- s:end -->\n\nAnalysis.\n"));
+        assert_eq!(again.matches("## Soak").count(), 1);
+        assert!(
+            S.splice("no newline", "z\n")
+                .starts_with("no newline\n\n## Soak")
+        );
+    }
+
+    #[test]
+    fn aligns_columns() {
+        let head = vec!["a".to_string(), "b".to_string(), "n".to_string()];
+        let rows = vec![vec!["xx".to_string(), "y".to_string(), "1234".to_string()]];
+        let t = align(&head, &rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0].len(), lines[2].len());
+        assert!(lines[2].ends_with("1234"));
+        assert!(lines[2].starts_with("xx  y"));
     }
 }

@@ -105,6 +105,12 @@ pub fn now_us() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
 }
 
+/// The arithmetic mean, or `None` for no values (a run whose phase had no samples must show
+/// a gap, not a zero).
+pub fn mean(xs: &[f64]) -> Option<f64> {
+    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+}
+
 /// The least-squares slope of `y` over `x`, or `None` with fewer than two distinct `x`.
 ///
 /// Used on (seconds, backlog) samples: a consumer that keeps up has a slope near zero, one
@@ -157,6 +163,12 @@ mod tests {
         assert_eq!(slope(&flat), Some(0.0));
         assert_eq!(slope(&[(1.0, 2.0)]), None);
         assert_eq!(slope(&[(1.0, 2.0), (1.0, 3.0)]), None);
+    }
+
+    #[test]
+    fn means_of_nothing_are_none() {
+        assert_eq!(mean(&[1.0, 2.0, 6.0]), Some(3.0));
+        assert_eq!(mean(&[]), None);
     }
 
     #[test]

@@ -15,24 +15,21 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use clap::Parser;
-use comb_bench::http::{BoxError, Conn};
-use comb_bench::load::{self, QUEUE, Rate};
+use comb_bench::http::BoxError;
+use comb_bench::load::{self, Rate};
+use comb_bench::long::{self, Cluster, Finished, Outputs};
 use comb_bench::peers::{self, SKIP_LOCKED_SCHEMA};
 use comb_bench::procstat;
 use comb_bench::profile;
-use comb_bench::report::{Check, Verdict, checks_text, num};
-use comb_bench::run::PG_SETTINGS;
-use comb_bench::stats::{Window, histogram, now_us, quantile_ms};
-use comb_harness::{Postgres, Server};
+use comb_bench::report::{Check, Section, Verdict, align, checks_text, cpu_model, num, shell};
+use comb_bench::stats::{Window, histogram, mean, now_us, quantile_ms};
+use comb_bench::tables::{TableStat, is_message_table, tables};
 use hdrhistogram::Histogram;
-use hyper::Method;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
@@ -102,23 +99,13 @@ struct Args {
     /// Milliseconds a SKIP LOCKED dequeuer that found nothing waits before trying again.
     #[arg(long, default_value_t = 1)]
     sl_poll_ms: u64,
-    /// Write the samples here as JSON.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Update the held-snapshot section of this Markdown file.
-    #[arg(long)]
-    doc: Option<PathBuf>,
-    /// How the run was started, for the docs (default: this command line).
-    #[arg(long)]
-    command: Option<String>,
+    /// JSON file (the samples), page section and record.
+    #[command(flatten)]
+    out: Outputs,
     /// Load pg_stat_statements and report the statements of the clean and the held phase
     /// (cluster-wide: with both systems running it mixes their statements). Costs some CPU.
     #[arg(long)]
     statements: bool,
-    /// The commit the `comb` binary was built from, for the docs (default: `git describe`
-    /// of the working tree).
-    #[arg(long)]
-    comb_commit: Option<String>,
 }
 
 const COMB: &str = "comb";
@@ -129,21 +116,6 @@ const ENQUEUE_SQL: &str = "INSERT INTO sl_queue (payload) VALUES ($1::text::json
 const DEQUEUE_SQL: &str = "DELETE FROM sl_queue WHERE id = (
     SELECT id FROM sl_queue ORDER BY time FOR UPDATE SKIP LOCKED LIMIT 1
 ) RETURNING (payload->>'t')::int8";
-
-/// Per table of one schema: activity counters and sizes.
-const TABLES_SQL: &str = "
-SELECT c.relname::text,
-       coalesce(s.n_dead_tup, 0)::int8, coalesce(s.n_live_tup, 0)::int8,
-       coalesce(s.n_tup_ins, 0)::int8, coalesce(s.n_tup_upd, 0)::int8,
-       coalesce(s.n_tup_hot_upd, 0)::int8, coalesce(s.n_tup_del, 0)::int8,
-       coalesce(s.autovacuum_count + s.vacuum_count, 0)::int8,
-       coalesce(pg_table_size(c.oid), 0)::int8, coalesce(pg_indexes_size(c.oid), 0)::int8,
-       coalesce(pg_total_relation_size(c.oid), 0)::int8
-FROM pg_class c
-JOIN pg_namespace n ON n.oid = c.relnamespace
-LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE n.nspname = $1 AND c.relkind = 'r'
-ORDER BY c.relname";
 
 /// Age in transactions of the oldest snapshot or transaction in this database.
 const XMIN_AGE_SQL: &str = "
@@ -252,34 +224,18 @@ fn setup(args: &Args) -> Result<Setup, BoxError> {
 
 fn run(args: Args) -> Result<(), BoxError> {
     let setup = setup(&args)?;
-    if setup.comb && !args.comb.is_file() {
-        return Err(format!(
-            "{} not found: build it first (cargo build --release -p comb)",
-            args.comb.display()
-        )
-        .into());
+    if setup.comb {
+        long::require_comb(&args.comb)?;
     }
     let started = Instant::now();
-    let commit = args
-        .comb_commit
-        .clone()
-        .unwrap_or_else(|| shell("git describe --always --dirty 2>/dev/null || echo unknown"));
-    let mut settings: Vec<(&str, &str)> = PG_SETTINGS.to_vec();
-    if args.statements {
-        settings.extend_from_slice(profile::PG_SETTINGS);
-    }
-    let pg = Postgres::start_with(&settings)?;
-    let pg_version = pg
-        .psql("postgres", "SHOW server_version")
-        .unwrap_or_default();
-    let autovacuum = pg
-        .psql(
-            "postgres",
-            "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings \
-             WHERE name IN ('autovacuum', 'autovacuum_naptime', \
-             'autovacuum_vacuum_scale_factor', 'autovacuum_vacuum_threshold')",
-        )
-        .unwrap_or_default();
+    let commit = args.out.commit();
+    let extra = if args.statements {
+        profile::PG_SETTINGS
+    } else {
+        &[]
+    };
+    let cluster = Cluster::start(extra)?;
+    let pg = &cluster.pg;
     let comb_url = setup
         .comb
         .then(|| pg.create_database("xmin_comb"))
@@ -289,23 +245,15 @@ fn run(args: Args) -> Result<(), BoxError> {
         .then(|| pg.create_database("xmin_sl"))
         .transpose()?;
     let server = match &comb_url {
-        Some(url) => {
-            let mut flags = vec![
-                "--segment-seconds".to_string(),
-                setup.segment_seconds.to_string(),
-                "--maintenance-interval-ms".to_string(),
-                setup.maintenance_ms.to_string(),
-            ];
-            flags.extend(args.comb_args.iter().cloned());
-            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            Some(Server::start(&args.comb, url, &flags)?)
-        }
+        Some(url) => Some(long::start_comb(
+            &args.comb,
+            url,
+            setup.segment_seconds,
+            setup.maintenance_ms,
+            &args.comb_args,
+        )?),
         None => None,
     };
-    eprintln!(
-        "PostgreSQL {pg_version} on port {}; {autovacuum}",
-        pg.port()
-    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -319,51 +267,18 @@ fn run(args: Args) -> Result<(), BoxError> {
     drop(server);
 
     let report = render(&args, &setup, &out);
-    println!("\n{report}");
-    println!(
-        "Whole run: {:.1} min",
-        started.elapsed().as_secs_f64() / 60.0
-    );
-    if args.smoke {
-        eprintln!("smoke run: nothing written");
-        return Ok(());
-    }
-    if let Some(path) = &args.json {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(path, serde_json::to_string_pretty(&out.samples)? + "\n")?;
-        eprintln!("samples written to {}", path.display());
-    }
-    if let Some(path) = &args.doc {
-        let command = args
-            .command
-            .clone()
-            .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" "));
-        let mut s = String::new();
-        let _ = writeln!(s, "- Command: `{command}`");
-        let _ = writeln!(s, "- Date: {}", shell("date -u +%Y-%m-%dT%H:%MZ"));
-        let _ = writeln!(s, "- Machine: {}", machine());
-        let settings: Vec<String> = PG_SETTINGS
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let _ = writeln!(
-            s,
-            "- PostgreSQL {pg_version}: {}; {autovacuum} (defaults)",
-            settings.join(", ")
-        );
-        let _ = writeln!(s, "- Comb commit: {commit}");
-        let _ = writeln!(
-            s,
-            "- Whole run {:.1} min\n\n```text\n{report}```",
-            started.elapsed().as_secs_f64() / 60.0
-        );
-        let doc = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmarks\n".into());
-        std::fs::write(path, splice(&doc, &s))?;
-        eprintln!("held-snapshot section of {} updated", path.display());
-    }
-    Ok(())
+    args.out.finish(
+        args.smoke,
+        Finished {
+            report: &report,
+            results: &out.samples,
+            section: &XMIN_SECTION,
+            machine: &machine(),
+            cluster: &cluster,
+            commit: &commit,
+            started,
+        },
+    )
 }
 
 /// One sample of one system: the JSON rows of `bench/results/xmin.json`.
@@ -398,47 +313,6 @@ struct Sample {
     other_cpu_cores: f64,
     /// Age in transactions of the oldest snapshot in the system's database.
     oldest_xmin_age: Option<i64>,
-}
-
-/// Counters and sizes of one table.
-#[derive(Debug, Clone, Default)]
-struct TableStat {
-    name: String,
-    dead: i64,
-    live: i64,
-    ins: i64,
-    upd: i64,
-    hot_upd: i64,
-    del: i64,
-    vacuums: i64,
-    table_bytes: i64,
-    index_bytes: i64,
-    total_bytes: i64,
-}
-
-fn is_message_table(name: &str) -> bool {
-    name.strip_prefix("messages_")
-        .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
-}
-
-async fn tables(client: &Client, schema: &str) -> Result<Vec<TableStat>, BoxError> {
-    let rows = client.query(TABLES_SQL, &[&schema]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| TableStat {
-            name: r.get(0),
-            dead: r.get(1),
-            live: r.get(2),
-            ins: r.get(3),
-            upd: r.get(4),
-            hot_upd: r.get(5),
-            del: r.get(6),
-            vacuums: r.get(7),
-            table_bytes: r.get(8),
-            index_bytes: r.get(9),
-            total_bytes: r.get(10),
-        })
-        .collect())
 }
 
 /// What the running load of one system exposes to the sampler.
@@ -493,7 +367,11 @@ async fn measure(
     // Set-up of both systems before any load starts.
     let mut comb_filled = 0;
     if let (Some(url), Some((addr, _))) = (comb_url, comb_server) {
-        configure(addr, setup.retention_s).await?;
+        load::configure(
+            addr,
+            &format!("{{\"retentionSeconds\":{}}}", setup.retention_s),
+        )
+        .await?;
         // One message per partition creates the partitions; they count as pushed.
         comb_filled = load::fill(addr, args.partitions, 1, 4).await?;
         urls.push(url);
@@ -547,7 +425,7 @@ async fn measure(
             }
         }));
         for _ in 0..args.consumers {
-            loads.push(tokio::spawn(comb_consumer(
+            loads.push(tokio::spawn(load::consume_live(
                 addr,
                 args.batch,
                 end,
@@ -703,26 +581,6 @@ fn db_name(url: &str) -> String {
     url.rsplit('/').next().unwrap_or_default().to_string()
 }
 
-/// Creates the queue with its retention, before any partition exists.
-async fn configure(addr: SocketAddr, retention_s: u64) -> Result<(), BoxError> {
-    let mut conn = Conn::new(addr);
-    let body = Bytes::from(format!(
-        "{{\"queue\":\"{QUEUE}\",\"options\":{{\"retentionSeconds\":{retention_s}}}}}"
-    ));
-    let a = conn
-        .send(Method::POST, "/api/v1/configure", Some(body))
-        .await?;
-    if a.status != 200 {
-        return Err(format!(
-            "configure answered {}: {}",
-            a.status,
-            String::from_utf8_lossy(&a.body)
-        )
-        .into());
-    }
-    Ok(())
-}
-
 /// Opens a `REPEATABLE READ` transaction, takes its snapshot, and leaves it idle.
 async fn hold(url: &str) -> Result<Client, BoxError> {
     let c = peers::connect(url).await?;
@@ -758,110 +616,6 @@ async fn describe_holders(client: &Client) -> Vec<String> {
             .collect(),
         Err(e) => vec![format!("could not read pg_stat_activity: {e}")],
     }
-}
-
-#[derive(Deserialize)]
-struct PopAnswer<'a> {
-    #[serde(borrow)]
-    messages: Vec<PopMessage<'a>>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PopMessage<'a> {
-    transaction_id: &'a str,
-    partition_id: &'a str,
-    lease_id: Option<&'a str>,
-    data: Stamp,
-}
-
-#[derive(Deserialize)]
-struct Stamp {
-    t: u64,
-}
-
-/// An explicit-ack consumer (the suite's consumer loop, recording into a shared histogram
-/// that the sampler empties every interval): pop with long poll, ack the batch, repeat.
-async fn comb_consumer(
-    addr: SocketAddr,
-    batch: usize,
-    end: Instant,
-    delivered: Arc<AtomicU64>,
-    e2e: Arc<Mutex<Histogram<u64>>>,
-    errors: Arc<AtomicU64>,
-) {
-    let pop_path = format!("/api/v1/pop/queue/{QUEUE}?batch={batch}&wait=true&timeout=500");
-    let mut conn = Conn::new(addr);
-    let _ = conn.open().await;
-    while Instant::now() < end {
-        if let Err(e) = consume_once(&mut conn, &pop_path, &delivered, &e2e).await {
-            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                eprintln!("  comb consumer error: {e}");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-async fn consume_once(
-    conn: &mut Conn,
-    pop_path: &str,
-    delivered: &AtomicU64,
-    e2e: &Mutex<Histogram<u64>>,
-) -> Result<(), BoxError> {
-    let answer = conn.send(Method::GET, pop_path, None).await?;
-    match answer.status {
-        204 => return Ok(()),
-        200 => {}
-        s => {
-            return Err(format!(
-                "pop answered {s}: {}",
-                String::from_utf8_lossy(&answer.body)
-            )
-            .into());
-        }
-    }
-    let got: PopAnswer = serde_json::from_slice(&answer.body)?;
-    if got.messages.is_empty() {
-        return Ok(());
-    }
-    let now = now_us();
-    {
-        let mut h = e2e.lock().expect("not poisoned");
-        for m in &got.messages {
-            h.saturating_record(now.saturating_sub(m.data.t).max(1));
-        }
-    }
-    delivered.fetch_add(got.messages.len() as u64, Ordering::Relaxed);
-    let mut body = String::with_capacity(40 + got.messages.len() * 160);
-    body.push_str("{\"acknowledgments\":[");
-    for (k, m) in got.messages.iter().enumerate() {
-        if k > 0 {
-            body.push(',');
-        }
-        let _ = write!(
-            body,
-            "{{\"transactionId\":\"{}\",\"partitionId\":\"{}\",\"status\":\"completed\"",
-            m.transaction_id, m.partition_id
-        );
-        if let Some(l) = m.lease_id {
-            let _ = write!(body, ",\"leaseId\":\"{l}\"");
-        }
-        body.push('}');
-    }
-    body.push_str("]}");
-    let answer = conn
-        .send(Method::POST, "/api/v1/ack/batch", Some(Bytes::from(body)))
-        .await?;
-    if answer.status != 200 {
-        return Err(format!(
-            "ack answered {}: {}",
-            answer.status,
-            String::from_utf8_lossy(&answer.body)
-        )
-        .into());
-    }
-    Ok(())
 }
 
 /// A fixed-rate enqueuer: row `i` of the shared schedule is due at `start + i * interval`.
@@ -1092,22 +846,12 @@ impl Sampler {
     }
 }
 
-/// Start and end of the generated part of the held-snapshot section.
-const BEGIN: &str = "<!-- xmin:begin (written by comb-bench-xmin; edit outside these markers) -->";
-const END: &str = "<!-- xmin:end -->";
-const HEADING: &str = "## Held snapshot (make bench-xmin)";
-
-/// Replaces the generated part of the held-snapshot section, appending the section at the
-/// end of the page when it is not there yet.
-fn splice(doc: &str, generated: &str) -> String {
-    match (doc.find(BEGIN), doc.find(END)) {
-        (Some(b), Some(e)) if b < e => format!("{}{BEGIN}\n{generated}{}", &doc[..b], &doc[e..]),
-        _ => {
-            let sep = if doc.ends_with('\n') { "" } else { "\n" };
-            format!("{doc}{sep}\n{HEADING}\n\n{BEGIN}\n{generated}{END}\n")
-        }
-    }
-}
+/// The held-snapshot section of the benchmarks page.
+const XMIN_SECTION: Section = Section {
+    heading: "## Held snapshot (make bench-xmin)",
+    begin: "<!-- xmin:begin (written by comb-bench-xmin; edit outside these markers) -->",
+    end: "<!-- xmin:end -->",
+};
 
 /// Means and phase-wide p99 of one system.
 struct PhaseFigures {
@@ -1131,10 +875,6 @@ fn phase_figures(out: &Outcome, system: &str, phase: &'static str) -> PhaseFigur
         rate: mean(&xs),
         p99: key.and_then(|k| quantile_ms(&out.phase_e2e[&k], 0.99)),
     }
-}
-
-fn mean(xs: &[f64]) -> Option<f64> {
-    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
 }
 
 fn mb(bytes: i64) -> String {
@@ -1279,16 +1019,7 @@ fn render(args: &Args, setup: &Setup, out: &Outcome) -> String {
     s.push_str(&align(&head, &summary));
     let busy: Vec<f64> = out.samples.iter().map(|x| x.machine_busy).collect();
     let other: Vec<f64> = out.samples.iter().map(|x| x.other_cpu_cores).collect();
-    let _ = writeln!(
-        s,
-        "Machine: {} busy on average; processes outside this run used {} cores on average \
-         (most in one sample: {}).\n",
-        mean(&busy)
-            .map(|b| format!("{:.0}%", b * 100.0))
-            .unwrap_or("-".into()),
-        num(mean(&other)),
-        num(other.iter().copied().reduce(f64::max)),
-    );
+    let _ = writeln!(s, "{}\n", long::machine_load(&busy, &other));
 
     if systems.contains(&COMB) {
         s.push_str("Goals (Comb):\n\n");
@@ -1418,11 +1149,7 @@ fn table_diag(snap: &Snapshots) -> String {
 /// The issue's goals for Comb, judged from the samples.
 fn goals(out: &Outcome, setup: &Setup) -> Vec<Check> {
     let plan = setup.plan;
-    let verdict = |ok: Option<bool>| match ok {
-        Some(true) => Verdict::Met,
-        Some(false) => Verdict::Missed,
-        None => Verdict::NotRun,
-    };
+    let verdict = Verdict::from;
     let comb: Vec<&Sample> = out.samples.iter().filter(|s| s.system == COMB).collect();
     let clean = phase_figures(out, COMB, "clean");
     let held = phase_figures(out, COMB, "held");
@@ -1588,82 +1315,21 @@ fn peer_lines(out: &Outcome, plan: &Plan) -> String {
     s
 }
 
-/// Left-aligned first columns, right-aligned numbers, two spaces apart.
-fn align(header: &[String], rows: &[Vec<String>]) -> String {
-    let n = header.len();
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate().take(n) {
-            w[i] = w[i].max(c.len());
-        }
-    }
-    let text_cols = 2;
-    let fmt = |cells: &[String]| {
-        let mut line = String::new();
-        for (i, c) in cells.iter().enumerate().take(n) {
-            if i > 0 {
-                line.push_str("  ");
-            }
-            if i < text_cols {
-                let _ = write!(line, "{c:<width$}", width = w[i]);
-            } else {
-                let _ = write!(line, "{c:>width$}", width = w[i]);
-            }
-        }
-        line.trim_end().to_string()
-    };
-    let mut s = fmt(header);
-    s.push('\n');
-    s.push_str(&"-".repeat(w.iter().sum::<usize>() + 2 * (n - 1)));
-    s.push('\n');
-    for r in rows {
-        s.push_str(&fmt(r));
-        s.push('\n');
-    }
-    s
-}
-
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
     let mem = shell("free -h | awk '/^Mem:/ {print $2 \" total, \" $7 \" available\"}'");
     format!(
-        "{cpu}, nproc {}, memory {mem} (free -h), Linux {}, {}; a shared machine whose \
+        "{}, nproc {}, memory {mem} (free -h), Linux {}, {}; a shared machine whose \
          neighbours' CPU use shows in the `other` column",
+        cpu_model(),
         shell("nproc"),
         shell("uname -r"),
         shell("rustc --version")
     )
 }
 
-fn shell(cmd: &str) -> String {
-    Command::new("sh")
-        .args(["-c", cmd])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn message_tables_are_the_numbered_segments() {
-        assert!(is_message_table("messages_1"));
-        assert!(is_message_table("messages_123"));
-        assert!(!is_message_table("messages"));
-        assert!(!is_message_table("messages_"));
-        assert!(!is_message_table("messages_transaction"));
-        assert!(!is_message_table("cursors"));
-    }
 
     #[test]
     fn phases_by_interval_midpoint() {
@@ -1684,20 +1350,7 @@ mod tests {
 
     #[test]
     fn splices_its_own_section() {
-        let fresh = splice("# B\n\n## Latest results\n", "x\n");
-        assert!(fresh.ends_with(&format!("{HEADING}\n\n{BEGIN}\nx\n{END}\n")));
-        let again = splice(&format!("{fresh}\nAnalysis.\n"), "y\n");
-        assert!(again.contains(&format!("{BEGIN}\ny\n{END}\n\nAnalysis.\n")));
-        assert_eq!(again.matches(HEADING).count(), 1);
-    }
-
-    #[test]
-    fn aligns_columns() {
-        let head = vec!["a".to_string(), "b".to_string(), "n".to_string()];
-        let rows = vec![vec!["xx".to_string(), "y".to_string(), "1234".to_string()]];
-        let t = align(&head, &rows);
-        let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines[0].len(), lines[2].len());
-        assert!(lines[2].ends_with("1234"));
+        let fresh = XMIN_SECTION.splice("# B\n\n## Latest results\n", "x\n");
+        assert!(fresh.ends_with("## Held snapshot (make bench-xmin)\n\n<!-- xmin:begin (written by comb-bench-xmin; edit outside these markers) -->\nx\n<!-- xmin:end -->\n"));
     }
 }
