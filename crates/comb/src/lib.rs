@@ -13,6 +13,7 @@ pub mod fusion;
 pub mod http;
 pub mod lease;
 pub mod maintenance;
+pub mod metrics;
 pub mod pop;
 pub mod push;
 pub mod queue;

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use crate::catalog::Catalog;
 use crate::config::ServeConfig;
 use crate::http::{self, App};
+use crate::metrics::Metrics;
 use crate::queue::QueueOptions;
 use crate::wake::Wake;
 use crate::{ack, db, maintenance, pop, push, schema};
@@ -17,6 +18,7 @@ use crate::{ack, db, maintenance, pop, push, schema};
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
     migrate(&config.database.database_url).await?;
     let pool = db::pool(&config.database.database_url, config.pool_size())?;
+    let metrics = Arc::new(Metrics::default());
     tokio::spawn(maintenance::run(
         config.database.database_url.clone(),
         maintenance::Settings {
@@ -26,6 +28,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
             lock_timeout: std::time::Duration::from_millis(config.maintenance_lock_timeout_ms),
             server: format!("{} pid {}", config.listen, std::process::id()),
         },
+        metrics.clone(),
     ));
     let wake = Arc::new(Wake::default());
     let catalog = Arc::new(Catalog::default());
@@ -48,6 +51,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         catalog,
         wake,
         pool,
+        metrics,
         stopping: AtomicBool::new(false),
         stop_signal: watch::channel(false).0,
         waiting: http::limits::WaitingPops::new(config.max_waiting_pops),

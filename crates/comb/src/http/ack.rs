@@ -191,7 +191,10 @@ pub(super) fn refused(refusal: AckRefusal, at: &str) -> Problem {
 }
 
 async fn settle(app: &State, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Problem> {
-    super::ask(&app.ack, |reply| AckJob { items, reply }).await
+    let statuses: Vec<AckStatus> = items.iter().map(|i| i.status).collect();
+    let outcomes = super::ask(&app.ack, |reply| AckJob { items, reply }).await?;
+    app.metrics.messages.settled(&statuses, &outcomes);
+    Ok(outcomes)
 }
 
 /// The answer for one ack, in the shape Queen's clients read.

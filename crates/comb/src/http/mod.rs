@@ -7,6 +7,7 @@ mod health;
 mod lease;
 /// Caps on connections and waiting pops.
 pub mod limits;
+mod metrics;
 mod openapi;
 mod params;
 mod pop;
@@ -44,6 +45,8 @@ pub struct App {
     pub push: Fuser<PushJob>,
     pub pop: Fuser<PopJob>,
     pub ack: Fuser<AckJob>,
+    /// This process's counters, served by `GET /metrics`.
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Set once SIGTERM arrived: `/ready` answers 503 and waiting pops answer 204.
     pub stopping: AtomicBool,
     /// Fires when `stopping` is set, to wake waiting pops.
@@ -137,6 +140,7 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
         ),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
+        (Method::GET, "/metrics", get(metrics::metrics)),
         (Method::GET, "/api/v1/openapi.json", get(openapi::openapi)),
     ]
 }

@@ -237,6 +237,7 @@ async fn attempt(app: &State, req: &PopRequest) -> Result<Option<Response>, Prob
     if claims.is_empty() {
         return Ok(None);
     }
+    app.metrics.messages.delivered(&claims);
     Ok(Some(respond(req, claims)?))
 }
 

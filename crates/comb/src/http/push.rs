@@ -59,6 +59,7 @@ pub async fn push(
     check_capacity(&app, &items).await?;
     let messages = resolve(&app, items).await?;
     let (messages, stored) = store(&app, messages).await?;
+    app.metrics.messages.stored(&stored);
     Ok((StatusCode::CREATED, axum::Json(results(&messages, &stored))).into_response())
 }
 

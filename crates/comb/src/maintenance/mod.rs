@@ -13,11 +13,13 @@ mod generations;
 mod max_wait;
 mod segments;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::Client;
 
 use crate::db::DbError;
+use crate::metrics::Metrics;
 
 /// Key of the advisory lock whose holder runs maintenance.
 const LEADER_LOCK: i64 = 0x636f_6d62_0002;
@@ -62,8 +64,8 @@ impl Report {
 }
 
 /// Runs maintenance forever on a connection of its own (reconnecting as needed): the leader
-/// lock lives and dies with that connection.
-pub async fn run(database_url: String, settings: Settings) {
+/// lock lives and dies with that connection. What it does is added to `metrics`.
+pub async fn run(database_url: String, settings: Settings, metrics: Arc<Metrics>) {
     let pool = match crate::db::pool(&database_url, 1) {
         Ok(p) => p,
         Err(e) => {
@@ -74,7 +76,9 @@ pub async fn run(database_url: String, settings: Settings) {
     loop {
         match pool.get().await {
             Ok(mut client) => {
-                if let Err(e) = lead(&mut client, &settings).await {
+                if let Err(e) = lead(&mut client, &settings, &metrics).await {
+                    metrics.maintenance.set_leader(false);
+                    metrics.maintenance.failures.add(1);
                     tracing::warn!(error = %e, "maintenance failed; retrying");
                     // The session may hold the leader lock in an unknown state: start afresh.
                     let _ = deadpool_postgres::Object::take(client);
@@ -87,7 +91,7 @@ pub async fn run(database_url: String, settings: Settings) {
 }
 
 /// Tries to become the leader and, while leading, runs a cycle every interval.
-async fn lead(client: &mut Client, settings: &Settings) -> Result<(), DbError> {
+async fn lead(client: &mut Client, settings: &Settings, metrics: &Metrics) -> Result<(), DbError> {
     client
         .batch_execute("SET application_name = 'comb maintenance'; SET statement_timeout = '60s'")
         .await?;
@@ -96,9 +100,12 @@ async fn lead(client: &mut Client, settings: &Settings) -> Result<(), DbError> {
             .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK])
             .await?
             .get(0);
+        metrics.maintenance.set_leader(leader);
         if leader {
             let started = chrono::Utc::now();
+            let clock = Instant::now();
             let report = cycle(client, settings).await?;
+            metrics.maintenance.record(&report, clock.elapsed());
             if report.did_anything() {
                 tracing::info!(?report, "maintenance");
                 client

@@ -1,0 +1,418 @@
+//! Per-process counters and gauges, served by `GET /metrics` in the Prometheus text format.
+//!
+//! Each server counts only what it did itself, so summing one of these over every server that
+//! shares a database gives the cluster's figure (maintenance included: only the leader's
+//! counters move). Database-wide figures (queue depth, group lag) are read per scrape by the
+//! handler instead, and are the same on every server. Updates are relaxed atomic adds, made once per request or per cycle, never
+//! under a lock: a scrape may see one counter a request ahead of another, never a torn value.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::ack::{AckOutcome, AckStatus};
+use crate::maintenance::Report;
+use crate::pop::Claim;
+use crate::push::Stored;
+
+/// A value that only grows (until the process restarts).
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        if n > 0 {
+            self.0.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that is set, not added to; an `f64` kept as its bits so it needs no lock.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    pub fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// Messages through this server's edge. Counted after the database answered, from the
+/// outcomes each request was given, so a refused or failed request counts nothing.
+#[derive(Debug, Default)]
+pub struct Messages {
+    /// Newly stored by pushes (duplicates of a stored `transactionId` excluded).
+    pub pushed: Counter,
+    /// Pushes answered `duplicate`: already stored, nothing written.
+    pub duplicates: Counter,
+    /// Handed out by pops, leased or auto-acked.
+    pub popped: Counter,
+    /// Acks with status `completed` that were accepted.
+    pub acked: Counter,
+    /// Acks with status `failed` that were accepted (retried later or dead-lettered).
+    pub failed: Counter,
+    /// Acks with status `retry` that were accepted.
+    pub retried: Counter,
+    /// Accepted acks that put their message in the dead-letter queue.
+    pub dead_lettered: Counter,
+}
+
+impl Messages {
+    /// Counts a committed push by what became of each message.
+    pub fn stored(&self, stored: &[Stored]) {
+        let queued = stored
+            .iter()
+            .filter(|s| matches!(s, Stored::Queued(_)))
+            .count();
+        let duplicates = stored
+            .iter()
+            .filter(|s| matches!(s, Stored::Duplicate(_)))
+            .count();
+        self.pushed.add(queued as u64);
+        self.duplicates.add(duplicates as u64);
+    }
+
+    /// Counts the messages a pop hands out.
+    pub fn delivered(&self, claims: &[Claim]) {
+        let n: usize = claims.iter().map(|c| c.messages.len()).sum();
+        self.popped.add(n as u64);
+    }
+
+    /// Counts the accepted acks of one request; `statuses` are the statuses asked for, in the
+    /// order of `outcomes`.
+    pub fn settled(&self, statuses: &[AckStatus], outcomes: &[AckOutcome]) {
+        let (mut acked, mut failed, mut retried, mut dead) = (0, 0, 0, 0);
+        for (status, o) in statuses.iter().zip(outcomes) {
+            if o.result.is_err() {
+                continue;
+            }
+            match status {
+                AckStatus::Completed => acked += 1,
+                AckStatus::Failed => failed += 1,
+                AckStatus::Retry => retried += 1,
+                AckStatus::Dlq => {}
+            }
+            dead += u64::from(o.dlq);
+        }
+        self.acked.add(acked);
+        self.failed.add(failed);
+        self.retried.add(retried);
+        self.dead_lettered.add(dead);
+    }
+}
+
+/// What this server's maintenance loop did; everything stays at zero while it is not leader.
+#[derive(Debug, Default)]
+pub struct Maintenance {
+    pub leader: Gauge,
+    pub cycles: Counter,
+    pub failures: Counter,
+    pub cycle_seconds: Gauge,
+    pub segments_created: Counter,
+    pub segments_rolled: Counter,
+    pub segments_summarized: Counter,
+    pub segments_dropped: Counter,
+    pub drop_retries: Counter,
+    pub dead_lettered: Counter,
+    pub generations_created: Counter,
+    pub generations_dropped: Counter,
+    pub states_carried: Counter,
+}
+
+impl Maintenance {
+    /// Adds one finished cycle.
+    pub fn record(&self, report: &Report, took: Duration) {
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        self.cycles.add(1);
+        self.cycle_seconds.set(took.as_secs_f64());
+        self.segments_created.add(n(report.created.into()));
+        self.segments_rolled.add(n(report.rolled.into()));
+        self.segments_summarized.add(n(report.summarized.into()));
+        self.segments_dropped.add(n(report.dropped.into()));
+        self.drop_retries.add(n(report.drop_retries.into()));
+        self.dead_lettered.add(n(report.dead_lettered));
+        self.generations_created
+            .add(n(report.generations_created.into()));
+        self.generations_dropped
+            .add(n(report.generations_dropped.into()));
+        self.states_carried.add(n(report.states_carried));
+    }
+
+    /// Marks whether this server holds the leader lock.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(if leader { 1.0 } else { 0.0 });
+    }
+}
+
+/// Every metric this process keeps in memory; shared by the handlers and maintenance.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub messages: Messages,
+    pub maintenance: Maintenance,
+}
+
+impl Metrics {
+    /// Appends every metric family kept here to `out`.
+    pub fn render(&self, out: &mut Text) {
+        let m = &self.messages;
+        out.counter(
+            "comb_messages_pushed_total",
+            "Messages newly stored by pushes answered by this server.",
+            m.pushed.get(),
+        );
+        out.counter(
+            "comb_messages_push_duplicates_total",
+            "Pushed messages answered `duplicate`: their transactionId was already stored.",
+            m.duplicates.get(),
+        );
+        out.counter(
+            "comb_messages_popped_total",
+            "Messages handed out by pops answered by this server.",
+            m.popped.get(),
+        );
+        out.counter(
+            "comb_messages_acked_total",
+            "Accepted acks with status completed.",
+            m.acked.get(),
+        );
+        out.counter(
+            "comb_messages_failed_total",
+            "Accepted acks with status failed.",
+            m.failed.get(),
+        );
+        out.counter(
+            "comb_messages_retried_total",
+            "Accepted acks with status retry.",
+            m.retried.get(),
+        );
+        out.counter(
+            "comb_messages_dead_lettered_total",
+            "Messages dead-lettered by acks answered by this server (status dlq, or failed past retryLimit).",
+            m.dead_lettered.get(),
+        );
+
+        let mt = &self.maintenance;
+        out.gauge(
+            "comb_maintenance_leader",
+            "1 while this server holds the maintenance leader lock, else 0.",
+            mt.leader.get(),
+        );
+        out.counter(
+            "comb_maintenance_cycles_total",
+            "Maintenance cycles this server completed as leader.",
+            mt.cycles.get(),
+        );
+        out.counter(
+            "comb_maintenance_failures_total",
+            "Maintenance cycles or connections that failed and were retried.",
+            mt.failures.get(),
+        );
+        out.gauge(
+            "comb_maintenance_cycle_seconds",
+            "Duration of the last maintenance cycle this server completed.",
+            mt.cycle_seconds.get(),
+        );
+        let counters: [(&str, &str, &Counter); 9] = [
+            (
+                "comb_maintenance_segments_created_total",
+                "Message segment tables made ahead of their use.",
+                &mt.segments_created,
+            ),
+            (
+                "comb_maintenance_segments_rolled_total",
+                "Message segments closed because their period ended.",
+                &mt.segments_rolled,
+            ),
+            (
+                "comb_maintenance_segments_summarized_total",
+                "Closed message segments summarised (last position of each partition).",
+                &mt.segments_summarized,
+            ),
+            (
+                "comb_maintenance_segments_dropped_total",
+                "Message segment tables dropped whole.",
+                &mt.segments_dropped,
+            ),
+            (
+                "comb_maintenance_drop_retries_total",
+                "Drops of segments or generations that did not get their lock in time and wait for the next cycle.",
+                &mt.drop_retries,
+            ),
+            (
+                "comb_maintenance_dead_lettered_total",
+                "Messages dead-lettered for pending past maxWaitTimeSeconds.",
+                &mt.dead_lettered,
+            ),
+            (
+                "comb_maintenance_generations_created_total",
+                "Cursor state generation tables made ahead of their use.",
+                &mt.generations_created,
+            ),
+            (
+                "comb_maintenance_generations_dropped_total",
+                "Cursor state generation tables dropped whole.",
+                &mt.generations_dropped,
+            ),
+            (
+                "comb_maintenance_states_carried_total",
+                "Cursor states copied into the newest generation from the ones dropped.",
+                &mt.states_carried,
+            ),
+        ];
+        for (name, help, c) in counters {
+            out.counter(name, help, c.get());
+        }
+    }
+}
+
+/// The exposition text being written: `# HELP` and `# TYPE` before each family's samples.
+#[derive(Debug, Default)]
+pub struct Text(String);
+
+/// The `Content-Type` of the text format, version 0.0.4.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+impl Text {
+    pub fn counter(&mut self, name: &str, help: &str, value: u64) {
+        self.family(name, help, "counter");
+        let _ = writeln!(self.0, "{name} {value}");
+    }
+
+    pub fn gauge(&mut self, name: &str, help: &str, value: f64) {
+        self.family(name, help, "gauge");
+        self.sample(name, &[], value);
+    }
+
+    /// A gauge with one sample per label set, such as connections by state.
+    pub fn gauge_labelled(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
+        self.family(name, help, "gauge");
+        for (labels, value) in samples {
+            self.sample(name, labels, *value);
+        }
+    }
+
+    pub fn finish(self) -> String {
+        self.0
+    }
+
+    fn family(&mut self, name: &str, help: &str, kind: &str) {
+        debug_assert!(valid_name(name), "{name}");
+        let help = help.replace('\\', r"\\").replace('\n', r"\n");
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let v = v
+                    .replace('\\', r"\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', r"\n");
+                let _ = write!(self.0, "{k}=\"{v}\"");
+            }
+            self.0.push('}');
+        }
+        self.0.push(' ');
+        if value.is_nan() {
+            self.0.push_str("NaN");
+        } else if value.is_infinite() {
+            self.0.push_str(if value > 0.0 { "+Inf" } else { "-Inf" });
+        } else {
+            let _ = write!(self.0, "{value}");
+        }
+        self.0.push('\n');
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_families_with_help_and_type_before_samples() {
+        let m = Metrics::default();
+        m.messages.pushed.add(3);
+        m.maintenance.set_leader(true);
+        m.maintenance.record(
+            &Report {
+                dropped: 2,
+                states_carried: 7,
+                ..Report::default()
+            },
+            Duration::from_millis(250),
+        );
+        let mut t = Text::default();
+        m.render(&mut t);
+        t.gauge_labelled(
+            "comb_db_pool_connections",
+            "Pool connections by state.",
+            &[(&[("state", "idle")], 2.0), (&[("state", "in_use")], 1.0)],
+        );
+        let text = t.finish();
+        assert!(text.contains(
+            "# HELP comb_messages_pushed_total Messages newly stored by pushes answered by this server.\n\
+             # TYPE comb_messages_pushed_total counter\ncomb_messages_pushed_total 3\n"
+        ));
+        assert!(text.contains("\ncomb_maintenance_leader 1\n"));
+        assert!(text.contains("\ncomb_maintenance_cycles_total 1\n"));
+        assert!(text.contains("\ncomb_maintenance_cycle_seconds 0.25\n"));
+        assert!(text.contains("\ncomb_maintenance_segments_dropped_total 2\n"));
+        assert!(text.contains("\ncomb_maintenance_states_carried_total 7\n"));
+        assert!(text.contains("\ncomb_db_pool_connections{state=\"in_use\"} 1\n"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(valid_name(name) && name.starts_with("comb_"), "{line}");
+        }
+    }
+
+    #[test]
+    fn label_values_and_odd_numbers_are_escaped() {
+        let mut t = Text::default();
+        t.gauge_labelled(
+            "comb_x",
+            "a\nb",
+            &[
+                (&[("q", "a\"b\\c")], f64::INFINITY),
+                (&[("q", "n")], f64::NAN),
+            ],
+        );
+        assert_eq!(
+            t.finish(),
+            "# HELP comb_x a\\nb\n# TYPE comb_x gauge\ncomb_x{q=\"a\\\"b\\\\c\"} +Inf\ncomb_x{q=\"n\"} NaN\n"
+        );
+    }
+
+    #[test]
+    fn negative_report_fields_do_not_wrap() {
+        let m = Maintenance::default();
+        m.record(
+            &Report {
+                created: -1,
+                ..Report::default()
+            },
+            Duration::ZERO,
+        );
+        assert_eq!(m.segments_created.get(), 0);
+    }
+}
