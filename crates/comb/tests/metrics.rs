@@ -236,6 +236,27 @@ async fn message_counters_count_what_this_server_answered() {
     let idle = get(&after, "comb_db_pool_connections{state=\"idle\"}");
     let in_use = get(&after, "comb_db_pool_connections{state=\"in_use\"}");
     assert!(idle >= 1.0 && idle + in_use <= 14.0, "{idle} {in_use}");
+
+    // What a transaction commits counts like a push and an ack.
+    env.push(json!([{"queue": "t", "payload": {"n": 6}}])).await;
+    let pop = env.pop("/api/v1/pop/queue/t").await.expect("a message");
+    let m = &pop["messages"][0];
+    let (s, body) = env
+        .post(
+            "/api/v1/transaction",
+            &json!({"operations": [
+                {"type": "ack", "transactionId": m["transactionId"],
+                 "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+                 "status": "completed"},
+                {"type": "push", "items": [{"queue": "out", "payload": {"n": 7}}]},
+            ]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let tx = scrape(&env.http, &base).await;
+    assert_eq!(get(&tx, "comb_messages_pushed_total"), 7.0);
+    assert_eq!(get(&tx, "comb_messages_popped_total"), 6.0);
+    assert_eq!(get(&tx, "comb_messages_acked_total"), 2.0);
 }
 
 /// Sums of `comb.maintenance_runs` columns, as recorded by the leader.

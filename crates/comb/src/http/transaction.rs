@@ -206,5 +206,8 @@ async fn run(
         ));
     }
     tx.commit().await.map_err(DbError::from)?;
+    let statuses: Vec<_> = acks.iter().map(|a| a.status).collect();
+    app.metrics.messages.settled(&statuses, &outcomes);
+    app.metrics.messages.stored(&stored);
     Ok((outcomes, stored))
 }
