@@ -101,8 +101,9 @@ pub struct ServeConfig {
     /// How long pops and acks write cursor state into one generation (table) before the next
     /// takes over. Maintenance then carries the latest state of each cursor forward and drops
     /// the older generation whole: superseded versions outlive this by about one maintenance
-    /// interval.
-    #[arg(long, env = "COMB_GENERATION_SECONDS", default_value_t = 60)]
+    /// interval. Shorter keeps the state tables small (their size follows the pop and ack
+    /// rate times this period); each switch costs one short exclusive lock.
+    #[arg(long, env = "COMB_GENERATION_SECONDS", default_value_t = 20)]
     pub generation_seconds: u64,
 
     /// Pause between maintenance cycles, in milliseconds.
