@@ -251,13 +251,7 @@ async fn a_deleted_queues_cursor_states_go_with_a_rotation() {
         )
     };
     assert!(states_of_gone() >= 4);
-    let r = env
-        .http
-        .delete(env.url("/api/v1/resources/queues/gone"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(env.delete_queue("gone").await, StatusCode::OK);
     rotations(&env, 2).await;
     assert_eq!(
         states_of_gone(),
@@ -340,13 +334,7 @@ async fn a_partitions_head_outlives_its_dropped_segments() {
     )
     .await;
     // A deleted partition's summary goes with the next drop.
-    let r = env
-        .http
-        .delete(env.url("/api/v1/resources/queues/short"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(env.delete_queue("short").await, StatusCode::OK);
     eventually(
         Duration::from_secs(20),
         "summary of a deleted partition forgotten",

@@ -174,21 +174,8 @@ async fn deleting_a_queue_frees_its_segments() {
     env.push(json!([{"queue": "gone", "payload": {"n": 1}}]))
         .await;
     let seg = segment_of(&env, "gone");
-    let (s, body) = env
-        .http
-        .delete(env.url("/api/v1/resources/queues/gone"))
-        .send()
-        .await
-        .map(|r| (r.status(), ()))
-        .unwrap();
-    assert_eq!(s, StatusCode::OK, "{body:?}");
-    let r = env
-        .http
-        .delete(env.url("/api/v1/resources/queues/gone"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(env.delete_queue("gone").await, StatusCode::OK);
+    assert_eq!(env.delete_queue("gone").await, StatusCode::NOT_FOUND);
     assert_eq!(env.sql("SELECT count(*) FROM comb.partitions"), "0");
     eventually(Duration::from_secs(20), "segment dropped", || {
         !table_exists(&env, seg)
@@ -220,13 +207,7 @@ async fn a_push_through_another_server_after_a_delete_lands_in_the_new_queue() {
     };
     // The other server learns (and caches) the queue's ids.
     assert_eq!(other_push(1).await, StatusCode::CREATED);
-    let r = env
-        .http
-        .delete(env.url("/api/v1/resources/queues/q"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(env.delete_queue("q").await, StatusCode::OK);
     // Its next push goes to a new queue, not to the deleted partition.
     assert_eq!(other_push(2).await, StatusCode::CREATED);
     let pop = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();

@@ -163,6 +163,16 @@ impl Env {
         read(r).await
     }
 
+    /// Deletes a queue through the API; the status it answered.
+    pub async fn delete_queue(&self, queue: &str) -> StatusCode {
+        self.http
+            .delete(self.url(&format!("/api/v1/resources/queues/{queue}")))
+            .send()
+            .await
+            .expect("request")
+            .status()
+    }
+
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
         let r = self
             .http
