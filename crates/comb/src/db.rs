@@ -62,9 +62,13 @@ impl From<tokio_postgres::Error> for DbError {
     fn from(e: tokio_postgres::Error) -> Self {
         // A closed connection or an I/O error means the database went away, and so do the
         // SQLSTATEs of a server that is starting, stopping or full; anything else the server
-        // answered with a SQLSTATE is a real error of the statement.
+        // answered with a SQLSTATE is a real error of the statement. So is what the client
+        // refuses before anything reaches the server (a parameter it cannot encode, a column
+        // it cannot decode: an error with a cause that is not I/O): a bug, not an outage.
+        let client_side =
+            std::error::Error::source(&e).is_some_and(|cause| !cause.is::<std::io::Error>());
         if e.is_closed()
-            || e.as_db_error().is_none() && e.code().is_none()
+            || e.as_db_error().is_none() && e.code().is_none() && !client_side
             || e.code().is_some_and(means_unavailable)
         {
             DbError::Unavailable(e.to_string())
