@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{Env, client};
+use common::{Env, client, numbers};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -41,7 +41,9 @@ async fn concurrent_pushers_never_lose_or_reorder_a_message() {
             let mut seed = 0x9E37_79B9_7F4A_7C15 ^ (p + 1);
             let mut seq = 0;
             while seq < PER_PUSHER {
-                let n = (1 + next(&mut seed) % 20).min(PER_PUSHER - seq);
+                // Up to 100 per request: fused batches take both ways of storing (inserted
+                // below 64 messages, copied in from 64).
+                let n = (1 + next(&mut seed) % 100).min(PER_PUSHER - seq);
                 let items: Vec<Value> = (seq..seq + n)
                     .map(|s| json!({"queue": "race", "partition": "one", "payload": {"p": p, "s": s}}))
                     .collect();
@@ -126,4 +128,66 @@ async fn concurrent_pushers_never_lose_or_reorder_a_message() {
         env.sql("SELECT count(*) FROM comb.messages"),
         (PUSHERS * PER_PUSHER).to_string()
     );
+}
+
+/// Batches are stored three ways (copied in, appended, inserted with a duplicate check); one
+/// partition fed by all three holds consecutive positions in push order, and stamps them in
+/// the segment and time of their push.
+#[tokio::test]
+async fn every_way_of_storing_keeps_positions_consecutive() {
+    let env = Env::start().await;
+    let item = |n: i64, txid: Option<String>| {
+        let mut v = json!({"queue": "ways", "partition": "p", "payload": {"n": n}});
+        if let Some(t) = txid {
+            v["transactionId"] = json!(t);
+        }
+        v
+    };
+    let mut n = 0i64;
+    let mut batch = |len: i64, txids: bool| {
+        let items: Vec<Value> = (n..n + len)
+            .map(|k| item(k, txids.then(|| format!("t{k}"))))
+            .collect();
+        n += len;
+        json!(items)
+    };
+    let sizes = [
+        (1, false),
+        (150, false),
+        (3, true),
+        (64, false),
+        (63, false),
+        (80, true),
+    ];
+    for (len, txids) in sizes {
+        let results = env.push(batch(len, txids)).await;
+        assert_eq!(results.len(), len as usize);
+        assert!(
+            results.iter().all(|r| r["status"] == "queued"),
+            "{results:?}"
+        );
+    }
+    // A repeat of transaction ids already stored stores nothing.
+    let again: Vec<Value> = (151..154).map(|k| item(k, Some(format!("t{k}")))).collect();
+    let results = env.push(json!(again)).await;
+    assert!(
+        results.iter().all(|r| r["status"] == "duplicate"),
+        "{results:?}"
+    );
+
+    let total: i64 = sizes.iter().map(|(len, _)| len).sum();
+    assert_eq!(
+        env.sql("SELECT count(*), min(pos), max(pos), count(DISTINCT pos) FROM comb.messages"),
+        format!("{total}|1|{total}|{total}")
+    );
+    assert_eq!(
+        env.sql(
+            "SELECT count(*) FROM comb.messages \
+             WHERE seg <> (SELECT max(seg) FROM comb.segments) \
+                OR created_at > now() OR created_at < now() - interval '1 minute'"
+        ),
+        "0"
+    );
+    let popped = env.pop("/api/v1/pop/queue/ways?batch=1000").await.unwrap();
+    assert_eq!(numbers(&popped), (0..total).collect::<Vec<_>>());
 }
