@@ -114,10 +114,13 @@ seen AS (
     CROSS JOIN q
     WHERE (f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
        OR (f.lease_id IS NULL AND f.available_at <= now()
-           AND EXISTS (
-               SELECT 1 FROM comb.messages m
-               WHERE m.partition_id = f.partition_id
-                 AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)
+           -- Not EXISTS: the planner drops an EXISTS's ORDER BY and may then walk the
+           -- partition's whole (partition_id, transaction_id) index; in position order it
+           -- reads one index entry.
+           AND (SELECT m.pos FROM comb.messages m
+                WHERE m.partition_id = f.partition_id
+                  AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
+                ORDER BY m.pos LIMIT 1) IS NOT NULL
            AND (q.window_secs = 0 OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
                 <= now() - make_interval(secs => q.window_secs))
            AND (q.retention_secs = 0
