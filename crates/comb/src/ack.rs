@@ -12,8 +12,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use deadpool_postgres::{Pool, Transaction};
+use deadpool_postgres::{GenericClient, Pool, Transaction};
 use tokio::sync::oneshot;
+use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
@@ -372,13 +373,35 @@ pub(crate) struct DeadLetter {
     pub(crate) error: Option<String>,
 }
 
-/// Applies acks in one transaction of their own; one outcome per item, in order.
+/// Applies acks in one transaction of their own, in two round trips: BEGIN with the reads,
+/// then the writes with COMMIT. One outcome per item, in order.
 async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    let outcomes = settle_in(&tx, items, false).await?;
-    tx.commit().await?;
-    Ok(outcomes)
+    let client = pool.get().await?;
+    // Everything is prepared before the pipelines: a statement still being prepared when
+    // COMMIT is sent would run after it, outside the transaction.
+    let reads = ReadStatements::prepare(&client).await?;
+    let writes = WriteStatements::prepare(&client).await?;
+    let (begin, read) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        judge(&client, &reads, items, false),
+    );
+    let judged = match begin.map_err(DbError::from).and(read) {
+        Ok(judged) => judged,
+        Err(e) => {
+            if !client.is_closed() {
+                let _ = client.batch_execute("ROLLBACK").await;
+            }
+            return Err(e);
+        }
+    };
+    // A failed write makes the pipelined COMMIT roll back.
+    let (written, commit) = tokio::join!(
+        write_back(&client, &writes, &judged.cursors, &judged.dead),
+        client.batch_execute("COMMIT"),
+    );
+    written?;
+    commit?;
+    Ok(judged.outcomes)
 }
 
 /// Applies acks inside the caller's transaction; one outcome per item, in order.
@@ -388,23 +411,59 @@ pub async fn settle_in(
     items: &[&AckItem],
     strict: bool,
 ) -> Result<Vec<AckOutcome>, DbError> {
+    let reads = ReadStatements::prepare(tx).await?;
+    let writes = WriteStatements::prepare(tx).await?;
+    let judged = judge(tx, &reads, items, strict).await?;
+    write_back(tx, &writes, &judged.cursors, &judged.dead).await?;
+    Ok(judged.outcomes)
+}
+
+/// The statements that read what acks are judged against.
+struct ReadStatements {
+    lookup: Statement,
+    lock: Statement,
+    state: Statement,
+    names: Statement,
+}
+
+impl ReadStatements {
+    async fn prepare<C: GenericClient>(client: &C) -> Result<ReadStatements, DbError> {
+        Ok(ReadStatements {
+            lookup: client.prepare_cached(LOOKUP_SQL).await?,
+            lock: client.prepare_cached(LOCK_SQL).await?,
+            state: client.prepare_cached(STATE_SQL).await?,
+            names: client.prepare_cached(NAMES_SQL).await?,
+        })
+    }
+}
+
+/// Acks judged: their outcomes, and the cursor versions and dead letters to write.
+struct Judged {
+    outcomes: Vec<AckOutcome>,
+    cursors: HashMap<(Uuid, String), Locked>,
+    dead: Vec<DeadLetter>,
+}
+
+/// Reads the messages' positions and their cursors' state (locked first), in one pipelined
+/// round trip, and applies the acks to the cursors in memory.
+async fn judge<C: GenericClient>(
+    tx: &C,
+    statements: &ReadStatements,
+    items: &[&AckItem],
+    strict: bool,
+) -> Result<Judged, DbError> {
     let pids: Vec<Uuid> = items.iter().map(|i| i.partition_id).collect();
     let txids: Vec<&str> = items.iter().map(|i| i.transaction_id.as_str()).collect();
     let groups: Vec<&str> = items.iter().map(|i| i.group.as_str()).collect();
-
-    let lookup = tx.prepare_cached(LOOKUP_SQL).await?;
-    let lock = tx.prepare_cached(LOCK_SQL).await?;
-    let state = tx.prepare_cached(STATE_SQL).await?;
-    let names = tx.prepare_cached(NAMES_SQL).await?;
     let lookup_params: [&(dyn ToSql + Sync); 2] = [&pids, &txids];
     let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
     let names_params: [&(dyn ToSql + Sync); 1] = [&pids];
     // Pipelined: one round trip. The state is read after the lock statement has finished.
     let (found, lock, locked, named) = tokio::join!(
-        tx.query(&lookup, &lookup_params),
-        tx.query(&lock, &lock_params),
-        tx.query(&state, &lock_params),
-        tx.query(&names, &names_params),
+        tx.query(&statements.lookup, &lookup_params),
+        tx.query(&statements.lock, &lock_params),
+        tx.query(&statements.state, &lock_params),
+        tx.query(&statements.names, &names_params),
     );
     lock?;
     let mut position: Vec<Option<(i64, i32)>> = vec![None; items.len()];
@@ -465,8 +524,11 @@ pub async fn settle_in(
         }
         outcomes.push(outcome);
     }
-    write_back(tx, &cursors, &dead).await?;
-    Ok(outcomes)
+    Ok(Judged {
+        outcomes,
+        cursors,
+        dead,
+    })
 }
 
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
@@ -505,7 +567,8 @@ pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Res
             });
         }
     }
-    write_back(&tx, &cursors, &dead).await?;
+    let writes = WriteStatements::prepare(&tx).await?;
+    write_back(&tx, &writes, &cursors, &dead).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -541,10 +604,27 @@ pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, Str
     cursors
 }
 
+/// The statements that write cursor versions and dead letters.
+pub(crate) struct WriteStatements {
+    write: Statement,
+    dead: Statement,
+}
+
+impl WriteStatements {
+    pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<WriteStatements, DbError> {
+        Ok(WriteStatements {
+            write: client.prepare_cached(WRITE_SQL).await?,
+            dead: client.prepare_cached(DEAD_LETTER_SQL).await?,
+        })
+    }
+}
+
 /// Appends the next version of changed cursors and writes new dead letters (pipelined: one
-/// round trip). The cursors must have been locked in this transaction.
-pub(crate) async fn write_back(
-    tx: &Transaction<'_>,
+/// round trip, no statement prepared on the way, so a COMMIT pipelined after it follows
+/// them). The cursors must have been locked in this transaction.
+pub(crate) async fn write_back<C: GenericClient>(
+    tx: &C,
+    statements: &WriteStatements,
     cursors: &HashMap<(Uuid, String), Locked>,
     dead: &[DeadLetter],
 ) -> Result<(), DbError> {
@@ -553,7 +633,6 @@ pub(crate) async fn write_back(
     if changed.is_empty() {
         return Ok(());
     }
-    let update = tx.prepare_cached(WRITE_SQL).await?;
     let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
     let u_group: Vec<&str> = changed.iter().map(|(k, _)| k.1.as_str()).collect();
     let u_pos: Vec<i64> = changed.iter().map(|(_, l)| l.cursor.cursor_pos).collect();
@@ -575,11 +654,6 @@ pub(crate) async fn write_back(
         .iter()
         .map(|(_, l)| l.cursor.rest_ms.map(|m| m as i64))
         .collect();
-    let dl = if dead.is_empty() {
-        None
-    } else {
-        Some(tx.prepare_cached(DEAD_LETTER_SQL).await?)
-    };
     let d_id: Vec<Uuid> = dead.iter().map(|_| Uuid::now_v7()).collect();
     let d_qid: Vec<Uuid> = dead.iter().map(|d| d.queue_id).collect();
     let d_pid: Vec<Uuid> = dead.iter().map(|d| d.partition_id).collect();
@@ -593,12 +667,12 @@ pub(crate) async fn write_back(
         &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
     ];
     let write_dead = async {
-        match &dl {
-            Some(stmt) => tx.execute(stmt, &dead_params).await.map(|_| ()),
-            None => Ok(()),
+        if dead.is_empty() {
+            return Ok(());
         }
+        tx.execute(&statements.dead, &dead_params).await.map(|_| ())
     };
-    let (u, d) = tokio::join!(tx.execute(&update, &update_params), write_dead);
+    let (u, d) = tokio::join!(tx.execute(&statements.write, &update_params), write_dead);
     u?;
     d?;
     Ok(())

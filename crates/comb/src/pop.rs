@@ -131,7 +131,7 @@ seen AS (
                 WHERE m.partition_id = f.partition_id
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
                 ORDER BY m.pos LIMIT 1) <= now() - make_interval(secs => q.delay_secs)))
-    LIMIT $4::bigint * 4 + 16
+    LIMIT $4::bigint * 2 + 4
 ),
 cand AS (
     SELECT c.partition_id
@@ -315,6 +315,13 @@ async fn claim(
     Ok(claims.0)
 }
 
+/// A claim's transaction does not wait for its WAL flush. A lease is the one piece of state
+/// that may be lost in a database crash without breaking a guarantee: its messages are then
+/// delivered again, exactly as after the lease's expiry, and an ack under it is refused as
+/// under an expired lease. (A later durable commit, such as the ack, flushes it anyway: the
+/// WAL is written in order.) Acks and pushes stay durable.
+const BEGIN_CLAIM: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+
 /// One claim: candidates locked and ended leases found in one round trip, then the claim
 /// and its commit in a second.
 async fn claim_once(
@@ -338,7 +345,10 @@ async fn claim_once(
         &default_lease_seconds,
         &rover,
     ];
-    let (begin, found) = tokio::join!(pg.batch_execute("BEGIN"), pg.query(&candidates, &params));
+    let (begin, found) = tokio::join!(
+        pg.batch_execute(BEGIN_CLAIM),
+        pg.query(&candidates, &params)
+    );
     let found = match begin.and(found) {
         Ok(rows) => rows,
         Err(e) => return Err(rollback(pg, e).await),

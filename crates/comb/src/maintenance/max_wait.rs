@@ -4,7 +4,7 @@
 
 use deadpool_postgres::Client;
 
-use crate::ack::{DeadLetter, STATE_SQL, locked_cursors, write_back};
+use crate::ack::{DeadLetter, STATE_SQL, WriteStatements, locked_cursors, write_back};
 use crate::db::DbError;
 
 /// Cursors whose next message is overdue, locked (busy ones skipped); their state is read
@@ -80,7 +80,8 @@ pub async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbError> {
             state.changed = true;
         }
     }
-    write_back(&tx, &cursors, &dead).await?;
+    let writes = WriteStatements::prepare(&tx).await?;
+    write_back(&tx, &writes, &cursors, &dead).await?;
     tx.commit().await?;
     Ok(dead.len() as i64)
 }
