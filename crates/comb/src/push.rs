@@ -20,7 +20,7 @@
 //! skipped however pushes race (the defect of cursors taken from transaction start time).
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -120,45 +120,28 @@ ORDER BY i.ord";
 /// broker, no duplicate check, nothing returned. Partitions deleted before the lock are not
 /// in `comb.partitions` any more, so their items are left out; the lock statement's rows tell
 /// which partitions were stored into.
-static APPEND_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "
+const APPEND_SQL: &str = "
 INSERT INTO comb.messages
     (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
 SELECT i.partition_id, h.pos + i.rank, s.seg, i.message_id, i.transaction_id, i.trace_id,
        i.payload, statement_timestamp()
 FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::bytea[])
     AS i(partition_id, rank, message_id, transaction_id, trace_id, payload)
-JOIN (SELECT p.id, {HEAD} AS pos FROM comb.partitions p WHERE p.id = ANY($7)) h
-    ON h.id = i.partition_id
-CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
-    )
-});
-
-/// The head of partition `p.id`, as `comb.partition_head` computes it, written out so the
-/// planner runs it inline (a call of the function costs about half as much again): the
-/// newest position in the unsummarised segments, else the newest summary, else 0. Within a
-/// partition, positions grow with segments, so the first of these found is the newest.
-const HEAD: &str = "coalesce(
-    (SELECT m.pos FROM comb.messages m
-     WHERE m.partition_id = p.id
-       AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
-     ORDER BY m.pos DESC LIMIT 1),
-    (SELECT sp.max_pos FROM comb.segment_partitions sp
-     WHERE sp.partition_id = p.id ORDER BY sp.seg DESC LIMIT 1),
-    0)";
+JOIN (
+    SELECT p.id, h.pos
+    FROM comb.partitions p CROSS JOIN LATERAL comb.partition_head(p.id) h
+    WHERE p.id = ANY($7)
+) h ON h.id = i.partition_id
+CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s";
 
 /// Heads of the locked partitions, the newest segment and the time to stamp, read after the
 /// lock for a batch the broker copies in. Deleted partitions are not returned.
-static HEADS_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "
-SELECT p.id, {HEAD}, s.seg, statement_timestamp()
+const HEADS_SQL: &str = "
+SELECT p.id, h.pos, s.seg, statement_timestamp()
 FROM comb.partitions p
+CROSS JOIN LATERAL comb.partition_head(p.id) h
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s
-WHERE p.id = ANY($1)"
-    )
-});
+WHERE p.id = ANY($1)";
 
 const COPY_SQL: &str = "COPY comb.messages
     (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
@@ -284,7 +267,7 @@ impl Statements {
         let insert = if plan.checks_duplicates() {
             client.prepare_cached(INSERT_SQL).await?
         } else {
-            client.prepare_cached(&APPEND_SQL).await?
+            client.prepare_cached(APPEND_SQL).await?
         };
         Ok(Statements { lock, insert })
     }
@@ -350,7 +333,7 @@ impl<'a> Plan<'a> {
     /// the end of the copy and COMMIT.
     async fn copy(&self, client: &deadpool_postgres::Client) -> Result<Vec<Stored>, DbError> {
         let lock = client.prepare_cached(LOCK_SQL).await?;
-        let heads = client.prepare_cached(&HEADS_SQL).await?;
+        let heads = client.prepare_cached(HEADS_SQL).await?;
         let copy = client.prepare_cached(COPY_SQL).await?;
         let pg: &tokio_postgres::Client = client;
         let params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
