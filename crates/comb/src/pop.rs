@@ -315,12 +315,13 @@ async fn claim(
     Ok(claims.0)
 }
 
-/// A claim's transaction does not wait for its WAL flush. A lease is the one piece of state
-/// that may be lost in a database crash without breaking a guarantee: its messages are then
-/// delivered again, exactly as after the lease's expiry, and an ack under it is refused as
-/// under an expired lease. (A later durable commit, such as the ack, flushes it anyway: the
-/// WAL is written in order.) Acks and pushes stay durable.
-const BEGIN_CLAIM: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+/// A claim with explicit acks does not wait for its WAL flush. A lease is the one piece of
+/// state that may be lost in a database crash without breaking a guarantee: its messages are
+/// then delivered again, exactly as after the lease's expiry, and an ack under it is refused
+/// as under an expired lease. (A later durable commit, such as the ack, flushes it anyway: the
+/// WAL is written in order.) An auto-ack claim moves the position, which must not come back
+/// after a crash (at-most-once), so it waits like pushes and acks.
+const BEGIN_LEASE: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 
 /// One claim: candidates locked and ended leases found in one round trip, then the claim
 /// and its commit in a second.
@@ -346,7 +347,7 @@ async fn claim_once(
         &rover,
     ];
     let (begin, found) = tokio::join!(
-        pg.batch_execute(BEGIN_CLAIM),
+        pg.batch_execute(if shape.auto_ack { "BEGIN" } else { BEGIN_LEASE }),
         pg.query(&candidates, &params)
     );
     let found = match begin.and(found) {
