@@ -259,7 +259,7 @@ FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS i(partition_id, transacti
 CROSS JOIN LATERAL (
     -- No ORDER BY: a transaction id is stored once per partition, and ordering by position
     -- would make the planner walk the partition in position order instead of using the
-    -- (partition_id, transaction_id) index.
+    -- (transaction_id, partition_id) index.
     SELECT m.pos, m.seg FROM comb.messages m
     WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
     LIMIT 1

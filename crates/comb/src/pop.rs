@@ -115,8 +115,7 @@ seen AS (
     WHERE (f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
        OR (f.lease_id IS NULL AND f.available_at <= now()
            -- Not EXISTS: the planner drops an EXISTS's ORDER BY and may then walk the
-           -- partition's whole (partition_id, transaction_id) index; in position order it
-           -- reads one index entry.
+           -- partition in any order; in position order it reads one index entry.
            AND (SELECT m.pos FROM comb.messages m
                 WHERE m.partition_id = f.partition_id
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg

@@ -89,6 +89,33 @@ async fn retention_drops_whole_segments_once_every_queue_in_them_allows() {
         .parse()
         .unwrap();
     assert!(dropped >= 1, "maintenance recorded its drops");
+    // Segment tables made since carry exactly the parent's two indexes (an index that did
+    // not match the parent's would have been added by ATTACH, a third one to write).
+    let made: i64 = env
+        .sql("SELECT coalesce(sum(created), 0) FROM comb.maintenance_runs")
+        .parse()
+        .unwrap();
+    assert!(made >= 1, "maintenance made segment tables");
+    assert_eq!(
+        env.sql(
+            "SELECT string_agg(DISTINCT n::text, ',') FROM ( \
+               SELECT c.relname, count(i.indexrelid) AS n \
+               FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid \
+               LEFT JOIN pg_index i ON i.indrelid = c.oid \
+               WHERE h.inhparent = 'comb.messages'::regclass GROUP BY c.relname) t"
+        ),
+        "2"
+    );
+    // One snapshot for both counts: maintenance keeps making tables meanwhile.
+    assert_eq!(
+        env.sql(
+            "SELECT (SELECT count(*) FROM pg_indexes WHERE schemaname = 'comb' \
+                     AND indexdef LIKE '%(transaction_id, partition_id)%') \
+                  = (SELECT 1 + count(*) FROM pg_inherits \
+                     WHERE inhparent = 'comb.messages'::regclass)"
+        ),
+        "t"
+    );
 }
 
 #[tokio::test]

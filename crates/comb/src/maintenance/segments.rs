@@ -105,7 +105,7 @@ pub async fn make_ahead(
         "BEGIN; {lt};
          CREATE TABLE {t} (LIKE comb.messages INCLUDING DEFAULTS INCLUDING STORAGE);
          ALTER TABLE {t} ADD PRIMARY KEY (partition_id, pos, seg);
-         CREATE INDEX ON {t} (partition_id, transaction_id);
+         CREATE INDEX ON {t} (transaction_id, partition_id);
          ALTER TABLE {t} ADD CONSTRAINT messages_{next}_seg CHECK (seg >= {next} AND seg < {end});
          ALTER TABLE comb.messages ATTACH PARTITION {t} FOR VALUES FROM ({next}) TO ({end});
          COMMIT;",

@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "insert_only_state",
         sql: include_str!("migrations/0003_insert_only_state.sql"),
     },
+    Migration {
+        version: 4,
+        name: "transaction_index",
+        sql: include_str!("migrations/0004_transaction_index.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
