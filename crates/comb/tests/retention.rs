@@ -367,3 +367,31 @@ async fn a_drop_blocked_by_a_long_reader_does_not_stall_pushes() {
     .await;
     assert_eq!(env.sql("SELECT count(*) FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id JOIN comb.queues q ON q.id = p.queue_id WHERE q.name = 'busy'"), pushed.to_string());
 }
+
+/// Maintenance keeps the statistics of the segment being written current (reads of a
+/// partition in position order are planned from them), once enough of it changed.
+#[tokio::test]
+async fn maintenance_analyses_the_growing_segment() {
+    let env = Env::start_with(&["--maintenance-interval-ms", "200"]).await;
+    let current = || {
+        env.sql(
+            "SELECT coalesce(max(t.last_analyze)::text, 'never') FROM pg_stat_user_tables t \
+             WHERE t.schemaname = 'comb' \
+               AND t.relname = 'messages_' || (SELECT max(seg) FROM comb.segments)",
+        )
+    };
+    env.push(json!([{"queue": "stats", "payload": {"n": 0}}]))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(current(), "never", "analysed before 1,000 rows changed");
+    for chunk in 0..3 {
+        let items: Vec<serde_json::Value> = (0..500)
+            .map(|n| json!({"queue": "stats", "payload": {"n": chunk * 500 + n}}))
+            .collect();
+        env.push(json!(items)).await;
+    }
+    eventually(Duration::from_secs(20), "newest segment analysed", || {
+        current() != "never"
+    })
+    .await;
+}

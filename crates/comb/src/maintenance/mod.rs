@@ -142,6 +142,9 @@ pub async fn cycle(client: &mut Client, settings: &Settings) -> Result<Report, D
     segments::roll_over(client, settings, &mut report).await?;
     segments::summarize(client, settings, &mut report).await?;
     segments::drop_reclaimable(client, settings, &mut report).await?;
+    if segments::refresh_statistics(client, settings).await? {
+        tracing::debug!("statistics of the newest segment refreshed");
+    }
     // Older generations are carried before a new one starts, so that the generation just
     // replaced is left a whole cycle for writers that chose it to finish; the next one is
     // made after the switch, so that it is attached a whole cycle before writers go to it.
