@@ -18,7 +18,7 @@ use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use crate::db::DbError;
+use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
 use crate::queue::QueueOptions;
 
@@ -388,9 +388,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     let judged = match begin.map_err(DbError::from).and(read) {
         Ok(judged) => judged,
         Err(e) => {
-            if !client.is_closed() {
-                let _ = client.batch_execute("ROLLBACK").await;
-            }
+            db::roll_back(&client).await;
             return Err(e);
         }
     };

@@ -127,6 +127,15 @@ pub fn pool(database_url: &str, size: usize) -> Result<Pool, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Ends a transaction that failed before its COMMIT was sent, so that the connection goes
+/// back to the pool outside any transaction. (A COMMIT pipelined behind a failed statement
+/// rolls back by itself and needs no help.)
+pub async fn roll_back(pg: &tokio_postgres::Client) {
+    if !pg.is_closed() {
+        let _ = pg.batch_execute("ROLLBACK").await;
+    }
+}
+
 /// A client connected outside the pool, for migrations at start.
 pub async fn connect(database_url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let (client, conn) = tokio_postgres::connect(database_url, NoTls).await?;

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use crate::db::DbError;
+use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
 
 /// The shape of a pop; pops with the same shape are claimed together.
@@ -314,13 +314,19 @@ async fn claim(
     Ok(claims.0)
 }
 
-/// A claim with explicit acks does not wait for its WAL flush. A lease is the one piece of
+/// How a claim begins. A claim with explicit acks does not wait for its WAL flush. A lease is the one piece of
 /// state that may be lost in a database crash without breaking a guarantee: its messages are
 /// then delivered again, exactly as after the lease's expiry, and an ack under it is refused
 /// as under an expired lease. (A later durable commit, such as the ack, flushes it anyway: the
 /// WAL is written in order.) An auto-ack claim moves the position, which must not come back
 /// after a crash (at-most-once), so it waits like pushes and acks.
-const BEGIN_LEASE: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+fn begin_claim(auto_ack: bool) -> &'static str {
+    if auto_ack {
+        "BEGIN"
+    } else {
+        "BEGIN; SET LOCAL synchronous_commit = off"
+    }
+}
 
 /// One claim: candidates locked and ended leases found in one round trip, then the claim
 /// and its commit in a second.
@@ -346,7 +352,7 @@ async fn claim_once(
         &rover,
     ];
     let (begin, found) = tokio::join!(
-        pg.batch_execute(if shape.auto_ack { "BEGIN" } else { BEGIN_LEASE }),
+        pg.batch_execute(begin_claim(shape.auto_ack)),
         pg.query(&candidates, &params)
     );
     let found = match begin.and(found) {
@@ -407,9 +413,21 @@ async fn claim_once(
     Ok((claims, Some(expired)))
 }
 
-/// Ends a transaction that failed part-way so the connection goes back to the pool clean, and
-/// hands back the error that failed it.
+/// Ends a transaction that failed part-way (see [`db::roll_back`]) and hands back the error
+/// that failed it.
 async fn rollback(pg: &tokio_postgres::Client, e: tokio_postgres::Error) -> DbError {
-    let _ = pg.batch_execute("ROLLBACK").await;
+    db::roll_back(pg).await;
     e.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::begin_claim;
+
+    #[test]
+    fn only_claims_with_explicit_acks_skip_the_flush_wait() {
+        assert!(begin_claim(false).contains("synchronous_commit = off"));
+        // An auto-ack claim moves the position: it must be durable when answered.
+        assert_eq!(begin_claim(true), "BEGIN");
+    }
 }

@@ -32,7 +32,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row, Statement};
 use uuid::Uuid;
 
-use crate::db::DbError;
+use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
 use crate::wake::Wake;
 
@@ -226,11 +226,9 @@ async fn store(pool: &Pool, plan: &Plan<'_>) -> Result<Vec<Stored>, DbError> {
     let client = pool.get().await?;
     if plan.copies() {
         let result = plan.copy(&client).await;
-        let pg: &tokio_postgres::Client = &client;
-        if result.is_err() && !pg.is_closed() {
-            // The copy sends COMMIT only once every row is written; whatever failed before
-            // that left the transaction open.
-            let _ = pg.batch_execute("ROLLBACK").await;
+        if result.is_err() {
+            // The copy sends COMMIT only once every row is written.
+            db::roll_back(&client).await;
         }
         return result;
     }

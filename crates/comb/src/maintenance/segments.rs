@@ -60,7 +60,7 @@ pub(super) async fn give_way_counting(
                 .collect(),
         )),
         Err(e) => {
-            let _ = client.batch_execute("ROLLBACK").await;
+            crate::db::roll_back(client).await;
             if is_lock_timeout(&e) {
                 Ok(None)
             } else {
