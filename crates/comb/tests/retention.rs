@@ -115,6 +115,16 @@ async fn retention_drops_whole_segments_once_every_queue_in_them_allows() {
                      WHERE inhparent = 'comb.messages'::regclass)"
         ),
         "t"
+    ); // Every segment table, the first and those made since, tells the planner partitions are
+    // deep (schema version 5).
+    assert_eq!(
+        env.sql(
+            "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none'), ',') \
+             FROM pg_inherits h JOIN pg_attribute a \
+               ON a.attrelid = h.inhrelid AND a.attname = 'partition_id' \
+             WHERE h.inhparent = 'comb.messages'::regclass"
+        ),
+        "{n_distinct=100}"
     );
 }
 
@@ -394,4 +404,56 @@ async fn maintenance_analyses_the_growing_segment() {
         current() != "never"
     })
     .await;
+}
+
+/// Statistics taken while a thousand partitions held one message each say every partition
+/// holds one row. Read from such statistics, the newest position of a partition that has
+/// since grown to 2,000 messages, and the next messages of a claim, must still be ordered
+/// scans of the primary key that stop after the rows they return, not a read and sort of the
+/// whole partition (which is what the planner does without schema version 5's setting).
+#[tokio::test]
+async fn reads_of_a_grown_partition_stay_ordered_under_old_statistics() {
+    let env = Env::start().await;
+    let wide: Vec<serde_json::Value> = (0..1000)
+        .map(|n| json!({"queue": "wide", "partition": format!("p{n}"), "payload": {"n": n}}))
+        .collect();
+    env.push(json!(wide)).await;
+    env.sql("ANALYZE comb.messages");
+    for chunk in 0..4 {
+        let deep: Vec<serde_json::Value> = (0..500)
+            .map(|n| json!({"queue": "wide", "partition": "deep", "payload": {"n": chunk * 500 + n}}))
+            .collect();
+        env.push(json!(deep)).await;
+    }
+    let id = env.sql("SELECT id FROM comb.partitions WHERE name = 'deep'");
+    let generic = "SET plan_cache_mode = force_generic_plan";
+    let plan = |prepare: &str, execute: &str| {
+        env.sql(&format!(
+            "{prepare}; {generic}; \
+             EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE {execute}"
+        ))
+    };
+    let head = plan(
+        "PREPARE head(uuid) AS SELECT m.pos FROM comb.messages m \
+         WHERE m.partition_id = $1 AND m.seg >= 1 ORDER BY m.pos DESC LIMIT 1",
+        &format!("head('{id}')"),
+    );
+    let next = plan(
+        "PREPARE next(uuid, bigint, int) AS SELECT m.pos FROM comb.messages m \
+         WHERE m.partition_id = $1 AND m.pos > $2 AND m.seg >= 1 ORDER BY m.pos LIMIT $3",
+        &format!("next('{id}', 100, 50)"),
+    );
+    for (what, plan, rows) in [("newest position", head, 1), ("next messages", next, 50)] {
+        assert!(!plan.contains("Sort Method"), "{what} sorted:\n{plan}");
+        // No scan under the limit returned more than the limit's rows.
+        for line in plan.lines().filter(|l| l.contains("Scan")) {
+            let read: u32 = line
+                .split("actual rows=")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{what}: no row count in {line}"));
+            assert!(read <= rows, "{what} read {read} rows:\n{plan}");
+        }
+    }
 }

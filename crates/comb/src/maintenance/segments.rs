@@ -20,6 +20,10 @@ use crate::db::DbError;
 /// the roll-over may still be writing into it.
 const SUMMARY_GRACE_SECONDS: f64 = 2.0;
 
+/// How many partitions the planner assumes a segment holds (schema version 5): every
+/// partition looks deep, so reads of one partition in position order take the primary key.
+const PARTITIONS_PER_SEGMENT: u32 = 100;
+
 fn table(seg: i32) -> String {
     format!("comb.messages_{seg}")
 }
@@ -106,6 +110,7 @@ pub async fn make_ahead(
          CREATE TABLE {t} (LIKE comb.messages INCLUDING DEFAULTS INCLUDING STORAGE);
          ALTER TABLE {t} ADD PRIMARY KEY (partition_id, pos, seg);
          CREATE INDEX ON {t} (transaction_id, partition_id);
+         ALTER TABLE {t} ALTER COLUMN partition_id SET (n_distinct = {PARTITIONS_PER_SEGMENT});
          ALTER TABLE {t} ADD CONSTRAINT messages_{next}_seg CHECK (seg >= {next} AND seg < {end});
          ALTER TABLE comb.messages ATTACH PARTITION {t} FOR VALUES FROM ({next}) TO ({end});
          COMMIT;",

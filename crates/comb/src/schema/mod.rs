@@ -38,6 +38,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "transaction_index",
         sql: include_str!("migrations/0004_transaction_index.sql"),
     },
+    Migration {
+        version: 5,
+        name: "partition_depth",
+        sql: include_str!("migrations/0005_partition_depth.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
