@@ -342,3 +342,51 @@ async fn a_partitions_head_outlives_its_dropped_segments() {
     )
     .await;
 }
+
+/// A busy cursor has many versions in the live generation, and generation tables are too
+/// young to have statistics. Reading its state must still touch one version: the newest
+/// generation's index first, stopping at its first entry, never all versions sorted.
+#[tokio::test]
+async fn a_busy_cursors_state_is_read_without_reading_its_history() {
+    let env = Env::start().await;
+    eventually(Duration::from_secs(30), "the next generation made ahead", || {
+        leaf_tables(&env) >= 2
+    })
+    .await;
+    let items: Vec<Value> = (1..=40)
+        .map(|n| json!({"queue": "q", "partition": "busy", "payload": {"n": n}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    for n in 1..=40 {
+        let pop = pop_partition(&env, "busy", "batch=1").await.unwrap();
+        assert_eq!(numbers(&pop), vec![n]);
+        env.ack_all(&pop, "completed", None).await;
+    }
+    let versions = int(&env, "SELECT count(*) FROM comb.cursor_states");
+    assert!(versions >= 80, "a claim and an ack each wrote a version: {versions}");
+
+    let (id, group) = {
+        let row = env.sql("SELECT partition_id || ' ' || consumer_group FROM comb.cursors");
+        let (id, group) = row.split_once(' ').unwrap();
+        (id.to_string(), group.to_string())
+    };
+    let plan = env.sql(&format!(
+        "PREPARE st(uuid, text) AS SELECT * FROM comb.cursor_state($1, $2); \
+         SET plan_cache_mode = force_generic_plan; \
+         EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE st('{id}', '{group}')"
+    ));
+    assert!(!plan.contains("Sort Method"), "versions sorted:\n{plan}");
+    for line in plan.lines().filter(|l| l.contains("Scan")) {
+        let read: u32 = line
+            .split("actual rows=")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no row count in {line}"));
+        assert!(read <= 1, "read {read} versions:\n{plan}");
+    }
+    let state = env.sql(&format!(
+        "SELECT cursor_pos FROM comb.cursor_state('{id}', '{group}')"
+    ));
+    assert_eq!(state, "40", "the newest version is the state");
+}

@@ -67,7 +67,7 @@ pub async fn make_ahead(
     let sql = format!(
         "BEGIN; {lt};
          CREATE TABLE {t} (LIKE comb.cursor_states INCLUDING DEFAULTS INCLUDING STORAGE);
-         CREATE INDEX ON {t} (partition_id, consumer_group, ver);
+         CREATE INDEX ON {t} (partition_id, consumer_group, gen, ver);
          CREATE INDEX ON {t} (lease_id) WHERE lease_id IS NOT NULL;
          ALTER TABLE {t} ADD CONSTRAINT cursor_states_{next}_gen
              CHECK (gen >= {next} AND gen < {end});

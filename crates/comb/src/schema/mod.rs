@@ -43,6 +43,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "partition_depth",
         sql: include_str!("migrations/0005_partition_depth.sql"),
     },
+    Migration {
+        version: 6,
+        name: "newest_state_first",
+        sql: include_str!("migrations/0006_newest_state_first.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
