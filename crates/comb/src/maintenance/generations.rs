@@ -14,6 +14,7 @@
 use deadpool_postgres::Client;
 
 use super::segments::{give_way, give_way_counting, lock_timeout_sql};
+use super::statistics::PARTITIONS_PER_GENERATION;
 use super::{Report, Settings};
 use crate::db::DbError;
 
@@ -69,6 +70,7 @@ pub async fn make_ahead(
          CREATE TABLE {t} (LIKE comb.cursor_states INCLUDING DEFAULTS INCLUDING STORAGE);
          CREATE INDEX ON {t} (partition_id, consumer_group, gen, ver);
          CREATE INDEX ON {t} (lease_id) WHERE lease_id IS NOT NULL;
+         ALTER TABLE {t} ALTER COLUMN partition_id SET (n_distinct = {PARTITIONS_PER_GENERATION});
          ALTER TABLE {t} ADD CONSTRAINT cursor_states_{next}_gen
              CHECK (gen >= {next} AND gen < {end});
          ALTER TABLE comb.cursor_states ATTACH PARTITION {t} FOR VALUES FROM ({next}) TO ({end});

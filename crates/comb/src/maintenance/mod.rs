@@ -1,6 +1,7 @@
 //! Background maintenance: message segments (make ahead, roll over, summarise, drop whole),
-//! generations of cursor state (make ahead, rotate, carry forward, drop whole) and
-//! dead-lettering of messages pending past `maxWaitTimeSeconds`.
+//! generations of cursor state (make ahead, rotate, carry forward, drop whole), planner
+//! statistics of the tables being written, and dead-lettering of messages pending past
+//! `maxWaitTimeSeconds`.
 //!
 //! Every server runs the loop, but only the holder of a session-level advisory lock does the
 //! work, so it runs once per cluster however many servers share the database. When the
@@ -12,6 +13,7 @@
 mod generations;
 mod max_wait;
 mod segments;
+mod statistics;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -142,15 +144,16 @@ pub async fn cycle(client: &mut Client, settings: &Settings) -> Result<Report, D
     segments::roll_over(client, settings, &mut report).await?;
     segments::summarize(client, settings, &mut report).await?;
     segments::drop_reclaimable(client, settings, &mut report).await?;
-    if segments::refresh_statistics(client, settings).await? {
-        tracing::debug!("statistics of the newest segment refreshed");
-    }
     // Older generations are carried before a new one starts, so that the generation just
     // replaced is left a whole cycle for writers that chose it to finish; the next one is
     // made after the switch, so that it is attached a whole cycle before writers go to it.
     generations::carry_forward_and_drop(client, settings, &mut report).await?;
     generations::rotate(client, settings).await?;
     generations::make_ahead(client, settings, &mut report).await?;
+    let analysed = statistics::refresh(client, settings).await?;
+    if analysed > 0 {
+        tracing::debug!(analysed, "statistics of the tables being written refreshed");
+    }
     report.dead_lettered += max_wait::dead_letter_overdue(client).await?;
     Ok(report)
 }

@@ -13,16 +13,13 @@
 
 use deadpool_postgres::Client;
 
+use super::statistics::PARTITIONS_PER_SEGMENT;
 use super::{Report, Settings};
 use crate::db::DbError;
 
 /// Seconds after closing before a segment is summarised: pushes whose statement began before
 /// the roll-over may still be writing into it.
 const SUMMARY_GRACE_SECONDS: f64 = 2.0;
-
-/// How many partitions the planner assumes a segment holds (schema version 5): every
-/// partition looks deep, so reads of one partition in position order take the primary key.
-const PARTITIONS_PER_SEGMENT: u32 = 100;
 
 fn table(seg: i32) -> String {
     format!("comb.messages_{seg}")
@@ -262,37 +259,4 @@ pub async fn drop_reclaimable(
         }
     }
     Ok(())
-}
-
-/// Keeps the statistics of the segment being written current. Reads of a partition in
-/// position order (the next messages of a claim, the newest position) are planned from them:
-/// while they say a partition holds one row, the planner reads every unread message of it and
-/// sorts them instead of merging ordered index scans, which under a backlog reads thousands
-/// of rows to hand out fifty. Autovacuum gets there too, but on its own schedule; this
-/// analyses the newest segment once a fifth of it (and at least 1,000 rows) changed since its
-/// last statistics. Returns whether it did.
-pub async fn refresh_statistics(client: &Client, settings: &Settings) -> Result<bool, DbError> {
-    let due = client
-        .query(
-            "SELECT c.oid::regclass::text
-             FROM pg_class c
-             JOIN pg_stat_user_tables t ON t.relid = c.oid
-             WHERE c.relnamespace = 'comb'::regnamespace
-               AND c.relname = 'messages_' || (SELECT max(seg) FROM comb.segments)
-               AND t.n_mod_since_analyze >= greatest(1000, 0.2 * greatest(c.reltuples, 0))",
-            &[],
-        )
-        .await?;
-    let Some(row) = due.first() else {
-        return Ok(false);
-    };
-    let t: String = row.get(0);
-    give_way(
-        client,
-        &format!(
-            "BEGIN; {}; ANALYZE {t}; COMMIT;",
-            lock_timeout_sql(settings)
-        ),
-    )
-    .await
 }
