@@ -180,6 +180,8 @@ pub struct ConsumerSpec {
     pub conns: usize,
     /// `batch` of each pop.
     pub batch: usize,
+    /// `partitions` of each pop: how many partitions one pop may lease.
+    pub partitions: usize,
 }
 
 /// What a set of consumers did.
@@ -231,8 +233,8 @@ pub async fn consume(
         .map(|g| format!("&consumerGroup={g}"))
         .unwrap_or_default();
     let pop_path: Arc<str> = format!(
-        "/api/v1/pop/queue/{QUEUE}?batch={}&wait=true&timeout=500{group_param}",
-        spec.batch
+        "/api/v1/pop/queue/{QUEUE}?batch={}&partitions={}&wait=true&timeout=500{group_param}",
+        spec.batch, spec.partitions
     )
     .into();
     let ack_group: Arc<str> = spec

@@ -66,6 +66,9 @@ struct Args {
     /// Offered rate base of `fanout` in msgs/s, halved (default: push10's rate).
     #[arg(long)]
     fanout_rate: Option<f64>,
+    /// Partitions one consumer's pop may lease (the pop `partitions` option).
+    #[arg(long, default_value_t = 1)]
+    pop_partitions: usize,
     /// How the run was started, for the docs (default: this command line).
     #[arg(long)]
     command: Option<String>,
@@ -113,6 +116,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }),
         baseline,
         steady_rate: args.steady_rate,
+        pop_partitions: args.pop_partitions,
         fanout_rate: args.fanout_rate,
     };
     let rt = if args.client_threads <= 1 {

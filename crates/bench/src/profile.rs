@@ -26,6 +26,7 @@ pub struct Profile {
 pub const PG_SETTINGS: &[(&str, &str)] = &[
     ("shared_preload_libraries", "pg_stat_statements"),
     ("pg_stat_statements.track", "all"),
+    ("pg_stat_statements.track_planning", "on"),
     ("track_io_timing", "on"),
     ("track_wal_io_timing", "on"),
 ];
@@ -332,10 +333,11 @@ impl Waits {
 const STATEMENTS_SQL: &str = "
 SELECT calls::int8, total_exec_time, mean_exec_time, rows::int8, wal_bytes::int8,
        100 * total_exec_time / nullif(sum(total_exec_time) OVER (), 0),
-       left(regexp_replace(query, '\\s+', ' ', 'g'), 150)
+       left(regexp_replace(query, '\\s+', ' ', 'g'), 150),
+       plans::int8, total_plan_time
 FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-ORDER BY total_exec_time DESC
+ORDER BY total_exec_time + total_plan_time DESC
 LIMIT 15";
 
 /// The statements that took most of PostgreSQL's execution time in the window.
@@ -345,8 +347,9 @@ pub async fn statements(client: &Client, secs: f64) -> String {
         Err(e) => return format!("pg_stat_statements unavailable: {e}\n"),
     };
     let mut out = String::from(
-        "Statements by total execution time (pg_stat_statements, window only):\n\
-         calls/s    total ms/s  mean ms   rows/call  WAL B/call  share  query\n",
+        "Statements by total execution and planning time (pg_stat_statements, window only;\n\
+         share is of execution time):\n\
+         calls/s    total ms/s  mean ms   rows/call  WAL B/call  share  plans/s  plan ms/s  query\n",
     );
     for r in rows {
         let calls: i64 = r.get(0);
@@ -356,16 +359,20 @@ pub async fn statements(client: &Client, secs: f64) -> String {
         let wal: i64 = r.get(4);
         let share: Option<f64> = r.get(5);
         let q: String = r.get(6);
+        let plans: i64 = r.get(7);
+        let plan_ms: f64 = r.get(8);
         let per = |x: i64| x as f64 / calls.max(1) as f64;
         let _ = writeln!(
             out,
-            "{:>8.0}  {:>10.1}  {:>8.3}  {:>9.1}  {:>10.0}  {:>4.0}%  {q}",
+            "{:>8.0}  {:>10.1}  {:>8.3}  {:>9.1}  {:>10.0}  {:>4.0}%  {:>7.0}  {:>9.1}  {q}",
             calls as f64 / secs,
             total / secs,
             mean,
             per(rows),
             per(wal),
-            share.unwrap_or(0.0)
+            share.unwrap_or(0.0),
+            plans as f64 / secs,
+            plan_ms / secs
         );
     }
     out

@@ -57,6 +57,8 @@ pub struct Options {
     pub steady_rate: Option<f64>,
     /// Offered rate for `fanout` (overrides half of push10's rate).
     pub fanout_rate: Option<f64>,
+    /// Partitions one consumer's pop may lease (the suite's cells use 1).
+    pub pop_partitions: usize,
 }
 
 /// Rate used when neither this run nor an earlier one measured the cell a fixed-rate cell
@@ -207,6 +209,7 @@ impl Runner {
                         group: None,
                         conns: consumers,
                         batch,
+                        partitions: opts.pop_partitions,
                     };
                     let sampler = tokio::spawn(sample_backlog(
                         window,
@@ -257,6 +260,7 @@ impl Runner {
                                     group: Some(g),
                                     conns: consumers_per_group,
                                     batch,
+                                    partitions: opts.pop_partitions,
                                 };
                                 tokio::spawn(load::consume(addr, spec, window, counter))
                             });
@@ -304,6 +308,7 @@ impl Runner {
                         group: None,
                         conns,
                         batch,
+                        partitions: opts.pop_partitions,
                     };
                     let c = load::consume(addr, spec, window, consumed).await;
                     requests = c.pops.requests + c.empty_pops + c.acks.requests;

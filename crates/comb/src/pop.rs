@@ -314,7 +314,8 @@ async fn claim(
     Ok(claims.0)
 }
 
-/// How a claim begins. A claim with explicit acks does not wait for its WAL flush. A lease is the one piece of
+/// How a claim begins: with generic plans ([`db::begin_generic`]). A claim with explicit acks
+/// does not wait for its WAL flush. A lease is the one piece of
 /// state that may be lost in a database crash without breaking a guarantee: its messages are
 /// then delivered again, exactly as after the lease's expiry, and an ack under it is refused
 /// as under an expired lease. (A later durable commit, such as the ack, flushes it anyway: the
@@ -322,9 +323,9 @@ async fn claim(
 /// after a crash (at-most-once), so it waits like pushes and acks.
 fn begin_claim(auto_ack: bool) -> &'static str {
     if auto_ack {
-        "BEGIN"
+        db::begin_generic!()
     } else {
-        "BEGIN; SET LOCAL synchronous_commit = off"
+        concat!(db::begin_generic!(), "; SET LOCAL synchronous_commit = off")
     }
 }
 
@@ -428,6 +429,10 @@ mod tests {
     fn only_claims_with_explicit_acks_skip_the_flush_wait() {
         assert!(begin_claim(false).contains("synchronous_commit = off"));
         // An auto-ack claim moves the position: it must be durable when answered.
-        assert_eq!(begin_claim(true), "BEGIN");
+        assert!(!begin_claim(true).contains("synchronous_commit"));
+        // Either way the claim statements run their generic plans.
+        for auto_ack in [false, true] {
+            assert!(begin_claim(auto_ack).contains("plan_cache_mode = force_generic_plan"));
+        }
     }
 }
