@@ -382,7 +382,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     let reads = ReadStatements::prepare(&client).await?;
     let writes = WriteStatements::prepare(&client).await?;
     let (begin, read) = tokio::join!(
-        client.batch_execute(db::begin_generic!()),
+        client.batch_execute("BEGIN"),
         judge(&client, &reads, items, false),
     );
     let judged = match begin.map_err(DbError::from).and(read) {

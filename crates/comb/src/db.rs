@@ -25,21 +25,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
 
-/// Begins a transaction whose statements run their prepared generic plans.
-///
-/// The claim and ack statements take arrays (the partitions of a fused batch): planned for
-/// the array at hand, each custom plan looks cheaper than the generic one, which assumes ten
-/// elements, so PostgreSQL never settles on the generic plan and plans the statement again
-/// on every execution — 1.5 ms of CPU per claim, more than running it. The generic plans have
-/// the same shape (ordered index scans under limits), so these transactions always use them.
-/// Checked at each execution, so it holds whatever plans a connection has cached.
-macro_rules! begin_generic {
-    () => {
-        "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"
-    };
-}
-pub(crate) use begin_generic;
-
 /// How long a request may wait for the first byte of its answer before the database is
 /// probed. Short, because the probe (not this) decides whether to give up.
 pub const SILENCE: Duration = Duration::from_secs(1);

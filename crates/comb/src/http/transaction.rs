@@ -179,11 +179,6 @@ async fn run(
     let outcomes = if acks.is_empty() {
         Vec::new()
     } else {
-        // The ack statements run their generic plans, as in the ack path's own transactions
-        // (see `db::begin_generic`).
-        tx.batch_execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            .await
-            .map_err(DbError::from)?;
         settle_in(&tx, &ack_refs, true).await?
     };
     if let Some((i, refusal)) = outcomes
