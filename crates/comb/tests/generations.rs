@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Env, numbers};
+use common::{Env, assert_ordered_read, numbers};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -366,12 +366,7 @@ async fn a_busy_cursors_state_is_read_without_reading_its_history() {
     // The first generation (made by the schema) and the one made ahead by maintenance both
     // tell the planner a cursor may fill the generation (schema version 6).
     assert_eq!(
-        env.sql(
-            "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none'), ',') \
-             FROM pg_inherits h JOIN pg_attribute a \
-               ON a.attrelid = h.inhrelid AND a.attname = 'partition_id' \
-             WHERE h.inhparent = 'comb.cursor_states'::regclass"
-        ),
+        env.partition_id_options("comb.cursor_states"),
         "{n_distinct=1}"
     );
     env.sql("ANALYZE");
@@ -404,16 +399,7 @@ async fn a_busy_cursors_state_is_read_without_reading_its_history() {
          SET plan_cache_mode = force_generic_plan; \
          EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE st('{id}', '{group}')"
     ));
-    assert!(!plan.contains("Sort Method"), "versions sorted:\n{plan}");
-    for line in plan.lines().filter(|l| l.contains("Scan")) {
-        let read: u32 = line
-            .split("actual rows=")
-            .nth(1)
-            .and_then(|r| r.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no row count in {line}"));
-        assert!(read <= 1, "read {read} versions:\n{plan}");
-    }
+    assert_ordered_read("the state read", &plan, 1);
     let state = env.sql(&format!(
         "SELECT cursor_pos FROM comb.cursor_state('{id}', '{group}')"
     ));

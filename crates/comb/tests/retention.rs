@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{Env, assert_ordered_read};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -118,12 +118,7 @@ async fn retention_drops_whole_segments_once_every_queue_in_them_allows() {
     ); // Every segment table, the first and those made since, tells the planner partitions are
     // deep (schema version 5).
     assert_eq!(
-        env.sql(
-            "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none'), ',') \
-             FROM pg_inherits h JOIN pg_attribute a \
-               ON a.attrelid = h.inhrelid AND a.attname = 'partition_id' \
-             WHERE h.inhparent = 'comb.messages'::regclass"
-        ),
+        env.partition_id_options("comb.messages"),
         "{n_distinct=100}"
     );
 }
@@ -444,16 +439,6 @@ async fn reads_of_a_grown_partition_stay_ordered_under_old_statistics() {
         &format!("next('{id}', 100, 50)"),
     );
     for (what, plan, rows) in [("newest position", head, 1), ("next messages", next, 50)] {
-        assert!(!plan.contains("Sort Method"), "{what} sorted:\n{plan}");
-        // No scan under the limit returned more than the limit's rows.
-        for line in plan.lines().filter(|l| l.contains("Scan")) {
-            let read: u32 = line
-                .split("actual rows=")
-                .nth(1)
-                .and_then(|r| r.split(' ').next())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("{what}: no row count in {line}"));
-            assert!(read <= rows, "{what} read {read} rows:\n{plan}");
-        }
+        assert_ordered_read(what, &plan, rows);
     }
 }

@@ -152,6 +152,17 @@ impl Env {
             .to_string()
     }
 
+    /// The column options of `partition_id` on every child table of `parent`, distinct and
+    /// comma-separated (`none` for a table without any).
+    pub fn partition_id_options(&self, parent: &str) -> String {
+        self.sql(&format!(
+            "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none'), ',') \
+             FROM pg_inherits h JOIN pg_attribute a \
+               ON a.attrelid = h.inhrelid AND a.attname = 'partition_id' \
+             WHERE h.inhparent = '{parent}'::regclass"
+        ))
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
         let r = self
             .http
@@ -290,4 +301,19 @@ pub fn numbers(pop: &Value) -> Vec<i64> {
         .iter()
         .map(|m| m["data"]["n"].as_i64().unwrap())
         .collect()
+}
+
+/// Checks an `EXPLAIN ANALYZE` plan of a read that wants a few rows in index order: nothing
+/// was sorted, and no scan returned more than `rows` rows.
+pub fn assert_ordered_read(what: &str, plan: &str, rows: u32) {
+    assert!(!plan.contains("Sort Method"), "{what} sorted:\n{plan}");
+    for line in plan.lines().filter(|l| l.contains("Scan")) {
+        let read: u32 = line
+            .split("actual rows=")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no row count in {line}"));
+        assert!(read <= rows, "{what} read {read} rows:\n{plan}");
+    }
 }
