@@ -123,3 +123,90 @@ fn upgrade_to_insert_only_state_keeps_heads_and_positions() {
         .unwrap();
     assert_eq!(got.trim(), "7|5|{7}|1");
 }
+
+/// Schema versions 5 and 6 on a database that holds messages and cursor states: every
+/// segment and generation table gets its planner setting, the tables holding rows are
+/// analysed with it, and a cursor's state is still its highest version.
+#[test]
+fn planner_settings_reach_tables_that_hold_rows() {
+    let pg = Postgres::shared();
+    let url = pg.create_database("m_stats").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/migrations");
+    let sql = |n: &str| std::fs::read_to_string(format!("{dir}/{n}")).unwrap();
+    pg.psql(
+        &db,
+        &format!(
+            "CREATE SCHEMA comb;
+         CREATE TABLE comb.migrations (version integer PRIMARY KEY, name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());
+         {v1}
+         {v2}
+         INSERT INTO comb.queues (id, name) VALUES ('00000000-0000-0000-0000-000000000001', 'q');
+         INSERT INTO comb.partitions (id, queue_id, name, head_pos, last_push_at)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', '00000000-0000-0000-0000-000000000001',
+                 'p', 7, now());
+         INSERT INTO comb.messages
+             (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
+         SELECT '00000000-0000-0000-0000-0000000000a1', n, 1, gen_random_uuid(), 't' || n,
+                '{{}}', now()
+         FROM generate_series(1, 7) n;
+         INSERT INTO comb.subscriptions (queue_id, consumer_group, mode)
+         VALUES ('00000000-0000-0000-0000-000000000001', 'g', 'all');
+         INSERT INTO comb.cursors (partition_id, consumer_group, queue_id, cursor_pos)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', 'g',
+                 '00000000-0000-0000-0000-000000000001', 5);
+         {v3}
+         {v4}
+         {v5}
+         INSERT INTO comb.cursor_states (partition_id, consumer_group, gen, ver, cursor_pos)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', 'g', 1, 2, 6);
+         INSERT INTO comb.migrations (version, name) VALUES (1, 'init'), (2, 'segments'),
+             (3, 'insert_only_state'), (4, 'transaction_index'), (5, 'partition_depth');",
+            v1 = sql("0001_init.sql"),
+            v2 = sql("0002_segments.sql"),
+            v3 = sql("0003_insert_only_state.sql"),
+            v4 = sql("0004_transaction_index.sql"),
+            v5 = sql("0005_partition_depth.sql"),
+        ),
+    )
+    .unwrap();
+    let out = comb(&["migrate"], &url);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let options = |parent: &str| {
+        pg.psql(
+            &db,
+            &format!(
+                "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none')
+                                   || ' analysed ' || EXISTS (
+                                       SELECT 1 FROM pg_statistic st WHERE st.starelid = c.oid),
+                                   ',')
+                 FROM pg_inherits h
+                 JOIN pg_class c ON c.oid = h.inhrelid
+                 JOIN pg_attribute a ON a.attrelid = h.inhrelid AND a.attname = 'partition_id'
+                 WHERE h.inhparent = '{parent}'::regclass"
+            ),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        options("comb.messages").trim(),
+        "{n_distinct=100} analysed true"
+    );
+    assert_eq!(
+        options("comb.cursor_states").trim(),
+        "{n_distinct=1} analysed true"
+    );
+    let state = pg
+        .psql(
+            &db,
+            "SELECT ver, cursor_pos FROM comb.cursor_state(
+                 '00000000-0000-0000-0000-0000000000a1', 'g')",
+        )
+        .unwrap();
+    assert_eq!(state.trim(), "2|6");
+}
