@@ -155,6 +155,8 @@ pub async fn carry_forward_and_drop(
         // The copy starts from the cursors that exist, so states of deleted queues stay
         // behind, and skips cursors that already have this version or a later one in a newer
         // generation. (`gen >= n + 1` rather than `gen > n`: only the former prunes `n`.)
+        // The latest version is ordered by (gen, ver), as the index is: by `ver` alone the
+        // planner would read and sort every version of the cursor.
         let sql = format!(
             "BEGIN; {lt}; LOCK TABLE {t} IN SHARE MODE;
              INSERT INTO {into} ({columns})
@@ -163,7 +165,7 @@ pub async fn carry_forward_and_drop(
              CROSS JOIN LATERAL (
                  SELECT * FROM {t} s
                  WHERE s.partition_id = c.partition_id AND s.consumer_group = c.consumer_group
-                 ORDER BY s.ver DESC LIMIT 1
+                 ORDER BY s.gen DESC, s.ver DESC LIMIT 1
              ) s
              WHERE NOT EXISTS (
                  SELECT 1 FROM comb.cursor_states n
