@@ -82,17 +82,11 @@ fn upgrade_to_insert_only_state_keeps_heads_and_positions() {
     let pg = Postgres::shared();
     let url = pg.create_database("m_up").unwrap();
     let db = url.rsplit('/').next().unwrap().to_string();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/migrations");
-    let v1 = std::fs::read_to_string(format!("{dir}/0001_init.sql")).unwrap();
-    let v2 = std::fs::read_to_string(format!("{dir}/0002_segments.sql")).unwrap();
+    let v12 = schema_through_v2();
     pg.psql(
         &db,
         &format!(
-            "CREATE SCHEMA comb;
-         CREATE TABLE comb.migrations (version integer PRIMARY KEY, name text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now());
-         {v1}
-         {v2}
+            "{v12}
          INSERT INTO comb.migrations (version, name) VALUES (1, 'init'), (2, 'segments');
          INSERT INTO comb.queues (id, name) VALUES ('00000000-0000-0000-0000-000000000001', 'q');
          -- Partition p held 7 messages, whose segment is gone; group g settled 5 of them.
@@ -132,16 +126,10 @@ fn planner_settings_reach_tables_that_hold_rows() {
     let pg = Postgres::shared();
     let url = pg.create_database("m_stats").unwrap();
     let db = url.rsplit('/').next().unwrap().to_string();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/migrations");
-    let sql = |n: &str| std::fs::read_to_string(format!("{dir}/{n}")).unwrap();
     pg.psql(
         &db,
         &format!(
-            "CREATE SCHEMA comb;
-         CREATE TABLE comb.migrations (version integer PRIMARY KEY, name text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now());
-         {v1}
-         {v2}
+            "{v12}
          INSERT INTO comb.queues (id, name) VALUES ('00000000-0000-0000-0000-000000000001', 'q');
          INSERT INTO comb.partitions (id, queue_id, name, head_pos, last_push_at)
          VALUES ('00000000-0000-0000-0000-0000000000a1', '00000000-0000-0000-0000-000000000001',
@@ -163,11 +151,10 @@ fn planner_settings_reach_tables_that_hold_rows() {
          VALUES ('00000000-0000-0000-0000-0000000000a1', 'g', 1, 2, 6);
          INSERT INTO comb.migrations (version, name) VALUES (1, 'init'), (2, 'segments'),
              (3, 'insert_only_state'), (4, 'transaction_index'), (5, 'partition_depth');",
-            v1 = sql("0001_init.sql"),
-            v2 = sql("0002_segments.sql"),
-            v3 = sql("0003_insert_only_state.sql"),
-            v4 = sql("0004_transaction_index.sql"),
-            v5 = sql("0005_partition_depth.sql"),
+            v12 = schema_through_v2(),
+            v3 = migration_sql("0003_insert_only_state.sql"),
+            v4 = migration_sql("0004_transaction_index.sql"),
+            v5 = migration_sql("0005_partition_depth.sql"),
         ),
     )
     .unwrap();
@@ -209,4 +196,24 @@ fn planner_settings_reach_tables_that_hold_rows() {
         )
         .unwrap();
     assert_eq!(state.trim(), "2|6");
+}
+
+/// The SQL that brings an empty database to schema version 2 the way the migrate command
+/// did, without recording the versions (tests add data, then record them).
+fn schema_through_v2() -> String {
+    format!(
+        "CREATE SCHEMA comb;
+         CREATE TABLE comb.migrations (version integer PRIMARY KEY, name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());
+         {}
+         {}",
+        migration_sql("0001_init.sql"),
+        migration_sql("0002_segments.sql")
+    )
+}
+
+/// One migration file's SQL.
+fn migration_sql(file: &str) -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/migrations");
+    std::fs::read_to_string(format!("{dir}/{file}")).unwrap()
 }
