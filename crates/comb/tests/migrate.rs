@@ -22,12 +22,7 @@ fn migrate_applies_every_version_once() {
     let pg = Postgres::shared();
     let url = pg.create_database("m").unwrap();
     let db = url.rsplit('/').next().unwrap().to_string();
-    let out = comb(&["migrate"], &url);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    migrate(&url);
     let versions = pg
         .psql(
             &db,
@@ -101,12 +96,7 @@ fn upgrade_to_insert_only_state_keeps_heads_and_positions() {
         ),
     )
     .unwrap();
-    let out = comb(&["migrate"], &url);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    migrate(&url);
     let got = pg
         .psql(
             &db,
@@ -158,12 +148,7 @@ fn planner_settings_reach_tables_that_hold_rows() {
         ),
     )
     .unwrap();
-    let out = comb(&["migrate"], &url);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    migrate(&url);
     let options = |parent: &str| {
         pg.psql(
             &db,
@@ -216,4 +201,14 @@ fn schema_through_v2() -> String {
 fn migration_sql(file: &str) -> String {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/migrations");
     std::fs::read_to_string(format!("{dir}/{file}")).unwrap()
+}
+
+/// Runs `comb migrate` against `url` and expects it to succeed.
+fn migrate(url: &str) {
+    let out = comb(&["migrate"], url);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
