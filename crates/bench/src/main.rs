@@ -66,9 +66,9 @@ struct Args {
     /// Offered rate base of `fanout` in msgs/s, halved (default: push10's rate).
     #[arg(long)]
     fanout_rate: Option<f64>,
-    /// Partitions one consumer's pop may lease (the pop `partitions` option).
-    #[arg(long, default_value_t = 1)]
-    pop_partitions: usize,
+    /// Partitions one consumer's pop may lease (the pop `partitions` option, 1 to 100).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pop_partitions: u16,
     /// How the run was started, for the docs (default: this command line).
     #[arg(long)]
     command: Option<String>,
@@ -116,7 +116,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }),
         baseline,
         steady_rate: args.steady_rate,
-        pop_partitions: args.pop_partitions,
+        pop_partitions: usize::from(args.pop_partitions),
         fanout_rate: args.fanout_rate,
     };
     let rt = if args.client_threads <= 1 {
@@ -233,4 +233,23 @@ fn results_section(run: &RunInfo, table: &str, checks: &str) -> String {
         "\n```text\n{table}```\n\nTargets:\n\n```text\n{checks}```"
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+    use clap::Parser;
+
+    #[test]
+    fn pop_partitions_must_be_what_a_pop_accepts() {
+        for bad in ["0", "101", "x"] {
+            assert!(Args::try_parse_from(["comb-bench", "--pop-partitions", bad]).is_err());
+        }
+        let args = Args::try_parse_from(["comb-bench", "--pop-partitions", "4"]).unwrap();
+        assert_eq!(args.pop_partitions, 4);
+        assert_eq!(
+            Args::try_parse_from(["comb-bench"]).unwrap().pop_partitions,
+            1
+        );
+    }
 }
