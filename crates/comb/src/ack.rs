@@ -253,7 +253,8 @@ pub struct AckJob {
     pub reply: oneshot::Sender<Result<Vec<AckOutcome>, Arc<DbError>>>,
 }
 
-const LOOKUP_SQL: &str = "
+/// Positions of acked messages, found by transaction id.
+pub const LOOKUP_SQL: &str = "
 SELECT i.ord, m.pos, m.seg
 FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS i(partition_id, transaction_id, ord)
 CROSS JOIN LATERAL (
@@ -268,7 +269,7 @@ CROSS JOIN LATERAL (
 /// Locks cursor rows in a stable order (acks of one batch never deadlock with another's).
 /// The rows only serialise writers; the state is read by a later statement ([`STATE_SQL`]),
 /// whose snapshot then holds every version written before the lock was granted.
-const LOCK_SQL: &str = "
+pub const LOCK_SQL: &str = "
 SELECT c.partition_id FROM comb.cursors c
 WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
 ORDER BY c.partition_id, c.consumer_group
@@ -284,7 +285,7 @@ ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED";
 
 /// The latest state of locked cursors, in the columns [`locked_cursors`] reads.
-pub(crate) const STATE_SQL: &str = "
+pub const STATE_SQL: &str = "
 SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
        s.attempt_pos, s.attempt_cnt, s.lease_id,
        coalesce(s.lease_expires_at > now(), false), s.lease_upto,
@@ -373,6 +374,10 @@ pub(crate) struct DeadLetter {
     pub(crate) error: Option<String>,
 }
 
+/// How an ack transaction of its own begins: with the consumer path's plans
+/// ([`db::consumer_plans`]).
+pub const BEGIN: &str = concat!("BEGIN; ", db::consumer_plans!());
+
 /// Applies acks in one transaction of their own, in two round trips: BEGIN with the reads,
 /// then the writes with COMMIT. One outcome per item, in order.
 async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
@@ -382,7 +387,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     let reads = ReadStatements::prepare(&client).await?;
     let writes = WriteStatements::prepare(&client).await?;
     let (begin, read) = tokio::join!(
-        client.batch_execute("BEGIN"),
+        client.batch_execute(BEGIN),
         judge(&client, &reads, items, false),
     );
     let judged = match begin.map_err(DbError::from).and(read) {

@@ -85,7 +85,7 @@ const QUEUE_OPTIONS: &str = "
 /// partition with pending messages is served within one turn of the walk. The walk is lazy:
 /// a claim reads the state of a few more cursors than it wants, not of every partition of the
 /// queue, unless few partitions have messages.
-static CANDIDATES_SQL: LazyLock<String> = LazyLock::new(|| {
+pub static CANDIDATES_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "
 WITH q AS ({QUEUE_OPTIONS}),
@@ -151,7 +151,7 @@ SELECT partition_id, false FROM seen WHERE expired"
 /// version written before): read the latest state again, read the next `batch` unsettled
 /// messages of each partition once, and write the cursor's next version with the lease (or,
 /// with auto-ack, with the position moved past what was handed out).
-static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "
 WITH q AS ({QUEUE_OPTIONS}),
@@ -314,17 +314,20 @@ async fn claim(
     Ok(claims.0)
 }
 
-/// How a claim begins. A claim with explicit acks does not wait for its WAL flush. A lease is the one piece of
+/// How a claim begins: with the consumer path's plans ([`db::consumer_plans`]). A claim with explicit acks does not wait for its WAL flush. A lease is the one piece of
 /// state that may be lost in a database crash without breaking a guarantee: its messages are
 /// then delivered again, exactly as after the lease's expiry, and an ack under it is refused
 /// as under an expired lease. (A later durable commit, such as the ack, flushes it anyway: the
 /// WAL is written in order.) An auto-ack claim moves the position, which must not come back
 /// after a crash (at-most-once), so it waits like pushes and acks.
-fn begin_claim(auto_ack: bool) -> &'static str {
+pub fn begin_claim(auto_ack: bool) -> &'static str {
     if auto_ack {
-        "BEGIN"
+        concat!("BEGIN; ", db::consumer_plans!())
     } else {
-        "BEGIN; SET LOCAL synchronous_commit = off"
+        concat!(
+            "BEGIN; SET LOCAL synchronous_commit = off; ",
+            db::consumer_plans!()
+        )
     }
 }
 
@@ -428,6 +431,7 @@ mod tests {
     fn only_claims_with_explicit_acks_skip_the_flush_wait() {
         assert!(begin_claim(false).contains("synchronous_commit = off"));
         // An auto-ack claim moves the position: it must be durable when answered.
-        assert_eq!(begin_claim(true), "BEGIN");
+        assert!(!begin_claim(true).contains("synchronous_commit"));
+        assert!(begin_claim(true).starts_with("BEGIN;"));
     }
 }

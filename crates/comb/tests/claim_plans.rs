@@ -1,0 +1,130 @@
+//! Claims and acks run generic plans, kept until something invalidates them. One made from
+//! the statistics of young tables must still read by index once the tables have filled: a
+//! cursor's state, a partition's next messages and an acked message's position are a few
+//! index entries, however many rows the generation, the segment and the queue hold.
+
+mod common;
+
+use comb::{ack, pop};
+use common::{Env, assert_scans_return_at_most};
+use serde_json::json;
+
+/// Rows added to the partition and to the cursor's history after the plans are made.
+const FILL: u32 = 5_000;
+
+/// Most rows any scan of these statements may return here: a claim reads a batch of 10.
+const FEW: u32 = 50;
+
+/// Prepares `statement` in a transaction begun with `begin`, runs it once (making its
+/// plan from the young tables), fills the partition with `FILL` messages and the cursor's
+/// history with `FILL` versions, and returns `EXPLAIN ANALYZE` of running it again with the
+/// same plan.
+fn plan_after_filling(env: &Env, begin: &str, statement: &str, args: &str) -> String {
+    let (partition, group) = ids(env);
+    env.sql(&format!(
+        "{begin};
+         PREPARE s AS {statement};
+         EXECUTE s({args});
+         INSERT INTO comb.messages
+             (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
+         SELECT '{partition}', 1 + g, (SELECT max(seg) FROM comb.segments), gen_random_uuid(),
+                'fill-' || g, '{{}}', now()
+         FROM generate_series(1, {FILL}) g;
+         INSERT INTO comb.cursor_states
+             (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg)
+         SELECT s.partition_id, s.consumer_group, (SELECT max(gen) FROM comb.cursor_gens),
+                s.ver + g, s.cursor_pos, s.cursor_seg
+         FROM comb.cursor_state('{partition}', '{group}') s, generate_series(1, {FILL}) g;
+         EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE s({args})"
+    ))
+}
+
+/// Partition `p`'s id and the queue-mode group's name.
+fn ids(env: &Env) -> (String, String) {
+    let row = env.sql(
+        "SELECT c.partition_id || ' ' || c.consumer_group FROM comb.cursors c
+         JOIN comb.partitions p ON p.id = c.partition_id WHERE p.name = 'p'",
+    );
+    let (id, group) = row.split_once(' ').expect("one cursor");
+    (id.to_string(), group.to_string())
+}
+
+/// A queue of 100 partitions holding one message each, the one of partition `p` delivered
+/// and acked, and statistics taken of the tables as they are now (as autovacuum or a
+/// database-wide `ANALYZE` takes them of young tables). Returns the queue's id.
+async fn young_queue(env: &Env) -> String {
+    let items: Vec<_> = (0..100)
+        .map(|k| {
+            let name = if k == 0 {
+                "p".to_string()
+            } else {
+                format!("p{k}")
+            };
+            json!({"queue": "q", "partition": name, "payload": {"n": k}})
+        })
+        .collect();
+    env.push(json!(items)).await;
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?batch=1")
+        .await
+        .expect("one message");
+    env.ack_all(&pop, "completed", None).await;
+    env.sql("ANALYZE");
+    env.sql("SELECT id FROM comb.queues WHERE name = 'q'")
+}
+
+fn assert_read_by_index(what: &str, plan: &str) {
+    for table in ["messages_", "cursor_states_", "cursors ", "partitions "] {
+        assert!(
+            !plan.contains(&format!("Seq Scan on {table}")),
+            "{what} reads {table}… sequentially:\n{plan}"
+        );
+    }
+    assert_scans_return_at_most(what, plan, FEW);
+}
+
+#[tokio::test]
+async fn the_candidate_walk_planned_on_young_tables_reads_by_index() {
+    let env = Env::start().await;
+    let queue = young_queue(&env).await;
+    let (_, group) = ids(&env);
+    let args = format!("'{queue}', '{group}', NULL, 1, 30, '00000000-0000-0000-0000-000000000000'");
+    let plan = plan_after_filling(&env, pop::begin_claim(false), &pop::CANDIDATES_SQL, &args);
+    // The walk found and locked a cursor with messages.
+    assert!(plan.contains("LockRows (actual rows=1 "), "{plan}");
+    assert_read_by_index("the candidate walk", &plan);
+}
+
+#[tokio::test]
+async fn the_claim_planned_on_young_tables_reads_by_index() {
+    let env = Env::start().await;
+    let queue = young_queue(&env).await;
+    let (partition, group) = ids(&env);
+    let args = format!("'{queue}', '{group}', ARRAY['{partition}']::uuid[], 10, 30, false");
+    let plan = plan_after_filling(&env, pop::begin_claim(false), &pop::CLAIM_SQL, &args);
+    // The second run claims the first ten of the messages added after the first.
+    assert!(plan.starts_with("Sort (actual rows=10 "), "{plan}");
+    assert_read_by_index("the claim", &plan);
+}
+
+#[tokio::test]
+async fn the_acks_reads_planned_on_young_tables_read_by_index() {
+    let env = Env::start().await;
+    young_queue(&env).await;
+    let (partition, group) = ids(&env);
+    let cursor = format!("ARRAY['{partition}']::uuid[], ARRAY['{group}']::text[]");
+    let reads = [
+        (
+            "the message lookup",
+            ack::LOOKUP_SQL,
+            format!("ARRAY['{partition}']::uuid[], ARRAY['fill-4000']::text[]"),
+        ),
+        ("the cursor lock", ack::LOCK_SQL, cursor.clone()),
+        ("the state read", ack::STATE_SQL, cursor),
+    ];
+    for (what, statement, args) in reads {
+        let plan = plan_after_filling(&env, ack::BEGIN, statement, &args);
+        assert!(plan.contains("(actual rows=1 loops=1)"), "{what}:\n{plan}");
+        assert_read_by_index(what, &plan);
+    }
+}
