@@ -408,12 +408,16 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
 }
 
 /// Applies acks inside the caller's transaction; one outcome per item, in order.
-/// Refused items change nothing; the caller decides whether to commit the rest.
+/// Refused items change nothing; the caller decides whether to commit the rest. The rest
+/// of the transaction runs with the consumer path's plans ([`db::consumer_plans`]).
 pub async fn settle_in(
     tx: &Transaction<'_>,
     items: &[&AckItem],
     strict: bool,
 ) -> Result<Vec<AckOutcome>, DbError> {
+    // Cached plans of these statements are shared with the ack path's own transactions:
+    // they are made under the same settings wherever they are made.
+    tx.batch_execute(db::consumer_plans!()).await?;
     let reads = ReadStatements::prepare(tx).await?;
     let writes = WriteStatements::prepare(tx).await?;
     let judged = judge(tx, &reads, items, strict).await?;
@@ -540,6 +544,7 @@ async fn judge<C: GenericClient>(
 pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Result<(), DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
+    tx.batch_execute(db::consumer_plans!()).await?;
     let stmt = tx.prepare_cached(EXPIRED_LOCK_SQL).await?;
     let state = tx.prepare_cached(STATE_SQL).await?;
     let locked: Vec<Uuid> = tx
