@@ -8,14 +8,17 @@
 //! `batch` unsettled messages once, and appends the cursor's next state version holding the
 //! lease (or, with auto-ack, the moved position).
 //! Nothing is updated in place. Concurrent pops with the same shape are fused into one claim
-//! for as many partitions as they want together.
+//! for as many partitions as they want together, and a server runs the claims of one
+//! (queue, group) one after another, on that group's lane: they never race each other for
+//! the same cursors, so a walk reads only two cursors beyond those it wants. Claims of other
+//! servers may still hold some it sees; the walk then goes on past them, looking further.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
@@ -33,6 +36,18 @@ pub struct PopShape {
     pub batch: i32,
     /// Advance the cursor inside the pop instead of leasing.
     pub auto_ack: bool,
+}
+
+impl PopShape {
+    /// The lane of this shape's claims: one per (queue, group), so that a server's claims of
+    /// the same cursors run one after another instead of racing for them.
+    pub fn lane(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.queue_id.hash(&mut h);
+        self.group.hash(&mut h);
+        h.finish()
+    }
 }
 
 /// A pop request waiting for its batch.
@@ -78,7 +93,9 @@ const QUEUE_OPTIONS: &str = "
 /// First half of a claim: the group's cursors of the queue with messages to hand out and no
 /// lease, locked with `SKIP LOCKED` so concurrent claims never wait on each other; and the
 /// cursors whose lease ended unsettled (not locked: `ack::expire_leases` locks them). One row
-/// per cursor, `true` for the ones to claim.
+/// per cursor: its partition, whether the walk had wrapped around, and what it is —
+/// 0 locked to claim, 1 lease ended, 2 free but passed over (locked by another claim, or
+/// beyond what was wanted).
 ///
 /// Fairness is round robin: cursors are walked in partition order starting after the
 /// partition the previous claim of this server took (`$6`), wrapping around, so every
@@ -106,8 +123,8 @@ cs AS (
     CROSS JOIN LATERAL comb.cursor_state(w.partition_id, $2) s
 ),
 -- Cursors to claim (free, with messages to hand out) and cursors whose lease ended, in walk
--- order; the walk stops once a few more than wanted are found, for concurrent claims that
--- lock some of them first.
+-- order; the walk stops a few beyond what is wanted ($7). This server's claims of one group
+-- run one at a time (their lane), so only other servers' claims lock some of these first.
 seen AS (
     SELECT f.partition_id, f.wrapped, f.lease_id IS NOT NULL AS expired
     FROM cs f
@@ -130,7 +147,7 @@ seen AS (
                 WHERE m.partition_id = f.partition_id
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
                 ORDER BY m.pos LIMIT 1) <= now() - make_interval(secs => q.delay_secs)))
-    LIMIT $4::bigint * 2 + 4
+    LIMIT $4::bigint + $7::bigint
 ),
 cand AS (
     SELECT c.partition_id
@@ -141,9 +158,12 @@ cand AS (
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
 )
-SELECT partition_id, true FROM cand
+SELECT partition_id, false, 0::int2 FROM cand
 UNION ALL
-SELECT partition_id, false FROM seen WHERE expired"
+SELECT partition_id, wrapped, 1::int2 FROM seen WHERE expired
+UNION ALL
+SELECT e.partition_id, e.wrapped, 2::int2 FROM seen e
+WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = e.partition_id)"
     )
 });
 
@@ -240,25 +260,41 @@ impl Rovers {
     }
 }
 
+/// Lanes of claims per pop worker. Each (queue, group) has one lane, so more lanes than
+/// workers keep groups that share a lane from waiting for each other; the workers' count
+/// still bounds the claims running at once (and the connections they hold).
+const LANES_PER_WORKER: usize = 4;
+
 /// Starts the pop workers.
 pub fn start(pool: Pool, workers: usize, default_lease_seconds: f64) -> Fuser<PopJob> {
     let rovers = Arc::new(Rovers::default());
+    let running = Arc::new(Semaphore::new(workers.max(1)));
     let run: Runner<PopJob> = Arc::new(move |jobs| {
         let pool = pool.clone();
         let rovers = rovers.clone();
-        Box::pin(async move { run_batch(&pool, &rovers, default_lease_seconds, jobs).await })
+        let running = running.clone();
+        Box::pin(
+            async move { run_batch(&pool, &running, &rovers, default_lease_seconds, jobs).await },
+        )
     });
-    Fuser::start(workers, 256, |_| 1, run)
+    Fuser::start_keyed(workers.max(1) * LANES_PER_WORKER, 256, |_| 1, run)
 }
 
-async fn run_batch(pool: &Pool, rovers: &Rovers, default_lease_seconds: f64, jobs: Vec<PopJob>) {
+async fn run_batch(
+    pool: &Pool,
+    running: &Semaphore,
+    rovers: &Rovers,
+    default_lease_seconds: f64,
+    jobs: Vec<PopJob>,
+) {
     let mut by_shape: HashMap<PopShape, Vec<PopJob>> = HashMap::new();
     for job in jobs {
         by_shape.entry(job.shape.clone()).or_default().push(job);
     }
-    // Each shape is a transaction of its own, on a connection of its own, all at once.
+    // Each shape is a transaction of its own, on a connection of its own.
     let claims = by_shape.into_iter().map(|(shape, jobs)| async move {
         let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
+        let _turn = running.acquire().await.expect("never closed");
         let result = match pool.get().await {
             Ok(client) => claim(&client, pool, rovers, &shape, wanted, default_lease_seconds).await,
             Err(e) => Err(DbError::from(e)),
@@ -292,26 +328,47 @@ async fn claim(
     partitions: usize,
     default_lease_seconds: f64,
 ) -> Result<Vec<Claim>, DbError> {
-    let mut claims = claim_once(client, rovers, shape, partitions, default_lease_seconds).await?;
-    if let Some(expired) = claims.1.take()
-        && !expired.is_empty()
-    {
-        // Count the attempts of the ended leases, then claim again: those partitions (and
-        // their undelivered messages) are free now.
-        crate::ack::expire_leases(pool, &shape.group, &expired).await?;
-        if claims.0.len() < partitions {
-            let more = claim_once(
-                client,
-                rovers,
-                shape,
-                partitions - claims.0.len(),
-                default_lease_seconds,
-            )
-            .await?;
-            claims.0.extend(more.0);
+    let mut claims: Vec<Claim> = Vec::new();
+    // A walk claims less than wanted when leases ended (settled here, then their partitions
+    // are free) or when other servers' claims held cursors it saw: the next walk then starts
+    // past them and looks further ahead. Three walks at most: a pop never spins.
+    let mut lookahead = LOOKAHEAD;
+    for _ in 0..3 {
+        let walk = claim_once(
+            client,
+            rovers,
+            shape,
+            partitions - claims.len(),
+            lookahead,
+            default_lease_seconds,
+        )
+        .await?;
+        claims.extend(walk.claims);
+        if walk.passed_held {
+            lookahead *= 4;
+        } else if walk.expired.is_empty() {
+            break;
+        }
+        if !walk.expired.is_empty() {
+            crate::ack::expire_leases(pool, &shape.group, &walk.expired).await?;
+        }
+        if claims.len() >= partitions {
+            break;
         }
     }
-    Ok(claims.0)
+    Ok(claims)
+}
+
+/// How many free cursors beyond those it wants a claim's first walk reads.
+const LOOKAHEAD: i64 = 2;
+
+/// What one walk found.
+struct Walk {
+    claims: Vec<Claim>,
+    /// Cursors whose lease ended unsettled.
+    expired: Vec<Uuid>,
+    /// It claimed less than wanted and passed over free cursors another claim held.
+    passed_held: bool,
 }
 
 /// How a claim begins: with the consumer path's plans ([`db::consumer_plans`]). A claim with explicit acks does not wait for its WAL flush. A lease is the one piece of
@@ -338,21 +395,23 @@ async fn claim_once(
     rovers: &Rovers,
     shape: &PopShape,
     partitions: usize,
+    lookahead: i64,
     default_lease_seconds: f64,
-) -> Result<(Vec<Claim>, Option<Vec<Uuid>>), DbError> {
+) -> Result<Walk, DbError> {
     let candidates = client.prepare_cached(&CANDIDATES_SQL).await?;
     let stmt = client.prepare_cached(&CLAIM_SQL).await?;
     let pg: &tokio_postgres::Client = client;
     let limit = partitions as i64;
     let batch = shape.batch as i64;
     let rover = rovers.get(shape.queue_id, &shape.group);
-    let params: [&(dyn ToSql + Sync); 6] = [
+    let params: [&(dyn ToSql + Sync); 7] = [
         &shape.queue_id,
         &shape.group,
         &shape.partition_id,
         &limit,
         &default_lease_seconds,
         &rover,
+        &lookahead,
     ];
     let (begin, found) = tokio::join!(
         pg.batch_execute(begin_claim(shape.auto_ack)),
@@ -364,20 +423,31 @@ async fn claim_once(
     };
     let mut locked: Vec<Uuid> = Vec::new();
     let mut expired: Vec<Uuid> = Vec::new();
+    let mut passed: Vec<(bool, Uuid)> = Vec::new();
     for r in found {
-        if r.get::<_, bool>(1) {
-            locked.push(r.get(0));
-        } else {
-            expired.push(r.get(0));
+        match r.get::<_, i16>(2) {
+            0 => locked.push(r.get(0)),
+            1 => expired.push(r.get(0)),
+            _ => passed.push((r.get(1), r.get(0))),
         }
+    }
+    let passed_held = locked.len() < partitions && !passed.is_empty();
+    if passed_held {
+        // The next walk starts after what this one saw held by another claim.
+        let last = passed.iter().max().expect("not empty").1;
+        rovers.set(shape.queue_id, &shape.group, last);
+    } else if let Some(&last) = locked.last() {
+        // Locked in walk order: the next claim starts after the last of them.
+        rovers.set(shape.queue_id, &shape.group, last);
     }
     if locked.is_empty() {
         pg.batch_execute("COMMIT").await?;
-        return Ok((Vec::new(), Some(expired)));
+        return Ok(Walk {
+            claims: Vec::new(),
+            expired,
+            passed_held,
+        });
     }
-    // Locked in walk order: the next claim starts after the last of them.
-    let last = *locked.last().expect("not empty");
-    rovers.set(shape.queue_id, &shape.group, last);
     let claim_params: [&(dyn ToSql + Sync); 6] = [
         &shape.queue_id,
         &shape.group,
@@ -413,7 +483,11 @@ async fn claim_once(
             attempt: r.get(10),
         });
     }
-    Ok((claims, Some(expired)))
+    Ok(Walk {
+        claims,
+        expired,
+        passed_held,
+    })
 }
 
 /// Ends a transaction that failed part-way (see [`db::roll_back`]) and hands back the error

@@ -88,7 +88,8 @@ async fn the_candidate_walk_planned_on_young_tables_reads_by_index() {
     let env = Env::start().await;
     let queue = young_queue(&env).await;
     let (_, group) = ids(&env);
-    let args = format!("'{queue}', '{group}', NULL, 1, 30, '00000000-0000-0000-0000-000000000000'");
+    let args =
+        format!("'{queue}', '{group}', NULL, 1, 30, '00000000-0000-0000-0000-000000000000', 2");
     let plan = plan_after_filling(&env, pop::begin_claim(false), &pop::CANDIDATES_SQL, &args);
     // The walk found and locked a cursor with messages.
     assert!(plan.contains("LockRows (actual rows=1 "), "{plan}");

@@ -179,6 +179,38 @@ async fn under_steady_load_every_partition_is_served() {
     );
 }
 
+/// Pops arriving together for one group each get a partition while there are enough: a
+/// server's claims of one group never race each other for the same cursors, however little
+/// beyond what it wants a claim's walk looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pops_arriving_together_each_get_a_partition() {
+    const POPS: usize = 60;
+    let env = Env::start().await;
+    let items: Vec<Value> = (0..POPS)
+        .map(|p| json!({"queue": "together", "partition": format!("p{p:02}"), "payload": {"n": p}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    // Subscribe the group first, so that every pop below is a claim.
+    assert!(
+        env.pop("/api/v1/pop/queue/together?batch=1")
+            .await
+            .is_some()
+    );
+    let http = client();
+    let url = env.url("/api/v1/pop/queue/together?batch=1");
+    let answers = futures_util::future::join_all((1..POPS).map(|_| get_url(&http, &url))).await;
+    let mut partitions = BTreeSet::new();
+    for (s, b) in &answers {
+        assert_eq!(
+            *s,
+            StatusCode::OK,
+            "a pop got nothing while partitions were free: {b}"
+        );
+        partitions.insert(b["partition"].as_str().unwrap().to_string());
+    }
+    assert_eq!(partitions.len(), POPS - 1, "each pop its own partition");
+}
+
 #[tokio::test]
 async fn delayed_processing_hides_a_message_until_its_delay_has_passed() {
     let env = Env::start().await;

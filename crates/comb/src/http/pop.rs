@@ -228,7 +228,8 @@ async fn attempt(app: &State, req: &PopRequest) -> Result<Option<Response>, Prob
         auto_ack: req.auto_ack,
     };
     let partitions = req.partitions;
-    let claims = super::ask(&app.pop, |reply| PopJob {
+    let lane = shape.lane();
+    let claims = super::ask_keyed(&app.pop, lane, |reply| PopJob {
         shape,
         partitions,
         reply,
