@@ -83,14 +83,22 @@ fn assert_read_by_index(what: &str, plan: &str) {
     assert_scans_return_at_most(what, plan, FEW);
 }
 
-#[tokio::test]
-async fn the_candidate_walk_planned_on_young_tables_reads_by_index() {
+/// The plan of one of a claim's statements, made on a young queue and run after filling;
+/// `args` makes its arguments from the queue's id, partition `p`'s id and the group.
+async fn claim_plan(statement: &str, args: impl Fn(&str, &str, &str) -> String) -> String {
     let env = Env::start().await;
     let queue = young_queue(&env).await;
-    let (_, group) = ids(&env);
-    let args =
-        format!("'{queue}', '{group}', NULL, 1, 30, '00000000-0000-0000-0000-000000000000', 2");
-    let plan = plan_after_filling(&env, pop::begin_claim(false), &pop::CANDIDATES_SQL, &args);
+    let (partition, group) = ids(&env);
+    let args = args(&queue, &partition, &group);
+    plan_after_filling(&env, pop::begin_claim(false), statement, &args)
+}
+
+#[tokio::test]
+async fn the_candidate_walk_planned_on_young_tables_reads_by_index() {
+    let plan = claim_plan(&pop::CANDIDATES_SQL, |queue, _, group| {
+        format!("'{queue}', '{group}', NULL, 1, 30, '00000000-0000-0000-0000-000000000000', 2")
+    })
+    .await;
     // The walk found and locked a cursor with messages.
     assert!(plan.contains("LockRows (actual rows=1 "), "{plan}");
     assert_read_by_index("the candidate walk", &plan);
@@ -98,11 +106,10 @@ async fn the_candidate_walk_planned_on_young_tables_reads_by_index() {
 
 #[tokio::test]
 async fn the_claim_planned_on_young_tables_reads_by_index() {
-    let env = Env::start().await;
-    let queue = young_queue(&env).await;
-    let (partition, group) = ids(&env);
-    let args = format!("'{queue}', '{group}', ARRAY['{partition}']::uuid[], 10, 30, false");
-    let plan = plan_after_filling(&env, pop::begin_claim(false), &pop::CLAIM_SQL, &args);
+    let plan = claim_plan(&pop::CLAIM_SQL, |queue, partition, group| {
+        format!("'{queue}', '{group}', ARRAY['{partition}']::uuid[], 10, 30, false")
+    })
+    .await;
     // The second run claims the first ten of the messages added after the first.
     assert!(plan.starts_with("Sort (actual rows=10 "), "{plan}");
     assert_read_by_index("the claim", &plan);
