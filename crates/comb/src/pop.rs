@@ -344,16 +344,14 @@ async fn claim(
         )
         .await?;
         claims.extend(walk.claims);
-        if walk.passed_held {
-            lookahead *= 4;
-        } else if walk.expired.is_empty() {
-            break;
-        }
         if !walk.expired.is_empty() {
             crate::ack::expire_leases(pool, &shape.group, &walk.expired).await?;
         }
-        if claims.len() >= partitions {
+        if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
             break;
+        }
+        if walk.passed_held {
+            lookahead *= 4;
         }
     }
     Ok(claims)
@@ -371,7 +369,8 @@ struct Walk {
     passed_held: bool,
 }
 
-/// How a claim begins: with the consumer path's plans ([`db::consumer_plans`]). A claim with explicit acks does not wait for its WAL flush. A lease is the one piece of
+/// How a claim begins: with the consumer path's plans ([`db::consumer_plans`]). A claim with
+/// explicit acks does not wait for its WAL flush. A lease is the one piece of
 /// state that may be lost in a database crash without breaking a guarantee: its messages are
 /// then delivered again, exactly as after the lease's expiry, and an ack under it is refused
 /// as under an expired lease. (A later durable commit, such as the ack, flushes it anyway: the
