@@ -322,12 +322,18 @@ pub struct Plan<'a> {
 }
 
 impl<'a> Plan<'a> {
-    /// Folds in-batch repeats of (partition, transaction id).
+    /// Folds in-batch repeats of (partition, transaction id). Only producers' ids can repeat:
+    /// an id the broker made is the message's own fresh id.
     pub fn new(all: &'a [&'a NewMessage]) -> Plan<'a> {
         let mut first_of: HashMap<(Uuid, &str), usize> = HashMap::new();
         let mut sent = Vec::with_capacity(all.len());
         let mut repeat_of = Vec::with_capacity(all.len());
         for (i, m) in all.iter().enumerate() {
+            if !m.client_transaction_id {
+                repeat_of.push(None);
+                sent.push(i);
+                continue;
+            }
             match first_of.get(&(m.partition_id, m.transaction_id.as_str())) {
                 Some(&j) => repeat_of.push(Some(j)),
                 None => {

@@ -39,6 +39,51 @@ async fn push_answers_one_result_per_item_in_order() {
 }
 
 #[tokio::test]
+async fn a_push_naming_partitions_many_times_stores_each_item_in_its_own() {
+    let env = Env::start().await;
+    let targets = [
+        ("orders", "c1"),
+        ("audit", "c1"),
+        ("orders", "c1"),
+        ("orders", "c2"),
+        ("audit", "c1"),
+        ("orders", "c1"),
+    ];
+    let items: Vec<_> = targets
+        .iter()
+        .enumerate()
+        .map(|(n, (q, p))| json!({"queue": q, "partition": p, "payload": {"n": n}}))
+        .collect();
+    let results = env.push(json!(items)).await;
+    assert_eq!(results.len(), targets.len());
+    for (i, (q, p)) in targets.iter().enumerate() {
+        let r = &results[i];
+        assert_eq!(r["queueName"], *q, "item {i}");
+        // The answer's partition is the item's: its name and queue, and the message in it.
+        let stored = env.sql(&format!(
+            "SELECT q.name || '/' || p.name || '/' || (convert_from(m.payload, 'UTF8')::jsonb->>'n')
+             FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id
+             JOIN comb.queues q ON q.id = p.queue_id
+             WHERE m.message_id = '{}' AND p.id = '{}'",
+            r["message_id"].as_str().unwrap(),
+            r["partition_id"].as_str().unwrap()
+        ));
+        assert_eq!(stored, format!("{q}/{p}/{i}"), "item {i}");
+    }
+    assert_eq!(results[0]["partition_id"], results[2]["partition_id"]);
+    assert_eq!(results[1]["partition_id"], results[4]["partition_id"]);
+    assert_ne!(results[0]["partition_id"], results[1]["partition_id"]);
+    assert_ne!(results[0]["partition_id"], results[3]["partition_id"]);
+    // Positions follow the items' order within each partition.
+    let orders_c1 = env.sql(
+        "SELECT string_agg(convert_from(m.payload, 'UTF8')::jsonb->>'n', ',' ORDER BY m.pos) FROM comb.messages m
+         JOIN comb.partitions p ON p.id = m.partition_id JOIN comb.queues q ON q.id = p.queue_id
+         WHERE q.name = 'orders' AND p.name = 'c1'",
+    );
+    assert_eq!(orders_c1, "0,2,5");
+}
+
+#[tokio::test]
 async fn pop_returns_messages_in_order_with_every_field() {
     let env = Env::start().await;
     let pushed = env

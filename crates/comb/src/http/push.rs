@@ -172,40 +172,53 @@ pub(super) fn validate(items: &[PushItem], max_batch: usize) -> Result<(), Probl
     Ok(())
 }
 
-/// Turns queue and partition names into ids, creating what does not exist yet.
+/// Turns queue and partition names into ids, creating what does not exist yet. Each distinct
+/// (queue, partition) of the request is resolved once: a batch usually names a few partitions
+/// many times, and every look-up of the catalog hashes and copies its names.
 pub(super) async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<NewMessage>, Problem> {
-    let names: Vec<&str> = items.iter().map(|i| i.queue.as_str()).collect();
-    let queues = app.catalog.ensure_queues(&app.pool, &names).await?;
-    let wanted: Vec<(Uuid, &str)> = items
+    let mut target_of: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut targets: Vec<(&str, &str)> = Vec::new();
+    let slots: Vec<usize> = items
         .iter()
         .map(|i| {
-            (
-                queues[&i.queue],
-                i.partition.as_deref().unwrap_or(DEFAULT_PARTITION),
-            )
+            *target_of
+                .entry((i.queue.as_str(), partition_of(i)))
+                .or_insert_with_key(|&key| {
+                    targets.push(key);
+                    targets.len() - 1
+                })
         })
         .collect();
+    let mut names: Vec<&str> = targets.iter().map(|t| t.0).collect();
+    names.sort_unstable();
+    names.dedup();
+    let queues = app.catalog.ensure_queues(&app.pool, &names).await?;
+    let wanted: Vec<(Uuid, &str)> = targets.iter().map(|t| (queues[t.0], t.1)).collect();
     let partitions = app.catalog.ensure_partitions(&app.pool, &wanted).await?;
-    let mut queue_names: HashMap<String, Arc<str>> = HashMap::new();
+    let mut queue_names: HashMap<&str, Arc<str>> = HashMap::new();
+    let resolved: Vec<(Arc<str>, Uuid, Uuid)> = targets
+        .iter()
+        .zip(&wanted)
+        .map(|(&(queue, partition), &(queue_id, _))| {
+            let name = queue_names.entry(queue).or_insert_with(|| Arc::from(queue));
+            let partition_id = partitions[&(queue_id, partition.to_string())];
+            (name.clone(), queue_id, partition_id)
+        })
+        .collect();
+    let partition_names: Vec<String> = targets.iter().map(|t| t.1.to_string()).collect();
     let mut out = Vec::with_capacity(items.len());
-    for item in items {
-        let queue_id = queues[&item.queue];
-        let partition = item.partition.as_deref().unwrap_or(DEFAULT_PARTITION);
-        let partition_id = partitions[&(queue_id, partition.to_string())];
-        let queue = queue_names
-            .entry(item.queue.clone())
-            .or_insert_with(|| Arc::from(item.queue.as_str()))
-            .clone();
+    for (item, slot) in items.into_iter().zip(slots) {
+        let (queue, queue_id, partition_id) = &resolved[slot];
         let message_id = Uuid::now_v7();
         let (transaction_id, client_transaction_id) = match item.transaction_id {
             Some(t) => (t, true),
             None => (message_id.to_string(), false),
         };
         out.push(NewMessage {
-            queue,
-            queue_id,
-            partition: partition.to_string(),
-            partition_id,
+            queue: queue.clone(),
+            queue_id: *queue_id,
+            partition: partition_names[slot].clone(),
+            partition_id: *partition_id,
             transaction_id,
             client_transaction_id,
             message_id,
@@ -214,6 +227,11 @@ pub(super) async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<New
         });
     }
     Ok(out)
+}
+
+/// The partition an item names, or the default one.
+fn partition_of(item: &PushItem) -> &str {
+    item.partition.as_deref().unwrap_or(DEFAULT_PARTITION)
 }
 
 /// Stores messages through the push fuser. Messages whose partition vanished meanwhile (its
