@@ -45,6 +45,34 @@ impl Gauge {
     }
 }
 
+/// Upper bounds, in seconds, of the request duration buckets: from a fused push's commit
+/// (about a millisecond) to a long poll's wait (up to its timeout).
+pub const DURATION_BUCKETS: [f64; 15] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// How long one route's requests took, from routing to the response's head: a histogram
+/// kept as one counter per bucket, so recording is two relaxed adds and never blocks.
+#[derive(Debug, Default)]
+pub struct Durations {
+    /// Requests per bucket, not cumulative; the last counts those beyond every bound.
+    buckets: [Counter; DURATION_BUCKETS.len() + 1],
+    sum_us: Counter,
+}
+
+impl Durations {
+    pub fn observe(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        let i = DURATION_BUCKETS
+            .iter()
+            .position(|&le| secs <= le)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.buckets[i].0.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1));
+    }
+}
+
 /// Messages through this server's edge. Counted after the database answered, from the
 /// outcomes each request was given, so a refused or failed request counts nothing.
 #[derive(Debug, Default)]
@@ -299,6 +327,26 @@ impl Text {
         }
     }
 
+    /// A histogram with one series per label set (cumulative buckets, `+Inf`, sum, count).
+    pub fn histogram(&mut self, name: &str, help: &str, series: &[(&[(&str, &str)], &Durations)]) {
+        self.family(name, help, "histogram");
+        let bucket = format!("{name}_bucket");
+        for (labels, d) in series {
+            let mut cumulative = 0;
+            for (i, b) in d.buckets.iter().enumerate() {
+                cumulative += b.get();
+                let le = DURATION_BUCKETS
+                    .get(i)
+                    .map_or_else(|| "+Inf".to_string(), f64::to_string);
+                let mut with_le = labels.to_vec();
+                with_le.push(("le", &le));
+                self.sample(&bucket, &with_le, cumulative as f64);
+            }
+            self.sample(&format!("{name}_sum"), labels, d.sum_us.get() as f64 / 1e6);
+            self.sample(&format!("{name}_count"), labels, cumulative as f64);
+        }
+    }
+
     pub fn finish(self) -> String {
         self.0
     }
@@ -400,6 +448,41 @@ mod tests {
         assert_eq!(
             t.finish(),
             "# HELP comb_x a\\nb\n# TYPE comb_x gauge\ncomb_x{q=\"a\\\"b\\\\c\"} +Inf\ncomb_x{q=\"n\"} NaN\n"
+        );
+    }
+
+    #[test]
+    fn histograms_are_cumulative_with_inf_sum_and_count() {
+        let d = Durations::default();
+        d.observe(Duration::from_micros(300));
+        d.observe(Duration::from_millis(3));
+        d.observe(Duration::from_millis(4));
+        d.observe(Duration::from_secs(60));
+        let mut t = Text::default();
+        t.histogram("comb_h_seconds", "h.", &[(&[("route", "/r")], &d)]);
+        let text = t.finish();
+        assert!(text.starts_with("# HELP comb_h_seconds h.\n# TYPE comb_h_seconds histogram\n"));
+        for (le, n) in [
+            ("0.0005", 1),
+            ("0.0025", 1),
+            ("0.005", 3),
+            ("30", 3),
+            ("+Inf", 4),
+        ] {
+            assert!(
+                text.contains(&format!(
+                    "comb_h_seconds_bucket{{route=\"/r\",le=\"{le}\"}} {n}\n"
+                )),
+                "{le}: {text}"
+            );
+        }
+        assert!(
+            text.contains("comb_h_seconds_sum{route=\"/r\"} 60.0073\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("comb_h_seconds_count{route=\"/r\"} 4\n"),
+            "{text}"
         );
     }
 

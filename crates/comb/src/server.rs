@@ -55,6 +55,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         stopping: AtomicBool::new(false),
         stop_signal: watch::channel(false).0,
         waiting: http::limits::WaitingPops::new(config.max_waiting_pops),
+        durations: http::route_durations(),
         config,
     });
     let listener = http::limits::LimitedListener::new(

@@ -32,7 +32,7 @@ fn parse(text: &str) -> BTreeMap<String, f64> {
         } else if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').expect("TYPE has a kind");
             assert_eq!(name, current, "TYPE right after its HELP: {line}");
-            assert!(["counter", "gauge"].contains(&kind), "{line}");
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
             assert!(
                 kinds.insert(name.into(), kind.into()).is_none(),
                 "TYPE twice: {line}"
@@ -43,7 +43,15 @@ fn parse(text: &str) -> BTreeMap<String, f64> {
         } else {
             assert!(!line.starts_with('#') && !line.is_empty(), "{line:?}");
             let (series, value) = line.rsplit_once(' ').expect("sample has a value");
-            let name = series.split('{').next().unwrap();
+            let sample = series.split('{').next().unwrap();
+            // A histogram's samples are its buckets, sum and count.
+            let name = match kinds.get(&current).map(String::as_str) {
+                Some("histogram") => ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| sample.strip_suffix(suffix))
+                    .unwrap_or(sample),
+                _ => sample,
+            };
             assert_eq!(name, current, "sample under its own family: {line}");
             assert!(kinds.contains_key(name), "sample before TYPE: {line}");
             assert!(name.starts_with("comb_"), "{line}");
@@ -52,7 +60,7 @@ fn parse(text: &str) -> BTreeMap<String, f64> {
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
                 "{line}"
             );
-            if let Some(labels) = series.strip_prefix(name) {
+            if let Some(labels) = series.strip_prefix(sample) {
                 assert!(
                     labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')),
                     "{line}"
@@ -67,9 +75,10 @@ fn parse(text: &str) -> BTreeMap<String, f64> {
     }
     for name in kinds.keys() {
         assert!(
-            samples
-                .keys()
-                .any(|s| s.split('{').next() == Some(name.as_str())),
+            samples.keys().any(|s| {
+                let sample = s.split('{').next().unwrap();
+                sample == name || sample == format!("{name}_count")
+            }),
             "family {name} without samples"
         );
     }
@@ -103,6 +112,67 @@ async fn eventually<F: Future<Output = bool>>(
     while !check().await {
         assert!(start.elapsed() < limit, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The series of a request duration histogram for one route, `part` being `bucket` (with
+/// its `le`), `sum` or `count`.
+fn duration(method: &str, route: &str, part: &str, le: Option<&str>) -> String {
+    let le = le.map(|le| format!(",le=\"{le}\"")).unwrap_or_default();
+    format!(
+        "comb_http_request_duration_seconds_{part}{{method=\"{method}\",route=\"{route}\"{le}}}"
+    )
+}
+
+#[tokio::test]
+async fn request_durations_are_recorded_by_route() {
+    let env = Env::start().await;
+    let base = env.server.base_url();
+    for n in 0..3 {
+        env.push(json!([{"queue": "d", "payload": {"n": n}}])).await;
+    }
+    // A long poll of an empty queue waits its whole timeout before answering.
+    let waited = env
+        .http
+        .get(format!(
+            "{base}/api/v1/pop/queue/d?consumerGroup=g&subscriptionMode=new&wait=true&timeout=300"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(waited.status(), StatusCode::NO_CONTENT);
+    let m = scrape(&env.http, &base).await;
+
+    let push = "/api/v1/push";
+    assert_eq!(get(&m, &duration("POST", push, "count", None)), 3.0);
+    assert_eq!(
+        get(&m, &duration("POST", push, "bucket", Some("+Inf"))),
+        3.0
+    );
+    assert!(get(&m, &duration("POST", push, "sum", None)) > 0.0);
+    let pop = "/api/v1/pop/queue/{queue}";
+    assert_eq!(get(&m, &duration("GET", pop, "count", None)), 1.0);
+    assert_eq!(get(&m, &duration("GET", pop, "bucket", Some("0.25"))), 0.0);
+    assert_eq!(get(&m, &duration("GET", pop, "bucket", Some("+Inf"))), 1.0);
+    assert!(get(&m, &duration("GET", pop, "sum", None)) >= 0.3);
+    assert_eq!(
+        get(&m, &duration("POST", "/api/v1/ack", "count", None)),
+        0.0
+    );
+    // Buckets are cumulative.
+    let bounds = [
+        "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
+        "2.5", "5", "10", "30", "+Inf",
+    ];
+    for (method, route) in [("POST", push), ("GET", pop)] {
+        let counts: Vec<f64> = bounds
+            .iter()
+            .map(|le| get(&m, &duration(method, route, "bucket", Some(le))))
+            .collect();
+        assert!(
+            counts.windows(2).all(|w| w[0] <= w[1]),
+            "{route}: {counts:?}"
+        );
     }
 }
 

@@ -12,7 +12,7 @@ use axum::response::IntoResponse;
 
 use super::State;
 use crate::db::DbError;
-use crate::metrics::{CONTENT_TYPE, Text};
+use crate::metrics::{CONTENT_TYPE, Durations, Text};
 
 /// How long the depth and lag statement may run; a scrape must stay cheap.
 const STATS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -75,6 +75,21 @@ async fn stats(app: &State) -> Result<Stats, DbError> {
 pub async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     let mut out = Text::default();
     app.metrics.render(&mut out);
+    let routes = super::routes();
+    let labels: Vec<[(&str, &str); 2]> = routes
+        .iter()
+        .map(|(method, path, _)| [("method", method.as_str()), ("route", *path)])
+        .collect();
+    let series: Vec<(&[(&str, &str)], &Durations)> = labels
+        .iter()
+        .zip(&app.durations)
+        .map(|(l, d)| (&l[..], d))
+        .collect();
+    out.histogram(
+        "comb_http_request_duration_seconds",
+        "Time from routing a request to its response's head, by route (a long poll's wait included).",
+        &series,
+    );
     let pool = app.pool.status();
     let in_use = pool.size.saturating_sub(pool.available);
     out.gauge_labelled(

@@ -53,6 +53,8 @@ pub struct App {
     pub stop_signal: watch::Sender<bool>,
     /// Pops waiting for messages, capped.
     pub waiting: limits::WaitingPops,
+    /// How long requests took, one histogram per entry of [`routes`], in its order.
+    pub durations: Vec<crate::metrics::Durations>,
 }
 
 impl App {
@@ -145,11 +147,28 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
     ]
 }
 
-/// The application router.
+/// One empty duration histogram per route, for [`App::durations`].
+pub fn route_durations() -> Vec<crate::metrics::Durations> {
+    routes().iter().map(|_| Default::default()).collect()
+}
+
+/// The application router. Each route records how long its requests took.
 pub fn router(state: State) -> Router {
     let mut router = Router::new();
-    for (_, path, handler) in routes() {
-        router = router.route(path, handler);
+    for (i, (_, path, handler)) in routes().into_iter().enumerate() {
+        let app = state.clone();
+        let timed = axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let app = app.clone();
+                async move {
+                    let start = std::time::Instant::now();
+                    let response = next.run(request).await;
+                    app.durations[i].observe(start.elapsed());
+                    response
+                }
+            },
+        );
+        router = router.route(path, handler.route_layer(timed));
     }
     router
         .fallback(|| async { Problem::not_found("route_not_found", "no such route") })
