@@ -61,6 +61,7 @@ pub struct Durations {
 }
 
 impl Durations {
+    /// Counts one request that took `took`.
     pub fn observe(&self, took: Duration) {
         let secs = took.as_secs_f64();
         let i = DURATION_BUCKETS
@@ -69,7 +70,7 @@ impl Durations {
             .unwrap_or(DURATION_BUCKETS.len());
         self.buckets[i].0.fetch_add(1, Ordering::Relaxed);
         self.sum_us
-            .add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1));
+            .add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
     }
 }
 
