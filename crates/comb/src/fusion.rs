@@ -9,7 +9,7 @@
 //! A fuser is either *shared* (several workers drain one queue) or *keyed* (one queue and
 //! one worker per shard, jobs routed by a key). Pushes are keyed by partition, so two batches
 //! in flight never wait for each other's partition row locks; pops by (queue, group), so two
-//! claims in flight never race for the same cursors.
+//! claims' walks never race for the same cursors.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -8,10 +8,11 @@
 //! `batch` unsettled messages once, and appends the cursor's next state version holding the
 //! lease (or, with auto-ack, the moved position).
 //! Nothing is updated in place. Concurrent pops with the same shape are fused into one claim
-//! for as many partitions as they want together, and a server runs the claims of one
-//! (queue, group) one after another, on that group's lane: they never race each other for
-//! the same cursors, so a walk reads only two cursors beyond those it wants. Claims of other
-//! servers may still hold some it sees; the walk then goes on past them, looking further.
+//! for as many partitions as they want together, and a server runs the walks of one
+//! (queue, group) one after another, on that group's lane: the next claim walks once the one
+//! before holds its cursors, starting after them, so walks never race each other for the same
+//! cursors and a walk reads only two cursors beyond those it wants. Claims of other servers
+//! may still hold some it sees; the walk then goes on past them, looking further.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -39,7 +40,7 @@ pub struct PopShape {
 }
 
 impl PopShape {
-    /// The lane of this shape's claims: one per (queue, group), so that a server's claims of
+    /// The lane of this shape's claims: one per (queue, group), so that a server's walks over
     /// the same cursors run one after another instead of racing for them.
     pub fn lane(&self) -> u64 {
         use std::hash::{Hash, Hasher};
@@ -273,17 +274,19 @@ pub fn start(pool: Pool, workers: usize, default_lease_seconds: f64) -> Fuser<Po
         let pool = pool.clone();
         let rovers = rovers.clone();
         let running = running.clone();
-        Box::pin(
-            async move { run_batch(&pool, &running, &rovers, default_lease_seconds, jobs).await },
-        )
+        Box::pin(async move { run_batch(pool, running, rovers, default_lease_seconds, jobs).await })
     });
     Fuser::start_keyed(workers.max(1) * LANES_PER_WORKER, 256, |_| 1, run)
 }
 
+/// Runs the claims of one lane's batch and returns once each has walked: the lane's next
+/// claim may start while these read their messages and commit. Its walk starts after the
+/// cursors these locked (the rover has moved past them) and skips them if it wraps around,
+/// so claims of one lane still never walk the same cursors at once.
 async fn run_batch(
-    pool: &Pool,
-    running: &Semaphore,
-    rovers: &Rovers,
+    pool: Pool,
+    running: Arc<Semaphore>,
+    rovers: Arc<Rovers>,
     default_lease_seconds: f64,
     jobs: Vec<PopJob>,
 ) {
@@ -292,69 +295,110 @@ async fn run_batch(
         by_shape.entry(job.shape.clone()).or_default().push(job);
     }
     // Each shape is a transaction of its own, on a connection of its own.
-    let claims = by_shape.into_iter().map(|(shape, jobs)| async move {
-        let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
-        let _turn = running.acquire().await.expect("never closed");
-        let result = match pool.get().await {
-            Ok(client) => claim(&client, pool, rovers, &shape, wanted, default_lease_seconds).await,
-            Err(e) => Err(DbError::from(e)),
-        };
-        (jobs, result)
-    });
-    for (jobs, result) in futures_util::future::join_all(claims).await {
-        match result {
-            Ok(claims) => {
-                let mut it = claims.into_iter();
-                for job in jobs {
-                    let mine: Vec<Claim> = it.by_ref().take(job.partitions).collect();
-                    let _ = job.reply.send(Ok(mine));
+    let mut walked = Vec::with_capacity(by_shape.len());
+    for (shape, jobs) in by_shape {
+        let (walk_done, walk_seen) = oneshot::channel();
+        walked.push(walk_seen);
+        let (pool, running, rovers) = (pool.clone(), running.clone(), rovers.clone());
+        tokio::spawn(async move {
+            let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
+            let _turn = running.acquire().await.expect("never closed");
+            let mut walk_done = Some(walk_done);
+            let result = match pool.get().await {
+                Ok(client) => {
+                    let claim = Claiming {
+                        pool: &pool,
+                        rovers: &rovers,
+                        shape: &shape,
+                        default_lease_seconds,
+                    };
+                    claim.run(&client, wanted, &mut walk_done).await
                 }
+                Err(e) => Err(DbError::from(e)),
+            };
+            drop(walk_done);
+            answer(jobs, result);
+        });
+    }
+    // A claim that fails or ends drops its sender: that also lets the lane go on.
+    for seen in walked {
+        let _ = seen.await;
+    }
+}
+
+/// Hands each pop its share of what a claim got, or the claim's error.
+fn answer(jobs: Vec<PopJob>, result: Result<Vec<Claim>, DbError>) {
+    match result {
+        Ok(claims) => {
+            let mut it = claims.into_iter();
+            for job in jobs {
+                let mine: Vec<Claim> = it.by_ref().take(job.partitions).collect();
+                let _ = job.reply.send(Ok(mine));
             }
-            Err(e) => {
-                let e = Arc::new(e);
-                for job in jobs {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
             }
         }
     }
 }
 
-async fn claim(
-    client: &deadpool_postgres::Client,
-    pool: &Pool,
-    rovers: &Rovers,
-    shape: &PopShape,
-    partitions: usize,
+/// One claim for the pops of one shape.
+struct Claiming<'a> {
+    pool: &'a Pool,
+    rovers: &'a Rovers,
+    shape: &'a PopShape,
     default_lease_seconds: f64,
-) -> Result<Vec<Claim>, DbError> {
-    let mut claims: Vec<Claim> = Vec::new();
-    // A walk claims less than wanted when leases ended (settled here, then their partitions
-    // are free) or when other servers' claims held cursors it saw: the next walk then starts
-    // past them and looks further ahead. Three walks at most: a pop never spins.
-    let mut lookahead = LOOKAHEAD;
-    for _ in 0..3 {
-        let walk = claim_once(
-            client,
-            rovers,
-            shape,
-            partitions - claims.len(),
-            lookahead,
-            default_lease_seconds,
-        )
-        .await?;
-        claims.extend(walk.claims);
-        if !walk.expired.is_empty() {
-            crate::ack::expire_leases(pool, &shape.group, &walk.expired).await?;
+}
+
+impl Claiming<'_> {
+    /// Claims up to `partitions` partitions; `walk_done` is told once the last walk holds its
+    /// cursors.
+    async fn run(
+        &self,
+        client: &deadpool_postgres::Client,
+        partitions: usize,
+        walk_done: &mut Option<oneshot::Sender<()>>,
+    ) -> Result<Vec<Claim>, DbError> {
+        let mut claims: Vec<Claim> = Vec::new();
+        // A walk claims less than wanted when leases ended (settled here, then their
+        // partitions are free) or when other servers' claims held cursors it saw: the next
+        // walk then starts past them and looks further ahead. Three walks at most: a pop
+        // never spins.
+        let mut lookahead = LOOKAHEAD;
+        for round in 0..3 {
+            let walk = claim_once(
+                client,
+                self.rovers,
+                self.shape,
+                partitions - claims.len(),
+                lookahead,
+                self.default_lease_seconds,
+                |locked, expired, passed_held| {
+                    let last = round == 2
+                        || claims.len() + locked >= partitions
+                        || (!expired && !passed_held);
+                    if last && let Some(done) = walk_done.take() {
+                        let _ = done.send(());
+                    }
+                },
+            )
+            .await?;
+            claims.extend(walk.claims);
+            if !walk.expired.is_empty() {
+                crate::ack::expire_leases(self.pool, &self.shape.group, &walk.expired).await?;
+            }
+            if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
+                break;
+            }
+            if walk.passed_held {
+                lookahead *= 4;
+            }
         }
-        if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
-            break;
-        }
-        if walk.passed_held {
-            lookahead *= 4;
-        }
+        Ok(claims)
     }
-    Ok(claims)
 }
 
 /// How many free cursors beyond those it wants a claim's first walk reads.
@@ -396,6 +440,7 @@ async fn claim_once(
     partitions: usize,
     lookahead: i64,
     default_lease_seconds: f64,
+    walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
     let candidates = client.prepare_cached(&CANDIDATES_SQL).await?;
     let stmt = client.prepare_cached(&CLAIM_SQL).await?;
@@ -439,6 +484,7 @@ async fn claim_once(
         // Locked in walk order: the next claim starts after the last of them.
         rovers.set(shape.queue_id, &shape.group, last);
     }
+    walked(locked.len(), !expired.is_empty(), passed_held);
     if locked.is_empty() {
         pg.batch_execute("COMMIT").await?;
         return Ok(Walk {
