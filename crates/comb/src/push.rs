@@ -22,13 +22,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use futures_util::pin_mut;
+use futures_util::{SinkExt, pin_mut};
 use tokio::sync::oneshot;
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::{GenericClient, Row, Statement};
 use uuid::Uuid;
 
@@ -41,15 +40,67 @@ use crate::wake::Wake;
 pub struct NewMessage {
     pub queue: Arc<str>,
     pub queue_id: Uuid,
-    /// Partition name, to resolve again if the partition vanished.
-    pub partition: String,
+    /// Partition name, to resolve again if the partition vanished (shared by the request's
+    /// messages to that partition).
+    pub partition: Arc<str>,
     pub partition_id: Uuid,
-    pub transaction_id: String,
-    /// The producer gave the transaction id (only those can be duplicates).
-    pub client_transaction_id: bool,
+    /// The producer's transaction id, if it gave one: only those can be duplicates. Without
+    /// one the message id stands in (see [`NewMessage::transaction_id`]).
+    pub client_transaction_id: Option<String>,
     pub message_id: Uuid,
     pub trace_id: Option<String>,
-    pub payload: Vec<u8>,
+    /// The payload's JSON text: a slice of the request body, never copied on the way in.
+    pub payload: Bytes,
+}
+
+impl NewMessage {
+    /// The transaction id stored with the message: the producer's, or else the message id.
+    pub fn transaction_id(&self) -> TransactionId<'_> {
+        match &self.client_transaction_id {
+            Some(t) => TransactionId::Client(t),
+            None => TransactionId::Own(self.message_id),
+        }
+    }
+}
+
+/// A message's transaction id as stored and answered. The broker's own ids are the message
+/// id's text, written out where it is needed instead of kept as a string per message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransactionId<'a> {
+    /// Given by the producer.
+    Client(&'a str),
+    /// The message id, in its hyphenated lower-case form.
+    Own(Uuid),
+}
+
+impl TransactionId<'_> {
+    /// Calls `f` with the id's text (no allocation either way).
+    pub fn with_str<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+        match self {
+            TransactionId::Client(t) => f(t),
+            TransactionId::Own(id) => f(id.hyphenated().encode_lower(&mut Uuid::encode_buffer())),
+        }
+    }
+}
+
+impl serde::Serialize for TransactionId<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.with_str(|t| s.serialize_str(t))
+    }
+}
+
+impl ToSql for TransactionId<'_> {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        self.with_str(|t| out.extend_from_slice(t.as_bytes()));
+        Ok(IsNull::No)
+    }
+
+    tokio_postgres::types::accepts!(TEXT, VARCHAR);
+    tokio_postgres::types::to_sql_checked!();
 }
 
 /// What became of one pushed message.
@@ -177,17 +228,63 @@ const COPY_SQL: &str = "COPY comb.messages
     (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
     FROM STDIN (FORMAT binary)";
 
-/// Column types of `COPY_SQL`.
-const COPY_TYPES: [Type; 8] = [
-    Type::UUID,
-    Type::INT8,
-    Type::INT4,
-    Type::UUID,
-    Type::TEXT,
-    Type::TEXT,
-    Type::BYTEA,
-    Type::TIMESTAMPTZ,
-];
+/// Rows in PostgreSQL's binary `COPY` format for `COPY_SQL`, encoded straight into one
+/// buffer: one pass over the batch, no future or dynamic dispatch per field.
+struct CopyRows {
+    buf: BytesMut,
+}
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 00:00 UTC).
+const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+
+/// A time as binary `COPY` writes a `timestamptz`: microseconds since 2000-01-01 UTC.
+fn copy_time(at: DateTime<Utc>) -> i64 {
+    at.timestamp_micros() - PG_EPOCH_UNIX_MICROS
+}
+
+impl CopyRows {
+    /// The signature, no flags, no header extension.
+    fn new(rows: usize) -> CopyRows {
+        let mut buf = BytesMut::with_capacity(19 + rows * 160);
+        buf.put_slice(b"PGCOPY\n\xff\r\n\0");
+        buf.put_i32(0);
+        buf.put_i32(0);
+        CopyRows { buf }
+    }
+
+    /// One message at `pos` of segment `seg`, stamped `at` (see [`copy_time`]).
+    fn row(&mut self, m: &NewMessage, pos: i64, seg: i32, at: i64) {
+        let b = &mut self.buf;
+        b.put_i16(8);
+        b.put_i32(16);
+        b.put_slice(m.partition_id.as_bytes());
+        b.put_i32(8);
+        b.put_i64(pos);
+        b.put_i32(4);
+        b.put_i32(seg);
+        b.put_i32(16);
+        b.put_slice(m.message_id.as_bytes());
+        m.transaction_id().with_str(|t| Self::text(b, t.as_bytes()));
+        match &m.trace_id {
+            Some(t) => Self::text(b, t.as_bytes()),
+            None => b.put_i32(-1),
+        }
+        Self::text(b, &m.payload);
+        b.put_i32(8);
+        b.put_i64(at);
+    }
+
+    fn text(b: &mut BytesMut, bytes: &[u8]) {
+        b.put_i32(i32::try_from(bytes.len()).expect("fields are far below 2 GiB"));
+        b.put_slice(bytes);
+    }
+
+    /// The rows and the trailer.
+    fn finish(mut self) -> Bytes {
+        self.buf.put_i16(-1);
+        self.buf.freeze()
+    }
+}
 
 /// Batches of at least this many messages (and no duplicate check) are copied in rather than
 /// inserted: `COPY` writes rows in bulk (one WAL record per page), about half the database's
@@ -329,15 +426,15 @@ impl<'a> Plan<'a> {
         let mut sent = Vec::with_capacity(all.len());
         let mut repeat_of = Vec::with_capacity(all.len());
         for (i, m) in all.iter().enumerate() {
-            if !m.client_transaction_id {
+            let Some(txid) = m.client_transaction_id.as_deref() else {
                 repeat_of.push(None);
                 sent.push(i);
                 continue;
-            }
-            match first_of.get(&(m.partition_id, m.transaction_id.as_str())) {
+            };
+            match first_of.get(&(m.partition_id, txid)) {
                 Some(&j) => repeat_of.push(Some(j)),
                 None => {
-                    first_of.insert((m.partition_id, m.transaction_id.as_str()), i);
+                    first_of.insert((m.partition_id, txid), i);
                     repeat_of.push(None);
                     sent.push(i);
                 }
@@ -361,7 +458,9 @@ impl<'a> Plan<'a> {
     /// Whether some message carries a producer's transaction id, which a stored message may
     /// already hold; batches without one take the plain append.
     fn checks_duplicates(&self) -> bool {
-        self.sent.iter().any(|&i| self.all[i].client_transaction_id)
+        self.sent
+            .iter()
+            .any(|&i| self.all[i].client_transaction_id.is_some())
     }
 
     /// Whether the batch is big enough, and free of duplicate checks, to be copied in.
@@ -394,26 +493,18 @@ impl<'a> Plan<'a> {
             next.insert(row.get(0), row.get(1));
             (seg, at) = (row.get(2), Some(row.get(3)));
         }
-        let writer = BinaryCopyInWriter::new(sink, &COPY_TYPES);
-        pin_mut!(writer);
+        let at = at.map_or(0, copy_time);
+        let mut rows = CopyRows::new(self.sent.len());
         for m in self.sent.iter().map(|&i| self.all[i]) {
             let Some(pos) = next.get_mut(&m.partition_id) else {
                 continue;
             };
             *pos += 1;
-            let row: [&(dyn ToSql + Sync); 8] = [
-                &m.partition_id,
-                pos,
-                &seg,
-                &m.message_id,
-                &m.transaction_id,
-                &m.trace_id,
-                &m.payload,
-                &at,
-            ];
-            writer.as_mut().write(&row).await?;
+            rows.row(m, *pos, seg, at);
         }
-        let (copied, commit) = tokio::join!(writer.finish(), pg.batch_execute("COMMIT"));
+        pin_mut!(sink);
+        sink.as_mut().feed(rows.finish()).await?;
+        let (copied, commit) = tokio::join!(sink.finish(), pg.batch_execute("COMMIT"));
         copied?;
         commit?;
         Ok(self.outcomes_by_partition(|p| next.contains_key(p)))
@@ -473,10 +564,10 @@ impl<'a> Plan<'a> {
             })
             .collect();
         let partition_ids: Vec<Uuid> = sent().map(|m| m.partition_id).collect();
-        let txids: Vec<&str> = sent().map(|m| m.transaction_id.as_str()).collect();
+        let txids: Vec<TransactionId> = sent().map(|m| m.transaction_id()).collect();
         let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
         let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
-        let payloads: Vec<&[u8]> = sent().map(|m| m.payload.as_slice()).collect();
+        let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
         let params: [&(dyn ToSql + Sync); 7] = [
             &partition_ids,
             &rank,
@@ -497,11 +588,11 @@ impl<'a> Plan<'a> {
     ) -> Result<Vec<Row>, DbError> {
         let sent = || self.sent.iter().map(|&i| self.all[i]);
         let partition_ids: Vec<Uuid> = sent().map(|m| m.partition_id).collect();
-        let txids: Vec<&str> = sent().map(|m| m.transaction_id.as_str()).collect();
+        let txids: Vec<TransactionId> = sent().map(|m| m.transaction_id()).collect();
         let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
         let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
-        let payloads: Vec<&[u8]> = sent().map(|m| m.payload.as_slice()).collect();
-        let check: Vec<bool> = sent().map(|m| m.client_transaction_id).collect();
+        let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
+        let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
         let params: [&(dyn ToSql + Sync); 6] = [
             &partition_ids,
             &txids,

@@ -190,4 +190,71 @@ async fn every_way_of_storing_keeps_positions_consecutive() {
     );
     let popped = env.pop("/api/v1/pop/queue/ways?batch=1000").await.unwrap();
     assert_eq!(numbers(&popped), (0..total).collect::<Vec<_>>());
+    // Without a producer's id the message id stands in as the transaction id, in every way.
+    let messages = popped["messages"].as_array().unwrap();
+    for m in messages {
+        let txid = m["transactionId"].as_str().unwrap();
+        assert!(txid == m["id"] || txid.starts_with('t'), "{m}");
+    }
+    assert_eq!(
+        env.sql(
+            "SELECT count(*) FILTER (WHERE transaction_id = message_id::text), \
+                    count(*) FILTER (WHERE transaction_id LIKE 't%') FROM comb.messages"
+        ),
+        format!("{}|83", total - 83)
+    );
+}
+
+/// A copied-in batch keeps each message's payload, trace id and transaction id exactly,
+/// escapes and all.
+#[tokio::test]
+async fn copied_batches_keep_every_field() {
+    let env = Env::start().await;
+    let items: Vec<Value> = (0..100)
+        .map(|k| {
+            let mut v = json!({
+                "queue": "fields",
+                "partition": if k % 2 == 0 { "even" } else { "odd!" },
+                "payload": {"k": k, "text": "quote \" tab \t é ✓", "nested": [1, {"x": null}]},
+            });
+            if k % 3 == 0 {
+                v["traceId"] = json!(format!("trace-{k} \"q\""));
+            }
+            v
+        })
+        .collect();
+    // One partition name is sent escaped, so it is decoded rather than borrowed.
+    let body = json!({ "items": items })
+        .to_string()
+        .replace("\"odd!\"", "\"odd\\u0021\"");
+    assert!(body.contains("odd\\u0021"));
+    let (status, answer) = env.post_raw("/api/v1/push", body.into_bytes()).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let results = answer.as_array().unwrap();
+    assert_eq!(results.len(), 100);
+    assert_eq!(env.sql("SELECT count(*) FROM comb.messages"), "100");
+    let popped = env
+        .pop("/api/v1/pop/queue/fields?batch=100&partitions=2")
+        .await
+        .unwrap();
+    let messages = popped["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 100);
+    for m in messages {
+        let k = m["data"]["k"].as_i64().unwrap();
+        assert_eq!(m["data"], items[k as usize]["payload"], "{m}");
+        assert_eq!(
+            m["traceId"],
+            items[k as usize]
+                .get("traceId")
+                .cloned()
+                .unwrap_or(Value::Null)
+        );
+        assert_eq!(m["transactionId"], m["id"]);
+        let partition = if k % 2 == 0 { "even" } else { "odd!" };
+        assert_eq!(m["partition"], partition, "{m}");
+        let answered = &results[k as usize];
+        assert_eq!(answered["message_id"], m["id"]);
+        assert_eq!(answered["transaction_id"], m["id"]);
+        assert_eq!(answered["partition_id"], m["partitionId"]);
+    }
 }

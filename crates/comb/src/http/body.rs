@@ -3,6 +3,8 @@
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
 use axum::http::header;
+use bytes::Bytes;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::{Problem, State};
@@ -11,6 +13,19 @@ use super::{Problem, State};
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<State> for JsonBody<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &State) -> Result<Self, Problem> {
+        let LimitedBody(bytes) = LimitedBody::from_request(req, state).await?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// A body read whole under the size limit, for handlers that decode it with [`parse_json`]
+/// into types borrowing from it (pushes keep their payloads as slices of these bytes).
+pub struct LimitedBody(pub Bytes);
+
+impl FromRequest<State> for LimitedBody {
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &State) -> Result<Self, Problem> {
@@ -23,13 +38,12 @@ impl<T: DeserializeOwned> FromRequest<State> for JsonBody<T> {
         if declared.is_some_and(|n| n > limit) {
             return Err(too_large(limit));
         }
-        let bytes = read_limited(req.into_body(), limit).await?;
-        parse_json(&bytes).map(JsonBody)
+        read_limited(req.into_body(), limit).await.map(LimitedBody)
     }
 }
 
 /// Reads a whole body, refusing more than `limit` bytes.
-pub async fn read_limited(body: Body, limit: usize) -> Result<bytes::Bytes, Problem> {
+pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, Problem> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         if e.to_string().contains("length limit") {
             too_large(limit)
@@ -40,7 +54,7 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<bytes::Bytes, Prob
 }
 
 /// Decodes JSON, telling syntax errors (`json_invalid`) from shape errors (`field_invalid`).
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Problem> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Problem::bad_request(
             "body_missing",

@@ -1,46 +1,90 @@
 //! `POST /api/v1/push`: validate every item, resolve names, hand the batch to the push fuser.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::State as AxState;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::body::JsonBody;
+use super::body::{LimitedBody, parse_json};
 use super::{Problem, State};
-use crate::push::{NewMessage, PushJob, Stored};
+use crate::push::{NewMessage, PushJob, Stored, TransactionId};
 use crate::queue::{DEFAULT_PARTITION, validate_partition_name, validate_queue_name};
 
 /// Longest transaction or trace id.
 const MAX_ID_LEN: usize = 255;
 
-/// The push request body.
+/// The push request body, decoded borrowing from the request's bytes.
 #[derive(Deserialize)]
-pub struct PushBody {
-    items: Vec<PushItem>,
+pub struct PushBody<'a> {
+    #[serde(borrow)]
+    items: Vec<PushItem<'a>>,
 }
 
-/// One message to push.
+/// One message to push. Its strings and payload point into the request body; only strings
+/// with JSON escapes are copied.
 #[derive(Deserialize)]
-pub struct PushItem {
-    queue: String,
-    partition: Option<String>,
-    payload: Box<RawValue>,
-    #[serde(rename = "transactionId")]
-    transaction_id: Option<String>,
-    #[serde(rename = "traceId")]
-    trace_id: Option<String>,
+pub struct PushItem<'a> {
+    #[serde(borrow)]
+    queue: Text<'a>,
+    #[serde(borrow)]
+    partition: Option<Text<'a>>,
+    #[serde(borrow)]
+    payload: &'a RawValue,
+    #[serde(rename = "transactionId", borrow)]
+    transaction_id: Option<Text<'a>>,
+    #[serde(rename = "traceId", borrow)]
+    trace_id: Option<Text<'a>>,
+}
+
+/// A string of the request body: borrowed when it holds no escapes, decoded otherwise.
+pub struct Text<'a>(Cow<'a, str>);
+
+impl std::ops::Deref for Text<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a str>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Text<'a>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+
+            fn visit_string<E>(self, v: String) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(Visit(std::marker::PhantomData))
+    }
 }
 
 /// The answer for one pushed message.
 #[derive(Serialize)]
 pub(super) struct PushResult<'a> {
     index: usize,
-    transaction_id: &'a str,
+    transaction_id: TransactionId<'a>,
     message_id: Uuid,
     partition_id: Uuid,
     status: &'static str,
@@ -52,12 +96,12 @@ pub(super) struct PushResult<'a> {
 /// Stores a batch of messages and answers only after they are committed.
 pub async fn push(
     AxState(app): AxState<State>,
-    JsonBody(body): JsonBody<PushBody>,
+    LimitedBody(bytes): LimitedBody,
 ) -> Result<Response, Problem> {
-    let items = body.items;
+    let items = parse_json::<PushBody>(&bytes)?.items;
     validate(&items, app.config.max_batch)?;
     check_capacity(&app, &items).await?;
-    let messages = resolve(&app, items).await?;
+    let messages = resolve(&app, items, &bytes).await?;
     let (messages, stored) = store(&app, messages).await?;
     app.metrics.messages.stored(&stored);
     Ok((
@@ -82,7 +126,16 @@ pub(super) fn answer_json(results: &[PushResult<'_>]) -> Vec<u8> {
             out.push(b',');
         }
         let _ = write!(out, "{{\"index\":{},\"transaction_id\":", r.index);
-        let _ = serde_json::to_writer(&mut out, r.transaction_id);
+        match r.transaction_id {
+            TransactionId::Client(t) => {
+                let _ = serde_json::to_writer(&mut out, t);
+            }
+            TransactionId::Own(t) => {
+                out.push(b'"');
+                out.extend_from_slice(t.hyphenated().encode_lower(&mut id).as_bytes());
+                out.push(b'"');
+            }
+        }
         out.extend_from_slice(b",\"message_id\":\"");
         out.extend_from_slice(r.message_id.hyphenated().encode_lower(&mut id).as_bytes());
         out.extend_from_slice(b"\",\"partition_id\":\"");
@@ -113,7 +166,7 @@ pub(super) fn results<'a>(messages: &'a [NewMessage], stored: &[Stored]) -> Vec<
             };
             PushResult {
                 index,
-                transaction_id: &m.transaction_id,
+                transaction_id: m.transaction_id(),
                 message_id,
                 partition_id: m.partition_id,
                 status,
@@ -128,10 +181,10 @@ pub(super) fn results<'a>(messages: &'a [NewMessage], stored: &[Stored]) -> Vec<
 /// (pending: not yet passed by its slowest consumer group). Checked before anything is
 /// created, so a refused push leaves no trace; a queue that does not exist yet has no limit.
 /// The count is taken before the push, so concurrent pushes may overshoot by what they carry.
-pub(super) async fn check_capacity(app: &State, items: &[PushItem]) -> Result<(), Problem> {
+pub(super) async fn check_capacity(app: &State, items: &[PushItem<'_>]) -> Result<(), Problem> {
     let mut incoming: HashMap<&str, u64> = HashMap::new();
     for item in items {
-        *incoming.entry(item.queue.as_str()).or_default() += 1;
+        *incoming.entry(&item.queue).or_default() += 1;
     }
     for (queue, n) in incoming {
         let Some(queue_id) = app.catalog.find_queue(&app.pool, queue).await? else {
@@ -159,7 +212,7 @@ pub(super) async fn check_capacity(app: &State, items: &[PushItem]) -> Result<()
 }
 
 /// Checks every item before anything is stored, so one bad item fails only its own request.
-pub(super) fn validate(items: &[PushItem], max_batch: usize) -> Result<(), Problem> {
+pub(super) fn validate(items: &[PushItem<'_>], max_batch: usize) -> Result<(), Problem> {
     if items.is_empty() {
         return Err(Problem::bad_request(
             "items_empty",
@@ -210,15 +263,20 @@ pub(super) fn validate(items: &[PushItem], max_batch: usize) -> Result<(), Probl
 
 /// Turns queue and partition names into ids, creating what does not exist yet. Each distinct
 /// (queue, partition) of the request is resolved once: a batch usually names a few partitions
-/// many times, and every look-up of the catalog hashes and copies its names.
-pub(super) async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<NewMessage>, Problem> {
+/// many times, and every look-up of the catalog hashes and copies its names. Payloads stay
+/// slices of `body`, the bytes the items were decoded from.
+pub(super) async fn resolve(
+    app: &State,
+    items: Vec<PushItem<'_>>,
+    body: &Bytes,
+) -> Result<Vec<NewMessage>, Problem> {
     let mut target_of: HashMap<(&str, &str), usize> = HashMap::new();
     let mut targets: Vec<(&str, &str)> = Vec::new();
     let slots: Vec<usize> = items
         .iter()
         .map(|i| {
             *target_of
-                .entry((i.queue.as_str(), partition_of(i)))
+                .entry((&i.queue, partition_of(i)))
                 .or_insert_with_key(|&key| {
                     targets.push(key);
                     targets.len() - 1
@@ -241,33 +299,37 @@ pub(super) async fn resolve(app: &State, items: Vec<PushItem>) -> Result<Vec<New
             (name.clone(), queue_id, partition_id)
         })
         .collect();
-    let partition_names: Vec<String> = targets.iter().map(|t| t.1.to_string()).collect();
+    let partition_names: Vec<Arc<str>> = targets.iter().map(|t| Arc::from(t.1)).collect();
     let mut out = Vec::with_capacity(items.len());
     for (item, slot) in items.into_iter().zip(slots) {
         let (queue, queue_id, partition_id) = &resolved[slot];
-        let message_id = Uuid::now_v7();
-        let (transaction_id, client_transaction_id) = match item.transaction_id {
-            Some(t) => (t, true),
-            None => (message_id.to_string(), false),
-        };
         out.push(NewMessage {
             queue: queue.clone(),
             queue_id: *queue_id,
             partition: partition_names[slot].clone(),
             partition_id: *partition_id,
-            transaction_id,
-            client_transaction_id,
-            message_id,
-            trace_id: item.trace_id,
-            // The text as parsed, taken over without a copy.
-            payload: Box::<str>::from(item.payload).into_string().into_bytes(),
+            client_transaction_id: item.transaction_id.map(|t| t.0.into_owned()),
+            message_id: Uuid::now_v7(),
+            trace_id: item.trace_id.map(|t| t.0.into_owned()),
+            payload: slice_of(body, item.payload.get()),
         });
     }
     Ok(out)
 }
 
+/// `text` as a slice of `body` when it lies inside it (no copy), else a copy of it.
+fn slice_of(body: &Bytes, text: &str) -> Bytes {
+    let range = body.as_ptr_range();
+    let inside = range.start <= text.as_ptr() && text.as_bytes().as_ptr_range().end <= range.end;
+    if inside {
+        body.slice_ref(text.as_bytes())
+    } else {
+        Bytes::copy_from_slice(text.as_bytes())
+    }
+}
+
 /// The partition an item names, or the default one.
-fn partition_of(item: &PushItem) -> &str {
+fn partition_of<'i>(item: &'i PushItem<'_>) -> &'i str {
     item.partition.as_deref().unwrap_or(DEFAULT_PARTITION)
 }
 
@@ -295,7 +357,7 @@ async fn store(
     let queues = app.catalog.ensure_queues(&app.pool, &names).await?;
     let wanted: Vec<(Uuid, &str)> = gone
         .iter()
-        .map(|&i| (queues[&*messages[i].queue], messages[i].partition.as_str()))
+        .map(|&i| (queues[&*messages[i].queue], &*messages[i].partition))
         .collect();
     let partitions = app.catalog.ensure_partitions(&app.pool, &wanted).await?;
     let retry: Vec<NewMessage> = gone
@@ -303,7 +365,7 @@ async fn store(
         .map(|&i| {
             let mut m = messages[i].clone();
             m.queue_id = queues[&*m.queue];
-            m.partition_id = partitions[&(m.queue_id, m.partition.clone())];
+            m.partition_id = partitions[&(m.queue_id, m.partition.to_string())];
             m
         })
         .collect();
@@ -339,7 +401,7 @@ mod tests {
         let results = [
             PushResult {
                 index: 0,
-                transaction_id: "plain",
+                transaction_id: TransactionId::Client("plain"),
                 message_id: ids[0],
                 partition_id: ids[1],
                 status: "queued",
@@ -348,12 +410,21 @@ mod tests {
             },
             PushResult {
                 index: 1,
-                transaction_id: "quote \" backslash \\ tab \t é ✓ \u{1F600}",
+                transaction_id: TransactionId::Client("quote \" backslash \\ tab \t é ✓ \u{1F600}"),
                 message_id: ids[2],
                 partition_id: ids[1],
                 status: "duplicate",
                 queue_name: "q.with-dash_1",
                 trace_id: Some("trace \"x\" \u{7f} /"),
+            },
+            PushResult {
+                index: 2,
+                transaction_id: TransactionId::Own(ids[0]),
+                message_id: ids[0],
+                partition_id: ids[1],
+                status: "queued",
+                queue_name: "orders",
+                trace_id: None,
             },
         ];
         let written = answer_json(&results);

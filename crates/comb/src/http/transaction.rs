@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::ack::{AckIn, AckOut, out, refused};
-use super::body::JsonBody;
+use super::body::{LimitedBody, parse_json};
 use super::push::{PushItem, PushResult, check_capacity, resolve, results};
 use super::{Problem, State};
 use crate::ack::{AckItem, settle_in};
@@ -21,14 +21,15 @@ use crate::push::{NewMessage, Stored, store_in};
 /// The transaction request body. Operations are kept raw until their `type` is known:
 /// push payloads are captured verbatim, which serde's tagged-enum buffering cannot do.
 #[derive(Deserialize)]
-pub struct TransactionIn {
-    operations: Vec<Box<RawValue>>,
+pub struct TransactionIn<'a> {
+    #[serde(borrow)]
+    operations: Vec<&'a RawValue>,
 }
 
-/// One operation of a transaction.
-pub enum Operation {
+/// One operation of a transaction; pushed items borrow from the request body.
+pub enum Operation<'a> {
     Ack(AckIn),
-    Push { items: Vec<PushItem> },
+    Push { items: Vec<PushItem<'a>> },
 }
 
 #[derive(Deserialize)]
@@ -38,12 +39,13 @@ struct Kind {
 }
 
 #[derive(Deserialize)]
-struct PushOp {
-    items: Vec<PushItem>,
+struct PushOp<'a> {
+    #[serde(borrow)]
+    items: Vec<PushItem<'a>>,
 }
 
-impl Operation {
-    fn parse(i: usize, raw: &RawValue) -> Result<Operation, Problem> {
+impl<'a> Operation<'a> {
+    fn parse(i: usize, raw: &'a RawValue) -> Result<Operation<'a>, Problem> {
         let text = raw.get();
         let invalid = |e: serde_json::Error| {
             Problem::bad_request("field_invalid", format!("operations[{i}]: {e}"))
@@ -87,8 +89,9 @@ enum Slot {
 /// Validates every operation, then runs them all in one PostgreSQL transaction.
 pub async fn transaction(
     AxState(app): AxState<State>,
-    JsonBody(body): JsonBody<TransactionIn>,
+    LimitedBody(bytes): LimitedBody,
 ) -> Result<axum::response::Response, Problem> {
+    let body: TransactionIn = parse_json(&bytes)?;
     if body.operations.is_empty() {
         return Err(Problem::bad_request(
             "items_empty",
@@ -134,7 +137,7 @@ pub async fn transaction(
     } else {
         super::push::validate(&push_items, max)?;
         check_capacity(&app, &push_items).await?;
-        resolve(&app, push_items).await?
+        resolve(&app, push_items, &bytes).await?
     };
 
     let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
