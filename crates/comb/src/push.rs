@@ -126,13 +126,16 @@ pub struct PushJob {
 /// a message in a segment not yet summarised is always newer than any summary, so the summary
 /// is read only when those segments hold none. Inline, each lookup is one index descent per
 /// live segment (about 2 µs); through the function, whose union and sort are planned per call,
-/// it cost 21 µs.
+/// it cost 21 µs. The segment made ahead of the roll-over holds no message yet (pushes write
+/// into the newest segment in `comb.segments`, and the snapshot that reads the head sees that
+/// segment's row), so it is pruned from the descent.
 macro_rules! head_pos {
     ($p:literal) => {
         concat!(
             "coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = ",
             $p,
             " AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)",
+            " AND m.seg <= (SELECT max(s.seg) FROM comb.segments s)",
             " ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp",
             " WHERE sp.partition_id = ",
             $p,
@@ -212,16 +215,16 @@ JOIN (
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 );
 
-/// Heads of the locked partitions, the newest segment and the time to stamp, read after the
-/// lock for a batch the broker copies in. Deleted partitions are not returned.
+/// Heads of the batch's partitions, the newest segment and the time to stamp, read after the
+/// lock for a batch the broker copies in. Which partitions still exist is what the lock
+/// returned, so the partition rows are not read again here.
 const HEADS_SQL: &str = concat!(
     "
 SELECT p.id, ",
     head_pos!("p.id"),
     ", s.seg, statement_timestamp()
-FROM comb.partitions p
-CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s
-WHERE p.id = ANY($1)"
+FROM unnest($1::uuid[]) AS p(id)
+CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 );
 
 const COPY_SQL: &str = "COPY comb.messages
@@ -484,13 +487,18 @@ impl<'a> Plan<'a> {
             pg.copy_in::<_, Bytes>(&copy),
         );
         begin?;
-        locked?;
+        let locked = locked?;
         let heads = heads?;
         let sink = sink?;
-        let mut next: HashMap<Uuid, i64> = HashMap::with_capacity(heads.len());
+        // Partitions deleted before the lock are not among the locked rows (sorted by id).
+        let alive: Vec<Uuid> = locked.iter().map(|r| r.get(0)).collect();
+        let mut next: HashMap<Uuid, i64> = HashMap::with_capacity(alive.len());
         let (mut seg, mut at) = (0i32, None::<DateTime<Utc>>);
         for row in &heads {
-            next.insert(row.get(0), row.get(1));
+            let id: Uuid = row.get(0);
+            if alive.binary_search(&id).is_ok() {
+                next.insert(id, row.get(1));
+            }
             (seg, at) = (row.get(2), Some(row.get(3)));
         }
         let at = at.map_or(0, copy_time);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{Env, assert_ordered_read};
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// Fast segment turnover for tests: a new segment every second, maintenance every 200 ms.
 const FAST: &[&str] = &["--segment-seconds", "1", "--maintenance-interval-ms", "200"];
@@ -244,6 +244,42 @@ async fn a_push_through_another_server_after_a_delete_lands_in_the_new_queue() {
     assert_eq!(other_push(2).await, StatusCode::CREATED);
     let pop = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
     assert_eq!(common::numbers(&pop), vec![2]);
+}
+
+/// A queue deleted behind the server's back (its cached ids stale, no broadcast) takes no
+/// message into its deleted partition, whichever way a batch is stored: appended (one
+/// message) or copied in (100). The push resolves the names again and lands in a new queue.
+#[tokio::test]
+async fn a_push_to_a_partition_deleted_unannounced_lands_in_a_new_one() {
+    let env = Env::start().await;
+    for (round, size) in [1usize, 100].into_iter().enumerate() {
+        let queue = format!("stale{round}");
+        let first = env
+            .push(json!([{"queue": queue, "partition": "p", "payload": {"n": 0}}]))
+            .await;
+        let old = first[0]["partition_id"].as_str().unwrap().to_string();
+        env.sql(&format!("DELETE FROM comb.queues WHERE name = '{queue}'"));
+        let items: Vec<Value> = (1..=size)
+            .map(|n| json!({"queue": queue, "partition": "p", "payload": {"n": n}}))
+            .collect();
+        let results = env.push(json!(items)).await;
+        assert_eq!(results.len(), size);
+        let new = results[0]["partition_id"].as_str().unwrap().to_string();
+        assert_ne!(new, old, "stored into the deleted partition");
+        assert!(
+            results
+                .iter()
+                .all(|r| r["status"] == "queued" && r["partition_id"] == new.as_str()),
+            "{results:?}"
+        );
+        assert_eq!(
+            env.sql(&format!(
+                "SELECT count(*) FILTER (WHERE partition_id = '{old}'), \
+                        count(*) FILTER (WHERE partition_id = '{new}') FROM comb.messages"
+            )),
+            format!("1|{size}")
+        );
+    }
 }
 
 #[tokio::test]
