@@ -7,12 +7,16 @@
 //! ([`peers`]) run on the same cluster right after the Comb cell they are compared with.
 //! Resources are read from `/proc` at the window's edges ([`meter`], [`procstat`]).
 //!
+//! Two builds or configurations are compared by running them in turns on one cluster
+//! ([`compare`]).
+//!
 //! The long runs (`comb-bench-xmin`, `comb-bench-soak`) reuse the same load and accounting
 //! over many minutes, sampling as they go ([`long`], [`tables`]).
 
 #![warn(missing_docs)]
 
 pub mod cells;
+pub mod compare;
 pub mod http;
 pub mod load;
 pub mod long;

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use comb_bench::cells;
 use comb_bench::profile::Profile;
 use comb_bench::report;
 use comb_bench::run::{Options, PG_SETTINGS, Runner};
+use comb_bench::{cells, compare};
 
 /// Runs Comb's benchmark cells and their peers against one PostgreSQL and prints one table.
 #[derive(Debug, Parser)]
@@ -72,6 +72,24 @@ struct Args {
     /// How the run was started, for the docs (default: this command line).
     #[arg(long)]
     command: Option<String>,
+    /// Compare `--comb` (A) with this `comb` binary (B): the cells run for each in turns,
+    /// `--rounds` times, and the table shows both with the ratio of their medians.
+    #[arg(long)]
+    against: Option<PathBuf>,
+    /// Extra flag for B's `comb serve` (repeatable), instead of `--comb-arg`'s; alone, it
+    /// compares two configurations of `--comb`.
+    #[arg(long = "against-arg", allow_hyphen_values = true)]
+    against_args: Vec<String>,
+    /// Rounds of a comparison, each running A and B (A first in odd rounds, B in even ones).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=20))]
+    rounds: u16,
+}
+
+impl Args {
+    /// Whether this run compares two variants.
+    fn compares(&self) -> bool {
+        self.against.is_some() || !self.against_args.is_empty()
+    }
 }
 
 fn main() {
@@ -90,12 +108,19 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }
         return Ok(());
     }
-    if !args.comb.is_file() {
-        return Err(format!(
-            "{} not found: build it first (cargo build --release -p comb)",
-            args.comb.display()
-        )
-        .into());
+    for bin in std::iter::once(&args.comb).chain(&args.against) {
+        if !bin.is_file() {
+            return Err(format!(
+                "{} not found: build it first (cargo build --release -p comb)",
+                bin.display()
+            )
+            .into());
+        }
+    }
+    if args.compares() && (args.doc.is_some() || args.profile.is_some()) {
+        return Err(
+            "a comparison (--against, --against-arg) takes neither --doc nor --profile".into(),
+        );
     }
     let (warmup, duration, pop_fill) = if args.smoke {
         (1.0, 3.0, 150)
@@ -138,26 +163,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         runner.pg.port(),
         selected.len()
     );
-    for cell in &selected {
-        eprintln!("cell {:<12} {}", cell.name, cell.about);
-        let t = Instant::now();
-        match runner.run(cell) {
-            Ok(row) => eprintln!(
-                "  {:.0} msg/s, p99 {} ms ({:.0} s)",
-                row.msgs_per_sec,
-                report::num(row.p99_ms),
-                t.elapsed().as_secs_f64()
-            ),
-            Err(e) => eprintln!("  FAILED: {e}"),
-        }
+    if args.compares() {
+        return compare(&args, runner, &selected, started);
     }
-    let mut rows = runner.rows.clone();
-    report::fill_ratios(&mut rows, |name| {
-        cells::all()
-            .into_iter()
-            .find(|c| c.name == name)
-            .and_then(|c| c.compare)
-    });
+    let rows = run_cells(&mut runner, &selected);
     let table = report::table(&rows);
     let checks = report::checks_text(&report::checks(&rows));
     println!("\n{table}\n{checks}");
@@ -190,6 +199,97 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let doc = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmarks\n".into());
         std::fs::write(path, report::splice(&doc, &section))?;
         eprintln!("results section of {} updated", path.display());
+    }
+    Ok(())
+}
+
+/// Runs `cells` in order and returns their rows, peers' ratios filled in.
+fn run_cells(runner: &mut Runner, cells: &[cells::Cell]) -> Vec<report::Row> {
+    runner.rows.clear();
+    for cell in cells {
+        eprintln!("cell {:<12} {}", cell.name, cell.about);
+        let t = Instant::now();
+        match runner.run(cell) {
+            Ok(row) => eprintln!(
+                "  {:.0} msg/s, p99 {} ms ({:.0} s)",
+                row.msgs_per_sec,
+                report::num(row.p99_ms),
+                t.elapsed().as_secs_f64()
+            ),
+            Err(e) => eprintln!("  FAILED: {e}"),
+        }
+    }
+    let mut rows = runner.rows.clone();
+    report::fill_ratios(&mut rows, |name| {
+        cells::all()
+            .into_iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.compare)
+    });
+    rows
+}
+
+/// Runs the cells for A and B in turns (see [`compare`]) and prints both.
+fn compare(
+    args: &Args,
+    mut runner: Runner,
+    cells: &[cells::Cell],
+    started: Instant,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    runner.fix_rates();
+    let a = (args.comb.clone(), args.comb_args.clone());
+    let b = (
+        args.against.clone().unwrap_or_else(|| args.comb.clone()),
+        if args.against_args.is_empty() {
+            args.comb_args.clone()
+        } else {
+            args.against_args.clone()
+        },
+    );
+    let (mut rounds_a, mut rounds_b) = (Vec::new(), Vec::new());
+    for round in 0..usize::from(args.rounds) {
+        let a_first = compare::a_first(round);
+        for is_a in [a_first, !a_first] {
+            let (bin, comb_args) = if is_a { &a } else { &b };
+            eprintln!(
+                "round {} of {}: {}",
+                round + 1,
+                args.rounds,
+                if is_a { "A" } else { "B" }
+            );
+            runner.use_comb(bin.clone(), comb_args.clone());
+            let rows = run_cells(&mut runner, cells);
+            if is_a {
+                rounds_a.push(rows);
+            } else {
+                rounds_b.push(rows);
+            }
+        }
+    }
+    let describe = |(bin, comb_args): &(PathBuf, Vec<String>)| {
+        std::iter::once(bin.display().to_string())
+            .chain(comb_args.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "\nA: {}\nB: {}\nRounds: {} (A first in odd rounds, B in even ones)\n\n{}",
+        describe(&a),
+        describe(&b),
+        args.rounds,
+        compare::table(&rounds_a, &rounds_b)
+    );
+    println!(
+        "Whole run: {:.1} min",
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({
+            "a": { "comb": describe(&a), "rounds": rounds_a },
+            "b": { "comb": describe(&b), "rounds": rounds_b },
+        }))?;
+        std::fs::write(path, text + "\n")?;
+        eprintln!("rounds written to {}", path.display());
     }
     Ok(())
 }

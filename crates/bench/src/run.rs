@@ -108,6 +108,29 @@ impl Runner {
         Ok(row)
     }
 
+    /// Benchmarks `bin` with `args` from the next cell on (for comparisons).
+    pub fn use_comb(&mut self, bin: PathBuf, args: Vec<String>) {
+        self.opts.comb_bin = bin;
+        self.opts.comb_args = args;
+    }
+
+    /// Fixes the offered rates of the fixed-rate cells to what they would be now (given on
+    /// the command line, else from the baseline), so that cells run later offer the same
+    /// rates whatever this run measures meanwhile (for comparisons).
+    pub fn fix_rates(&mut self) {
+        let from_baseline = |cell: &str| {
+            self.opts
+                .baseline
+                .iter()
+                .find(|r| r.cell == cell)
+                .map(|r| r.msgs_per_sec)
+        };
+        let steady = self.opts.steady_rate.or_else(|| from_baseline("push1"));
+        let fanout = self.opts.fanout_rate.or_else(|| from_baseline("push10"));
+        self.opts.steady_rate = steady.or(Some(FALLBACK_RATE));
+        self.opts.fanout_rate = fanout.or(Some(FALLBACK_RATE));
+    }
+
     /// A measured rate of `cell` from this run, else from the baseline.
     fn rate_of(&self, cell: &str) -> Option<(f64, &'static str)> {
         if let Some(r) = self.rows.iter().find(|r| r.cell == cell) {
