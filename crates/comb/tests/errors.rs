@@ -622,3 +622,19 @@ async fn a_parameter_the_client_cannot_encode_is_not_a_database_outage() {
         axum::http::StatusCode::INTERNAL_SERVER_ERROR
     );
 }
+
+/// A stored payload that is no longer JSON (changed behind Comb's back) fails the pop with a
+/// problem naming it, instead of an answer that is not JSON.
+#[tokio::test]
+async fn a_stored_payload_that_is_not_json_is_a_problem() {
+    let env = Env::start().await;
+    env.push(json!([{"queue": "bent", "payload": {"n": 1}}]))
+        .await;
+    env.sql("UPDATE comb.messages SET payload = convert_to('{\"n\": 1', 'UTF8')");
+    let (s, b) = env.get("/api/v1/pop/queue/bent").await;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (StatusCode::INTERNAL_SERVER_ERROR, Some("payload_corrupt")),
+        "{b}"
+    );
+}
