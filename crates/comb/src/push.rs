@@ -93,7 +93,7 @@ impl ToSql for TransactionId<'_> {
     fn to_sql(
         &self,
         _: &Type,
-        out: &mut bytes::BytesMut,
+        out: &mut BytesMut,
     ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
         self.with_str(|t| out.extend_from_slice(t.as_bytes()));
         Ok(IsNull::No)
@@ -237,6 +237,10 @@ struct CopyRows {
     buf: BytesMut,
 }
 
+/// Encoded rows are handed to the connection in pieces of about this size, so a batch of
+/// large payloads is not held twice in memory.
+const COPY_CHUNK: usize = 1 << 20;
+
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 00:00 UTC).
 const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 
@@ -248,7 +252,7 @@ fn copy_time(at: DateTime<Utc>) -> i64 {
 impl CopyRows {
     /// The signature, no flags, no header extension.
     fn new(rows: usize) -> CopyRows {
-        let mut buf = BytesMut::with_capacity(19 + rows * 160);
+        let mut buf = BytesMut::with_capacity((19 + rows * 160).min(COPY_CHUNK));
         buf.put_slice(b"PGCOPY\n\xff\r\n\0");
         buf.put_i32(0);
         buf.put_i32(0);
@@ -503,14 +507,17 @@ impl<'a> Plan<'a> {
         }
         let at = at.map_or(0, copy_time);
         let mut rows = CopyRows::new(self.sent.len());
+        pin_mut!(sink);
         for m in self.sent.iter().map(|&i| self.all[i]) {
             let Some(pos) = next.get_mut(&m.partition_id) else {
                 continue;
             };
             *pos += 1;
             rows.row(m, *pos, seg, at);
+            if rows.buf.len() >= COPY_CHUNK {
+                sink.as_mut().feed(rows.buf.split().freeze()).await?;
+            }
         }
-        pin_mut!(sink);
         sink.as_mut().feed(rows.finish()).await?;
         let (copied, commit) = tokio::join!(sink.finish(), pg.batch_execute("COMMIT"));
         copied?;

@@ -258,3 +258,19 @@ async fn copied_batches_keep_every_field() {
         assert_eq!(answered["partition_id"], m["partitionId"]);
     }
 }
+
+/// A copied-in batch larger than one piece of encoded rows arrives whole and in order.
+#[tokio::test]
+async fn a_copied_batch_of_large_payloads_arrives_whole() {
+    let env = Env::start().await;
+    let items: Vec<Value> = (0..80)
+        .map(|n| json!({"queue": "large", "payload": {"n": n, "text": "x".repeat(20_000 + n)}}))
+        .collect();
+    let results = env.push(json!(items)).await;
+    assert_eq!(results.len(), 80);
+    let popped = env.pop("/api/v1/pop/queue/large?batch=100").await.unwrap();
+    assert_eq!(numbers(&popped), (0..80).collect::<Vec<_>>());
+    for (n, m) in popped["messages"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(m["data"]["text"].as_str().unwrap().len(), 20_000 + n);
+    }
+}
