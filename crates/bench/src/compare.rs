@@ -17,37 +17,17 @@ pub fn a_first(round: usize) -> bool {
     round.is_multiple_of(2)
 }
 
-/// A figure of a row, for comparing.
-struct Figure {
-    name: &'static str,
-    get: fn(&Row) -> Option<f64>,
-}
+/// A figure of a row, for comparing: its name and how to read it.
+type Figure = (&'static str, fn(&Row) -> Option<f64>);
 
+/// The figures compared, in table order.
 const FIGURES: [Figure; 6] = [
-    Figure {
-        name: "msg/s",
-        get: |r| Some(r.msgs_per_sec),
-    },
-    Figure {
-        name: "broker us/msg",
-        get: |r| r.broker_cpu_us_per_msg,
-    },
-    Figure {
-        name: "pg cores",
-        get: |r| r.pg_cpu_cores,
-    },
-    Figure {
-        name: "p99 ms",
-        get: |r| r.p99_ms,
-    },
-    Figure {
-        name: "e2e p99 ms",
-        get: |r| r.e2e_p99_ms,
-    },
-    Figure {
-        name: "comb / peer",
-        get: |r| r.ratio,
-    },
+    ("msg/s", |r| Some(r.msgs_per_sec)),
+    ("broker us/msg", |r| r.broker_cpu_us_per_msg),
+    ("pg cores", |r| r.pg_cpu_cores),
+    ("p99 ms", |r| r.p99_ms),
+    ("e2e p99 ms", |r| r.e2e_p99_ms),
+    ("comb / peer", |r| r.ratio),
 ];
 
 /// The median of the values present (mean of the middle two for an even count).
@@ -77,7 +57,7 @@ pub fn table(a: &[Round], b: &[Round]) -> String {
     let values = |rounds: &[Round], cell: &str, f: &Figure| -> Vec<Option<f64>> {
         rounds
             .iter()
-            .map(|round| round.iter().find(|r| r.cell == cell).and_then(f.get))
+            .map(|round| round.iter().find(|r| r.cell == cell).and_then(f.1))
             .collect()
     };
     let join = |v: &[Option<f64>]| v.iter().map(|x| num(*x)).collect::<Vec<_>>().join(" ");
@@ -101,7 +81,7 @@ pub fn table(a: &[Round], b: &[Round]) -> String {
             };
             lines.push([
                 cell.to_string(),
-                f.name.into(),
+                f.0.into(),
                 join(&va),
                 join(&vb),
                 num(ratio),
