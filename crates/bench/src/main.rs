@@ -341,6 +341,27 @@ mod tests {
     use clap::Parser;
 
     #[test]
+    fn a_comparison_needs_a_second_variant_and_a_sane_number_of_rounds() {
+        let parse = |args: &[&str]| {
+            Args::try_parse_from(std::iter::once("comb-bench").chain(args.iter().copied()))
+        };
+        assert!(!parse(&[]).unwrap().compares());
+        assert!(parse(&["--against", "/tmp/other"]).unwrap().compares());
+        assert!(
+            parse(&["--against-arg=--push-workers=2"])
+                .unwrap()
+                .compares()
+        );
+        for bad in ["0", "21", "x"] {
+            assert!(
+                parse(&["--against", "b", "--rounds", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse(&[]).unwrap().rounds, 2);
+    }
+
+    #[test]
     fn pop_partitions_must_be_what_a_pop_accepts() {
         for bad in ["0", "101", "x"] {
             assert!(Args::try_parse_from(["comb-bench", "--pop-partitions", bad]).is_err());

@@ -67,6 +67,31 @@ async fn malformed_bodies() {
         "field_invalid",
     )
     .await;
+    // Every string field of an item refuses other types, in pushes and in transactions.
+    for (field, value) in [
+        ("partition", json!(5)),
+        ("transactionId", json!(["t"])),
+        ("traceId", json!({"id": 1})),
+    ] {
+        let mut item = json!({"queue": "q", "payload": 1});
+        item[field] = value;
+        expect(
+            &env,
+            "/api/v1/push",
+            json!({ "items": [item.clone()] }),
+            StatusCode::BAD_REQUEST,
+            "field_invalid",
+        )
+        .await;
+        expect(
+            &env,
+            "/api/v1/transaction",
+            json!({"operations": [{"type": "push", "items": [item]}]}),
+            StatusCode::BAD_REQUEST,
+            "field_invalid",
+        )
+        .await;
+    }
     expect(
         &env,
         "/api/v1/push",
