@@ -73,6 +73,8 @@ pub struct Runner {
     rt: Runtime,
     /// Results so far, in run order.
     pub rows: Vec<Row>,
+    /// Whether [`Runner::fix_rates`] set the fixed-rate cells' rates (for their notes).
+    rates_fixed: bool,
 }
 
 impl Runner {
@@ -88,6 +90,7 @@ impl Runner {
             opts,
             rt,
             rows: Vec::new(),
+            rates_fixed: false,
         })
     }
 
@@ -129,6 +132,7 @@ impl Runner {
         let fanout = self.opts.fanout_rate.or_else(|| from_baseline("push10"));
         self.opts.steady_rate = steady.or(Some(FALLBACK_RATE));
         self.opts.fanout_rate = fanout.or(Some(FALLBACK_RATE));
+        self.rates_fixed = true;
     }
 
     /// A measured rate of `cell` from this run, else from the baseline.
@@ -151,10 +155,12 @@ impl Runner {
             _ => return (0.0, String::new()),
         };
         if let Some(r) = forced {
-            return (
-                r * fraction,
-                format!("{fraction} x the rate given on the command line"),
-            );
+            let from = if self.rates_fixed {
+                "the rate fixed for the comparison (command line, else an earlier run)"
+            } else {
+                "the rate given on the command line"
+            };
+            return (r * fraction, format!("{fraction} x {from}"));
         }
         match self.rate_of(source) {
             Some((r, from)) => (r * fraction, format!("{fraction} x {source} of {from}")),
