@@ -126,10 +126,12 @@ cs AS (
 -- Cursors to claim (free, with messages to hand out) and cursors whose lease ended, in walk
 -- order; the walk stops a few beyond what is wanted ($7). This server's claims of one group
 -- run one at a time (their lane), so only other servers' claims lock some of these first.
+-- The queue's options are read through scalar subqueries, not a join: joined, the planner
+-- would copy the free-cursor test into a filter of its own and probe each cursor's next
+-- message twice.
 seen AS (
     SELECT f.partition_id, f.wrapped, f.lease_id IS NOT NULL AS expired
     FROM cs f
-    CROSS JOIN q
     WHERE (f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
        OR (f.lease_id IS NULL AND f.available_at <= now()
            -- Not EXISTS: the planner drops an EXISTS's ORDER BY and may then walk the
@@ -138,16 +140,18 @@ seen AS (
                 WHERE m.partition_id = f.partition_id
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
                 ORDER BY m.pos LIMIT 1) IS NOT NULL
-           AND (q.window_secs = 0 OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
-                <= now() - make_interval(secs => q.window_secs))
-           AND (q.retention_secs = 0
+           AND ((SELECT window_secs FROM q) = 0
                 OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
-                   > now() - make_interval(secs => q.retention_secs))
-           AND (q.delay_secs = 0 OR (
+                   <= now() - make_interval(secs => (SELECT window_secs FROM q)))
+           AND ((SELECT retention_secs FROM q) = 0
+                OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
+                   > now() - make_interval(secs => (SELECT retention_secs FROM q)))
+           AND ((SELECT delay_secs FROM q) = 0 OR (
                 SELECT m.created_at FROM comb.messages m
                 WHERE m.partition_id = f.partition_id
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
-                ORDER BY m.pos LIMIT 1) <= now() - make_interval(secs => q.delay_secs)))
+                ORDER BY m.pos LIMIT 1)
+                <= now() - make_interval(secs => (SELECT delay_secs FROM q))))
     LIMIT $4::bigint + $7::bigint
 ),
 cand AS (

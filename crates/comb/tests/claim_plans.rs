@@ -102,6 +102,45 @@ async fn the_candidate_walk_planned_on_young_tables_reads_by_index() {
     // The walk found and locked a cursor with messages.
     assert!(plan.contains("LockRows (actual rows=1 "), "{plan}");
     assert_read_by_index("the candidate walk", &plan);
+    // Each cursor walked has its next message looked for once (in the first segment
+    // table: the others are probed as often).
+    let nodes = executed_nodes(&plan);
+    let walked: u32 = nodes
+        .iter()
+        .filter(|(node, _)| node.contains("using cursors_walk"))
+        .map(|(node, _)| actual(node, "rows="))
+        .sum();
+    let probes: u32 = nodes
+        .iter()
+        .filter(|(node, cond)| node.contains("on messages_1 ") && cond.contains("(pos > s"))
+        .map(|(node, _)| actual(node, "loops="))
+        .sum();
+    assert!(walked > 0, "{plan}");
+    assert!(
+        probes <= walked,
+        "{probes} probes for {walked} cursors:\n{plan}"
+    );
+}
+
+/// The executed nodes of an `EXPLAIN ANALYZE` plan, each with the line below it (its
+/// condition, when it has one).
+fn executed_nodes(plan: &str) -> Vec<(&str, &str)> {
+    let lines: Vec<&str> = plan.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| line.contains("(actual "))
+        .map(|(k, line)| (*line, lines.get(k + 1).copied().unwrap_or("")))
+        .collect()
+}
+
+/// The number after `key` in a node's `(actual …)` figures.
+fn actual(line: &str, key: &str) -> u32 {
+    line.split(key)
+        .nth(1)
+        .and_then(|r| r.split([' ', ')']).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
 }
 
 #[tokio::test]
