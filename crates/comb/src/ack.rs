@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
+use crate::metrics::Stage;
 use crate::queue::QueueOptions;
 
 /// What the consumer says of a message.
@@ -331,7 +332,7 @@ FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::in
 JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos";
 
 /// Starts the ack workers.
-pub fn start(pool: Pool, workers: usize, max_items: usize) -> Fuser<AckJob> {
+pub fn start(pool: Pool, workers: usize, max_items: usize, stage: Arc<Stage>) -> Fuser<AckJob> {
     let run: Runner<AckJob> = Arc::new(move |jobs| {
         let pool = pool.clone();
         Box::pin(async move {
@@ -353,7 +354,7 @@ pub fn start(pool: Pool, workers: usize, max_items: usize) -> Fuser<AckJob> {
             }
         })
     });
-    Fuser::start(workers, max_items, |j: &AckJob| j.items.len(), run)
+    Fuser::start(workers, max_items, |j: &AckJob| j.items.len(), run, stage)
 }
 
 /// A cursor locked for update, with what the rules need to know about its queue.

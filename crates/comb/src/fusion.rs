@@ -14,15 +14,19 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::{Mutex, mpsc};
+
+use crate::metrics::Stage;
 
 /// Runs one fused batch.
 pub type Runner<J> = Arc<dyn Fn(Vec<J>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// The queues in front of one kind of worker.
 pub struct Fuser<J> {
-    shards: Vec<mpsc::Sender<J>>,
+    /// Each job with the moment it was queued.
+    shards: Vec<mpsc::Sender<(Instant, J)>>,
 }
 
 impl<J> Clone for Fuser<J> {
@@ -39,15 +43,16 @@ pub struct Closed;
 
 impl<J: Send + 'static> Fuser<J> {
     /// Starts `workers` workers on one shared queue; a batch stops growing once its jobs weigh
-    /// `max_weight`.
+    /// `max_weight`. `stage` records the jobs' waits and the batches' turns.
     pub fn start(
         workers: usize,
         max_weight: usize,
         weight: fn(&J) -> usize,
         run: Runner<J>,
+        stage: Arc<Stage>,
     ) -> Fuser<J> {
         Fuser {
-            shards: vec![Self::shard(workers, max_weight, weight, run)],
+            shards: vec![Self::shard(workers, max_weight, weight, run, stage)],
         }
     }
 
@@ -57,10 +62,11 @@ impl<J: Send + 'static> Fuser<J> {
         max_weight: usize,
         weight: fn(&J) -> usize,
         run: Runner<J>,
+        stage: Arc<Stage>,
     ) -> Fuser<J> {
         Fuser {
             shards: (0..shards.max(1))
-                .map(|_| Self::shard(1, max_weight, weight, run.clone()))
+                .map(|_| Self::shard(1, max_weight, weight, run.clone(), stage.clone()))
                 .collect(),
         }
     }
@@ -70,31 +76,42 @@ impl<J: Send + 'static> Fuser<J> {
         max_weight: usize,
         weight: fn(&J) -> usize,
         run: Runner<J>,
-    ) -> mpsc::Sender<J> {
-        let (tx, rx) = mpsc::channel::<J>(65_536);
+        stage: Arc<Stage>,
+    ) -> mpsc::Sender<(Instant, J)> {
+        let (tx, rx) = mpsc::channel::<(Instant, J)>(65_536);
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..workers.max(1) {
             let rx = rx.clone();
             let run = run.clone();
+            let stage = stage.clone();
             tokio::spawn(async move {
                 loop {
                     let batch = {
                         let mut rx = rx.lock().await;
-                        let Some(first) = rx.recv().await else { return };
+                        let Some((queued, first)) = rx.recv().await else {
+                            return;
+                        };
+                        let started = Instant::now();
+                        stage.waited.observe(started - queued);
                         let mut total = weight(&first);
                         let mut batch = vec![first];
                         while total < max_weight {
                             match rx.try_recv() {
-                                Ok(job) => {
+                                Ok((queued, job)) => {
+                                    stage
+                                        .waited
+                                        .observe(started.saturating_duration_since(queued));
                                     total += weight(&job);
                                     batch.push(job);
                                 }
                                 Err(_) => break,
                             }
                         }
-                        batch
+                        (started, batch)
                     };
+                    let (started, batch) = batch;
                     run(batch).await;
+                    stage.ran.observe(started.elapsed());
                 }
             });
         }
@@ -109,7 +126,7 @@ impl<J: Send + 'static> Fuser<J> {
     /// Queues a job on the shard its key maps to: jobs with equal keys go to the same worker.
     pub async fn submit_keyed(&self, key: u64, job: J) -> Result<(), Closed> {
         let shard = &self.shards[(key % self.shards.len() as u64) as usize];
-        shard.send(job).await.map_err(|_| Closed)
+        shard.send((Instant::now(), job)).await.map_err(|_| Closed)
     }
 }
 
@@ -142,7 +159,7 @@ mod tests {
                 }
             })
         });
-        let fuser = Fuser::start(1, 100, |_| 1, run);
+        let fuser = Fuser::start(1, 100, |_| 1, run, Arc::default());
         let (tx, first) = oneshot::channel();
         fuser.submit((1, tx)).await.unwrap();
         tokio::task::yield_now().await;
@@ -173,7 +190,7 @@ mod tests {
                 }
             })
         });
-        let fuser = Fuser::start_keyed(2, 100, |_| 1, run);
+        let fuser = Fuser::start_keyed(2, 100, |_| 1, run, Arc::default());
         let mut waits = Vec::new();
         for key in [0u64, 1, 2, 3, 4, 5] {
             let (tx, rx) = oneshot::channel();
@@ -202,7 +219,7 @@ mod tests {
                 }
             })
         });
-        let fuser = Fuser::start(1, 3, |_| 1, run);
+        let fuser = Fuser::start(1, 3, |_| 1, run, Arc::default());
         let mut waits = Vec::new();
         // Submit while the worker cannot run: a current-thread runtime only runs it when we yield.
         for _ in 0..7 {

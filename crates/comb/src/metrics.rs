@@ -7,6 +7,7 @@
 //! under a lock: a scrape may see one counter a request ahead of another, never a torn value.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -72,6 +73,32 @@ impl Durations {
         self.sum_us
             .add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
     }
+
+    /// How many were counted.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(Counter::get).sum()
+    }
+}
+
+/// Where the time of one kind of fused request goes: waiting for a worker, then the
+/// worker's turn with the batch. A request's duration minus its wait is its batch's database
+/// work plus the HTTP exchange, so these tell a queue in front of the database from a slow
+/// database; their counts give the requests per batch.
+#[derive(Debug, Default)]
+pub struct Stage {
+    /// Per request: from joining its kind's queue until a worker took it into a batch.
+    pub waited: Durations,
+    /// Per batch: how long its worker was busy with it. A pop lane is free again once its
+    /// claims hold their cursors, so for pops this ends before the claims read and commit.
+    pub ran: Durations,
+}
+
+/// The stages of the three kinds of fused requests, shared with their workers.
+#[derive(Debug, Default)]
+pub struct Fusion {
+    pub push: Arc<Stage>,
+    pub pop: Arc<Stage>,
+    pub ack: Arc<Stage>,
 }
 
 /// Messages through this server's edge. Counted after the database answered, from the
@@ -186,6 +213,7 @@ impl Maintenance {
 pub struct Metrics {
     pub messages: Messages,
     pub maintenance: Maintenance,
+    pub fusion: Fusion,
 }
 
 impl Metrics {
@@ -299,6 +327,25 @@ impl Metrics {
         for (name, help, c) in counters {
             out.counter(name, help, c.get());
         }
+
+        let f = &self.fusion;
+        let kinds: [(&[(&str, &str)], &Stage); 3] = [
+            (&[("kind", "push")], &f.push),
+            (&[("kind", "pop")], &f.pop),
+            (&[("kind", "ack")], &f.ack),
+        ];
+        let waited: Vec<_> = kinds.iter().map(|(l, s)| (*l, &s.waited)).collect();
+        out.histogram(
+            "comb_fused_wait_seconds",
+            "Time a push, pop or ack waited for a worker of its kind to take it into a fused batch, by kind.",
+            &waited,
+        );
+        let ran: Vec<_> = kinds.iter().map(|(l, s)| (*l, &s.ran)).collect();
+        out.histogram(
+            "comb_fused_batch_seconds",
+            "How long a worker was busy with one fused batch, by kind (pops: until the lane's next claim may walk). The wait's count over this count is the requests per batch.",
+            &ran,
+        );
     }
 }
 

@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
+use crate::metrics::Stage;
 
 /// The shape of a pop; pops with the same shape are claimed together.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -271,7 +272,12 @@ impl Rovers {
 const LANES_PER_WORKER: usize = 4;
 
 /// Starts the pop workers.
-pub fn start(pool: Pool, workers: usize, default_lease_seconds: f64) -> Fuser<PopJob> {
+pub fn start(
+    pool: Pool,
+    workers: usize,
+    default_lease_seconds: f64,
+    stage: Arc<Stage>,
+) -> Fuser<PopJob> {
     let rovers = Arc::new(Rovers::default());
     let running = Arc::new(Semaphore::new(workers.max(1)));
     let run: Runner<PopJob> = Arc::new(move |jobs| {
@@ -280,7 +286,7 @@ pub fn start(pool: Pool, workers: usize, default_lease_seconds: f64) -> Fuser<Po
         let running = running.clone();
         Box::pin(async move { run_batch(pool, running, rovers, default_lease_seconds, jobs).await })
     });
-    Fuser::start_keyed(workers.max(1) * LANES_PER_WORKER, 256, |_| 1, run)
+    Fuser::start_keyed(workers.max(1) * LANES_PER_WORKER, 256, |_| 1, run, stage)
 }
 
 /// Runs the claims of one lane's batch and returns once each has walked: the lane's next

@@ -33,6 +33,7 @@ use uuid::Uuid;
 
 use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
+use crate::metrics::Stage;
 use crate::wake::Wake;
 
 /// One message ready to store: names resolved, payload validated.
@@ -299,13 +300,25 @@ impl CopyRows {
 const COPY_MIN_ROWS: usize = 64;
 
 /// Starts the push workers.
-pub fn start(pool: Pool, wake: Arc<Wake>, workers: usize, max_items: usize) -> Fuser<PushJob> {
+pub fn start(
+    pool: Pool,
+    wake: Arc<Wake>,
+    workers: usize,
+    max_items: usize,
+    stage: Arc<Stage>,
+) -> Fuser<PushJob> {
     let run: Runner<PushJob> = Arc::new(move |jobs| {
         let pool = pool.clone();
         let wake = wake.clone();
         Box::pin(async move { run_batch(&pool, &wake, jobs).await })
     });
-    Fuser::start_keyed(workers, max_items, |j: &PushJob| j.messages.len(), run)
+    Fuser::start_keyed(
+        workers,
+        max_items,
+        |j: &PushJob| j.messages.len(),
+        run,
+        stage,
+    )
 }
 
 /// The shard key of a push. Pushes lighter than [`COPY_MIN_ROWS`] all share one worker:

@@ -176,6 +176,62 @@ async fn request_durations_are_recorded_by_route() {
     }
 }
 
+/// A series of the fused stage histograms (`wait` or `batch`) for one kind of request.
+fn stage(family: &str, kind: &str, part: &str) -> String {
+    format!("comb_fused_{family}_seconds_{part}{{kind=\"{kind}\"}}")
+}
+
+#[tokio::test]
+async fn fused_requests_record_their_wait_and_their_batch() {
+    let env = Env::start().await;
+    let base = env.server.base_url();
+    let before = scrape(&env.http, &base).await;
+    for kind in ["push", "pop", "ack"] {
+        assert_eq!(get(&before, &stage("wait", kind, "count")), 0.0, "{kind}");
+        assert_eq!(get(&before, &stage("batch", kind, "count")), 0.0, "{kind}");
+    }
+
+    // One at a time, each push is a batch of its own.
+    for n in 0..3 {
+        env.push(json!([{"queue": "f", "partition": "p", "payload": {"n": n}}]))
+            .await;
+    }
+    let one_by_one = scrape(&env.http, &base).await;
+    assert_eq!(get(&one_by_one, &stage("wait", "push", "count")), 3.0);
+    assert_eq!(get(&one_by_one, &stage("batch", "push", "count")), 3.0);
+
+    // Sent together, 40 pushes are each counted once as waiting; batches never outnumber them.
+    let bodies: Vec<_> = (0..40)
+        .map(|n| json!({"items": [{"queue": "f", "partition": format!("q{n}"), "payload": n}]}))
+        .collect();
+    let pushes = bodies.iter().map(|b| env.post("/api/v1/push", b));
+    for (s, _) in futures_util::future::join_all(pushes).await {
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    let together = scrape(&env.http, &base).await;
+    assert_eq!(get(&together, &stage("wait", "push", "count")), 43.0);
+    let batches = get(&together, &stage("batch", "push", "count"));
+    assert!((4.0..=43.0).contains(&batches), "{batches}");
+    assert!(get(&together, &stage("batch", "push", "sum")) > 0.0);
+
+    let pop = env
+        .pop("/api/v1/pop/queue/f/partition/p?batch=3")
+        .await
+        .expect("messages");
+    env.ack_all(&pop, "completed", None).await;
+    let consumed = scrape(&env.http, &base).await;
+    for kind in ["pop", "ack"] {
+        assert_eq!(get(&consumed, &stage("wait", kind, "count")), 1.0, "{kind}");
+        assert_eq!(
+            get(&consumed, &stage("batch", kind, "count")),
+            1.0,
+            "{kind}"
+        );
+        let all = format!("comb_fused_wait_seconds_bucket{{kind=\"{kind}\",le=\"+Inf\"}}");
+        assert_eq!(get(&consumed, &all), 1.0, "{kind}");
+    }
+}
+
 #[tokio::test]
 async fn message_counters_count_what_this_server_answered() {
     let env = Env::start_with(&["--push-workers", "2"]).await;
