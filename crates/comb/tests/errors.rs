@@ -244,6 +244,8 @@ async fn limits_on_body_and_batch() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // The rest of the body is left unread: the connection is not reused.
+    assert_eq!(r.headers()["connection"], "close");
     let (s, b) = env.get("/api/v1/pop/queue/q?batch=100000").await;
     assert_eq!(
         (s, b["code"].as_str()),

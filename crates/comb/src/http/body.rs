@@ -72,7 +72,7 @@ pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Problem>
 fn too_large(limit: usize) -> Problem {
     Problem::new(
         axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
+        super::problem::BODY_TOO_LARGE,
         format!("request body exceeds the limit of {limit} bytes"),
     )
 }

@@ -8,6 +8,9 @@ use serde_json::json;
 
 use crate::db::DbError;
 
+/// The code of a body refused for its size, part of which was left unread.
+pub const BODY_TOO_LARGE: &str = "body_too_large";
+
 /// An error answer.
 #[derive(Debug)]
 pub struct Problem {
@@ -96,6 +99,11 @@ impl IntoResponse for Problem {
         );
         if let Some(s) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.code == BODY_TOO_LARGE {
+            // The rest of the body was never read, so the connection cannot carry another
+            // request: say so, or the client may send its next one into the closing socket.
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }
