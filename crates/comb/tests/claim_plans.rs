@@ -167,11 +167,53 @@ async fn the_acks_reads_planned_on_young_tables_read_by_index() {
             format!("ARRAY['{partition}']::uuid[], ARRAY['fill-4000']::text[]"),
         ),
         ("the cursor lock", ack::LOCK_SQL, cursor.clone()),
-        ("the state read", ack::STATE_SQL, cursor),
+        ("the state read", ack::STATE_SQL, cursor.clone()),
+        (
+            "the state read with the delivered range",
+            ack::ACK_STATE_SQL,
+            cursor,
+        ),
     ];
     for (what, statement, args) in reads {
         let plan = plan_after_filling(&env, ack::BEGIN, statement, &args);
         assert!(plan.contains("(actual rows=1 loops=1)"), "{what}:\n{plan}");
         assert_read_by_index(what, &plan);
     }
+}
+
+#[tokio::test]
+async fn an_ack_reads_only_the_start_of_a_large_delivered_range() {
+    let env = Env::start().await;
+    young_queue(&env).await;
+    let (partition, group) = ids(&env);
+    // The partition's next FILL messages, all handed out under one lease.
+    let plan = env.sql(&format!(
+        "{begin};
+         INSERT INTO comb.messages
+             (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
+         SELECT '{partition}', 1 + g, (SELECT max(seg) FROM comb.segments), gen_random_uuid(),
+                'fill-' || g, '{{}}', now()
+         FROM generate_series(1, {FILL}) g;
+         INSERT INTO comb.cursor_states
+             (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, lease_id,
+              lease_expires_at, lease_upto)
+         SELECT s.partition_id, s.consumer_group, (SELECT max(gen) FROM comb.cursor_gens),
+                s.ver + 1, s.cursor_pos, s.cursor_seg, gen_random_uuid(),
+                now() + interval '1 minute', s.cursor_pos + {FILL}
+         FROM comb.cursor_state('{partition}', '{group}') s;
+         PREPARE s AS {statement};
+         EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
+             EXECUTE s(ARRAY['{partition}']::uuid[], ARRAY['{group}']::text[])",
+        begin = ack::BEGIN,
+        statement = ack::ACK_STATE_SQL,
+    ));
+    assert!(plan.contains("(actual rows=1 loops=1)"), "{plan}");
+    assert_read_by_index("the state read with the delivered range", &plan);
+    // One ack reads the first ten messages of the range (2 per ack, 8 more), by index.
+    let read: u32 = executed_nodes(&plan)
+        .iter()
+        .filter(|(node, _)| node.contains("on messages_1 "))
+        .map(|(node, _)| actual(node, "rows="))
+        .sum();
+    assert_eq!(read, 10, "{plan}");
 }

@@ -149,3 +149,82 @@ async fn a_waiting_pop_answers_204_at_its_timeout() {
     assert_eq!(s, StatusCode::NO_CONTENT);
     assert!(started.elapsed() >= Duration::from_millis(300));
 }
+
+#[tokio::test]
+async fn acks_find_their_messages_anywhere_in_a_large_lease_and_outside_it() {
+    let env = Env::start().await;
+    let items: Vec<_> = (1..=100)
+        .map(|n| json!({"queue": "big", "partition": "p", "payload": {"n": n}}))
+        .collect();
+    env.push(json!(items)).await;
+    let pop = env
+        .pop("/api/v1/pop/queue/big?batch=100")
+        .await
+        .expect("messages");
+    let messages = pop["messages"].as_array().unwrap().clone();
+    assert_eq!(numbers(&pop), (1..=100).collect::<Vec<_>>());
+    let ack = |m: &serde_json::Value| {
+        json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+               "leaseId": m["leaseId"], "status": "completed"})
+    };
+    let batch = |acks: Vec<serde_json::Value>| {
+        let env = &env;
+        async move {
+            let (s, body) = env
+                .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
+                .await;
+            assert_eq!(s, StatusCode::OK, "{body}");
+            body.as_array().unwrap().clone()
+        }
+    };
+
+    // One message far ahead of the position, alone.
+    let far = batch(vec![ack(&messages[89])]).await;
+    assert_eq!(far[0]["success"], true, "{far:?}");
+    // The first ten, then every message in reverse order (acking again changes nothing).
+    let first: Vec<_> = messages[..10].iter().map(ack).collect();
+    let answers = batch(first).await;
+    assert!(answers.iter().all(|a| a["success"] == true), "{answers:?}");
+    assert_eq!(env.sql("SELECT cursor_pos FROM comb.cursors_now"), "10");
+
+    // A message pushed after the pop was never handed out; another never existed.
+    let later = env
+        .push(
+            json!([{"queue": "big", "partition": "p", "payload": {"n": 101},
+                       "transactionId": "later"}]),
+        )
+        .await;
+    let mut rest: Vec<_> = messages.iter().rev().map(ack).collect();
+    let lease = pop["leaseId"].clone();
+    let pid = later[0]["partition_id"].clone();
+    rest.push(
+        json!({"transactionId": "later", "partitionId": pid, "leaseId": lease,
+                     "status": "completed"}),
+    );
+    rest.push(
+        json!({"transactionId": "never", "partitionId": pid, "leaseId": lease,
+                     "status": "completed"}),
+    );
+    let answers = batch(rest).await;
+    assert!(
+        answers[..100].iter().all(|a| a["success"] == true),
+        "{answers:?}"
+    );
+    let refused = |a: &serde_json::Value| a["error"].as_str().unwrap_or("").to_string();
+    assert!(
+        refused(&answers[100]).starts_with("message_not_delivered"),
+        "{answers:?}"
+    );
+    assert!(
+        refused(&answers[101]).starts_with("message_not_found"),
+        "{answers:?}"
+    );
+    // In reverse order, the ack of message 11 closes the run (1–10 and 90 were settled).
+    let released: Vec<usize> = (0..answers.len())
+        .filter(|&k| answers[k]["leaseReleased"] == true)
+        .collect();
+    assert_eq!(released, vec![89]);
+    assert_eq!(env.sql("SELECT cursor_pos FROM comb.cursors_now"), "100");
+    let next = env.pop("/api/v1/pop/queue/big?batch=100").await.unwrap();
+    assert_eq!(numbers(&next), vec![101]);
+}
