@@ -176,20 +176,25 @@ WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = 
 /// Second half of a claim, run once the cursors are locked (so its snapshot sees every
 /// version written before): read the latest state again, read the next `batch` unsettled
 /// messages of each partition once, and write the cursor's next version with the lease (or,
-/// with auto-ack, with the position moved past what was handed out).
+/// with auto-ack, with the position moved past what was handed out). Per-partition figures
+/// (name, lease) are joined to the messages once per partition, and rows come back in no
+/// particular order ([`claims_from_rows`] groups them): sorting the handed-out payloads
+/// again, and looking up a partition's name for each of them, cost a third of the
+/// statement.
 pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "
 WITH q AS ({QUEUE_OPTIONS}),
 st AS MATERIALIZED (
-    SELECT s.*
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id) AS name
     FROM unnest($3::uuid[]) AS c(partition_id)
     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, $2) s
     WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
 msgs AS MATERIALIZED (
     SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
-           m.created_at
+           m.created_at,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
     FROM st
     CROSS JOIN q
     CROSS JOIN LATERAL (
@@ -229,15 +234,16 @@ claimed AS (
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
     RETURNING partition_id, lease_id, lease_expires_at
+),
+leased AS MATERIALIZED (
+    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
+    FROM claimed cl
+    JOIN st ON st.partition_id = cl.partition_id
 )
-SELECT cl.partition_id, p.name, cl.lease_id, cl.lease_expires_at,
-       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
-       1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
-FROM claimed cl
-JOIN st ON st.partition_id = cl.partition_id
-JOIN comb.partitions p ON p.id = cl.partition_id
-JOIN msgs m ON m.partition_id = cl.partition_id
-ORDER BY cl.partition_id, m.pos"
+SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt
+FROM msgs m
+JOIN leased l ON l.partition_id = m.partition_id"
     )
 });
 
@@ -515,19 +521,26 @@ async fn claim_once(
     // A failed claim makes the pipelined COMMIT roll back.
     let rows = rows?;
     commit?;
-    let mut claims: Vec<Claim> = Vec::new();
+    Ok(Walk {
+        claims: claims_from_rows(&rows),
+        expired,
+        passed_held,
+    })
+}
+
+/// The claims of [`CLAIM_SQL`]'s rows, which come in no particular order: one per partition,
+/// in partition id order, each with its messages in position order.
+fn claims_from_rows(rows: &[tokio_postgres::Row]) -> Vec<Claim> {
+    let mut by_partition: HashMap<Uuid, Claim> = HashMap::new();
     for r in rows {
         let partition_id: Uuid = r.get(0);
-        if claims.last().is_none_or(|c| c.partition_id != partition_id) {
-            claims.push(Claim {
-                partition_id,
-                partition: r.get(1),
-                lease_id: r.get(2),
-                lease_expires_at: r.get(3),
-                messages: Vec::new(),
-            });
-        }
-        let claim = claims.last_mut().expect("pushed above");
+        let claim = by_partition.entry(partition_id).or_insert_with(|| Claim {
+            partition_id,
+            partition: r.get(1),
+            lease_id: r.get(2),
+            lease_expires_at: r.get(3),
+            messages: Vec::new(),
+        });
         claim.messages.push(Delivered {
             pos: r.get(4),
             message_id: r.get(5),
@@ -538,11 +551,12 @@ async fn claim_once(
             attempt: r.get(10),
         });
     }
-    Ok(Walk {
-        claims,
-        expired,
-        passed_held,
-    })
+    let mut claims: Vec<Claim> = by_partition.into_values().collect();
+    claims.sort_unstable_by_key(|c| c.partition_id);
+    for c in &mut claims {
+        c.messages.sort_unstable_by_key(|m| m.pos);
+    }
+    claims
 }
 
 /// Ends a transaction that failed part-way (see [`db::roll_back`]) and hands back the error

@@ -149,8 +149,17 @@ async fn the_claim_planned_on_young_tables_reads_by_index() {
         format!("'{queue}', '{group}', ARRAY['{partition}']::uuid[], 10, 30, false")
     })
     .await;
-    // The second run claims the first ten of the messages added after the first.
-    assert!(plan.starts_with("Sort (actual rows=10 "), "{plan}");
+    // The second run claims the first ten of the messages added after the first, and
+    // neither sorts them nor reads the partition's name once per message.
+    let top = plan.lines().next().unwrap_or("");
+    assert!(top.contains("(actual rows=10 loops=1)"), "{plan}");
+    assert!(!plan.contains("Sort Method"), "{plan}");
+    assert!(
+        plan.lines()
+            .filter(|l| l.contains("on partitions "))
+            .all(|l| l.contains("loops=1)")),
+        "{plan}"
+    );
     assert_read_by_index("the claim", &plan);
 }
 
