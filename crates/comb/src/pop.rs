@@ -141,18 +141,14 @@ seen AS (
                 WHERE m.partition_id = f.partition_id
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
                 ORDER BY m.pos LIMIT 1) IS NOT NULL
-           AND ((SELECT window_secs FROM q) = 0
-                OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
-                   <= now() - make_interval(secs => (SELECT window_secs FROM q)))
-           AND ((SELECT retention_secs FROM q) = 0
-                OR (SELECT h.at FROM comb.partition_head(f.partition_id) h)
-                   > now() - make_interval(secs => (SELECT retention_secs FROM q)))
-           AND ((SELECT delay_secs FROM q) = 0 OR (
-                SELECT m.created_at FROM comb.messages m
-                WHERE m.partition_id = f.partition_id
-                  AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
-                ORDER BY m.pos LIMIT 1)
-                <= now() - make_interval(secs => (SELECT delay_secs FROM q))))
+           -- windowBuffer, retentionSeconds and delayedProcessing, checked by a function
+           -- called only for queues that set one: inline, their plan nodes would be
+           -- initialised by every walk of every queue.
+           AND ((SELECT window_secs + retention_secs + delay_secs FROM q) = 0
+                OR comb.claimable_now(f.partition_id, f.cursor_pos, f.cursor_seg,
+                                      (SELECT window_secs FROM q),
+                                      (SELECT retention_secs FROM q),
+                                      (SELECT delay_secs FROM q))))
     LIMIT $4::bigint + $7::bigint
 ),
 cand AS (

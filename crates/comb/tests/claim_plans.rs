@@ -101,6 +101,8 @@ async fn the_candidate_walk_planned_on_young_tables_reads_by_index() {
     .await;
     // The walk found and locked a cursor with messages.
     assert!(plan.contains("LockRows (actual rows=1 "), "{plan}");
+    // The queue sets no time-based option, and its walk carries none of their head lookups.
+    assert!(!plan.contains("segment_partitions"), "{plan}");
     assert_read_by_index("the candidate walk", &plan);
     // Each cursor walked has its next message looked for once (in the first segment
     // table: the others are probed as often).

@@ -48,6 +48,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "newest_state_first",
         sql: include_str!("migrations/0006_newest_state_first.sql"),
     },
+    Migration {
+        version: 7,
+        name: "timed_walk",
+        sql: include_str!("migrations/0007_timed_walk.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
