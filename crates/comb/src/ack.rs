@@ -299,7 +299,8 @@ JOIN comb.cursors c
 JOIN comb.queues q ON q.id = c.queue_id
 CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s";
 
-/// [`STATE_SQL`] for acks: each locked cursor's state, and the position, segment and
+/// [`STATE_SQL`] for acks, given each cursor once with the number of acks it receives: each
+/// locked cursor's state, and the position, segment and
 /// transaction id of its messages from just after its position up to the last one handed
 /// out, the acked messages among them. One ordered read of the primary key per cursor costs
 /// the database several times less than a descent of the transaction id index per acked
@@ -311,11 +312,14 @@ SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
        s.attempt_pos, s.attempt_cnt, s.lease_id,
        coalesce(s.lease_expires_at > now(), false), s.lease_upto,
        q.options, q.id, r.pos, r.seg, r.transaction_id
-FROM (SELECT partition_id, consumer_group, count(*) AS acks
-      FROM unnest($1::uuid[], $2::text[]) AS u(partition_id, consumer_group)
-      GROUP BY partition_id, consumer_group) AS u
-JOIN comb.cursors c
-  ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS u(partition_id, consumer_group, acks)
+-- One probe of the cursor's key each (LIMIT keeps the subquery from becoming a join the
+-- planner could answer by reading every cursor of the queue).
+CROSS JOIN LATERAL (
+    SELECT c.queue_id FROM comb.cursors c
+    WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+    LIMIT 1
+) c
 JOIN comb.queues q ON q.id = c.queue_id
 CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s
 CROSS JOIN LATERAL (
@@ -493,14 +497,24 @@ async fn judge<C: GenericClient>(
     items: &[&AckItem],
     strict: bool,
 ) -> Result<Judged, DbError> {
-    let pids: Vec<Uuid> = items.iter().map(|i| i.partition_id).collect();
-    let groups: Vec<&str> = items.iter().map(|i| i.group.as_str()).collect();
+    // Each cursor once, with its acks counted: a batch acks many messages of few cursors.
+    let mut acks: HashMap<(Uuid, &str), i64> = HashMap::new();
+    for i in items {
+        *acks.entry((i.partition_id, i.group.as_str())).or_default() += 1;
+    }
+    let pids: Vec<Uuid> = acks.keys().map(|k| k.0).collect();
+    let groups: Vec<&str> = acks.keys().map(|k| k.1).collect();
+    let counts: Vec<i64> = acks.values().copied().collect();
+    let mut partitions = pids.clone();
+    partitions.sort_unstable();
+    partitions.dedup();
     let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
-    let names_params: [&(dyn ToSql + Sync); 1] = [&pids];
+    let state_params: [&(dyn ToSql + Sync); 3] = [&pids, &groups, &counts];
+    let names_params: [&(dyn ToSql + Sync); 1] = [&partitions];
     // Pipelined: one round trip. The state is read after the lock statement has finished.
     let (lock, locked, named) = tokio::join!(
         tx.query(&statements.lock, &lock_params),
-        tx.query(&statements.state, &lock_params),
+        tx.query(&statements.state, &state_params),
         tx.query(&statements.names, &names_params),
     );
     lock?;

@@ -182,7 +182,7 @@ async fn the_acks_reads_planned_on_young_tables_read_by_index() {
         (
             "the state read with the delivered range",
             ack::ACK_STATE_SQL,
-            cursor,
+            format!("{cursor}, ARRAY[1]::bigint[]"),
         ),
     ];
     for (what, statement, args) in reads {
@@ -214,7 +214,7 @@ async fn an_ack_reads_only_the_start_of_a_large_delivered_range() {
          FROM comb.cursor_state('{partition}', '{group}') s;
          PREPARE s AS {statement};
          EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
-             EXECUTE s(ARRAY['{partition}']::uuid[], ARRAY['{group}']::text[])",
+             EXECUTE s(ARRAY['{partition}']::uuid[], ARRAY['{group}']::text[], ARRAY[1])",
         begin = ack::BEGIN,
         statement = ack::ACK_STATE_SQL,
     ));
