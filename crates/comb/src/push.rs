@@ -219,7 +219,7 @@ CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 /// Heads of the batch's partitions, the newest segment and the time to stamp, read after the
 /// lock for a batch the broker copies in. Which partitions still exist is what the lock
 /// returned, so the partition rows are not read again here.
-pub const HEADS_SQL: &str = concat!(
+const HEADS_SQL: &str = concat!(
     "
 SELECT p.id, ",
     head_pos!("p.id"),
@@ -227,11 +227,6 @@ SELECT p.id, ",
 FROM unnest($1::uuid[]) AS p(id)
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 );
-
-/// How a copied batch's transaction begins. Left to choose, the planner plans the heads
-/// statement anew for most batches of a few partitions (about 0.3 ms, three times what
-/// running it costs); its generic plan reads the same index entries.
-pub const BEGIN_COPY: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
 
 const COPY_SQL: &str = "COPY comb.messages
     (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
@@ -503,7 +498,7 @@ impl<'a> Plan<'a> {
         let pg: &tokio_postgres::Client = client;
         let params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
         let (begin, locked, heads, sink) = tokio::join!(
-            pg.batch_execute(BEGIN_COPY),
+            pg.batch_execute("BEGIN"),
             pg.query(&lock, &params),
             pg.query(&heads, &params),
             pg.copy_in::<_, Bytes>(&copy),

@@ -5,7 +5,7 @@
 
 mod common;
 
-use comb::{ack, pop, push};
+use comb::{ack, pop};
 use common::{Env, assert_scans_return_at_most};
 use serde_json::json;
 
@@ -227,25 +227,4 @@ async fn an_ack_reads_only_the_start_of_a_large_delivered_range() {
         .map(|(node, _)| actual(node, "rows="))
         .sum();
     assert_eq!(read, 10, "{plan}");
-}
-
-#[tokio::test]
-async fn a_copied_batch_plans_its_heads_once() {
-    let env = Env::start().await;
-    young_queue(&env).await;
-    let (partition, _) = ids(&env);
-    // Left to choose, PostgreSQL plans a statement anew for each of its first five runs and
-    // for most later ones of a few partitions; a copied batch's transaction asks for the
-    // generic plan from the first run on.
-    let runs = format!("EXECUTE s(ARRAY['{partition}']::uuid[]);\n").repeat(7);
-    let plans = env.sql(&format!(
-        "{begin};
-         PREPARE s AS {heads};
-         {runs}
-         SELECT generic_plans || ' ' || custom_plans FROM pg_prepared_statements
-         WHERE name = 's'",
-        begin = push::BEGIN_COPY,
-        heads = push::HEADS_SQL,
-    ));
-    assert_eq!(plans.lines().last(), Some("7 0"), "{plans}");
 }
