@@ -21,15 +21,12 @@ const FEW: u32 = 50;
 /// same plan.
 fn plan_after_filling(env: &Env, begin: &str, statement: &str, args: &str) -> String {
     let (partition, group) = ids(env);
+    let fill = fill_messages(&partition);
     env.sql(&format!(
         "{begin};
          PREPARE s AS {statement};
          EXECUTE s({args});
-         INSERT INTO comb.messages
-             (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
-         SELECT '{partition}', 1 + g, (SELECT max(seg) FROM comb.segments), gen_random_uuid(),
-                'fill-' || g, '{{}}', now()
-         FROM generate_series(1, {FILL}) g;
+         {fill}
          INSERT INTO comb.cursor_states
              (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg)
          SELECT s.partition_id, s.consumer_group, (SELECT max(gen) FROM comb.cursor_gens),
@@ -37,6 +34,17 @@ fn plan_after_filling(env: &Env, begin: &str, statement: &str, args: &str) -> St
          FROM comb.cursor_state('{partition}', '{group}') s, generate_series(1, {FILL}) g;
          EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE s({args})"
     ))
+}
+
+/// Stores `FILL` messages in the partition at positions 1..=FILL.
+fn fill_messages(partition: &str) -> String {
+    format!(
+        "INSERT INTO comb.messages
+             (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
+         SELECT '{partition}', 1 + g, (SELECT max(seg) FROM comb.segments), gen_random_uuid(),
+                'fill-' || g, '{{}}', now()
+         FROM generate_series(1, {FILL}) g;"
+    )
 }
 
 /// Partition `p`'s id and the queue-mode group's name.
@@ -198,13 +206,10 @@ async fn an_ack_reads_only_the_start_of_a_large_delivered_range() {
     young_queue(&env).await;
     let (partition, group) = ids(&env);
     // The partition's next FILL messages, all handed out under one lease.
+    let fill = fill_messages(&partition);
     let plan = env.sql(&format!(
         "{begin};
-         INSERT INTO comb.messages
-             (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
-         SELECT '{partition}', 1 + g, (SELECT max(seg) FROM comb.segments), gen_random_uuid(),
-                'fill-' || g, '{{}}', now()
-         FROM generate_series(1, {FILL}) g;
+         {fill}
          INSERT INTO comb.cursor_states
              (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, lease_id,
               lease_expires_at, lease_upto)
