@@ -287,17 +287,28 @@ WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
 ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED";
 
-/// The latest state of locked cursors, in the columns [`locked_cursors`] reads.
-pub const STATE_SQL: &str = "
+/// The columns [`locked_cursors`] reads, of a cursor's state `s` and its queue `q`, shared
+/// by the statements that read locked cursors.
+macro_rules! locked_columns {
+    () => {
+        "
 SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
        s.attempt_pos, s.attempt_cnt, s.lease_id,
        coalesce(s.lease_expires_at > now(), false), s.lease_upto,
-       q.options, q.id
+       q.options, q.id"
+    };
+}
+
+/// The latest state of locked cursors, in the columns [`locked_cursors`] reads.
+pub const STATE_SQL: &str = concat!(
+    locked_columns!(),
+    "
 FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS u(partition_id, consumer_group)
 JOIN comb.cursors c
   ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
 JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s";
+CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
+);
 
 /// [`STATE_SQL`] for acks, given each cursor once with the number of acks it receives: each
 /// locked cursor's state, and the position, segment and
@@ -307,11 +318,9 @@ CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s";
 /// message. The read stops a little beyond as many messages as the request acks on that
 /// cursor (and those already settled above its position), so acking one message of a large
 /// lease reads a few rows; acks not found there are looked up by [`LOOKUP_SQL`].
-pub const ACK_STATE_SQL: &str = "
-SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
-       s.attempt_pos, s.attempt_cnt, s.lease_id,
-       coalesce(s.lease_expires_at > now(), false), s.lease_upto,
-       q.options, q.id, r.pos, r.seg, r.transaction_id
+pub const ACK_STATE_SQL: &str = concat!(
+    locked_columns!(),
+    ", r.pos, r.seg, r.transaction_id
 FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS u(partition_id, consumer_group, acks)
 -- One probe of the cursor's key each (LIMIT keeps the subquery from becoming a join the
 -- planner could answer by reading every cursor of the queue).
@@ -331,7 +340,8 @@ CROSS JOIN LATERAL (
       AND m.pos <= least(s.lease_upto,
                          s.cursor_pos + 2 * u.acks + 8 + cardinality(s.settled))
       AND m.seg >= s.cursor_seg
-) r";
+) r"
+);
 
 const NAMES_SQL: &str = "
 SELECT p.id, p.name, q.name FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id

@@ -86,7 +86,7 @@ impl<J: Send + 'static> Fuser<J> {
             let stage = stage.clone();
             tokio::spawn(async move {
                 loop {
-                    let batch = {
+                    let (started, batch) = {
                         let mut rx = rx.lock().await;
                         let Some((queued, first)) = rx.recv().await else {
                             return;
@@ -109,7 +109,6 @@ impl<J: Send + 'static> Fuser<J> {
                         }
                         (started, batch)
                     };
-                    let (started, batch) = batch;
                     run(batch).await;
                     stage.ran.observe(started.elapsed());
                 }

@@ -73,11 +73,6 @@ impl Durations {
         self.sum_us
             .add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
     }
-
-    /// How many were counted.
-    pub fn count(&self) -> u64 {
-        self.buckets.iter().map(Counter::get).sum()
-    }
 }
 
 /// Where the time of one kind of fused request goes: waiting for a worker, then the

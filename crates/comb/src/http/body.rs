@@ -70,9 +70,13 @@ pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Problem>
 }
 
 fn too_large(limit: usize) -> Problem {
-    Problem::new(
-        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-        super::problem::BODY_TOO_LARGE,
-        format!("request body exceeds the limit of {limit} bytes"),
-    )
+    Problem {
+        // The rest of the body is left unread.
+        closes_connection: true,
+        ..Problem::new(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
+    }
 }

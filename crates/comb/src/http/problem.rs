@@ -8,9 +8,6 @@ use serde_json::json;
 
 use crate::db::DbError;
 
-/// The code of a body refused for its size, part of which was left unread.
-pub const BODY_TOO_LARGE: &str = "body_too_large";
-
 /// An error answer.
 #[derive(Debug)]
 pub struct Problem {
@@ -20,6 +17,9 @@ pub struct Problem {
     pub detail: String,
     /// Seconds, sent as `Retry-After` on 429 and 503.
     pub retry_after: Option<u64>,
+    /// Sent with `Connection: close`: the request was answered before its body was read
+    /// whole, so the connection cannot carry another request.
+    pub closes_connection: bool,
 }
 
 impl Problem {
@@ -30,6 +30,7 @@ impl Problem {
             code,
             detail: detail.into(),
             retry_after: None,
+            closes_connection: false,
         }
     }
 
@@ -100,9 +101,8 @@ impl IntoResponse for Problem {
         if let Some(s) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
-        if self.code == BODY_TOO_LARGE {
-            // The rest of the body was never read, so the connection cannot carry another
-            // request: say so, or the client may send its next one into the closing socket.
+        if self.closes_connection {
+            // Said, or the client may send its next request into the closing socket.
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
