@@ -105,9 +105,8 @@ fuzz:
 
 bench-xmin:
 	scripts/install-postgres.sh
-	cargo build --release -p comb
-	cargo build --release -p comb-bench --bin comb-bench-xmin
-	target/release/comb-bench-xmin --command "make bench-xmin" \
+	cargo build --release -p comb -p comb-bench
+	target/release/comb-bench xmin --command "make bench-xmin" \
 		--json bench/results/xmin.json --doc docs/benchmarks.md $(BENCH_ARGS)
 
 # A 30-minute soak (about 35 minutes in all): the peak delivered rate measured first, then
@@ -121,7 +120,6 @@ bench-xmin:
 
 bench-soak:
 	scripts/install-postgres.sh
-	cargo build --release -p comb
-	cargo build --release -p comb-bench --bin comb-bench-soak
-	target/release/comb-bench-soak --command "make bench-soak" \
+	cargo build --release -p comb -p comb-bench
+	target/release/comb-bench soak --command "make bench-soak" \
 		--json bench/results/soak.json --doc docs/benchmarks.md $(BENCH_ARGS)
