@@ -1,6 +1,6 @@
 //! The long runs, `comb-bench xmin` ([`xmin`]) and `comb-bench soak` ([`soak`]): many
 //! minutes of load, sampled as they go, each ending in a printed report, a JSON file and its
-//! own section of `docs/benchmarks.md`.
+//! own section of `docs/long-runs.md`.
 //!
 //! They share one skeleton, kept here so that they cannot drift apart: the flags every long
 //! run takes ([`Common`]); a cluster their records describe and a `comb serve` with short
@@ -400,6 +400,34 @@ mod tests {
         assert_eq!(i.e2e.len(), 1);
         let i = c.interval(&mut mark);
         assert_eq!((i.pushed, i.delivered, i.e2e.len()), (0, 0, 0));
+    }
+
+    /// `make bench`, `make bench-xmin` and `make bench-soak` rewrite sections of these pages;
+    /// a page that lost a writer's markers would get a second copy of the section at its end.
+    #[test]
+    fn the_pages_hold_every_writers_markers() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let makefile = std::fs::read_to_string(root.join("Makefile")).unwrap();
+        let pages = [
+            ("docs/benchmarks.md", report::BEGIN, report::END),
+            (
+                "docs/long-runs.md",
+                xmin::XMIN_SECTION.begin,
+                xmin::XMIN_SECTION.end,
+            ),
+            (
+                "docs/long-runs.md",
+                soak::SOAK_SECTION.begin,
+                soak::SOAK_SECTION.end,
+            ),
+        ];
+        for (page, begin, end) in pages {
+            assert!(makefile.contains(&format!("--doc {page}")), "{page}");
+            let text = std::fs::read_to_string(root.join(page)).unwrap();
+            assert_eq!(text.matches(begin).count(), 1, "{page}: {begin}");
+            assert_eq!(text.matches(end).count(), 1, "{page}: {end}");
+            assert!(text.find(begin) < text.find(end), "{page}: {begin}");
+        }
     }
 
     #[test]

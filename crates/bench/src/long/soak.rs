@@ -1,5 +1,5 @@
 //! `comb-bench soak`: a long run at a fixed share of the measured peak with retention on
-//! (`make bench-soak`, see "Soak" in `docs/benchmarks.md`).
+//! (`make bench-soak`, see "Soak" in `docs/long-runs.md`).
 //!
 //! Short cells cannot show slow growth: storage that retention never gets back, tables that
 //! bloat under in-place updates, a backlog that creeps up. This run looks for it. One
@@ -101,7 +101,7 @@ const FLAT_HORIZON_MIN: f64 = 30.0;
 /// How much of the mean size the slope may add or remove over [`FLAT_HORIZON_MIN`].
 const FLAT_SHARE: f64 = 0.10;
 
-const SOAK_SECTION: Section = Section {
+pub(crate) const SOAK_SECTION: Section = Section {
     heading: "## Soak (make bench-soak)",
     begin: "<!-- soak:begin (written by comb-bench soak; edit outside these markers) -->",
     end: "<!-- soak:end -->",

@@ -1,5 +1,5 @@
 //! `comb-bench xmin`: Comb and the SKIP LOCKED peer under a held snapshot (`make bench-xmin`,
-//! see "Held snapshot" in `docs/benchmarks.md`).
+//! see "Held snapshot" in `docs/long-runs.md`).
 //!
 //! One PostgreSQL cluster with the suite's durable settings and autovacuum at its defaults.
 //! Comb and the SKIP LOCKED table run at the same time, each in a database of its own, each at
@@ -767,7 +767,7 @@ impl Sampler {
 }
 
 /// The held-snapshot section of the benchmarks page.
-const XMIN_SECTION: Section = Section {
+pub(crate) const XMIN_SECTION: Section = Section {
     heading: "## Held snapshot (make bench-xmin)",
     begin: "<!-- xmin:begin (written by comb-bench xmin; edit outside these markers) -->",
     end: "<!-- xmin:end -->",
