@@ -4,7 +4,7 @@
 //! Defect 7 (dead-letter requeue) and the seek part of 10 are about administration routes,
 //! which are covered where those are built.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! answered, maintenance counters that match what the leader recorded in the database, and
 //! a leader gauge set on exactly one of the servers sharing a database.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
-//! `comb-bench-soak`: a long run at a fixed share of the measured peak with retention on
-//! (`make bench-soak`, see "Soak" in `docs/benchmarks.md`).
+//! `comb-bench soak`: a long run at a fixed share of the measured peak with retention on
+//! (`make bench-soak`, see "Soak" in `docs/long-runs.md`).
 //!
 //! Short cells cannot show slow growth: storage that retention never gets back, tables that
 //! bloat under in-place updates, a backlog that creeps up. This run looks for it. One
@@ -16,32 +16,27 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use comb_bench::http::BoxError;
-use comb_bench::load::{self, Rate};
-use comb_bench::long::{self, Cluster, Finished, Outputs};
-use comb_bench::meter::{Meter, Snapshot, usage};
-use comb_bench::peers;
-use comb_bench::report::{Check, Section, Verdict, align, checks_text, machine, num};
-use comb_bench::stats::{Window, histogram, mean, quantile_ms, slope};
-use comb_bench::tables::{is_message_table, tables};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio_postgres::Client;
 
+use super::{Common, Counters, Finished, Mark, Session, block_on, machine_load, ticks};
+use crate::http::BoxError;
+use crate::load::{self, Rate};
+use crate::meter::{Meter, Snapshot, usage};
+use crate::peers;
+use crate::report::{Check, Section, Verdict, align, checks_text, num};
+use crate::stats::{Window, histogram, mean, quantile_ms, slope};
+use crate::tables::{is_message_table, tables};
+
 /// Measures the peak delivered rate, then runs a fixed-rate soak at a share of it with
 /// retention on, and judges whether Comb's storage stays flat.
-#[derive(Debug, Parser)]
-#[command(name = "comb-bench-soak")]
-struct Args {
-    /// The `comb` binary to run (a release build).
-    #[arg(long, default_value = "target/release/comb")]
-    comb: PathBuf,
+#[derive(Debug, clap::Args)]
+pub struct Args {
     /// Seconds of the fixed-rate soak.
     #[arg(long, default_value_t = 1800.0)]
     duration_s: f64,
@@ -96,12 +91,9 @@ struct Args {
     /// `completedRetentionSeconds` of the queue.
     #[arg(long, default_value_t = 120)]
     completed_retention_s: u64,
-    /// Extra flag for `comb serve` (repeatable).
-    #[arg(long = "comb-arg", allow_hyphen_values = true)]
-    comb_args: Vec<String>,
-    /// JSON file (summary and samples), page section and record.
+    /// The server, the JSON file (summary and samples), the page section and the record.
     #[command(flatten)]
-    out: Outputs,
+    common: Common,
 }
 
 /// The horizon over which the fitted slope must stay small.
@@ -109,19 +101,11 @@ const FLAT_HORIZON_MIN: f64 = 30.0;
 /// How much of the mean size the slope may add or remove over [`FLAT_HORIZON_MIN`].
 const FLAT_SHARE: f64 = 0.10;
 
-const SOAK_SECTION: Section = Section {
+pub(crate) const SOAK_SECTION: Section = Section {
     heading: "## Soak (make bench-soak)",
-    begin: "<!-- soak:begin (written by comb-bench-soak; edit outside these markers) -->",
+    begin: "<!-- soak:begin (written by comb-bench soak; edit outside these markers) -->",
     end: "<!-- soak:end -->",
 };
-
-fn main() {
-    let args = Args::parse();
-    if let Err(e) = run(args) {
-        eprintln!("comb-bench-soak: {e}");
-        std::process::exit(1);
-    }
-}
 
 /// Lengths and server settings of one run after `--smoke` is applied.
 #[derive(Debug, Clone, Copy)]
@@ -185,33 +169,24 @@ fn setup(args: &Args) -> Result<Setup, BoxError> {
     })
 }
 
-fn run(args: Args) -> Result<(), BoxError> {
+/// Runs the soak and writes its records.
+pub fn run(args: Args) -> Result<(), BoxError> {
     let setup = setup(&args)?;
-    long::require_comb(&args.comb)?;
-    let started = Instant::now();
-    let commit = args.out.commit();
-    let cluster = Cluster::start(&[])?;
-    let url = cluster.pg.create_database("soak")?;
-    let server = long::start_comb(
-        &args.comb,
+    let session = Session::start(&args.common, true, &[])?;
+    let url = session.cluster.pg.create_database("soak")?;
+    let server = session.serve(
+        &args.common,
         &url,
         setup.segment_seconds,
         setup.maintenance_ms,
-        &args.comb_args,
     )?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let out = rt.block_on(measure(&args, &setup, &url, server.addr(), server.pid()))?;
+    let out = block_on(measure(&args, &setup, &url, server.addr(), server.pid()))??;
     drop(server);
 
     let summary = summarize(&args, &setup, &out);
     let report = render(&args, &setup, &out, &summary);
-    let machine = format!(
-        "{}; shared with other processes, whose CPU use shows in the `other` column",
-        machine()
-    );
-    args.out.finish(
+    session.finish(
+        &args.common.out,
         args.smoke,
         Finished {
             report: &report,
@@ -220,10 +195,6 @@ fn run(args: Args) -> Result<(), BoxError> {
                 samples: &out.samples,
             },
             section: &SOAK_SECTION,
-            machine: &machine,
-            cluster: &cluster,
-            commit: &commit,
-            started,
         },
     )
 }
@@ -276,9 +247,7 @@ struct Sample {
 
 /// Counters the load updates while it runs.
 struct Live {
-    pushed: Arc<AtomicU64>,
-    delivered: Arc<AtomicU64>,
-    e2e: Arc<Mutex<Histogram<u64>>>,
+    counters: Counters,
     consumer_errors: Arc<AtomicU64>,
 }
 
@@ -311,8 +280,7 @@ struct Sampler {
     origin: Instant,
     at: Instant,
     snapshot: Snapshot,
-    pushed: u64,
-    delivered: u64,
+    mark: Mark,
     segments_seen: BTreeSet<String>,
 }
 
@@ -325,8 +293,7 @@ impl Sampler {
             origin: Instant::now(),
             at: Instant::now(),
             snapshot,
-            pushed: 0,
-            delivered: 0,
+            mark: Mark::default(),
             segments_seen: BTreeSet::new(),
         };
         s.restart(live).await;
@@ -338,9 +305,7 @@ impl Sampler {
         self.origin = Instant::now();
         self.at = self.origin;
         self.snapshot = self.meter.snapshot().await;
-        self.pushed = live.pushed.load(Ordering::Relaxed);
-        self.delivered = live.delivered.load(Ordering::Relaxed);
-        *live.e2e.lock().expect("not poisoned") = histogram();
+        self.mark = live.counters.mark();
     }
 
     fn t(&self) -> f64 {
@@ -351,13 +316,7 @@ impl Sampler {
         let now = Instant::now();
         let secs = (now - self.at).as_secs_f64().max(1e-3);
         self.at = now;
-        let pushed = live.pushed.load(Ordering::Relaxed);
-        let delivered = live.delivered.load(Ordering::Relaxed);
-        let d_pushed = pushed.saturating_sub(self.pushed);
-        let d_delivered = delivered.saturating_sub(self.delivered);
-        self.pushed = pushed;
-        self.delivered = delivered;
-        let h = std::mem::replace(&mut *live.e2e.lock().expect("not poisoned"), histogram());
+        let interval = live.counters.interval(&mut self.mark);
         let snapshot = self.meter.snapshot().await;
         let u = usage(&self.snapshot, &snapshot);
         self.snapshot = snapshot;
@@ -371,10 +330,10 @@ impl Sampler {
             phase,
             t_s: ((now - self.origin).as_secs_f64() * 10.0).round() / 10.0,
             interval_s: (secs * 10.0).round() / 10.0,
-            pushed_per_sec: d_pushed as f64 / secs,
-            delivered_per_sec: d_delivered as f64 / secs,
-            e2e_p99_ms: quantile_ms(&h, 0.99),
-            backlog: pushed as i64 - delivered as i64,
+            pushed_per_sec: interval.pushed as f64 / secs,
+            delivered_per_sec: interval.delivered as f64 / secs,
+            e2e_p99_ms: quantile_ms(&interval.e2e, 0.99),
+            backlog: interval.backlog,
             total_bytes: stats.iter().map(|t| t.total_bytes).sum(),
             message_bytes: messages.iter().map(|t| t.total_bytes).sum(),
             segment_tables: messages.len(),
@@ -386,7 +345,7 @@ impl Sampler {
             machine_busy: u.machine_busy,
         };
         if phase == "soak" {
-            out.soak_e2e.add(&h).expect("same bounds");
+            out.soak_e2e.add(&interval.e2e).expect("same bounds");
         }
         eprintln!(
             "  {:>6.0} s {:<5} push {:>6.0}/s delivered {:>6.0}/s e2e p99 {:>7} ms backlog {:>7} \
@@ -416,15 +375,9 @@ impl Sampler {
         out: &mut Outcome,
     ) {
         let start = Instant::now();
-        let mut k = 1u32;
-        loop {
-            let next = (start + Duration::from_secs_f64(sample * k as f64)).min(end);
-            tokio::time::sleep_until(next.into()).await;
+        for t in ticks((end - start).as_secs_f64(), sample) {
+            tokio::time::sleep_until((start + Duration::from_secs_f64(t)).into()).await;
             self.sample(live, phase, out).await;
-            if next >= end {
-                break;
-            }
-            k += 1;
         }
     }
 }
@@ -447,9 +400,7 @@ async fn measure(
     stats.batch_execute("ANALYZE; CHECKPOINT").await?;
     let meter = Meter::new(Some(pid), peers::connect(url).await?).await?;
     let live = Live {
-        pushed: Arc::new(AtomicU64::new(filled)),
-        delivered: Arc::new(AtomicU64::new(0)),
-        e2e: Arc::new(Mutex::new(histogram())),
+        counters: Counters::new(filled),
         consumer_errors: Arc::new(AtomicU64::new(0)),
     };
     let mut out = Outcome {
@@ -479,8 +430,8 @@ async fn measure(
                 addr,
                 args.batch,
                 latest_end,
-                live.delivered.clone(),
-                live.e2e.clone(),
+                live.counters.delivered.clone(),
+                live.counters.e2e.clone(),
                 live.consumer_errors.clone(),
             ))
         })
@@ -503,21 +454,21 @@ async fn measure(
             1,
             args.partitions,
             window,
-            live.pushed.clone(),
+            live.counters.pushed.clone(),
         );
         let watch = async {
             tokio::time::sleep_until(window.start.into()).await;
             sampler.restart(&live).await;
             let (p0, d0) = (
-                live.pushed.load(Ordering::Relaxed),
-                live.delivered.load(Ordering::Relaxed),
+                live.counters.pushed.load(Ordering::Relaxed),
+                live.counters.delivered.load(Ordering::Relaxed),
             );
             sampler
                 .until(&live, window.end, setup.sample, "peak", &mut out)
                 .await;
             let (p1, d1) = (
-                live.pushed.load(Ordering::Relaxed),
-                live.delivered.load(Ordering::Relaxed),
+                live.counters.pushed.load(Ordering::Relaxed),
+                live.counters.delivered.load(Ordering::Relaxed),
             );
             (
                 (p1 - p0) as f64 / window.secs(),
@@ -544,9 +495,10 @@ async fn measure(
         let mut last_sample = drain_start;
         loop {
             let backlog = live
+                .counters
                 .pushed
                 .load(Ordering::Relaxed)
-                .saturating_sub(live.delivered.load(Ordering::Relaxed));
+                .saturating_sub(live.counters.delivered.load(Ordering::Relaxed));
             let now = Instant::now();
             if backlog as f64 <= out.offered || now >= drain_end {
                 break;
@@ -578,7 +530,7 @@ async fn measure(
         conns: args.producers,
         partitions: args.partitions,
     };
-    let producers = load::open_push(addr, rate, window, live.pushed.clone());
+    let producers = load::open_push(addr, rate, window, live.counters.pushed.clone());
     let watch = sampler.until(&live, window.end, setup.sample, "soak", &mut out);
     let (tally, ()) = tokio::join!(producers, watch);
     out.push_errors += tally.errors;
@@ -928,7 +880,7 @@ fn render(args: &Args, setup: &Setup, out: &Outcome, sum: &Summary) -> String {
     );
     let busy: Vec<f64> = out.samples.iter().map(|x| x.machine_busy).collect();
     let other: Vec<f64> = out.samples.iter().map(|x| x.other_cpu_cores).collect();
-    let _ = writeln!(s, "{}\n", long::machine_load(&busy, &other));
+    let _ = writeln!(s, "{}\n", machine_load(&busy, &other));
 
     let checks = [
         Check {
@@ -978,6 +930,18 @@ fn signed_pct(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    /// `comb-bench soak`'s flags alone.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse<const N: usize>(argv: [&str; N]) -> Args {
+        Cli::parse_from(argv).args
+    }
 
     fn sample(phase: &'static str, t_s: f64, total: i64, message: i64) -> Sample {
         Sample {
@@ -1022,7 +986,7 @@ mod tests {
     }
 
     fn args() -> Args {
-        Args::parse_from(["comb-bench-soak", "--duration-s", "300"])
+        parse(["soak", "--duration-s", "300"])
     }
 
     #[test]
@@ -1070,7 +1034,7 @@ mod tests {
 
     #[test]
     fn the_retention_window_adds_a_segment_and_three_cycles() {
-        let args = Args::parse_from(["comb-bench-soak", "--smoke"]);
+        let args = parse(["soak", "--smoke"]);
         let setup = setup(&args).unwrap();
         assert_eq!(setup.retention_window_s(), 30.0 + 20.0 + 6.0);
     }

@@ -2,7 +2,7 @@
 //! then stays with its consumer past the original end; an ended lease is never revived; bad
 //! ids and bad durations are refused.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

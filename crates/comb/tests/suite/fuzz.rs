@@ -3,7 +3,7 @@
 //! error, no refused request changing the database, and the server healthy afterwards. The
 //! long run is `comb-audit fuzz` in `make chaos`.
 
-mod common;
+use crate::common;
 
 use comb_harness::Postgres;
 

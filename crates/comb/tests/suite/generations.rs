@@ -4,7 +4,7 @@
 //! lose nothing, deleted queues leave nothing behind, and no row is ever updated or deleted.
 //! Partition heads, no longer stored, outlive the segments their messages were in.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@
 //! The servers run with a periodic re-check of one minute, so only a wake-up can answer these
 //! pops early.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

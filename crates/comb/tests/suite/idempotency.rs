@@ -1,6 +1,6 @@
 //! Guarantee 5: a transaction id is stored once per partition.
 
-mod common;
+use crate::common;
 
 use common::Env;
 use serde_json::json;

@@ -6,7 +6,7 @@
 //! consumer's position and is never delivered. Positions in Comb are assigned under the
 //! partition lock, so commit order and position order agree.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

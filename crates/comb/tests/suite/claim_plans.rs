@@ -3,7 +3,7 @@
 //! cursor's state, a partition's next messages and an acked message's position are a few
 //! index entries, however many rows the generation, the segment and the queue hold.
 
-mod common;
+use crate::common;
 
 use comb::{ack, pop};
 use common::{Env, assert_scans_return_at_most};

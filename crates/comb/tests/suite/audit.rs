@@ -4,7 +4,7 @@
 //! may not exceed what was in flight when the server died. The long scenarios run in
 //! `make chaos` (`comb-audit chaos`).
 
-mod common;
+use crate::common;
 
 use comb_harness::Postgres;
 

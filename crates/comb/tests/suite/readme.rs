@@ -1,7 +1,7 @@
 //! The README's first session, replayed command by command against a fresh server: what a
 //! newcomer types and what they see must stay true. Ids and times are compared by shape.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
@@ -10,7 +10,7 @@ use regex::Regex;
 
 /// The commands and expected outputs of the README's `console` block under "A first session".
 fn session() -> Vec<(String, String)> {
-    let readme = include_str!("../../../README.md");
+    let readme = include_str!("../../../../README.md");
     let start = readme
         .find("## A first session")
         .expect("README has a first session");

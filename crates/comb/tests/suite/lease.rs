@@ -1,7 +1,7 @@
 //! Leases: a leased partition is invisible to the rest of the group until the lease ends;
 //! then its unacked messages come back, in order.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! every queue and every consumer group has let go of; `maxWaitTimeSeconds` dead-letters;
 //! maintenance runs once per cluster; a drop that cannot get its lock gives way to traffic.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Resource limits: past the cap on connections or on waiting pops, clients get a clear
 //! 503 or 429 with `Retry-After` instead of the server growing without bound.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

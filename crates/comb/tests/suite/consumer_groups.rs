@@ -3,7 +3,7 @@
 //! after a group subscribed are read in full by it. Consumers that name no group share the
 //! one reserved group `__QUEUE_MODE__` and split the messages between them.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! `comb-bench-xmin`: Comb and the SKIP LOCKED peer under a held snapshot (`make bench-xmin`,
-//! see "Held snapshot" in `docs/benchmarks.md`).
+//! `comb-bench xmin`: Comb and the SKIP LOCKED peer under a held snapshot (`make bench-xmin`,
+//! see "Held snapshot" in `docs/long-runs.md`).
 //!
 //! One PostgreSQL cluster with the suite's durable settings and autovacuum at its defaults.
 //! Comb and the SKIP LOCKED table run at the same time, each in a database of its own, each at
@@ -14,33 +14,29 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use comb_bench::http::BoxError;
-use comb_bench::load::{self, Rate};
-use comb_bench::long::{self, Cluster, Finished, Outputs};
-use comb_bench::peers::{self, SKIP_LOCKED_SCHEMA};
-use comb_bench::procstat;
-use comb_bench::profile;
-use comb_bench::report::{Check, Section, Verdict, align, checks_text, cpu_model, num, shell};
-use comb_bench::stats::{Window, histogram, mean, now_us, quantile_ms};
-use comb_bench::tables::{TableStat, is_message_table, tables};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
+use super::{Common, Counters, Finished, Mark, Session, block_on, machine_load, ticks};
+use crate::http::BoxError;
+use crate::load::{self, Rate};
+use crate::meter::{Meter, Snapshot, usage};
+use crate::peers::{self, DEQUEUE_SQL, ENQUEUE_SQL, SKIP_LOCKED_SCHEMA};
+use crate::procstat;
+use crate::profile;
+use crate::report::{Check, Section, Verdict, align, checks_text, num};
+use crate::stats::{Window, histogram, mean, now_us, quantile_ms};
+use crate::tables::{TableStat, is_message_table, tables};
+
 /// Runs Comb and the SKIP LOCKED peer side by side through a clean phase, a phase with a
 /// `REPEATABLE READ` snapshot held open in each database, and a phase after its release.
-#[derive(Debug, Parser)]
-#[command(name = "comb-bench-xmin")]
-struct Args {
-    /// The `comb` binary to run (a release build).
-    #[arg(long, default_value = "target/release/comb")]
-    comb: PathBuf,
+#[derive(Debug, clap::Args)]
+pub struct Args {
     /// Offered rate of each system, messages per second (one message per push / INSERT).
     #[arg(long, default_value_t = 300.0)]
     rate: f64,
@@ -87,9 +83,6 @@ struct Args {
     /// `retentionSeconds` of the queue.
     #[arg(long, default_value_t = 120)]
     retention_s: u64,
-    /// Extra flag for `comb serve` (repeatable).
-    #[arg(long = "comb-arg", allow_hyphen_values = true)]
-    comb_args: Vec<String>,
     /// SKIP LOCKED enqueue connections sharing the fixed-rate schedule.
     #[arg(long, default_value_t = 8)]
     sl_enqueuers: usize,
@@ -99,9 +92,9 @@ struct Args {
     /// Milliseconds a SKIP LOCKED dequeuer that found nothing waits before trying again.
     #[arg(long, default_value_t = 1)]
     sl_poll_ms: u64,
-    /// JSON file (the samples), page section and record.
+    /// The server, the JSON file (the samples), the page section and the record.
     #[command(flatten)]
-    out: Outputs,
+    common: Common,
     /// Load pg_stat_statements and report the statements of the clean and the held phase
     /// (cluster-wide: with both systems running it mixes their statements). Costs some CPU.
     #[arg(long)]
@@ -111,24 +104,10 @@ struct Args {
 const COMB: &str = "comb";
 const SKIPLOCKED: &str = "skiplocked";
 
-/// Copied from the suite's SKIP LOCKED peer (`peers.rs`), whose statements are private.
-const ENQUEUE_SQL: &str = "INSERT INTO sl_queue (payload) VALUES ($1::text::jsonb)";
-const DEQUEUE_SQL: &str = "DELETE FROM sl_queue WHERE id = (
-    SELECT id FROM sl_queue ORDER BY time FOR UPDATE SKIP LOCKED LIMIT 1
-) RETURNING (payload->>'t')::int8";
-
 /// Age in transactions of the oldest snapshot or transaction in this database.
 const XMIN_AGE_SQL: &str = "
 SELECT max(greatest(age(backend_xmin), age(backend_xid)))::int8
 FROM pg_stat_activity WHERE datname = current_database()";
-
-fn main() {
-    let args = Args::parse();
-    if let Err(e) = run(args) {
-        eprintln!("comb-bench-xmin: {e}");
-        std::process::exit(1);
-    }
-}
 
 /// Phases of a run, in seconds from the start of the clean phase.
 #[derive(Debug, Clone, Copy)]
@@ -222,20 +201,16 @@ fn setup(args: &Args) -> Result<Setup, BoxError> {
     })
 }
 
-fn run(args: Args) -> Result<(), BoxError> {
+/// Runs the held-snapshot comparison and writes its records.
+pub fn run(args: Args) -> Result<(), BoxError> {
     let setup = setup(&args)?;
-    if setup.comb {
-        long::require_comb(&args.comb)?;
-    }
-    let started = Instant::now();
-    let commit = args.out.commit();
     let extra = if args.statements {
         profile::PG_SETTINGS
     } else {
         &[]
     };
-    let cluster = Cluster::start(extra)?;
-    let pg = &cluster.pg;
+    let session = Session::start(&args.common, setup.comb, extra)?;
+    let pg = &session.cluster.pg;
     let comb_url = setup
         .comb
         .then(|| pg.create_database("xmin_comb"))
@@ -245,38 +220,31 @@ fn run(args: Args) -> Result<(), BoxError> {
         .then(|| pg.create_database("xmin_sl"))
         .transpose()?;
     let server = match &comb_url {
-        Some(url) => Some(long::start_comb(
-            &args.comb,
+        Some(url) => Some(session.serve(
+            &args.common,
             url,
             setup.segment_seconds,
             setup.maintenance_ms,
-            &args.comb_args,
         )?),
         None => None,
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let out = rt.block_on(measure(
+    let out = block_on(measure(
         &args,
         &setup,
         comb_url.as_deref(),
         sl_url.as_deref(),
         server.as_ref().map(|s| (s.addr(), s.pid())),
-    ))?;
+    ))??;
     drop(server);
 
     let report = render(&args, &setup, &out);
-    args.out.finish(
+    session.finish(
+        &args.common.out,
         args.smoke,
         Finished {
             report: &report,
             results: &out.samples,
             section: &XMIN_SECTION,
-            machine: &machine(),
-            cluster: &cluster,
-            commit: &commit,
-            started,
         },
     )
 }
@@ -323,9 +291,7 @@ struct Live {
     /// A connection to the system's database for sampling.
     stats: Client,
     datname: String,
-    pushed: Arc<AtomicU64>,
-    delivered: Arc<AtomicU64>,
-    e2e: Arc<Mutex<Histogram<u64>>>,
+    counters: Counters,
     broker_pid: Option<u32>,
 }
 
@@ -406,9 +372,7 @@ async fn measure(
             schema: "comb",
             stats: peers::connect(url).await?,
             datname: db_name(url),
-            pushed: Arc::new(AtomicU64::new(comb_filled)),
-            delivered: Arc::new(AtomicU64::new(0)),
-            e2e: Arc::new(Mutex::new(histogram())),
+            counters: Counters::new(comb_filled),
             broker_pid: Some(pid),
         };
         let rate = Rate {
@@ -417,7 +381,7 @@ async fn measure(
             conns: args.producers,
             partitions: args.partitions,
         };
-        let pushed = live.pushed.clone();
+        let pushed = live.counters.pushed.clone();
         loads.push(tokio::spawn(async move {
             let t = load::open_push(addr, rate, whole, pushed).await;
             if t.errors > 0 {
@@ -429,8 +393,8 @@ async fn measure(
                 addr,
                 args.batch,
                 end,
-                live.delivered.clone(),
-                live.e2e.clone(),
+                live.counters.delivered.clone(),
+                live.counters.e2e.clone(),
                 errors[COMB].clone(),
             )));
         }
@@ -442,9 +406,7 @@ async fn measure(
             schema: "public",
             stats: peers::connect(url).await?,
             datname: db_name(url),
-            pushed: Arc::new(AtomicU64::new(0)),
-            delivered: Arc::new(AtomicU64::new(0)),
-            e2e: Arc::new(Mutex::new(histogram())),
+            counters: Counters::new(0),
             broker_pid: None,
         };
         let next = Arc::new(AtomicU64::new(0));
@@ -456,7 +418,7 @@ async fn measure(
                 interval,
                 end,
                 next.clone(),
-                live.pushed.clone(),
+                live.counters.pushed.clone(),
                 errors[SKIPLOCKED].clone(),
             )));
         }
@@ -465,8 +427,8 @@ async fn measure(
                 peers::connect(url).await?,
                 Duration::from_millis(args.sl_poll_ms),
                 end,
-                live.delivered.clone(),
-                live.e2e.clone(),
+                live.counters.delivered.clone(),
+                live.counters.e2e.clone(),
                 errors[SKIPLOCKED].clone(),
             )));
         }
@@ -485,12 +447,10 @@ async fn measure(
         Hold,
         Release,
     }
-    let mut events: Vec<(f64, Event)> = Vec::new();
-    let mut k = 1;
-    while (k as f64) * plan.sample <= plan.total() + 1e-9 {
-        events.push((k as f64 * plan.sample, Event::Sample));
-        k += 1;
-    }
+    let mut events: Vec<(f64, Event)> = ticks(plan.total(), plan.sample)
+        .into_iter()
+        .map(|t| (t, Event::Sample))
+        .collect();
     if plan.held > 0.0 {
         events.push((plan.hold_start(), Event::Hold));
         events.push((plan.hold_end(), Event::Release));
@@ -498,7 +458,9 @@ async fn measure(
     events.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1 as u8).cmp(&(b.1 as u8))));
 
     tokio::time::sleep_until(clean_start.into()).await;
-    let mut sampler = Sampler::new(&lives).await?;
+    let broker_pid = lives.iter().find_map(|l| l.broker_pid);
+    let meter = Meter::new(broker_pid, peers::connect(urls[0]).await?).await?;
+    let mut sampler = Sampler::new(&lives, meter).await;
     let mut out = Outcome {
         samples: Vec::new(),
         phase_e2e: HashMap::new(),
@@ -511,11 +473,15 @@ async fn measure(
         profile::reset(&lives[0].stats).await;
     }
     let mut holders: Vec<Client> = Vec::new();
+    let mut last_tick = 0.0;
     for (t, event) in events {
         tokio::time::sleep_until((clean_start + Duration::from_secs_f64(t)).into()).await;
         match event {
             Event::Sample => {
-                let rows = sampler.sample(&lives, t, &plan, &mut out).await;
+                let rows = sampler
+                    .sample(&lives, t, t - last_tick, &plan, &mut out)
+                    .await;
+                last_tick = t;
                 let line: Vec<String> = rows
                     .iter()
                     .map(|s| {
@@ -685,61 +651,32 @@ async fn sl_dequeuer(
     }
 }
 
-/// CPU ticks of the broker processes so far.
-fn broker_ticks(lives: &[Live]) -> u64 {
-    lives
-        .iter()
-        .filter_map(|l| l.broker_pid)
-        .filter_map(|p| procstat::read_stat(p).ok())
-        .map(|s| s.own())
-        .sum()
-}
-
 /// Counter readings at the previous sample.
 struct Sampler {
     at: Instant,
-    pushed: HashMap<&'static str, u64>,
-    delivered: HashMap<&'static str, u64>,
+    /// Where each system's interval began, in the order of the systems.
+    marks: Vec<Mark>,
     /// CPU ticks per process (broker and backends) at the previous sample.
     proc_ticks: HashMap<u32, u64>,
-    postmaster: u32,
-    pg_ticks: u64,
-    broker_ticks: u64,
-    me_ticks: u64,
-    sys: procstat::SysCpu,
+    /// The whole machine's CPU: PostgreSQL, the broker, this process and the neighbours.
+    meter: Meter,
+    snapshot: Snapshot,
 }
 
 impl Sampler {
     /// Starts counting now: the warm-up's deliveries and latencies are discarded.
-    async fn new(lives: &[Live]) -> Result<Sampler, BoxError> {
-        let backend: i32 = lives[0]
-            .stats
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0);
-        let postmaster = procstat::read_stat(backend as u32)
-            .map(|s| s.ppid)
-            .unwrap_or(0);
+    async fn new(lives: &[Live], meter: Meter) -> Sampler {
         let mut s = Sampler {
             at: Instant::now(),
-            pushed: HashMap::new(),
-            delivered: HashMap::new(),
+            marks: lives.iter().map(|l| l.counters.mark()).collect(),
             proc_ticks: HashMap::new(),
-            postmaster,
-            pg_ticks: procstat::tree_cpu(postmaster),
-            broker_ticks: broker_ticks(lives),
-            me_ticks: procstat::self_cpu(),
-            sys: procstat::sys_cpu(),
+            snapshot: meter.snapshot().await,
+            meter,
         };
         for live in lives {
-            s.pushed
-                .insert(live.name, live.pushed.load(Ordering::Relaxed));
-            s.delivered
-                .insert(live.name, live.delivered.load(Ordering::Relaxed));
-            *live.e2e.lock().expect("not poisoned") = histogram();
             let _ = s.system_ticks(live).await;
         }
-        Ok(s)
+        s
     }
 
     /// CPU ticks used since the previous reading by the system's processes: the broker and
@@ -768,35 +705,27 @@ impl Sampler {
         used
     }
 
+    /// The samples of every system for the interval ending at `t` (seconds from the start
+    /// of the clean phase), `len` seconds long.
     async fn sample(
         &mut self,
         lives: &[Live],
         t: f64,
+        len: f64,
         plan: &Plan,
         out: &mut Outcome,
     ) -> Vec<Sample> {
         let now = Instant::now();
         let secs = (now - self.at).as_secs_f64().max(1e-3);
         self.at = now;
-        let phase = plan.phase(t, plan.sample);
-        let pg = procstat::tree_cpu(self.postmaster);
-        let me = procstat::self_cpu();
-        let sys = procstat::sys_cpu();
-        let total = sys.total.saturating_sub(self.sys.total).max(1) as f64;
-        let idle = sys.idle.saturating_sub(self.sys.idle) as f64;
-        let steal = sys.steal.saturating_sub(self.sys.steal) as f64;
-        let busy_ticks = (total - idle - steal).max(0.0);
-        let mut ours = pg.saturating_sub(self.pg_ticks) + me.saturating_sub(self.me_ticks);
-        self.pg_ticks = pg;
-        self.me_ticks = me;
-        self.sys = sys;
+        let phase = plan.phase(t, len);
+        let snapshot = self.meter.snapshot().await;
+        let machine = usage(&self.snapshot, &snapshot);
+        self.snapshot = snapshot;
         let mut rows = Vec::new();
-        for live in lives {
-            let pushed = live.pushed.load(Ordering::Relaxed);
-            let delivered = live.delivered.load(Ordering::Relaxed);
-            let d_pushed = pushed - self.pushed.insert(live.name, pushed).unwrap_or(0);
-            let d_delivered = delivered - self.delivered.insert(live.name, delivered).unwrap_or(0);
-            let h = std::mem::replace(&mut *live.e2e.lock().expect("not poisoned"), histogram());
+        for (i, live) in lives.iter().enumerate() {
+            let interval = live.counters.interval(&mut self.marks[i]);
+            let h = interval.e2e;
             let ticks = self.system_ticks(live).await;
             let stats = tables(&live.stats, live.schema).await.unwrap_or_default();
             let xmin_age = live
@@ -809,7 +738,7 @@ impl Sampler {
                 system: live.name.to_string(),
                 phase: phase.to_string(),
                 t_s: (t * 10.0).round() / 10.0,
-                msgs_per_sec: d_delivered as f64 / secs,
+                msgs_per_sec: interval.delivered as f64 / secs,
                 e2e_p99_ms: quantile_ms(&h, 0.99),
                 dead_tuples: stats.iter().map(|s| s.dead).sum(),
                 message_dead_tuples: stats
@@ -818,11 +747,11 @@ impl Sampler {
                     .map(|s| s.dead)
                     .sum(),
                 total_bytes: stats.iter().map(|s| s.total_bytes).sum(),
-                pushed_per_sec: d_pushed as f64 / secs,
-                backlog: pushed as i64 - delivered as i64,
+                pushed_per_sec: interval.pushed as f64 / secs,
+                backlog: interval.backlog,
                 cpu_cores: procstat::ticks_to_secs(ticks) / secs,
-                machine_busy: busy_ticks / total,
-                other_cpu_cores: 0.0,
+                machine_busy: machine.machine_busy,
+                other_cpu_cores: machine.other_cpu / machine.secs.max(1e-3),
                 oldest_xmin_age: xmin_age,
             };
             out.phase_e2e
@@ -832,24 +761,15 @@ impl Sampler {
                 .expect("same bounds");
             rows.push(sample);
         }
-        // Neighbours: busy time not spent by PostgreSQL, the broker or this process.
-        let broker = broker_ticks(lives);
-        ours += broker.saturating_sub(self.broker_ticks);
-        self.broker_ticks = broker;
-        let other = (busy_ticks - ours as f64).max(0.0);
-        let other_cores = procstat::ticks_to_secs(other as u64) / secs;
-        for r in &mut rows {
-            r.other_cpu_cores = other_cores;
-        }
         out.samples.extend(rows.iter().cloned());
         rows
     }
 }
 
 /// The held-snapshot section of the benchmarks page.
-const XMIN_SECTION: Section = Section {
+pub(crate) const XMIN_SECTION: Section = Section {
     heading: "## Held snapshot (make bench-xmin)",
-    begin: "<!-- xmin:begin (written by comb-bench-xmin; edit outside these markers) -->",
+    begin: "<!-- xmin:begin (written by comb-bench xmin; edit outside these markers) -->",
     end: "<!-- xmin:end -->",
 };
 
@@ -1019,7 +939,7 @@ fn render(args: &Args, setup: &Setup, out: &Outcome) -> String {
     s.push_str(&align(&head, &summary));
     let busy: Vec<f64> = out.samples.iter().map(|x| x.machine_busy).collect();
     let other: Vec<f64> = out.samples.iter().map(|x| x.other_cpu_cores).collect();
-    let _ = writeln!(s, "{}\n", long::machine_load(&busy, &other));
+    let _ = writeln!(s, "{}\n", machine_load(&busy, &other));
 
     if systems.contains(&COMB) {
         s.push_str("Goals (Comb):\n\n");
@@ -1315,18 +1235,6 @@ fn peer_lines(out: &Outcome, plan: &Plan) -> String {
     s
 }
 
-fn machine() -> String {
-    let mem = shell("free -h | awk '/^Mem:/ {print $2 \" total, \" $7 \" available\"}'");
-    format!(
-        "{}, nproc {}, memory {mem} (free -h), Linux {}, {}; a shared machine whose \
-         neighbours' CPU use shows in the `other` column",
-        cpu_model(),
-        shell("nproc"),
-        shell("uname -r"),
-        shell("rustc --version")
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1351,6 +1259,6 @@ mod tests {
     #[test]
     fn splices_its_own_section() {
         let fresh = XMIN_SECTION.splice("# B\n\n## Latest results\n", "x\n");
-        assert!(fresh.ends_with("## Held snapshot (make bench-xmin)\n\n<!-- xmin:begin (written by comb-bench-xmin; edit outside these markers) -->\nx\n<!-- xmin:end -->\n"));
+        assert!(fresh.ends_with("## Held snapshot (make bench-xmin)\n\n<!-- xmin:begin (written by comb-bench xmin; edit outside these markers) -->\nx\n<!-- xmin:end -->\n"));
     }
 }

@@ -1,6 +1,6 @@
 //! Round trips through every route of the API against a real server and PostgreSQL.
 
-mod common;
+use crate::common;
 
 use common::{Env, numbers};
 use reqwest::StatusCode;

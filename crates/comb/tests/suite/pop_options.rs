@@ -2,7 +2,7 @@
 //! partitions, fair partition selection under load, `delayedProcessing`, `windowBuffer`, and
 //! `maxSize` back-pressure.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! consumer group while the partition moves on. `retry` gives a message back without counting
 //! and `dlq` dead-letters it at once.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

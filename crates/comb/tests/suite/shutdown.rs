@@ -1,7 +1,7 @@
 //! Graceful stop: on SIGTERM the server answers its waiting pops with 204 at once, finishes
 //! the requests in flight, and exits with status 0; every push it answered 201 is stored.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! pushes together or not at all, and every ack in it must hold the live lease of its
 //! partition — a wrong or ended lease fails the whole transaction and nothing of it happens.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

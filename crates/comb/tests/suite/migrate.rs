@@ -1,7 +1,7 @@
 //! Schema migrations: `comb migrate` applies them once; a server refuses a database whose
 //! schema is newer than it knows.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
