@@ -49,7 +49,7 @@ build:
 CELLS ?=
 BENCH_ARGS ?=
 
-.PHONY: bench bench-smoke bench-profile
+.PHONY: bench bench-smoke bench-peer-smoke bench-profile
 
 bench:
 	scripts/install-postgres.sh
@@ -67,6 +67,12 @@ bench-smoke:
 	scripts/install-postgres.sh
 	cargo build --release -p comb -p comb-bench
 	target/release/comb-bench --smoke --cells "$(CELLS)" --baseline /dev/null $(BENCH_ARGS)
+
+# `comb-bench --peer` end to end, with Comb itself as the peer (smoke mode).
+bench-peer-smoke:
+	scripts/install-postgres.sh
+	cargo build --release -p comb -p comb-bench
+	scripts/bench-peer-smoke.sh
 
 # Same cells with pg_stat_statements, wait-event sampling and `perf record -a`; reports go to
 # bench/results/profile/<cell>.txt and <cell>.perf.txt. Profiling costs CPU: these runs find

@@ -17,8 +17,8 @@ pub enum Kind {
     },
     /// Fixed-rate pushes (1 message per request) with explicit-ack consumers.
     Steady {
-        /// Offered rate as a fraction of the `push1` cell's rate.
-        fraction: f64,
+        /// The offered rate.
+        rate: Offered,
         /// Producer connections.
         producers: usize,
         /// Consumer connections.
@@ -65,7 +65,18 @@ pub enum Kind {
         enq: usize,
         /// Dequeue connections (0: enqueue alone).
         deq: usize,
+        /// Enqueue at this fixed rate (msgs/s) instead of as fast as the connections go.
+        rate: Option<f64>,
     },
+}
+
+/// The offered rate of a fixed-rate cell.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Offered {
+    /// A fraction of the `push1` cell's rate (of this run, else of the baseline).
+    OfPush1(f64),
+    /// This many messages per second, whatever the machine does: light load stays light.
+    Fixed(f64),
 }
 
 /// One cell.
@@ -107,7 +118,11 @@ pub fn all() -> Vec<Cell> {
         },
         Cell {
             name: "sl-enq",
-            kind: Kind::SkipLocked { enq: 50, deq: 0 },
+            kind: Kind::SkipLocked {
+                enq: 50,
+                deq: 0,
+                rate: None,
+            },
             compare: Some("push1"),
             about: "SKIP LOCKED table: INSERT 1 row/transaction, 50 connections",
         },
@@ -152,7 +167,11 @@ pub fn all() -> Vec<Cell> {
         },
         Cell {
             name: "sl-enq200",
-            kind: Kind::SkipLocked { enq: 200, deq: 0 },
+            kind: Kind::SkipLocked {
+                enq: 200,
+                deq: 0,
+                rate: None,
+            },
             compare: Some("part10"),
             about: "SKIP LOCKED table: INSERT 1 row/transaction, 200 connections",
         },
@@ -167,9 +186,33 @@ pub fn all() -> Vec<Cell> {
             about: "push, 1 msg/request, 200 connections, 10,000 partitions",
         },
         Cell {
+            name: "light",
+            kind: light(100),
+            compare: None,
+            about: "push 300 msg/s, 1 msg/request, 100 partitions; 4 consumers, pop batch 50 + ack",
+        },
+        Cell {
+            name: "sl-light",
+            kind: sl_light(),
+            compare: Some("light"),
+            about: "SKIP LOCKED table: INSERT 300 rows/s, 4 dequeue connections",
+        },
+        Cell {
+            name: "light-1k",
+            kind: light(1_000),
+            compare: None,
+            about: "the same over 1,000 partitions",
+        },
+        Cell {
+            name: "sl-light-1k",
+            kind: sl_light(),
+            compare: Some("light-1k"),
+            about: "SKIP LOCKED table beside light-1k: INSERT 300 rows/s, 4 dequeue connections",
+        },
+        Cell {
             name: "steady",
             kind: Kind::Steady {
-                fraction: 1.0,
+                rate: Offered::OfPush1(1.0),
                 producers: 200,
                 consumers: 20,
                 batch: 50,
@@ -181,7 +224,7 @@ pub fn all() -> Vec<Cell> {
         Cell {
             name: "steady-half",
             kind: Kind::Steady {
-                fraction: 0.5,
+                rate: Offered::OfPush1(0.5),
                 producers: 200,
                 consumers: 20,
                 batch: 50,
@@ -192,14 +235,18 @@ pub fn all() -> Vec<Cell> {
         },
         Cell {
             name: "sl-mixed",
-            kind: Kind::SkipLocked { enq: 50, deq: 50 },
+            kind: Kind::SkipLocked {
+                enq: 50,
+                deq: 50,
+                rate: None,
+            },
             compare: Some("steady"),
             about: "SKIP LOCKED table: 50 enqueue + 50 dequeue connections together",
         },
         Cell {
             name: "fanout",
             kind: Kind::Fanout {
-                fraction: 0.5,
+                fraction: 0.1,
                 groups: 10,
                 consumers_per_group: 2,
                 producers: 100,
@@ -207,7 +254,7 @@ pub fn all() -> Vec<Cell> {
                 partitions: 100,
             },
             compare: None,
-            about: "push at half push10's rate (10 msgs/request); 10 groups x 2 consumers",
+            about: "push at 10% of push10's rate (10 msgs/request); 10 groups x 2 consumers",
         },
         Cell {
             name: "pop",
@@ -220,6 +267,32 @@ pub fn all() -> Vec<Cell> {
             about: "drain a pre-filled queue of 1,000 partitions: 50 consumers, batch 50 + ack",
         },
     ]
+}
+
+/// The rate of the light cells: a quiet queue, where what consumers cost while they wait
+/// shows.
+pub const LIGHT_RATE: f64 = 300.0;
+
+/// A light cell over `partitions` partitions: [`LIGHT_RATE`] one-message pushes a second, 4
+/// consumers popping with long poll (batch 50) and acking.
+fn light(partitions: usize) -> Kind {
+    Kind::Steady {
+        rate: Offered::Fixed(LIGHT_RATE),
+        producers: 50,
+        consumers: 4,
+        batch: 50,
+        partitions,
+    }
+}
+
+/// The SKIP LOCKED peer of a light cell: the same rate, as many dequeuers as the cell has
+/// consumers.
+fn sl_light() -> Kind {
+    Kind::SkipLocked {
+        enq: 50,
+        deq: 4,
+        rate: Some(LIGHT_RATE),
+    }
 }
 
 /// Picks cells by a comma-separated list of names (empty: all), keeping the suite's order.
@@ -258,6 +331,42 @@ mod tests {
         assert_eq!(select("").unwrap().len(), all().len());
         assert_eq!(select(" , ").unwrap().len(), all().len());
         assert!(select("push1,nope").unwrap_err().contains("nope"));
+    }
+
+    #[test]
+    fn light_cells_offer_a_fixed_rate_and_their_peers_the_same() {
+        let all = all();
+        let get = |n: &str| all.iter().find(|c| c.name == n).unwrap().clone();
+        for (cell, peer, partitions) in [
+            ("light", "sl-light", 100),
+            ("light-1k", "sl-light-1k", 1_000),
+        ] {
+            assert_eq!(
+                get(cell).kind,
+                Kind::Steady {
+                    rate: Offered::Fixed(300.0),
+                    producers: 50,
+                    consumers: 4,
+                    batch: 50,
+                    partitions,
+                }
+            );
+            let peer = get(peer);
+            assert_eq!(peer.compare, Some(cell));
+            assert_eq!(
+                peer.kind,
+                Kind::SkipLocked {
+                    enq: 50,
+                    deq: 4,
+                    rate: Some(300.0)
+                }
+            );
+            // The peer runs right after its cell.
+            let i = all.iter().position(|c| c.name == cell).unwrap();
+            assert_eq!(all[i + 1].name, peer.name);
+        }
+        // Fan-out is offered a tenth of push10's rate.
+        assert!(matches!(get("fanout").kind, Kind::Fanout { fraction, .. } if fraction == 0.1));
     }
 
     #[test]

@@ -21,10 +21,12 @@ pub fn a_first(round: usize) -> bool {
 type Figure = (&'static str, fn(&Row) -> Option<f64>);
 
 /// The figures compared, in table order.
-const FIGURES: [Figure; 6] = [
+const FIGURES: [Figure; 8] = [
     ("msg/s", |r| Some(r.msgs_per_sec)),
     ("broker us/msg", |r| r.broker_cpu_us_per_msg),
     ("pg cores", |r| r.pg_cpu_cores),
+    ("all-in cores", |r| r.all_in_cpu_cores),
+    ("all-in us/msg", |r| r.all_in_cpu_us_per_msg),
     ("p99 ms", |r| r.p99_ms),
     ("e2e p99 ms", |r| r.e2e_p99_ms),
     ("comb / peer", |r| r.ratio),

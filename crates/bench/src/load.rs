@@ -87,7 +87,7 @@ pub async fn closed_push_counted(
                     let t0 = Instant::now();
                     let ok = matches!(
                         conn.send(Method::POST, "/api/v1/push", Some(body)).await,
-                        Ok(a) if a.status == 201
+                        Ok(a) if pushed_ok(a.status)
                     );
                     let t1 = Instant::now();
                     if !ok {
@@ -152,7 +152,7 @@ pub async fn open_push(
                     let t0 = Instant::now();
                     let ok = matches!(
                         conn.send(Method::POST, "/api/v1/push", Some(body)).await,
-                        Ok(a) if a.status == 201
+                        Ok(a) if pushed_ok(a.status)
                     );
                     let t1 = Instant::now();
                     if ok {
@@ -199,9 +199,15 @@ pub struct Consumed {
     pub last_delivery: Option<Instant>,
 }
 
+/// Whether a push was accepted: Comb answers 201, Queen 200 or 201.
+fn pushed_ok(status: u16) -> bool {
+    matches!(status, 200 | 201)
+}
+
 #[derive(Deserialize)]
 struct PopAnswer<'a> {
-    #[serde(borrow)]
+    /// Absent or empty when a server answers an empty pop with 200 (Queen may).
+    #[serde(borrow, default)]
     messages: Vec<PopMessage<'a>>,
 }
 
@@ -316,6 +322,10 @@ async fn consume_once(
         return Ok(());
     }
     let got: PopAnswer = serde_json::from_slice(&answer.body)?;
+    if got.messages.is_empty() {
+        out.empty_pops += 1;
+        return Ok(());
+    }
     let n = got.messages.len() as u64;
     consumed.fetch_add(n, Ordering::Relaxed);
     let now = now_us();
@@ -326,9 +336,6 @@ async fn consume_once(
             out.e2e
                 .saturating_record(now.saturating_sub(m.data.t).max(1));
         }
-    }
-    if got.messages.is_empty() {
-        return Ok(());
     }
     let body = ack_body(ack_group, &got.messages);
     let t2 = Instant::now();
@@ -478,7 +485,7 @@ pub async fn fill(
                     let to = (from + PER_REQUEST).min(total);
                     let body = push_body((from..to).map(|k| k % partitions), now_us());
                     let a = conn.send(Method::POST, "/api/v1/push", Some(body)).await?;
-                    if a.status != 201 {
+                    if !pushed_ok(a.status) {
                         return Err(format!(
                             "set-up push answered {}: {}",
                             a.status,
@@ -506,7 +513,7 @@ pub async fn subscribe(addr: SocketAddr, groups: &[String]) -> Result<(), BoxErr
     for g in groups {
         let path = format!("/api/v1/pop/queue/{QUEUE}?consumerGroup={g}");
         let a = conn.send(Method::GET, &path, None).await?;
-        if a.status != 204 {
+        if !matches!(a.status, 200 | 204) {
             return Err(format!("subscribing pop answered {}", a.status).into());
         }
     }
@@ -521,7 +528,7 @@ pub async fn configure(addr: SocketAddr, options: &str) -> Result<(), BoxError> 
     let a = conn
         .send(Method::POST, "/api/v1/configure", Some(body))
         .await?;
-    if a.status != 200 {
+    if !matches!(a.status, 200 | 201) {
         return Err(format!(
             "configure answered {}: {}",
             a.status,
@@ -577,6 +584,24 @@ mod tests {
             (m.transaction_id, m.partition_id, m.lease_id, m.data.t),
             ("tx", "pid", Some("lid"), 17)
         );
+    }
+
+    #[test]
+    fn queens_answers_are_tolerated() {
+        assert!(pushed_ok(200) && pushed_ok(201));
+        assert!(!pushed_ok(204) && !pushed_ok(500));
+        // An empty pop answered 200, with an empty list or none at all.
+        for body in [r#"{"messages":[]}"#, r#"{"success":true}"#] {
+            let a: PopAnswer = serde_json::from_str(body).unwrap();
+            assert!(a.messages.is_empty());
+        }
+        let answer = |status| Answer {
+            status,
+            body: Bytes::new(),
+        };
+        assert!(!popped(&answer(204)).unwrap());
+        assert!(popped(&answer(200)).unwrap());
+        assert!(popped(&answer(500)).is_err());
     }
 
     #[test]

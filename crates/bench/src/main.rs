@@ -9,7 +9,7 @@ use clap::Parser;
 use comb_bench::long::{soak, xmin};
 use comb_bench::profile::Profile;
 use comb_bench::report;
-use comb_bench::run::{Options, PG_SETTINGS, Runner};
+use comb_bench::run::{Options, PG_SETTINGS, Peer, Runner};
 use comb_bench::{cells, compare};
 
 /// Runs Comb's benchmark cells and their peers against one PostgreSQL and prints one table.
@@ -68,12 +68,19 @@ struct Args {
     /// Offered rate of `steady` in msgs/s (default: push1's rate).
     #[arg(long)]
     steady_rate: Option<f64>,
-    /// Offered rate base of `fanout` in msgs/s, halved (default: push10's rate).
+    /// Offered rate base of `fanout` in msgs/s, times the cell's fraction (default: push10's
+    /// rate).
     #[arg(long)]
     fanout_rate: Option<f64>,
     /// Partitions one consumer's pop may lease (the pop `partitions` option, 1 to 100).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=100))]
     pop_partitions: u16,
+    /// Another server speaking Queen's HTTP API v1, as NAME=PROGRAM (repeatable): each Comb
+    /// cell runs against it right after Comb, on a fresh database, started as `PROGRAM serve
+    /// --listen ADDR` with `DATABASE_URL` and ready once `GET /health` answers 200; a table
+    /// of Comb ÷ peer per cell follows the results.
+    #[arg(long = "peer")]
+    peers: Vec<Peer>,
     /// How the run was started, for the docs (default: this command line).
     #[arg(long)]
     command: Option<String>,
@@ -164,6 +171,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         steady_rate: args.steady_rate,
         pop_partitions: usize::from(args.pop_partitions),
         fanout_rate: args.fanout_rate,
+        peers: args.peers.clone(),
     };
     let rt = if args.client_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -187,8 +195,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if args.compares() {
         return compare(&args, runner, &selected, started);
     }
-    let rows = run_cells(&mut runner, &selected);
-    let table = report::table(&rows);
+    let rows = run_cells(&mut runner, &selected, &args.peers);
+    let table = report::table(&rows) + &with_blank(report::program_table(&rows));
     let checks = report::checks_text(&report::checks(&rows));
     println!("\n{table}\n{checks}");
     println!(
@@ -224,20 +232,39 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     Ok(())
 }
 
-/// Runs `cells` in order and returns their rows, peers' ratios filled in.
-fn run_cells(runner: &mut Runner, cells: &[cells::Cell]) -> Vec<report::Row> {
+/// A blank line before `text`, unless it is empty.
+fn with_blank(text: String) -> String {
+    if text.is_empty() {
+        text
+    } else {
+        format!("\n{text}")
+    }
+}
+
+/// Runs `cells` in order, each Comb cell followed by the same cell against every `--peer`
+/// server, and returns their rows, peers' ratios filled in.
+fn run_cells(runner: &mut Runner, cells: &[cells::Cell], peers: &[Peer]) -> Vec<report::Row> {
     runner.rows.clear();
+    let report = |result: Result<report::Row, _>, t: Instant| match result {
+        Ok(row) => eprintln!(
+            "  {:.0} msg/s, p99 {} ms ({:.0} s)",
+            row.msgs_per_sec,
+            report::num(row.p99_ms),
+            t.elapsed().as_secs_f64()
+        ),
+        Err(e) => eprintln!("  FAILED: {e}"),
+    };
     for cell in cells {
         eprintln!("cell {:<12} {}", cell.name, cell.about);
         let t = Instant::now();
-        match runner.run(cell) {
-            Ok(row) => eprintln!(
-                "  {:.0} msg/s, p99 {} ms ({:.0} s)",
-                row.msgs_per_sec,
-                report::num(row.p99_ms),
-                t.elapsed().as_secs_f64()
-            ),
-            Err(e) => eprintln!("  FAILED: {e}"),
+        report(runner.run(cell), t);
+        if cell.system() != "comb" {
+            continue;
+        }
+        for peer in peers {
+            eprintln!("cell {:<12} the same against {}", cell.name, peer.name);
+            let t = Instant::now();
+            report(runner.run_with(cell, peer), t);
         }
     }
     let mut rows = runner.rows.clone();
@@ -247,6 +274,7 @@ fn run_cells(runner: &mut Runner, cells: &[cells::Cell]) -> Vec<report::Row> {
             .find(|c| c.name == name)
             .and_then(|c| c.compare)
     });
+    report::fill_program_ratios(&mut rows);
     rows
 }
 
@@ -279,7 +307,7 @@ fn compare(
                 if is_a { "A" } else { "B" }
             );
             runner.use_comb(bin.clone(), comb_args.clone());
-            let rows = run_cells(&mut runner, cells);
+            let rows = run_cells(&mut runner, cells, &args.peers);
             if is_a {
                 rounds_a.push(rows);
             } else {
@@ -392,6 +420,36 @@ mod tests {
         assert!(Args::try_parse_from(["comb-bench", "--cells", "push1", "soak"]).is_err());
         assert!(Args::try_parse_from(["comb-bench", "xmin", "--cells", "push1"]).is_err());
         assert!(Args::try_parse_from(["comb-bench"]).unwrap().long.is_none());
+    }
+
+    #[test]
+    fn peers_are_named_programs() {
+        let args = Args::try_parse_from([
+            "comb-bench",
+            "--peer",
+            "queen=/opt/queen/bin/queen",
+            "--peer=other=./x",
+        ])
+        .unwrap();
+        let named: Vec<(&str, &str)> = args
+            .peers
+            .iter()
+            .map(|p| (p.name.as_str(), p.program.to_str().unwrap()))
+            .collect();
+        assert_eq!(named, [("queen", "/opt/queen/bin/queen"), ("other", "./x")]);
+        for bad in [
+            "queen",
+            "=prog",
+            "queen=",
+            "comb=./x",
+            "skiplocked=./x",
+            "a b=./x",
+        ] {
+            assert!(
+                Args::try_parse_from(["comb-bench", "--peer", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -155,17 +155,22 @@ pub struct SkipLocked {
 }
 
 /// `enq` connections inserting one row per transaction and `deq` connections deleting one
-/// row per transaction, closed loop, until the window ends. A dequeuer that finds the queue
-/// empty polls again after 1 ms, as such workers do.
+/// row per transaction, until the window ends. Enqueuers run a closed loop, or with `rate`
+/// share a fixed schedule (row `i` due at `start + i / rate`), as Comb's fixed-rate cells
+/// do. A dequeuer that finds the queue empty polls again after 1 ms, as such workers do.
 pub async fn skip_locked(
     url: &str,
     enq: usize,
     deq: usize,
+    rate: Option<f64>,
     window: Window,
 ) -> Result<SkipLocked, BoxError> {
+    let start = Instant::now();
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut enqs = Vec::new();
     for _ in 0..enq {
         let client = connect(url).await?;
+        let next = next.clone();
         enqs.push(tokio::spawn(async move {
             let mut tally = Tally::default();
             let Ok(stmt) = client.prepare(ENQUEUE_SQL).await else {
@@ -173,6 +178,14 @@ pub async fn skip_locked(
                 return tally;
             };
             while Instant::now() < window.end {
+                if let Some(rate) = rate {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let due = start + Duration::from_secs_f64(i as f64 / rate);
+                    if due >= window.end {
+                        break;
+                    }
+                    tokio::time::sleep_until(due.into()).await;
+                }
                 let body = payload(now_us());
                 let t0 = Instant::now();
                 match client.execute(&stmt, &[&body]).await {

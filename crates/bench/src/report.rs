@@ -44,6 +44,11 @@ pub struct Row {
     pub broker_cpu_cores: Option<f64>,
     /// PostgreSQL CPU in cores.
     pub pg_cpu_cores: Option<f64>,
+    /// Broker and PostgreSQL CPU together, in cores: what the queue costs the machine.
+    pub all_in_cpu_cores: Option<f64>,
+    /// Broker and PostgreSQL CPU per message (by `msgs_per_sec`'s measure: per delivered
+    /// message in consumer cells), µs.
+    pub all_in_cpu_us_per_msg: Option<f64>,
     /// Load generator CPU in cores.
     pub loadgen_cpu_cores: Option<f64>,
     /// CPU used by everything else on the machine, in cores: on a shared machine, the
@@ -103,6 +108,68 @@ pub fn fill_ratios(rows: &mut [Row], compare: impl Fn(&str) -> Option<&'static s
     }
 }
 
+/// Whether a row is of a server given with `--peer` (not Comb, nor one of the suite's own
+/// SQL peers).
+pub fn is_program_peer(row: &Row) -> bool {
+    !["comb", "ceiling", "skiplocked"].contains(&row.system.as_str())
+}
+
+/// Fills `ratio` of every `--peer` server's row: the same cell's Comb rate divided by its.
+pub fn fill_program_ratios(rows: &mut [Row]) {
+    let comb: Vec<(String, f64)> = rows
+        .iter()
+        .filter(|r| r.system == "comb")
+        .map(|r| (r.cell.clone(), r.msgs_per_sec))
+        .collect();
+    for r in rows.iter_mut().filter(|r| is_program_peer(r)) {
+        r.ratio_of = Some(r.cell.clone());
+        r.ratio = comb
+            .iter()
+            .find(|(c, _)| *c == r.cell)
+            .filter(|_| r.msgs_per_sec > 0.0)
+            .map(|(_, rate)| rate / r.msgs_per_sec);
+    }
+}
+
+/// Comb ÷ each `--peer` server, cell by cell: rate (above 1: Comb faster), and latency, CPU
+/// and memory (below 1: Comb lower). Empty when no peer server ran.
+pub fn program_table(rows: &[Row]) -> String {
+    type Figure = (&'static str, fn(&Row) -> Option<f64>);
+    const FIGURES: [Figure; 7] = [
+        ("msg/s", |r| Some(r.msgs_per_sec)),
+        ("p99", |r| r.p99_ms),
+        ("e2e p99", |r| r.e2e_p99_ms),
+        ("all-in us/msg", |r| r.all_in_cpu_us_per_msg),
+        ("broker us/msg", |r| r.broker_cpu_us_per_msg),
+        ("pg cpu", |r| r.pg_cpu_cores),
+        ("RSS MB", |r| r.broker_rss_mb),
+    ];
+    let mut header = vec!["cell".to_string(), "peer".to_string()];
+    header.extend(FIGURES.iter().map(|f| format!("{} ratio", f.0)));
+    let mut lines = Vec::new();
+    for peer in rows.iter().filter(|r| is_program_peer(r)) {
+        let Some(comb) = rows
+            .iter()
+            .find(|r| r.system == "comb" && r.cell == peer.cell)
+        else {
+            continue;
+        };
+        let mut line = vec![peer.cell.clone(), peer.system.clone()];
+        for (_, f) in FIGURES {
+            let ratio = f(comb)
+                .zip(f(peer))
+                .filter(|(_, p)| *p > 0.0)
+                .map(|(c, p)| c / p);
+            line.push(num(ratio));
+        }
+        lines.push(line);
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!("Comb / peer, by cell:\n\n{}", align(&header, &lines))
+}
+
 /// A number for the table: integers above 100, otherwise three significant digits.
 pub fn num(v: Option<f64>) -> String {
     match v {
@@ -131,6 +198,8 @@ pub fn table(rows: &[Row]) -> String {
         "p99 ms",
         "e2e p50",
         "e2e p99",
+        "all-in us/msg",
+        "all-in cpu",
         "us/req",
         "us/msg",
         "RSS MB",
@@ -155,6 +224,8 @@ pub fn table(rows: &[Row]) -> String {
             num(r.p99_ms),
             num(r.e2e_p50_ms),
             num(r.e2e_p99_ms),
+            num(r.all_in_cpu_us_per_msg),
+            num(r.all_in_cpu_cores),
             num(r.broker_cpu_us_per_req),
             num(r.broker_cpu_us_per_msg),
             num(r.broker_rss_mb),
@@ -354,6 +425,13 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
         verdict: verdict(steady.and_then(|r| r.keeps_up)),
     });
 
+    let p99 = steady.and_then(|r| r.e2e_p99_ms);
+    out.push(Check {
+        target: "steady: end-to-end p99 <= 100 ms",
+        measured: p99.map(|p| format!("{p:.1} ms")).unwrap_or_default(),
+        verdict: verdict(p99.map(|p| p <= 100.0)),
+    });
+
     let half = get("steady-half");
     let p99 = half.and_then(|r| r.e2e_p99_ms);
     out.push(Check {
@@ -367,14 +445,16 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
     let fan = get("fanout");
     let p10 = get("push10");
     let fan_ok = fan.zip(p10).map(|(f, p)| {
-        f.keeps_up == Some(true) && f.pushed_per_sec.unwrap_or(0.0) >= 0.5 * p.msgs_per_sec * 0.97
+        f.keeps_up == Some(true)
+            && f.pushed_per_sec.unwrap_or(0.0) >= 0.1 * p.msgs_per_sec * 0.97
+            && f.e2e_p99_ms.is_some_and(|e| e <= 250.0)
     });
     out.push(Check {
-        target: "fan-out: 10 groups keep up with a producer at >= 50% of push10",
+        target: "fan-out: 10 groups keep up with a producer at 10% of push10, e2e p99 <= 250 ms",
         measured: fan
             .map(|r| {
                 format!(
-                    "producer {} msg/s ({}), slowest group {} msg/s, backlog {:+.0}/s",
+                    "producer {} msg/s ({}), slowest group {} msg/s, backlog {:+.0}/s, e2e p99 {} ms",
                     num(r.pushed_per_sec),
                     p10.map(|p| format!(
                         "{:.0}% of push10",
@@ -382,12 +462,15 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
                     ))
                     .unwrap_or_default(),
                     num(r.consumed_per_sec),
-                    r.backlog_slope.unwrap_or(0.0)
+                    r.backlog_slope.unwrap_or(0.0),
+                    num(r.e2e_p99_ms)
                 )
             })
             .unwrap_or_default(),
         verdict: verdict(fan_ok),
     });
+
+    out.extend(light_checks(rows));
 
     let rss: Vec<(&str, f64)> = rows
         .iter()
@@ -402,6 +485,55 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
         verdict: verdict(worst.map(|(_, m)| m <= 64.0)),
     });
     out
+}
+
+/// The light cells' targets: a quiet queue delivers quickly and costs little, no more than
+/// the SKIP LOCKED table at the same rate, and hardly more over ten times the partitions.
+fn light_checks(rows: &[Row]) -> Vec<Check> {
+    let get = |cell: &str, system: &str| rows.iter().find(|r| r.cell == cell && r.system == system);
+    let (light, sl, k) = (
+        get("light", "comb"),
+        get("sl-light", "skiplocked"),
+        get("light-1k", "comb"),
+    );
+    let p99 = light.and_then(|r| r.e2e_p99_ms);
+    let cores = light.and_then(|r| r.all_in_cpu_cores);
+    let sl_cores = sl.and_then(|r| r.all_in_cpu_cores);
+    let within = |f: fn(&Row) -> Option<f64>| {
+        light
+            .and_then(f)
+            .zip(k.and_then(f))
+            .map(|(a, b)| (b / a, b <= 1.5 * a))
+    };
+    let (p99_ratio, cpu_ratio) = (within(|r| r.e2e_p99_ms), within(|r| r.all_in_cpu_cores));
+    vec![
+        Check {
+            target: "light: end-to-end p99 <= 20 ms",
+            measured: p99.map(|p| format!("{p:.1} ms")).unwrap_or_default(),
+            verdict: Verdict::from(p99.map(|p| p <= 20.0)),
+        },
+        Check {
+            target: "light: all-in CPU <= 0.15 cores and <= the SKIP LOCKED peer's",
+            measured: cores
+                .map(|c| {
+                    format!(
+                        "{c:.3} cores ({} us/msg), SKIP LOCKED {} cores",
+                        num(light.and_then(|r| r.all_in_cpu_us_per_msg)),
+                        num(sl_cores)
+                    )
+                })
+                .unwrap_or_default(),
+            verdict: Verdict::from(cores.zip(sl_cores).map(|(c, s)| c <= 0.15 && c <= s)),
+        },
+        Check {
+            target: "light-1k within 1.5x of light (e2e p99 and all-in CPU)",
+            measured: p99_ratio
+                .zip(cpu_ratio)
+                .map(|(p, c)| format!("e2e p99 {:.2}x, all-in CPU {:.2}x", p.0, c.0))
+                .unwrap_or_default(),
+            verdict: Verdict::from(p99_ratio.zip(cpu_ratio).map(|(p, c)| p.1 && c.1)),
+        },
+    ]
 }
 
 /// The target checks as text.
@@ -631,6 +763,85 @@ mod tests {
         assert_eq!(num(Some(1.234)), "1.23");
         assert_eq!(num(Some(0.1234)), "0.123");
         assert_eq!(num(Some(f64::NAN)), "-");
+    }
+
+    #[test]
+    fn all_in_cpu_is_a_column_next_to_the_delivery_latency() {
+        let mut a = row("light", "comb", 300.0);
+        a.e2e_p99_ms = Some(15.0);
+        a.all_in_cpu_us_per_msg = Some(333.0);
+        a.all_in_cpu_cores = Some(0.1);
+        let t = table(&[a]);
+        let head: Vec<&str> = t
+            .lines()
+            .next()
+            .unwrap()
+            .split("  ")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        let e2e = head.iter().position(|h| *h == "e2e p99").unwrap();
+        assert_eq!(head[e2e + 1], "all-in us/msg");
+        assert_eq!(head[e2e + 2], "all-in cpu");
+        let cells: Vec<&str> = t.lines().nth(2).unwrap().split_whitespace().collect();
+        assert_eq!(&cells[e2e..e2e + 3], ["15.0", "333", "0.100"]);
+    }
+
+    #[test]
+    fn light_checks_compare_with_the_peer_and_the_larger_cell() {
+        let mut light = row("light", "comb", 300.0);
+        light.e2e_p99_ms = Some(12.0);
+        light.all_in_cpu_cores = Some(0.10);
+        let mut sl = row("sl-light", "skiplocked", 300.0);
+        sl.all_in_cpu_cores = Some(0.20);
+        let mut k = row("light-1k", "comb", 300.0);
+        k.e2e_p99_ms = Some(17.0);
+        k.all_in_cpu_cores = Some(0.16);
+        let mut rows = vec![light, sl, k];
+        let verdict = |rows: &[Row], t: &str| {
+            checks(rows)
+                .into_iter()
+                .find(|c| c.target.starts_with(t))
+                .unwrap()
+                .verdict
+        };
+        assert_eq!(verdict(&rows, "light: end-to-end"), Verdict::Met);
+        assert_eq!(verdict(&rows, "light: all-in"), Verdict::Met);
+        assert_eq!(verdict(&rows, "light-1k"), Verdict::Met);
+        // Cheaper than 0.15 cores but dearer than the peer: missed.
+        rows[1].all_in_cpu_cores = Some(0.05);
+        assert_eq!(verdict(&rows, "light: all-in"), Verdict::Missed);
+        // 1,000 partitions costing twice as much: missed.
+        rows[2].all_in_cpu_cores = Some(0.2);
+        assert_eq!(verdict(&rows, "light-1k"), Verdict::Missed);
+        rows[0].e2e_p99_ms = Some(25.0);
+        assert_eq!(verdict(&rows, "light: end-to-end"), Verdict::Missed);
+        assert_eq!(verdict(&rows[1..], "light: end-to-end"), Verdict::NotRun);
+    }
+
+    #[test]
+    fn program_peers_are_divided_into_by_cell() {
+        let mut comb = row("light", "comb", 300.0);
+        comb.e2e_p99_ms = Some(10.0);
+        comb.broker_rss_mb = Some(20.0);
+        let mut queen = row("light", "queen", 150.0);
+        queen.e2e_p99_ms = Some(40.0);
+        queen.broker_rss_mb = Some(80.0);
+        let mut rows = vec![comb, row("sl-light", "skiplocked", 300.0), queen];
+        fill_program_ratios(&mut rows);
+        assert_eq!(rows[2].ratio, Some(2.0));
+        assert_eq!(rows[2].ratio_of.as_deref(), Some("light"));
+        assert_eq!(
+            rows[1].ratio, None,
+            "the suite's own peers are not program peers"
+        );
+        let t = program_table(&rows);
+        let line: Vec<&str> = t.lines().last().unwrap().split_whitespace().collect();
+        assert_eq!(line[..2], ["light", "queen"]);
+        assert_eq!(line[2], "2.00");
+        assert_eq!(line[4], "0.250");
+        assert_eq!(line[8], "0.250");
+        assert_eq!(program_table(&rows[..2]), "");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use comb_harness::{Postgres, Server};
 use tokio::runtime::Runtime;
 
-use crate::cells::{Cell, Kind};
+use crate::cells::{Cell, Kind, Offered};
 use crate::http::BoxError;
 use crate::load::{self, ConsumerSpec, Rate};
 use crate::meter::{Meter, Usage, usage};
@@ -59,6 +59,49 @@ pub struct Options {
     pub fanout_rate: Option<f64>,
     /// Partitions one consumer's pop may lease (the suite's cells use 1).
     pub pop_partitions: usize,
+    /// Other servers speaking Queen's HTTP API, each run through every Comb cell right after
+    /// Comb (`--peer NAME=PROGRAM`).
+    pub peers: Vec<Peer>,
+}
+
+/// Another server benchmarked with Comb's cells: started as `PROGRAM serve --listen ADDR`
+/// with `DATABASE_URL`, ready once `GET /health` answers 200.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    /// The name its rows carry in the `system` column.
+    pub name: String,
+    /// The program.
+    pub program: PathBuf,
+}
+
+impl std::str::FromStr for Peer {
+    type Err = String;
+
+    /// `NAME=PROGRAM`; the name must not be one of the systems the suite already has.
+    fn from_str(s: &str) -> Result<Peer, String> {
+        let (name, program) = s
+            .split_once('=')
+            .ok_or_else(|| format!("`{s}`: a peer is NAME=PROGRAM"))?;
+        let name = name.trim();
+        if name.is_empty() || program.is_empty() {
+            return Err(format!("`{s}`: a peer is NAME=PROGRAM"));
+        }
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        {
+            return Err(format!(
+                "peer name `{name}`: letters, digits, `-`, `_`, `.`"
+            ));
+        }
+        if ["comb", "ceiling", "skiplocked"].contains(&name) {
+            return Err(format!("peer name `{name}` is taken by the suite"));
+        }
+        Ok(Peer {
+            name: name.to_string(),
+            program: PathBuf::from(program),
+        })
+    }
 }
 
 /// Rate used when neither this run nor an earlier one measured the cell a fixed-rate cell
@@ -96,11 +139,21 @@ impl Runner {
 
     /// Runs one cell on a fresh database and records its row.
     pub fn run(&mut self, cell: &Cell) -> Result<Row, BoxError> {
+        self.run_on(cell, None)
+    }
+
+    /// Runs a Comb cell against another server (`--peer`) on a fresh database and records
+    /// its row, named by the peer in the `system` column.
+    pub fn run_with(&mut self, cell: &Cell, peer: &Peer) -> Result<Row, BoxError> {
+        self.run_on(cell, Some(peer))
+    }
+
+    fn run_on(&mut self, cell: &Cell, peer: Option<&Peer>) -> Result<Row, BoxError> {
         let url = self.pg.create_database(cell.name)?;
         let db = url.rsplit('/').next().unwrap_or_default().to_string();
         let result = match cell.kind {
             Kind::Ceiling { .. } | Kind::SkipLocked { .. } => self.run_peer(cell, &url),
-            _ => self.run_comb(cell, &url),
+            _ => self.run_comb(cell, &url, peer),
         };
         // Free the disk for the next cell (this also checkpoints).
         let _ = self
@@ -150,7 +203,17 @@ impl Runner {
     /// The offered rate of a fixed-rate cell and where it came from.
     fn offered(&self, cell: &Cell) -> (f64, String) {
         let (source, fraction, forced) = match cell.kind {
-            Kind::Steady { fraction, .. } => ("push1", fraction, self.opts.steady_rate),
+            Kind::Steady {
+                rate: Offered::Fixed(r),
+                ..
+            }
+            | Kind::SkipLocked { rate: Some(r), .. } => {
+                return (r, "fixed by the cell".into());
+            }
+            Kind::Steady {
+                rate: Offered::OfPush1(fraction),
+                ..
+            } => ("push1", fraction, self.opts.steady_rate),
             Kind::Fanout { fraction, .. } => ("push10", fraction, self.opts.fanout_rate),
             _ => return (0.0, String::new()),
         };
@@ -171,9 +234,15 @@ impl Runner {
         }
     }
 
-    fn run_comb(&mut self, cell: &Cell, url: &str) -> Result<Row, BoxError> {
-        let args: Vec<&str> = self.opts.comb_args.iter().map(String::as_str).collect();
-        let server = Server::start(&self.opts.comb_bin, url, &args)?;
+    fn run_comb(&mut self, cell: &Cell, url: &str, peer: Option<&Peer>) -> Result<Row, BoxError> {
+        let server = match peer {
+            None => {
+                let args: Vec<&str> = self.opts.comb_args.iter().map(String::as_str).collect();
+                Server::start(&self.opts.comb_bin, url, &args)?
+            }
+            Some(p) => Server::start_program(&p.program, url, "/health")?,
+        };
+        let system = peer.map_or("comb", |p| p.name.as_str()).to_string();
         let (addr, pid) = (server.addr(), server.pid());
         let (offered, offered_from) = self.offered(cell);
         let opts = self.opts.clone();
@@ -203,7 +272,7 @@ impl Runner {
             let (window, measuring) = start_window(url, Some(pid), name, &opts).await?;
             let mut row = Row {
                 cell: name.to_string(),
-                system: "comb".into(),
+                system,
                 window_s: window.secs(),
                 ..Row::default()
             };
@@ -375,6 +444,7 @@ impl Runner {
     }
 
     fn run_peer(&mut self, cell: &Cell, url: &str) -> Result<Row, BoxError> {
+        let (offered, _) = self.offered(cell);
         if let Kind::Ceiling { .. } = cell.kind {
             // Comb's own schema, so the rows land in the very table Comb writes.
             let out = std::process::Command::new(&self.opts.comb_bin)
@@ -418,8 +488,8 @@ impl Runner {
                     requests = t.requests;
                     set_main(&mut row, &t, window);
                 }
-                Kind::SkipLocked { enq, deq } => {
-                    let s = peers::skip_locked(url, enq, deq, window).await?;
+                Kind::SkipLocked { enq, deq, rate } => {
+                    let s = peers::skip_locked(url, enq, deq, rate, window).await?;
                     requests = s.enqueued.requests + s.dequeued.requests + s.empty;
                     set_main(&mut row, &s.enqueued, window);
                     row.pushed_per_sec = Some(row.msgs_per_sec);
@@ -433,6 +503,12 @@ impl Runner {
                         let enq_rate = row.pushed_per_sec.unwrap_or(0.0);
                         row.keeps_up = Some(row.msgs_per_sec >= 0.98 * enq_rate);
                         row.note = Some("msg/s = dequeued".into());
+                        if rate.is_some() {
+                            row.offered_per_sec = Some(offered);
+                            row.keeps_up = Some(
+                                enq_rate >= 0.97 * offered && row.msgs_per_sec >= 0.98 * enq_rate,
+                            );
+                        }
                     }
                 }
                 _ => unreachable!(),
@@ -598,6 +674,9 @@ fn set_usage(row: &mut Row, u: &Usage, requests: u64) {
     }
     row.req_per_sec = Some(requests as f64 / row.window_s);
     row.pg_cpu_cores = Some(per_sec(u.pg_cpu));
+    let all_in = u.broker_cpu.unwrap_or(0.0) + u.pg_cpu;
+    row.all_in_cpu_cores = Some(per_sec(all_in));
+    row.all_in_cpu_us_per_msg = (msgs > 0.0).then(|| all_in * 1e6 / msgs);
     row.loadgen_cpu_cores = Some(per_sec(u.loadgen_cpu));
     row.other_cpu_cores = Some(per_sec(u.other_cpu));
     row.machine_busy = Some(u.machine_busy);

@@ -440,6 +440,23 @@ impl Server {
         extra_args: &[&str],
         env: &[(&str, &str)],
     ) -> io::Result<Server> {
+        Self::spawn(bin, database_url, extra_args, env, "/ready")
+    }
+
+    /// Starts another server that speaks Queen's HTTP API the way [`Server::start`] starts
+    /// Comb (`<bin> serve --listen ADDR`, `DATABASE_URL`), ready once `GET <ready_path>`
+    /// answers 200: benchmarks measure it beside Comb.
+    pub fn start_program(bin: &Path, database_url: &str, ready_path: &str) -> io::Result<Server> {
+        Self::spawn(bin, database_url, &[], &[], ready_path)
+    }
+
+    fn spawn(
+        bin: &Path,
+        database_url: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        ready_path: &str,
+    ) -> io::Result<Server> {
         let dir = tempfile::Builder::new()
             .prefix("combsrv")
             .tempdir_in("/tmp")?;
@@ -477,7 +494,7 @@ impl Server {
                 })?;
             // Best effort: without the watchdog a killed test run would only leak the process.
             let _ = spawn_server_watchdog(child.id());
-            match wait_ready(&mut child, addr, SERVER_READY_TIMEOUT) {
+            match wait_ready(&mut child, addr, ready_path, SERVER_READY_TIMEOUT) {
                 Ok(()) => {
                     return Ok(Server {
                         child,
@@ -604,7 +621,12 @@ pub fn free_port() -> u16 {
 }
 
 /// Waits until `GET /ready` on `addr` answers 200 while `child` keeps running.
-fn wait_ready(child: &mut Child, addr: SocketAddr, timeout: Duration) -> io::Result<()> {
+fn wait_ready(
+    child: &mut Child,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> io::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait()? {
@@ -613,28 +635,30 @@ fn wait_ready(child: &mut Child, addr: SocketAddr, timeout: Duration) -> io::Res
             )));
         }
         // The second check makes sure it is our process answering, not one that took the port.
-        if probe_ready(addr) && child.try_wait()?.is_none() {
+        if probe_ready(addr, path) && child.try_wait()?.is_none() {
             return Ok(());
         }
         if Instant::now() >= deadline {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("comb did not answer GET /ready on {addr} with 200 within {timeout:?}"),
+                format!(
+                    "the server did not answer GET {path} on {addr} with 200 within {timeout:?}"
+                ),
             ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// Sends `GET /ready` and reports whether the answer's status is 200.
-fn probe_ready(addr: SocketAddr) -> bool {
+/// Sends `GET <path>` and reports whether the answer's status is 200.
+fn probe_ready(addr: SocketAddr, path: &str) -> bool {
     let attempt = || -> io::Result<bool> {
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
         stream.set_read_timeout(Some(Duration::from_secs(2)))?;
         stream.set_write_timeout(Some(Duration::from_secs(2)))?;
         write!(
             stream,
-            "GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
         )?;
         let mut head = Vec::new();
         let mut buf = [0u8; 256];
