@@ -55,6 +55,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     let acker = Arc::new(Acker::start(
         pool.clone(),
         metrics.clone(),
+        wake.clone(),
         config.ack_workers,
         config.fuse_max_items,
     ));

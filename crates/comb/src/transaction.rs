@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use deadpool_postgres::Pool;
+use uuid::Uuid;
 
 use crate::ack::{AckItem, AckOutcome, AckStatus, Acker, settle_in};
 use crate::db::DbError;
@@ -94,12 +95,13 @@ impl Transactions {
             ));
         }
         tx.commit().await.map_err(DbError::from)?;
-        let statuses: Vec<AckStatus> = acks.iter().map(|a| a.status).collect();
-        self.acker.record(&statuses, &outcomes);
+        let acked: Vec<(Uuid, String, AckStatus)> = acks
+            .iter()
+            .map(|a| (a.partition_id, a.group.clone(), a.status))
+            .collect();
+        self.acker.record(&acked, &outcomes);
         self.pusher.record(&stored);
-        for q in messages.iter().map(|m| &*m.queue) {
-            self.wake.pushed(q);
-        }
+        crate::push::announce(&self.wake, messages.iter());
         Ok(Committed {
             acks: outcomes,
             messages,

@@ -7,17 +7,25 @@
 //! takes a cluster-wide lock that is held through the commit's WAL flush, so no two pushing
 //! transactions could ever share a flush.
 //!
-//! Each queue name has a version counter. A pop reads the version before it looks in the
-//! database and, if it found nothing, waits for the version to change; a push that commits
-//! between the look and the wait has already bumped the version, so no wake-up is lost.
+//! Pops of a group that wait ([`Ready`]) are woken one at a time, and learn which partitions
+//! were pushed: a push hands each of its partitions to the groups that wait on its queue here
+//! and wakes one waiting pop per partition, which claims that partition alone instead of
+//! walking the group's cursors. Everything the hints do not cover (pushes through other
+//! servers, whose notifications name only queues) marks the group's last empty walk stale,
+//! so the next pop walks again. Hints are only hints: the claim reads the truth.
+//!
+//! Pops of a named partition wait on a version counter per queue name: a pop reads it before
+//! it looks in the database and, if it found nothing, waits for it to change; a push that
+//! commits between the look and the wait has already bumped it, so no wake-up is lost.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_postgres::AsyncMessage;
+use uuid::Uuid;
 
 /// Channel push notifications are sent on.
 pub(crate) const NOTIFY_CHANNEL: &str = "comb_push";
@@ -52,15 +60,215 @@ pub(crate) const BROADCAST_EVERY: Duration = Duration::from_millis(10);
 /// Largest notification payload PostgreSQL accepts is 8000 bytes; beyond this, wake all.
 const NOTIFY_MAX: usize = 7_900;
 
+/// Most partitions a group's hints hold; beyond, they are dropped and the group walks again.
+const READY_MAX: usize = 4_096;
+
+/// What the waiting pops of one (queue, group) on this server know between claims.
+#[derive(Default)]
+pub(crate) struct Ready {
+    state: Mutex<ReadyState>,
+    /// Wakes one waiting pop per hint (or per unhinted change).
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct ReadyState {
+    /// Partitions pushed into (or whose lease ended) since a pop last took them, oldest first.
+    hints: VecDeque<Uuid>,
+    hinted: HashSet<Uuid>,
+    /// Partitions that may hold messages behind a lease (a claim of them found nothing, or
+    /// handed out a full batch): the end of that lease hands them out again.
+    /// Each with the mark of the claim that last set it.
+    blocked: HashMap<Uuid, u64>,
+    marks: u64,
+    /// Counts changes the hints do not name; a walk that found nothing at `changes == n`
+    /// sets `clean_at = Some((n, when))`.
+    changes: u64,
+    clean_at: Option<(u64, Instant)>,
+}
+
+impl Ready {
+    /// The waiting pop that [`Ready::notify`] will wake: enable it before looking, so that a
+    /// hint given after the look still wakes it.
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// Takes the oldest hinted partition.
+    pub(crate) fn take_one(&self) -> Option<Uuid> {
+        let mut st = self.state.lock().expect("ready hints poisoned");
+        let p = st.hints.pop_front()?;
+        st.hinted.remove(&p);
+        Some(p)
+    }
+
+    /// Takes up to `n` hinted partitions, oldest first.
+    #[cfg(test)]
+    fn take(&self, n: usize) -> Vec<Uuid> {
+        let mut st = self.state.lock().expect("ready hints poisoned");
+        let k = n.min(st.hints.len());
+        let taken: Vec<Uuid> = st.hints.drain(..k).collect();
+        for p in &taken {
+            st.hinted.remove(p);
+        }
+        taken
+    }
+
+    /// A claim of `partition` begins (or handed out a full batch): until it succeeds, the
+    /// partition may hold messages behind a lease, so the lease's end must hint it.
+    /// Returns the mark to give [`Ready::unblocked`].
+    pub(crate) fn may_be_blocked(&self, partition: Uuid) -> u64 {
+        let mut st = self.state.lock().expect("ready hints poisoned");
+        if st.blocked.len() >= READY_MAX {
+            st.blocked.clear();
+            st.changes += 1;
+        }
+        st.marks += 1;
+        let mark = st.marks;
+        st.blocked.insert(partition, mark);
+        mark
+    }
+
+    /// The claim that set `mark` on `partition` handed out all it held (less than a batch),
+    /// and no claim marked it since: nothing waits behind its lease.
+    pub(crate) fn unblocked(&self, partition: Uuid, mark: u64) {
+        let mut st = self.state.lock().expect("ready hints poisoned");
+        if st.blocked.get(&partition) == Some(&mark) {
+            st.blocked.remove(&partition);
+        }
+    }
+
+    /// Hints `partition` again: it handed out a full batch without a lease (auto-ack), so
+    /// more may be there now.
+    pub(crate) fn again(&self, partition: Uuid) {
+        self.hint(&[partition]);
+    }
+
+    /// A mark to give [`Ready::walked_empty`] once a walk that starts now found nothing.
+    pub(crate) fn mark(&self) -> u64 {
+        self.state.lock().expect("ready hints poisoned").changes
+    }
+
+    /// A walk begun at `mark` found nothing: until something unhinted changes, only hinted
+    /// partitions can have messages to claim (as far as this server can know).
+    pub(crate) fn walked_empty(&self, mark: u64) {
+        self.state.lock().expect("ready hints poisoned").clean_at = Some((mark, Instant::now()));
+    }
+
+    /// Whether a walk could find something the hints do not name: something unhinted
+    /// changed since the last empty walk, or it is older than `max_age` (leases end, delayed
+    /// messages come due and other servers' acks release partitions without a word here).
+    pub(crate) fn needs_walk(&self, max_age: Duration) -> bool {
+        let st = self.state.lock().expect("ready hints poisoned");
+        match st.clean_at {
+            Some((n, at)) => n != st.changes || at.elapsed() >= max_age,
+            None => true,
+        }
+    }
+
+    /// Wakes one more waiting pop: a claim found messages, so there may be more, or hints are
+    /// left that nobody is looking at.
+    pub(crate) fn pass_on(&self) {
+        self.notify.notify_one();
+    }
+
+    /// Whether hints are waiting for a pop.
+    pub(crate) fn has_hints(&self) -> bool {
+        !self
+            .state
+            .lock()
+            .expect("ready hints poisoned")
+            .hints
+            .is_empty()
+    }
+
+    fn hint(&self, partitions: &[Uuid]) {
+        let mut added = 0;
+        {
+            let mut st = self.state.lock().expect("ready hints poisoned");
+            for &p in partitions {
+                if st.hinted.len() >= READY_MAX {
+                    st.hints.clear();
+                    st.hinted.clear();
+                    st.changes += 1;
+                    added += 1;
+                    break;
+                }
+                if st.hinted.insert(p) {
+                    st.hints.push_back(p);
+                    added += 1;
+                }
+            }
+        }
+        for _ in 0..added {
+            self.notify.notify_one();
+        }
+    }
+
+    fn changed(&self) {
+        self.state.lock().expect("ready hints poisoned").changes += 1;
+        self.notify.notify_one();
+    }
+
+    fn wake_all(&self) {
+        self.state.lock().expect("ready hints poisoned").changes += 1;
+        self.notify.notify_waiters();
+    }
+}
+
 /// The wake-up registry of one server.
 #[derive(Default)]
 pub(crate) struct Wake {
     queues: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Per queue name, per group: the groups whose pops wait here.
+    ready: Mutex<HashMap<String, HashMap<String, Arc<Ready>>>>,
     /// Queue names to announce to other servers (see [`broadcast`]).
     outbox: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 impl Wake {
+    /// The hints and waiting pops of `group` on `queue` (made on first use: until a pop of the
+    /// group has walked, it walks).
+    pub(crate) fn ready(&self, queue: &str, group: &str) -> Arc<Ready> {
+        let mut map = self.ready.lock().expect("wake registry poisoned");
+        let groups = map.entry(queue.to_string()).or_default();
+        if let Some(r) = groups.get(group) {
+            return r.clone();
+        }
+        let r = Arc::new(Ready::default());
+        groups.insert(group.to_string(), r.clone());
+        r
+    }
+
+    /// Lease of `group` on `partition` of `queue` ended here (an ack settled it). If messages
+    /// came back (`returned`: a failed or retried ack) or may wait behind the lease (see
+    /// [`Ready::may_be_blocked`]), one waiting pop claims the partition.
+    pub(crate) fn released(&self, queue: &str, group: &str, partition: Uuid, returned: bool) {
+        let r = {
+            let map = self.ready.lock().expect("wake registry poisoned");
+            map.get(queue).and_then(|g| g.get(group)).cloned()
+        };
+        if let Some(r) = r {
+            let blocked = r
+                .state
+                .lock()
+                .expect("ready hints poisoned")
+                .blocked
+                .remove(&partition)
+                .is_some();
+            if blocked || returned {
+                r.hint(&[partition]);
+            }
+        }
+    }
+
+    fn groups_of(&self, queue: &str) -> Vec<Arc<Ready>> {
+        let map = self.ready.lock().expect("wake registry poisoned");
+        map.get(queue)
+            .map(|g| g.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// A receiver whose `changed()` fires on the next push to `queue`.
     pub(crate) fn listen(&self, queue: &str) -> watch::Receiver<u64> {
         let mut map = self.queues.lock().expect("wake registry poisoned");
@@ -72,16 +280,30 @@ impl Wake {
         rx
     }
 
-    /// A push to `queue` committed: wake its pops here now, and on other servers soon.
-    pub(crate) fn pushed(&self, queue: &str) {
-        self.notify(queue);
+    /// A push into `partitions` of `queue` committed: hand them to the groups waiting here
+    /// (one woken pop per partition), wake pops of a named partition, and tell other servers
+    /// soon.
+    pub(crate) fn pushed(&self, queue: &str, partitions: &[Uuid]) {
+        for r in self.groups_of(queue) {
+            r.hint(partitions);
+        }
+        self.bump(queue);
         if let Some(outbox) = self.outbox.get() {
             let _ = outbox.send(queue.to_string());
         }
     }
 
-    /// Wakes every pop waiting on `queue`. Cheap when nobody waits.
+    /// Something changed in `queue` that names no partition (a push through another server):
+    /// each group's next pop walks, and one waiting pop per group is woken to do it.
     pub(crate) fn notify(&self, queue: &str) {
+        for r in self.groups_of(queue) {
+            r.changed();
+        }
+        self.bump(queue);
+    }
+
+    /// Wakes every pop waiting on a named partition of `queue`. Cheap when nobody waits.
+    fn bump(&self, queue: &str) {
         let mut map = self.queues.lock().expect("wake registry poisoned");
         if let Some(tx) = map.get(queue) {
             if tx.receiver_count() == 0 {
@@ -92,11 +314,21 @@ impl Wake {
         }
     }
 
-    /// Wakes every waiting pop (used at shutdown so that they answer at once).
+    /// Wakes every waiting pop, each of which walks (at shutdown so that they answer at
+    /// once; after notifications may have been missed).
     pub(crate) fn notify_all(&self) {
-        let map = self.queues.lock().expect("wake registry poisoned");
-        for tx in map.values() {
-            tx.send_modify(|v| *v += 1);
+        {
+            let map = self.queues.lock().expect("wake registry poisoned");
+            for tx in map.values() {
+                tx.send_modify(|v| *v += 1);
+            }
+        }
+        let all: Vec<Arc<Ready>> = {
+            let map = self.ready.lock().expect("wake registry poisoned");
+            map.values().flat_map(|g| g.values().cloned()).collect()
+        };
+        for r in all {
+            r.wake_all();
         }
     }
 }
@@ -214,6 +446,86 @@ mod tests {
             .await
             .expect("woken")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_push_wakes_one_waiting_pop_per_partition_and_names_it() {
+        let wake = Wake::default();
+        let ready = wake.ready("q", "g");
+        let (a, b) = (ready.notified(), ready.notified());
+        tokio::pin!(a, b);
+        a.as_mut().enable();
+        b.as_mut().enable();
+        let p = Uuid::now_v7();
+        wake.pushed("q", &[p, p]);
+        tokio::time::timeout(Duration::from_secs(1), &mut a)
+            .await
+            .expect("the first waiter is woken");
+        // One partition (named twice): the second waiter sleeps on.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut b)
+                .await
+                .is_err()
+        );
+        assert_eq!(ready.take(4), [p]);
+        assert!(ready.take(4).is_empty());
+        // Another group of the queue hears of it too; a group of another queue does not.
+        let other = wake.ready("q", "h");
+        let elsewhere = wake.ready("r", "g");
+        wake.pushed("q", &[p]);
+        assert_eq!(other.take(1), [p]);
+        assert!(elsewhere.take(1).is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_empty_walk_holds_until_something_unhinted_changes() {
+        let wake = Wake::default();
+        let ready = wake.ready("q", "g");
+        let age = Duration::from_secs(3600);
+        assert!(ready.needs_walk(age), "a group never walked walks");
+        let mark = ready.mark();
+        ready.walked_empty(mark);
+        assert!(!ready.needs_walk(age));
+        assert!(
+            ready.needs_walk(Duration::ZERO),
+            "an old empty walk is walked again"
+        );
+        wake.pushed("q", &[Uuid::now_v7()]);
+        assert!(!ready.needs_walk(age), "a push names its partition");
+        // A push through another server names only the queue.
+        wake.notify("q");
+        assert!(ready.needs_walk(age));
+        // A walk that began before the change does not hide it.
+        let stale = mark;
+        ready.walked_empty(stale);
+        assert!(ready.needs_walk(age));
+        let mark = ready.mark();
+        ready.walked_empty(mark);
+        let (p, q) = (Uuid::now_v7(), Uuid::now_v7());
+        wake.released("q", "g", p, true);
+        assert!(!ready.needs_walk(age));
+        assert_eq!(ready.take(5).len(), 2, "returned messages are hinted");
+        // A completed lease hints its partition only if messages may wait behind it.
+        wake.released("q", "g", p, false);
+        assert!(ready.take(5).is_empty());
+        ready.may_be_blocked(p);
+        let first = ready.may_be_blocked(q);
+        let second = ready.may_be_blocked(q);
+        ready.unblocked(q, first);
+        wake.released("q", "g", q, false);
+        assert_eq!(ready.take(5), [q], "a later claim's mark stays");
+        ready.may_be_blocked(q);
+        let last = ready.may_be_blocked(q);
+        assert!(last > second);
+        ready.unblocked(q, last);
+        wake.released("q", "g", q, false);
+        wake.released("q", "g", p, false);
+        assert_eq!(ready.take(5), [p]);
+        wake.released("q", "g", p, false);
+        assert!(ready.take(5).is_empty(), "once");
+        assert_eq!(ready.take_one(), None);
+        wake.notify_all();
+        assert!(ready.needs_walk(age));
     }
 
     #[tokio::test]

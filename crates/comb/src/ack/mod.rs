@@ -21,6 +21,7 @@ use uuid::Uuid;
 use crate::fusion::{Fuser, Reply};
 use crate::metrics::{Metrics, Settled};
 use crate::refusal::{Kind, Refusal};
+use crate::wake::Wake;
 
 pub(crate) use cursor::Cursor;
 /// The ack path's statements, public for the test suite's plan checks.
@@ -135,6 +136,7 @@ pub(crate) fn tally(statuses: &[AckStatus], outcomes: &[AckOutcome]) -> Settled 
 pub(crate) struct Acker {
     fuser: Fuser<AckJob>,
     metrics: Arc<Metrics>,
+    wake: Arc<Wake>,
 }
 
 impl Acker {
@@ -142,24 +144,41 @@ impl Acker {
     pub(crate) fn start(
         pool: Pool,
         metrics: Arc<Metrics>,
+        wake: Arc<Wake>,
         workers: usize,
         max_items: usize,
     ) -> Acker {
         let fuser = store::start(pool, workers, max_items, metrics.fusion.ack.clone());
-        Acker { fuser, metrics }
+        Acker {
+            fuser,
+            metrics,
+            wake,
+        }
     }
 
     /// Settles acks in the next fused ack transaction; one outcome per item, in order.
     /// Each item succeeds or fails on its own.
     pub(crate) async fn settle(&self, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Refusal> {
-        let statuses: Vec<AckStatus> = items.iter().map(|i| i.status).collect();
+        let released: Vec<(Uuid, String, AckStatus)> = items
+            .iter()
+            .map(|i| (i.partition_id, i.group.clone(), i.status))
+            .collect();
         let outcomes = self.fuser.ask(0, |reply| AckJob { items, reply }).await?;
-        self.record(&statuses, &outcomes);
+        self.record(&released, &outcomes);
         Ok(outcomes)
     }
 
-    /// Counts accepted acks in this server's metrics.
-    pub(crate) fn record(&self, statuses: &[AckStatus], outcomes: &[AckOutcome]) {
-        self.metrics.messages.settled(&tally(statuses, outcomes));
+    /// After the acks' commit: counts accepted acks in this server's metrics, and tells the
+    /// waiting pops of each partition whose lease they ended that it may be claimed again.
+    /// `acked` holds each ack's (partition, group, status), in the order of `outcomes`.
+    pub(crate) fn record(&self, acked: &[(Uuid, String, AckStatus)], outcomes: &[AckOutcome]) {
+        let statuses: Vec<AckStatus> = acked.iter().map(|a| a.2).collect();
+        self.metrics.messages.settled(&tally(&statuses, outcomes));
+        for ((partition, group, status), o) in acked.iter().zip(outcomes) {
+            if let (Ok(()), true, Some(queue)) = (&o.result, o.lease_released, &o.queue_name) {
+                let returned = matches!(status, AckStatus::Failed | AckStatus::Retry);
+                self.wake.released(queue, group, *partition, returned);
+            }
+        }
     }
 }

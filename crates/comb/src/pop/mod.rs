@@ -14,12 +14,13 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use crate::catalog::{Catalog, StartFrom};
 use crate::fusion::Fuser;
 use crate::metrics::Metrics;
 use crate::refusal::{Kind, Refusal};
-use crate::wake::Wake;
+use crate::wake::{Ready, Wake};
 
 /// The claim's statements, public for the test suite's plan checks.
 pub use claim::{CANDIDATES_SQL, CLAIM_SQL, begin_claim};
@@ -94,6 +95,9 @@ impl Popper {
     /// Claims messages; when asked to wait, waits for a push to this queue and claims again.
     /// `None`: nothing to hand out before the wait ended (or the server began to stop).
     pub(crate) async fn pop(&self, req: &Request) -> Result<Option<Vec<Claim>>, Refusal> {
+        if req.wait && req.partition.is_none() {
+            return self.pop_waiting(req).await;
+        }
         let deadline = Instant::now()
             + if req.wait {
                 req.timeout
@@ -105,7 +109,7 @@ impl Popper {
         loop {
             // Listen before looking, so a push that commits after the look still wakes us.
             let mut woken = self.wake.listen(&req.queue);
-            if let Some(claims) = self.attempt(req).await? {
+            if let Some(claims) = self.attempt(req, None).await? {
                 return Ok(Some(claims));
             }
             let now = Instant::now();
@@ -113,13 +117,7 @@ impl Popper {
                 return Ok(None);
             }
             if slot.is_none() {
-                slot = Some(self.waiting.enter().ok_or_else(|| {
-                    Refusal::new(
-                        Kind::Full,
-                        "waiting_pops_exhausted",
-                        "the server holds its maximum number of waiting pops; retry shortly or pop without wait",
-                    )
-                })?);
+                slot = Some(self.wait_slot()?);
             }
             let until = deadline.min(now + self.poll_fallback);
             tokio::select! {
@@ -130,8 +128,79 @@ impl Popper {
         }
     }
 
-    /// One look: the claims made, or `None` when there was nothing to claim.
-    async fn attempt(&self, req: &Request) -> Result<Option<Vec<Claim>>, Refusal> {
+    /// A long poll of a group over the whole queue. Pushes on this server name the partitions
+    /// they filled and wake one waiting pop per partition, which claims those alone; the
+    /// group's cursors are walked only when something the hints do not name may have changed
+    /// (a push through another server, a new group, notifications missed) and on the
+    /// fallback timer, which also finds leases that ended unsettled. A pop that found
+    /// nothing therefore costs nothing until a push, and a push wakes one pop, not all.
+    async fn pop_waiting(&self, req: &Request) -> Result<Option<Vec<Claim>>, Refusal> {
+        let deadline = Instant::now() + req.timeout;
+        let ready = self.wake.ready(&req.queue, &req.group);
+        let mut stop = self.stopping.clone();
+        let mut slot = None;
+        let mut walk = false;
+        loop {
+            // Enabled before looking, so a hint given after the look still wakes this pop.
+            let woken = ready.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            while let Some(partition) = ready.take_one() {
+                // Marked first: a lease on it that ends while this claim runs hints it again.
+                let mark = ready.may_be_blocked(partition);
+                if let Some(claims) = self.attempt(req, Some(partition)).await? {
+                    note_claims(&ready, req, &claims, Some(mark));
+                    if ready.has_hints() {
+                        ready.pass_on();
+                    }
+                    return Ok(Some(claims));
+                }
+            }
+            if walk || ready.needs_walk(self.poll_fallback) {
+                let mark = ready.mark();
+                match self.attempt(req, None).await? {
+                    Some(claims) => {
+                        note_claims(&ready, req, &claims, None);
+                        // More may be waiting: let another pop look.
+                        ready.pass_on();
+                        return Ok(Some(claims));
+                    }
+                    None => ready.walked_empty(mark),
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline || *stop.borrow() {
+                return Ok(None);
+            }
+            if slot.is_none() {
+                slot = Some(self.wait_slot()?);
+            }
+            let until = deadline.min(now + self.poll_fallback);
+            walk = tokio::select! {
+                _ = &mut woken => false,
+                _ = tokio::time::sleep_until(until) => true,
+                _ = stop.changed() => false,
+            };
+        }
+    }
+
+    fn wait_slot(&self) -> Result<waiting::WaitSlot<'_>, Refusal> {
+        self.waiting.enter().ok_or_else(|| {
+            Refusal::new(
+                Kind::Full,
+                "waiting_pops_exhausted",
+                "the server holds its maximum number of waiting pops; retry shortly or pop without wait",
+            )
+        })
+    }
+
+    /// One look: the claims made, or `None` when there was nothing to claim. `hinted`: look
+    /// at this partition only (a push or an ended lease named it).
+    async fn attempt(
+        &self,
+        req: &Request,
+        hinted: Option<Uuid>,
+    ) -> Result<Option<Vec<Claim>>, Refusal> {
         let Some(queue_id) = self.catalog.find_queue(&self.pool, &req.queue).await? else {
             if req.partition.is_some() {
                 return Err(Refusal::not_found(
@@ -150,7 +219,7 @@ impl Popper {
                 Some(id) => Some(id),
                 None => return Ok(None),
             },
-            None => None,
+            None => hinted,
         };
         self.catalog
             .ensure_subscription(&self.pool, queue_id, &req.group, req.start)
@@ -178,5 +247,22 @@ impl Popper {
         let n: usize = claims.iter().map(|c| c.messages.len()).sum();
         self.metrics.messages.delivered(n as u64);
         Ok(Some(claims))
+    }
+}
+
+/// What a claim tells the group's hints: a partition that handed out a full batch may hold
+/// more (behind its new lease, or at once without one); one that handed out less through a
+/// hinted claim (`mark`) held nothing more when it was read.
+fn note_claims(ready: &Ready, req: &Request, claims: &[Claim], mark: Option<u64>) {
+    for c in claims {
+        let full = c.messages.len() >= usize::try_from(req.batch).unwrap_or(usize::MAX);
+        match (full, c.lease_id, mark) {
+            (true, Some(_), _) => {
+                ready.may_be_blocked(c.partition_id);
+            }
+            (true, None, _) => ready.again(c.partition_id),
+            (false, _, Some(mark)) => ready.unblocked(c.partition_id, mark),
+            (false, _, None) => {}
+        }
     }
 }

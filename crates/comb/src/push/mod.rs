@@ -23,7 +23,7 @@ use crate::queue::DEFAULT_PARTITION;
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
-pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, store_in};
+pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, announce, store_in};
 
 /// One message to push, as the edge decoded and validated it. Strings borrow from the
 /// request where they can; `payload` is JSON text inside the request's bytes.

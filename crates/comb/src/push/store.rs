@@ -347,9 +347,7 @@ async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {
     let plan = Plan::new(&all);
     match store(pool, &plan).await {
         Ok(outcomes) => {
-            for q in &plan.queues {
-                wake.pushed(q);
-            }
+            announce(wake, all.iter().copied());
             let mut it = outcomes.into_iter();
             for job in jobs {
                 let mine: Vec<Stored> = it.by_ref().take(job.messages.len()).collect();
@@ -434,8 +432,17 @@ pub(crate) struct Plan<'a> {
     /// For each message, the index of its first occurrence if it repeats one.
     repeat_of: Vec<Option<usize>>,
     lock_ids: Vec<Uuid>,
-    /// Distinct queue names, sorted.
-    pub(crate) queues: Vec<&'a str>,
+}
+
+/// Tells `wake` which partitions of which queues the committed `messages` went into.
+pub(crate) fn announce<'m>(wake: &Wake, messages: impl Iterator<Item = &'m NewMessage>) {
+    let mut pairs: Vec<(&str, Uuid)> = messages.map(|m| (&*m.queue, m.partition_id)).collect();
+    pairs.sort_unstable();
+    pairs.dedup();
+    for chunk in pairs.chunk_by(|a, b| a.0 == b.0) {
+        let partitions: Vec<Uuid> = chunk.iter().map(|p| p.1).collect();
+        wake.pushed(chunk[0].0, &partitions);
+    }
 }
 
 impl<'a> Plan<'a> {
@@ -463,15 +470,11 @@ impl<'a> Plan<'a> {
         let mut lock_ids: Vec<Uuid> = sent.iter().map(|&i| all[i].partition_id).collect();
         lock_ids.sort_unstable();
         lock_ids.dedup();
-        let mut queues: Vec<&str> = all.iter().map(|m| &*m.queue).collect();
-        queues.sort_unstable();
-        queues.dedup();
         Plan {
             all,
             sent,
             repeat_of,
             lock_ids,
-            queues,
         }
     }
 
