@@ -112,14 +112,9 @@ impl Popper {
             if let Some(claims) = self.attempt(req, None).await? {
                 return Ok(Some(claims));
             }
-            let now = Instant::now();
-            if now >= deadline || *stop.borrow() {
+            let Some(until) = self.wait_until(deadline, &stop, &mut slot)? else {
                 return Ok(None);
-            }
-            if slot.is_none() {
-                slot = Some(self.wait_slot()?);
-            }
-            let until = deadline.min(now + self.poll_fallback);
+            };
             tokio::select! {
                 _ = woken.changed() => {}
                 _ = tokio::time::sleep_until(until) => {}
@@ -145,17 +140,8 @@ impl Popper {
             let woken = ready.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            while let Some(partition) = ready.take_one() {
-                // Marked first: a lease on it that ends while this claim runs hints it again.
-                let mark = ready.may_be_blocked(partition);
-                if let Some(claims) = self.attempt(req, Some(partition)).await? {
-                    note_claims(&ready, req, &claims, Some(mark));
-                    if ready.has_hints() {
-                        ready.pass_on();
-                    }
-                    return Ok(Some(claims));
-                }
-            }
+            // The walk comes first when due, so that partitions no hint names (ended leases,
+            // other servers' pushes) never wait behind a stream of hinted ones.
             if walk || ready.needs_walk(self.poll_fallback) {
                 let mark = ready.mark();
                 match self.attempt(req, None).await? {
@@ -168,20 +154,44 @@ impl Popper {
                     None => ready.walked_empty(mark),
                 }
             }
-            let now = Instant::now();
-            if now >= deadline || *stop.borrow() {
+            while let Some(partition) = ready.take_one() {
+                // Marked first: a lease on it that ends while this claim runs hints it again.
+                let mark = ready.may_be_blocked(partition);
+                if let Some(claims) = self.attempt(req, Some(partition)).await? {
+                    note_claims(&ready, req, &claims, Some(mark));
+                    if ready.has_hints() {
+                        ready.pass_on();
+                    }
+                    return Ok(Some(claims));
+                }
+            }
+            let Some(until) = self.wait_until(deadline, &stop, &mut slot)? else {
                 return Ok(None);
-            }
-            if slot.is_none() {
-                slot = Some(self.wait_slot()?);
-            }
-            let until = deadline.min(now + self.poll_fallback);
+            };
             walk = tokio::select! {
                 _ = &mut woken => false,
                 _ = tokio::time::sleep_until(until) => true,
                 _ = stop.changed() => false,
             };
         }
+    }
+
+    /// After a look that found nothing: `None` when the pop ends now (its time is up, or the
+    /// server stops), else until when it waits before looking again, holding a waiting place.
+    fn wait_until<'a>(
+        &'a self,
+        deadline: Instant,
+        stop: &watch::Receiver<bool>,
+        slot: &mut Option<waiting::WaitSlot<'a>>,
+    ) -> Result<Option<Instant>, Refusal> {
+        let now = Instant::now();
+        if now >= deadline || *stop.borrow() {
+            return Ok(None);
+        }
+        if slot.is_none() {
+            *slot = Some(self.wait_slot()?);
+        }
+        Ok(Some(deadline.min(now + self.poll_fallback)))
     }
 
     fn wait_slot(&self) -> Result<waiting::WaitSlot<'_>, Refusal> {
