@@ -90,6 +90,9 @@ pub struct AckOutcome {
     pub partition_name: Option<String>,
     pub lease_released: bool,
     pub dlq: bool,
+    /// The message exhausted `retryLimit` in a queue that keeps no dead letters for that
+    /// (`deadLetterQueue` or `dlqAfterMaxRetries` false): skipped and counted.
+    pub discarded: bool,
 }
 
 /// The state of one (partition, group) cursor, as the ack rules see it.
@@ -119,6 +122,9 @@ pub struct Applied {
     pub lease_released: bool,
     /// The message must be copied to the dead letters, after this many failed attempts.
     pub dead_letter: Option<i32>,
+    /// The message exhausted `retryLimit` and the queue keeps no dead letters for that: it was
+    /// settled without a copy.
+    pub discarded: bool,
 }
 
 impl Cursor {
@@ -161,7 +167,11 @@ impl Cursor {
             AckStatus::Failed => {
                 let attempts = self.attempts_of(pos) + 1;
                 if attempts as i64 >= opts.retry_limit as i64 {
-                    applied.dead_letter = Some(attempts);
+                    if opts.dead_letters_exhausted() {
+                        applied.dead_letter = Some(attempts);
+                    } else {
+                        applied.discarded = true;
+                    }
                     self.settle(pos, seg);
                 } else {
                     self.set_attempts(pos, attempts);
@@ -549,6 +559,7 @@ async fn judge<C: GenericClient>(
             partition_name: names.map(|n| n.0.clone()),
             lease_released: false,
             dlq: false,
+            discarded: false,
         };
         let Some((pos, seg)) = position[k] else {
             outcome.result = Err(AckRefusal::MessageNotFound);
@@ -567,6 +578,7 @@ async fn judge<C: GenericClient>(
             Ok(applied) => {
                 state.changed = true;
                 outcome.lease_released = applied.lease_released;
+                outcome.discarded = applied.discarded;
                 if let Some(attempts) = applied.dead_letter {
                     outcome.dlq = true;
                     dead.push(DeadLetter {
@@ -642,9 +654,10 @@ async fn positions<C: GenericClient>(
 }
 
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
-/// unsettled messages and dead-letters those at the retry limit. Cursors another claim or
+/// unsettled messages and dead-letters those at the retry limit (or, in queues that keep no
+/// dead letters for that, skips them: their number is returned). Cursors another claim or
 /// ack holds right now are skipped; they are seen again on a later pop.
-pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Result<(), DbError> {
+pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Result<u64, DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.batch_execute(db::consumer_plans!()).await?;
@@ -657,7 +670,7 @@ pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Res
         .map(|r| r.get(0))
         .collect();
     if locked.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let groups: Vec<&str> = locked.iter().map(|_| group).collect();
     let rows = tx.query(&state, &[&locked, &groups]).await?;
@@ -665,9 +678,14 @@ pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Res
     // Read again under the lock: only leases still ended are expired.
     cursors.retain(|_, l| l.cursor.lease_id.is_some() && !l.cursor.lease_live);
     let mut dead = Vec::new();
+    let mut discarded = 0;
     for ((partition_id, group), state) in cursors.iter_mut() {
         state.changed = true;
         for (pos, attempts) in state.cursor.expire(&state.options) {
+            if !state.options.dead_letters_exhausted() {
+                discarded += 1;
+                continue;
+            }
             dead.push(DeadLetter {
                 queue_id: state.queue_id,
                 partition_id: *partition_id,
@@ -681,7 +699,7 @@ pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Res
     let writes = WriteStatements::prepare(&tx).await?;
     write_back(&tx, &writes, &cursors, &dead).await?;
     tx.commit().await?;
-    Ok(())
+    Ok(discarded)
 }
 
 /// Cursors as read by [`STATE_SQL`].

@@ -9,6 +9,8 @@ pub mod ack;
 pub mod catalog;
 pub mod config;
 pub mod db;
+pub mod dead_letter;
+pub mod encryption;
 pub mod fusion;
 pub mod http;
 pub mod lease;

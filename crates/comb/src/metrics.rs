@@ -114,6 +114,10 @@ pub struct Messages {
     pub retried: Counter,
     /// Accepted acks that put their message in the dead-letter queue.
     pub dead_lettered: Counter,
+    /// Messages that exhausted `retryLimit` in queues keeping no dead letters for that
+    /// (`deadLetterQueue` or `dlqAfterMaxRetries` false): skipped, by a failed ack or an
+    /// expired lease. Shared with the pop workers, which expire leases.
+    pub discarded: Arc<Counter>,
 }
 
 impl Messages {
@@ -152,6 +156,7 @@ impl Messages {
                 AckStatus::Dlq => {}
             }
             dead += u64::from(o.dlq);
+            self.discarded.add(u64::from(o.discarded));
         }
         self.acked.add(acked);
         self.failed.add(failed);
@@ -249,6 +254,11 @@ impl Metrics {
             "comb_messages_dead_lettered_total",
             "Messages dead-lettered by acks answered by this server (status dlq, or failed past retryLimit).",
             m.dead_lettered.get(),
+        );
+        out.counter(
+            "comb_messages_discarded_total",
+            "Messages that exhausted retryLimit in queues keeping no dead letters for that (deadLetterQueue or dlqAfterMaxRetries false), skipped by this server.",
+            m.discarded.get(),
         );
 
         let mt = &self.maintenance;

@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
-use crate::metrics::Stage;
+use crate::metrics::{Counter, Stage};
 
 /// The shape of a pop; pops with the same shape are claimed together.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -89,7 +89,7 @@ const QUEUE_OPTIONS: &str = "
     SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
-           coalesce((options->>'retentionSeconds')::float8, 0) AS retention_secs
+           comb.retention_secs(options) AS retention_secs
     FROM comb.queues WHERE id = $1";
 
 /// First half of a claim: the group's cursors of the queue with messages to hand out and no
@@ -278,6 +278,7 @@ pub fn start(
     pool: Pool,
     workers: usize,
     default_lease_seconds: f64,
+    discarded: Arc<Counter>,
     stage: Arc<Stage>,
 ) -> Fuser<PopJob> {
     let rovers = Arc::new(Rovers::default());
@@ -286,7 +287,18 @@ pub fn start(
         let pool = pool.clone();
         let rovers = rovers.clone();
         let running = running.clone();
-        Box::pin(async move { run_batch(pool, running, rovers, default_lease_seconds, jobs).await })
+        let discarded = discarded.clone();
+        Box::pin(async move {
+            run_batch(
+                pool,
+                running,
+                rovers,
+                default_lease_seconds,
+                discarded,
+                jobs,
+            )
+            .await
+        })
     });
     Fuser::start_keyed(workers.max(1) * LANES_PER_WORKER, 256, |_| 1, run, stage)
 }
@@ -300,6 +312,7 @@ async fn run_batch(
     running: Arc<Semaphore>,
     rovers: Arc<Rovers>,
     default_lease_seconds: f64,
+    discarded: Arc<Counter>,
     jobs: Vec<PopJob>,
 ) {
     let mut by_shape: HashMap<PopShape, Vec<PopJob>> = HashMap::new();
@@ -312,6 +325,7 @@ async fn run_batch(
         let (walk_done, walk_seen) = oneshot::channel();
         walked.push(walk_seen);
         let (pool, running, rovers) = (pool.clone(), running.clone(), rovers.clone());
+        let discarded = discarded.clone();
         tokio::spawn(async move {
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
             let _turn = running.acquire().await.expect("never closed");
@@ -323,6 +337,7 @@ async fn run_batch(
                         rovers: &rovers,
                         shape: &shape,
                         default_lease_seconds,
+                        discarded: &discarded,
                     };
                     claim.run(&client, wanted, &mut walk_done).await
                 }
@@ -363,6 +378,7 @@ struct Claiming<'a> {
     rovers: &'a Rovers,
     shape: &'a PopShape,
     default_lease_seconds: f64,
+    discarded: &'a Counter,
 }
 
 impl Claiming<'_> {
@@ -400,7 +416,9 @@ impl Claiming<'_> {
             .await?;
             claims.extend(walk.claims);
             if !walk.expired.is_empty() {
-                crate::ack::expire_leases(self.pool, &self.shape.group, &walk.expired).await?;
+                let skipped =
+                    crate::ack::expire_leases(self.pool, &self.shape.group, &walk.expired).await?;
+                self.discarded.add(skipped);
             }
             if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
                 break;

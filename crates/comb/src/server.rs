@@ -16,6 +16,7 @@ use crate::{ack, db, maintenance, pop, push, schema};
 
 /// Runs `comb serve` until SIGTERM or SIGINT.
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
+    let keys = crate::encryption::Keys::from_env()?;
     migrate(&config.database.database_url).await?;
     let pool = db::pool(&config.database.database_url, config.pool_size())?;
     let metrics = Arc::new(Metrics::default());
@@ -51,6 +52,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
             pool.clone(),
             config.pop_workers,
             default_lease,
+            metrics.messages.discarded.clone(),
             metrics.fusion.pop.clone(),
         ),
         ack: ack::start(
@@ -67,6 +69,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         stop_signal: watch::channel(false).0,
         waiting: http::limits::WaitingPops::new(config.max_waiting_pops),
         durations: http::route_durations(),
+        keys,
         config,
     });
     let listener = http::limits::LimitedListener::new(

@@ -51,11 +51,18 @@ pub async fn configure(
             ),
         ));
     }
+    // Each option alone first, so a bad value is reported with its name.
+    for (name, value) in &raw {
+        let one = serde_json::Map::from_iter([(name.clone(), value.clone())]);
+        serde_json::from_value::<OptionsSet>(serde_json::Value::Object(one)).map_err(|e| {
+            Problem::bad_request("option_invalid", format!("invalid option {name}: {e}"))
+        })?;
+    }
     let set: OptionsSet = serde_json::from_value(serde_json::Value::Object(raw))
         .map_err(|e| Problem::bad_request("option_invalid", format!("invalid option: {e}")))?;
     set.validate()
         .map_err(|e| Problem::bad_request("option_invalid", e))?;
-    if set.encryption_enabled == Some(true) {
+    if set.encryption_enabled == Some(true) && !app.keys.can_seal() {
         return Err(Problem::bad_request(
             "encryption_unavailable",
             "encryptionEnabled needs an encryption key in the server configuration, and this server has none",
@@ -71,7 +78,7 @@ pub async fn configure(
                  options = comb.queues.options || EXCLUDED.options,
                  namespace = coalesce(EXCLUDED.namespace, comb.queues.namespace),
                  task = coalesce(EXCLUDED.task, comb.queues.task)
-             RETURNING options, namespace, task",
+             RETURNING options, namespace, task, id",
             &[
                 &Uuid::now_v7(),
                 &body.queue,
@@ -82,6 +89,8 @@ pub async fn configure(
         )
         .await
         .map_err(crate::db::DbError::from)?;
+    // This server's next push sees the new options at once (others within a second).
+    app.catalog.forget_options(row.get(3));
     let stored: serde_json::Value = row.get(0);
     let stored: OptionsSet = serde_json::from_value(stored).unwrap_or_default();
     Ok(axum::Json(ConfigureOut {

@@ -3,6 +3,7 @@
 mod ack;
 mod body;
 mod configure;
+mod dlq;
 mod health;
 mod lease;
 /// Caps on connections and waiting pops.
@@ -55,6 +56,8 @@ pub struct App {
     pub waiting: limits::WaitingPops,
     /// How long requests took, one histogram per entry of [`routes`], in its order.
     pub durations: Vec<crate::metrics::Durations>,
+    /// Keys that seal and open the payloads of queues with `encryptionEnabled`.
+    pub keys: crate::encryption::Keys,
 }
 
 impl App {
@@ -140,6 +143,7 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
             "/api/v1/resources/queues/{queue}",
             delete(queues::delete_queue),
         ),
+        (Method::GET, "/api/v1/dlq", get(dlq::list)),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
         (Method::GET, "/metrics", get(metrics::metrics)),

@@ -99,6 +99,15 @@ pub async fn push(
     LimitedBody(bytes): LimitedBody,
 ) -> Result<Response, Problem> {
     let items = parse_json::<PushBody>(&bytes)?.items;
+    if items.is_empty() {
+        // Queen answers a push of nothing with an empty list; its clients rely on it.
+        return Ok((
+            StatusCode::CREATED,
+            [(header::CONTENT_TYPE, "application/json")],
+            "[]",
+        )
+            .into_response());
+    }
     validate(&items, app.config.max_batch)?;
     check_capacity(&app, &items).await?;
     let messages = resolve(&app, items, &bytes).await?;
@@ -300,9 +309,32 @@ pub(super) async fn resolve(
         })
         .collect();
     let partition_names: Vec<Arc<str>> = targets.iter().map(|t| Arc::from(t.1)).collect();
+    // Queues that encrypt (options are cached: one look-up per queue of the request).
+    let mut sealing: HashMap<Uuid, bool> = HashMap::new();
+    for queue_id in queues.values() {
+        let encrypts = app
+            .catalog
+            .options(&app.pool, *queue_id)
+            .await?
+            .encryption_enabled;
+        if encrypts && !app.keys.can_seal() {
+            return Err(Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "encryption_unavailable",
+                "this queue encrypts its payloads, and this server has no encryption key (COMB_ENCRYPTION_KEY); nothing was stored",
+            ));
+        }
+        sealing.insert(*queue_id, encrypts);
+    }
     let mut out = Vec::with_capacity(items.len());
     for (item, slot) in items.into_iter().zip(slots) {
         let (queue, queue_id, partition_id) = &resolved[slot];
+        let plain = item.payload.get();
+        let payload = if sealing[queue_id] {
+            Bytes::from(app.keys.seal(plain.as_bytes()).expect("checked above"))
+        } else {
+            slice_of(body, plain)
+        };
         out.push(NewMessage {
             queue: queue.clone(),
             queue_id: *queue_id,
@@ -311,7 +343,7 @@ pub(super) async fn resolve(
             client_transaction_id: item.transaction_id.map(|t| t.0.into_owned()),
             message_id: Uuid::now_v7(),
             trace_id: item.trace_id.map(|t| t.0.into_owned()),
-            payload: slice_of(body, item.payload.get()),
+            payload,
         });
     }
     Ok(out)
