@@ -38,6 +38,10 @@ pub struct PopShape {
     pub batch: i32,
     /// Advance the cursor inside the pop instead of leasing.
     pub auto_ack: bool,
+    /// Queen's multi-partition pop (`partitions` > 1): every partition the pop claims is
+    /// leased under one lease id, and `batch` caps the messages over all of them. Such pops
+    /// are claimed one at a time, each with its own lease.
+    pub shared_lease: bool,
 }
 
 impl PopShape {
@@ -177,7 +181,31 @@ WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = 
 /// particular order ([`claims_from_rows`] groups them): sorting the handed-out payloads
 /// again, and looking up a partition's name for each of them, cost a third of the
 /// statement.
-pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(false));
+
+/// [`CLAIM_SQL`] for a pop whose partitions share one lease (`$7`, a uuid) and whose `batch`
+/// caps the messages over all of them (`$8`): the next messages of every partition are
+/// ranked in the walk's order of the partitions (`$3`), then by position, and only the first
+/// `$8` are handed out, so each partition still hands out a prefix of what it holds. A
+/// partition left without messages by the cap is not leased (its lock ends with the claim).
+pub static SHARED_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(true));
+
+fn claim_sql(shared: bool) -> String {
+    let (picked, capped, lease) = if shared {
+        (
+            "picked",
+            "msgs AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT p.*, row_number() OVER (
+                   ORDER BY array_position($3::uuid[], p.partition_id), p.pos) AS rank
+        FROM picked p) r
+    WHERE rank <= $8
+),",
+            "$7::uuid",
+        )
+    } else {
+        ("msgs", "", "gen_random_uuid()")
+    };
     format!(
         "
 WITH q AS ({QUEUE_OPTIONS}),
@@ -187,7 +215,7 @@ st AS MATERIALIZED (
     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, $2) s
     WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
-msgs AS MATERIALIZED (
+{picked} AS MATERIALIZED (
     SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
            m.created_at,
            1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
@@ -206,6 +234,7 @@ msgs AS MATERIALIZED (
         LIMIT $4
     ) m
 ),
+{capped}
 span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
@@ -223,7 +252,7 @@ claimed AS (
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
            ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
                  WHERE a > span.cut),
-           CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
+           CASE WHEN $6 THEN NULL ELSE {lease} END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp()
     FROM st
@@ -241,7 +270,7 @@ SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
 FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id"
     )
-});
+}
 
 /// Where the next claim of each (queue, group) starts its walk over the partitions: just
 /// after the last partition this server claimed. Only a hint for fairness (another server
@@ -330,19 +359,31 @@ async fn run_batch(
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
             let _turn = running.acquire().await.expect("never closed");
             let mut walk_done = Some(walk_done);
-            let result = match pool.get().await {
-                Ok(client) => {
-                    let claim = Claiming {
-                        pool: &pool,
-                        rovers: &rovers,
-                        shape: &shape,
-                        default_lease_seconds,
-                        discarded: &discarded,
-                    };
-                    claim.run(&client, wanted, &mut walk_done).await
-                }
-                Err(e) => Err(DbError::from(e)),
+            let client = match pool.get().await {
+                Ok(client) => client,
+                Err(e) => return answer(jobs, Err(DbError::from(e))),
             };
+            let claim = |lease| Claiming {
+                pool: &pool,
+                rovers: &rovers,
+                shape: &shape,
+                default_lease_seconds,
+                discarded: &discarded,
+                lease,
+            };
+            if shape.shared_lease {
+                // One claim per pop, each under a lease of its own; the lane goes on once
+                // the last of them walked.
+                let mut jobs = jobs.into_iter().peekable();
+                while let Some(job) = jobs.next() {
+                    let mut done = jobs.peek().is_none().then(|| walk_done.take()).flatten();
+                    let lease = (!shape.auto_ack).then(Uuid::now_v7);
+                    let result = claim(lease).run(&client, job.partitions, &mut done).await;
+                    answer(vec![job], result);
+                }
+                return;
+            }
+            let result = claim(None).run(&client, wanted, &mut walk_done).await;
             drop(walk_done);
             answer(jobs, result);
         });
@@ -379,6 +420,8 @@ struct Claiming<'a> {
     shape: &'a PopShape,
     default_lease_seconds: f64,
     discarded: &'a Counter,
+    /// The lease every partition of a shared-lease pop is claimed under.
+    lease: Option<Uuid>,
 }
 
 impl Claiming<'_> {
@@ -396,6 +439,8 @@ impl Claiming<'_> {
         // walk then starts past them and looks further ahead. Three walks at most: a pop
         // never spins.
         let mut lookahead = LOOKAHEAD;
+        // A shared-lease pop's batch is a cap over all its partitions.
+        let mut left = self.shape.shared_lease.then_some(self.shape.batch as i64);
         for round in 0..3 {
             let walk = claim_once(
                 client,
@@ -404,6 +449,10 @@ impl Claiming<'_> {
                 partitions - claims.len(),
                 lookahead,
                 self.default_lease_seconds,
+                Shared {
+                    lease: self.lease,
+                    cap: left,
+                },
                 |locked, expired, passed_held| {
                     let last = round == 2
                         || claims.len() + locked >= partitions
@@ -414,7 +463,17 @@ impl Claiming<'_> {
                 },
             )
             .await?;
+            if let Some(left) = &mut left {
+                *left -= walk
+                    .claims
+                    .iter()
+                    .map(|c| c.messages.len() as i64)
+                    .sum::<i64>();
+            }
             claims.extend(walk.claims);
+            if left.is_some_and(|l| l <= 0) {
+                break;
+            }
             if !walk.expired.is_empty() {
                 let skipped =
                     crate::ack::expire_leases(self.pool, &self.shape.group, &walk.expired).await?;
@@ -461,8 +520,16 @@ pub fn begin_claim(auto_ack: bool) -> &'static str {
     }
 }
 
+/// The lease and the cap of a shared-lease pop's claim (see [`SHARED_CLAIM_SQL`]).
+struct Shared {
+    lease: Option<Uuid>,
+    /// Messages still to hand out; `None` for other pops.
+    cap: Option<i64>,
+}
+
 /// One claim: candidates locked and ended leases found in one round trip, then the claim
 /// and its commit in a second.
+#[allow(clippy::too_many_arguments)]
 async fn claim_once(
     client: &deadpool_postgres::Client,
     rovers: &Rovers,
@@ -470,10 +537,15 @@ async fn claim_once(
     partitions: usize,
     lookahead: i64,
     default_lease_seconds: f64,
+    shared: Shared,
     walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
     let candidates = client.prepare_cached(&CANDIDATES_SQL).await?;
-    let stmt = client.prepare_cached(&CLAIM_SQL).await?;
+    let stmt = if shared.cap.is_some() {
+        client.prepare_cached(&SHARED_CLAIM_SQL).await?
+    } else {
+        client.prepare_cached(&CLAIM_SQL).await?
+    };
     let pg: &tokio_postgres::Client = client;
     let limit = partitions as i64;
     let batch = shape.batch as i64;
@@ -523,15 +595,24 @@ async fn claim_once(
             passed_held,
         });
     }
-    let claim_params: [&(dyn ToSql + Sync); 6] = [
+    let cap = shared.cap.unwrap_or(0);
+    let claim_params: [&(dyn ToSql + Sync); 8] = [
         &shape.queue_id,
         &shape.group,
         &locked,
         &batch,
         &default_lease_seconds,
         &shape.auto_ack,
+        &shared.lease,
+        &cap,
     ];
-    let (rows, commit) = tokio::join!(pg.query(&stmt, &claim_params), pg.batch_execute("COMMIT"));
+    // The plain claim has no $7 and $8.
+    let params = if shared.cap.is_some() {
+        &claim_params[..]
+    } else {
+        &claim_params[..6]
+    };
+    let (rows, commit) = tokio::join!(pg.query(&stmt, params), pg.batch_execute("COMMIT"));
     // A failed claim makes the pipelined COMMIT roll back.
     let rows = rows?;
     commit?;

@@ -483,3 +483,150 @@ async fn a_lease_is_extended_with_the_body_queens_clients_send() {
         (StatusCode::BAD_REQUEST, Some("field_invalid"))
     );
 }
+
+/// The messages of a pop answer, as (partition, payload n, lease id).
+fn handed(pop: &Value) -> Vec<(String, i64, String)> {
+    pop["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["partition"].as_str().unwrap().to_string(),
+                m["data"]["n"].as_i64().unwrap(),
+                m["leaseId"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_multi_partition_pop_shares_one_lease_and_one_batch() {
+    let env = Env::start().await;
+    let items: Vec<Value> = (0..12)
+        .map(|i| json!({"queue": "q", "partition": format!("p{}", i % 4), "payload": {"n": i}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    let first = env
+        .pop("/api/v1/pop/queue/q?partitions=3&batch=5")
+        .await
+        .unwrap();
+    let got = handed(&first);
+    // `batch` caps the whole pop; every message carries the pop's one lease id.
+    assert_eq!(got.len(), 5, "{first}");
+    let lease = first["leaseId"].as_str().unwrap().to_string();
+    assert!(got.iter().all(|g| g.2 == lease), "{first}");
+    let partitions: std::collections::BTreeSet<&str> = got.iter().map(|g| g.0.as_str()).collect();
+    assert!(partitions.len() <= 3 && partitions.len() >= 2, "{first}");
+    assert_eq!(first["partitionsClaimed"], partitions.len());
+    // Each partition hands out a prefix of what it holds, in order.
+    for p in &partitions {
+        let ns: Vec<i64> = got.iter().filter(|g| g.0 == *p).map(|g| g.1).collect();
+        let k: i64 = p[1..].parse().unwrap();
+        let expected: Vec<i64> = (0..ns.len() as i64).map(|j| k + 4 * j).collect();
+        assert_eq!(ns, expected, "{p}");
+    }
+    // The lease holds every partition it claimed: another pop gets only the others.
+    let second = env
+        .pop("/api/v1/pop/queue/q?partitions=4&batch=100")
+        .await
+        .unwrap();
+    let other = handed(&second);
+    assert!(
+        other.iter().all(|g| !partitions.contains(g.0.as_str())),
+        "{second}"
+    );
+    assert_eq!(other.len(), 3 * (4 - partitions.len()), "{second}");
+    assert!(other.iter().all(|g| g.2 != lease));
+    // Extending the one lease extends it on every partition it holds.
+    let (s, b) = env
+        .post(
+            &format!("/api/v1/lease/{lease}/extend"),
+            &json!({"seconds": 3000}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(
+        env.sql(&format!(
+            "SELECT count(*) FROM comb.cursors_now WHERE lease_id = '{lease}' AND lease_expires_at > now() + interval '2000 seconds'"
+        )),
+        partitions.len().to_string()
+    );
+    // Acks go message by message, as always.
+    for pop in [&first, &second] {
+        let results = env.ack_all(pop, "completed", None).await;
+        assert!(results.iter().all(|r| r["success"] == true), "{results:?}");
+    }
+    // Nothing is skipped: the rest comes out afterwards, each message once, in order.
+    let mut seen: Vec<(String, i64)> = got
+        .iter()
+        .chain(&other)
+        .map(|g| (g.0.clone(), g.1))
+        .collect();
+    while let Some(pop) = env
+        .pop("/api/v1/pop/queue/q?partitions=2&batch=2&autoAck=true")
+        .await
+    {
+        let h = handed_auto(&pop);
+        assert!(h.len() <= 2, "{pop}");
+        seen.extend(h);
+    }
+    seen.sort_by_key(|s| s.1);
+    let ns: Vec<i64> = seen.iter().map(|s| s.1).collect();
+    assert_eq!(ns, (0..12).collect::<Vec<_>>());
+}
+
+/// The messages of an auto-ack pop answer, as (partition, payload n).
+fn handed_auto(pop: &Value) -> Vec<(String, i64)> {
+    pop["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert!(m["leaseId"].is_null(), "{m}");
+            (
+                m["partition"].as_str().unwrap().to_string(),
+                m["data"]["n"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_shared_lease_expires_on_every_partition_and_each_message_counts_its_attempt() {
+    let env = Env::start().await;
+    env.configure("q", json!({"leaseTime": 1, "retryLimit": 5}))
+        .await;
+    let items: Vec<Value> = (0..4)
+        .map(|i| json!({"queue": "q", "partition": format!("p{}", i % 2), "payload": {"n": i}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    let first = env
+        .pop("/api/v1/pop/queue/q?partitions=2&batch=10")
+        .await
+        .unwrap();
+    assert_eq!(handed(&first).len(), 4);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // The lease ended unsettled on both partitions: both come back, under a new lease,
+    // every message on its second attempt.
+    let again = env
+        .pop("/api/v1/pop/queue/q?partitions=2&batch=10")
+        .await
+        .unwrap();
+    let got = handed(&again);
+    assert_eq!(got.len(), 4, "{again}");
+    assert_ne!(again["leaseId"], first["leaseId"]);
+    assert!(
+        again["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["attempt"] == 2),
+        "{again}"
+    );
+    // An ack under the ended lease is refused; under the new one it succeeds.
+    let stale = env.ack_all(&first, "completed", None).await;
+    assert!(stale.iter().all(|r| r["success"] == false), "{stale:?}");
+    let fresh = env.ack_all(&again, "completed", None).await;
+    assert!(fresh.iter().all(|r| r["success"] == true), "{fresh:?}");
+}

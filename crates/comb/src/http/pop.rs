@@ -231,6 +231,7 @@ async fn attempt(app: &State, req: &PopRequest) -> Result<Option<Response>, Prob
         partition_id,
         batch: req.batch,
         auto_ack: req.auto_ack,
+        shared_lease: req.partitions > 1,
     };
     let partitions = req.partitions;
     let lane = shape.lane();
