@@ -10,53 +10,52 @@ use uuid::Uuid;
 use crate::db::DbError;
 
 /// Most dead letters one listing returns.
-pub const MAX_LIMIT: i64 = 1000;
+pub(crate) const MAX_LIMIT: i64 = 1000;
 /// Deepest offset a listing may start at: pages are read through an index, and an offset
 /// costs a step per row skipped.
-pub const MAX_OFFSET: i64 = 100_000;
+pub(crate) const MAX_OFFSET: i64 = 100_000;
 /// A listing's `total` counts at most this many rows (more are reported as this number), so
 /// the count stays a bounded walk of an index.
-pub const MAX_TOTAL: i64 = 10_000;
+pub(crate) const MAX_TOTAL: i64 = 10_000;
 
 /// What to list: one queue's dead letters, optionally of one group or partition and within a
 /// time range of their dead-lettering, newest first.
 #[derive(Debug, Clone)]
-pub struct Filter {
-    pub queue: String,
-    pub group: Option<String>,
-    pub partition: Option<String>,
-    pub from: Option<DateTime<Utc>>,
-    pub to: Option<DateTime<Utc>>,
-    pub limit: i64,
-    pub offset: i64,
+pub(crate) struct Filter {
+    pub(crate) queue: String,
+    pub(crate) group: Option<String>,
+    pub(crate) partition: Option<String>,
+    pub(crate) from: Option<DateTime<Utc>>,
+    pub(crate) to: Option<DateTime<Utc>>,
+    pub(crate) limit: i64,
+    pub(crate) offset: i64,
 }
 
 /// One dead letter, with its original message.
 #[derive(Debug, Clone)]
-pub struct DeadLetter {
-    pub id: Uuid,
-    pub message_id: Uuid,
-    pub partition_id: Uuid,
-    pub partition: String,
-    pub transaction_id: String,
-    pub trace_id: Option<String>,
-    pub group: String,
-    pub error: Option<String>,
-    pub attempts: i32,
-    pub created_at: DateTime<Utc>,
-    pub dead_at: DateTime<Utc>,
+pub(crate) struct DeadLetter {
+    pub(crate) id: Uuid,
+    pub(crate) message_id: Uuid,
+    pub(crate) partition_id: Uuid,
+    pub(crate) partition: String,
+    pub(crate) transaction_id: String,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) group: String,
+    pub(crate) error: Option<String>,
+    pub(crate) attempts: i32,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) dead_at: DateTime<Utc>,
     /// The payload as stored (sealed when its queue encrypts).
-    pub payload: Vec<u8>,
+    pub(crate) payload: Vec<u8>,
 }
 
 /// A page of dead letters and how many match in all (up to [`MAX_TOTAL`]).
 #[derive(Debug, Clone)]
-pub struct Page {
-    pub queue_id: Uuid,
-    pub namespace: Option<String>,
-    pub task: Option<String>,
-    pub letters: Vec<DeadLetter>,
-    pub total: i64,
+pub(crate) struct Page {
+    pub(crate) namespace: Option<String>,
+    pub(crate) task: Option<String>,
+    pub(crate) letters: Vec<DeadLetter>,
+    pub(crate) total: i64,
 }
 
 /// The rows' conditions. With a group, the (queue_id, consumer_group, dead_at) index serves
@@ -100,7 +99,7 @@ fn count_sql(with_group: bool) -> String {
 }
 
 /// Lists dead letters; `None` when the queue does not exist.
-pub async fn list(pool: &Pool, filter: &Filter) -> Result<Option<Page>, DbError> {
+pub(crate) async fn list(pool: &Pool, filter: &Filter) -> Result<Option<Page>, DbError> {
     let client = pool.get().await?;
     let Some(queue) = client
         .query_opt(
@@ -146,7 +145,6 @@ pub async fn list(pool: &Pool, filter: &Filter) -> Result<Option<Page>, DbError>
         })
         .collect();
     Ok(Some(Page {
-        queue_id,
         namespace: queue.get(1),
         task: queue.get(2),
         letters,

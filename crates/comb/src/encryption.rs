@@ -24,14 +24,14 @@ const NONCE_LEN: usize = 12;
 
 /// The server's encryption keys: the current one seals and opens, the old one only opens.
 #[derive(Default)]
-pub struct Keys {
+pub(crate) struct Keys {
     current: Option<Aes256Gcm>,
     old: Option<Aes256Gcm>,
 }
 
 /// A stored payload that could not be read back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpenError {
+pub(crate) enum OpenError {
     /// Sealed, but no key of this server opens it (or it was altered).
     NoKey,
     /// Not valid JSON text once opened.
@@ -40,7 +40,7 @@ pub enum OpenError {
 
 impl Keys {
     /// Keys from the environment; an error names the variable that holds a malformed key.
-    pub fn from_env() -> Result<Keys, String> {
+    pub(crate) fn from_env() -> Result<Keys, String> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let current = match var("COMB_ENCRYPTION_KEY") {
             Some(k) => Some(("COMB_ENCRYPTION_KEY", k)),
@@ -57,8 +57,9 @@ impl Keys {
         })
     }
 
-    /// Keys from hex text, for tests and tools.
-    pub fn from_hex(current: Option<&str>, old: Option<&str>) -> Result<Keys, String> {
+    /// Keys from hex text, for tests.
+    #[cfg(test)]
+    fn from_hex(current: Option<&str>, old: Option<&str>) -> Result<Keys, String> {
         Ok(Keys {
             current: current.map(cipher).transpose()?,
             old: old.map(cipher).transpose()?,
@@ -66,12 +67,12 @@ impl Keys {
     }
 
     /// Whether this server can seal payloads (it has a current key).
-    pub fn can_seal(&self) -> bool {
+    pub(crate) fn can_seal(&self) -> bool {
         self.current.is_some()
     }
 
     /// Seals a payload with the current key; `None` without one.
-    pub fn seal(&self, plain: &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn seal(&self, plain: &[u8]) -> Option<Vec<u8>> {
         let cipher = self.current.as_ref()?;
         let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
         let sealed = cipher
@@ -85,7 +86,7 @@ impl Keys {
     }
 
     /// The plain payload: the stored bytes themselves unless they are sealed.
-    pub fn open<'a>(&self, stored: &'a [u8]) -> Result<Cow<'a, [u8]>, OpenError> {
+    pub(crate) fn open<'a>(&self, stored: &'a [u8]) -> Result<Cow<'a, [u8]>, OpenError> {
         if !stored.starts_with(&SEALED) {
             return Ok(Cow::Borrowed(stored));
         }
@@ -104,7 +105,7 @@ impl Keys {
     }
 
     /// The plain payload as JSON text.
-    pub fn open_json(&self, stored: &[u8]) -> Result<Box<RawValue>, OpenError> {
+    pub(crate) fn open_json(&self, stored: &[u8]) -> Result<Box<RawValue>, OpenError> {
         let plain = self.open(stored)?;
         let text = String::from_utf8(plain.into_owned()).map_err(|_| OpenError::NotJson)?;
         RawValue::from_string(text).map_err(|_| OpenError::NotJson)

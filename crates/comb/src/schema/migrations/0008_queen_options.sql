@@ -6,17 +6,17 @@
 -- the claim and maintenance read a queue's retention through these functions, so the rule
 -- lives in one place. They are plain SQL and immutable: the planner inlines them.
 
-CREATE FUNCTION comb.retention_secs(o jsonb) RETURNS float8
+CREATE FUNCTION comb.retention_secs(options jsonb) RETURNS float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN (o->>'retentionEnabled')::boolean IS FALSE THEN 0::float8
-                ELSE coalesce(least(nullif((o->>'retentionSeconds')::float8, 0),
-                                    nullif((o->>'ttl')::float8, 0)), 0) END
+    SELECT CASE WHEN (options->>'retentionEnabled')::boolean IS FALSE THEN 0::float8
+                ELSE coalesce(least(nullif((options->>'retentionSeconds')::float8, 0),
+                                    nullif((options->>'ttl')::float8, 0)), 0) END
 $$;
 
-CREATE FUNCTION comb.completed_retention_secs(o jsonb) RETURNS float8
+CREATE FUNCTION comb.completed_retention_secs(options jsonb) RETURNS float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN (o->>'retentionEnabled')::boolean IS FALSE THEN 0::float8
-                ELSE coalesce((o->>'completedRetentionSeconds')::float8, 0) END
+    SELECT CASE WHEN (options->>'retentionEnabled')::boolean IS FALSE THEN 0::float8
+                ELSE coalesce((options->>'completedRetentionSeconds')::float8, 0) END
 $$;
 
 -- `GET /api/v1/dlq` lists a queue's dead letters newest first, with or without a group: the

@@ -1,4 +1,4 @@
-//! Pop: lease partitions to a consumer group and hand out their next messages.
+//! Claims: lease partitions to a group and read their next messages.
 //!
 //! A claim takes two round trips in one transaction. The first walks the group's cursors of
 //! the queue round robin (from just after the partition this server claimed last), takes
@@ -24,30 +24,30 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::db::{self, DbError};
-use crate::fusion::{Fuser, Runner};
-use crate::metrics::{Counter, Stage};
+use crate::fusion::{Fuser, Reply, Runner};
+use crate::metrics::{Metrics, Stage};
 
 /// The shape of a pop; pops with the same shape are claimed together.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PopShape {
-    pub queue_id: Uuid,
-    pub group: String,
+pub(crate) struct PopShape {
+    pub(crate) queue_id: Uuid,
+    pub(crate) group: String,
     /// Only this partition, when the consumer named one.
-    pub partition_id: Option<Uuid>,
+    pub(crate) partition_id: Option<Uuid>,
     /// Most messages per partition.
-    pub batch: i32,
+    pub(crate) batch: i32,
     /// Advance the cursor inside the pop instead of leasing.
-    pub auto_ack: bool,
+    pub(crate) auto_ack: bool,
     /// Queen's multi-partition pop (`partitions` > 1): every partition the pop claims is
     /// leased under one lease id, and `batch` caps the messages over all of them. Such pops
     /// are claimed one at a time, each with its own lease.
-    pub shared_lease: bool,
+    pub(crate) shared_lease: bool,
 }
 
 impl PopShape {
     /// The lane of this shape's claims: one per (queue, group), so that a server's walks over
     /// the same cursors run one after another instead of racing for them.
-    pub fn lane(&self) -> u64 {
+    pub(crate) fn lane(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.queue_id.hash(&mut h);
@@ -57,35 +57,34 @@ impl PopShape {
 }
 
 /// A pop request waiting for its batch.
-pub struct PopJob {
-    pub shape: PopShape,
+pub(crate) struct PopJob {
+    pub(crate) shape: PopShape,
     /// How many partitions this pop may lease.
-    pub partitions: usize,
-    pub reply: oneshot::Sender<Result<Vec<Claim>, Arc<DbError>>>,
+    pub(crate) partitions: usize,
+    pub(crate) reply: Reply<Vec<Claim>>,
 }
 
 /// One leased partition and the messages handed out with it.
 #[derive(Debug, Clone)]
-pub struct Claim {
-    pub partition_id: Uuid,
-    pub partition: String,
+pub(crate) struct Claim {
+    pub(crate) partition_id: Uuid,
+    pub(crate) partition: String,
     /// `None` with auto-ack: nothing is leased.
-    pub lease_id: Option<Uuid>,
-    pub lease_expires_at: Option<DateTime<Utc>>,
-    pub messages: Vec<Delivered>,
+    pub(crate) lease_id: Option<Uuid>,
+    pub(crate) messages: Vec<Delivered>,
 }
 
 /// A message as handed to a consumer.
 #[derive(Debug, Clone)]
-pub struct Delivered {
-    pub pos: i64,
-    pub message_id: Uuid,
-    pub transaction_id: String,
-    pub trace_id: Option<String>,
-    pub payload: Vec<u8>,
-    pub created_at: DateTime<Utc>,
+pub(crate) struct Delivered {
+    pub(crate) pos: i64,
+    pub(crate) message_id: Uuid,
+    pub(crate) transaction_id: String,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) created_at: DateTime<Utc>,
     /// 1 for the first delivery, then one more per failed attempt.
-    pub attempt: i32,
+    pub(crate) attempt: i32,
 }
 
 /// Options of the queue a claim reads, with the server's defaults filled in.
@@ -98,7 +97,7 @@ const QUEUE_OPTIONS: &str = "
 
 /// First half of a claim: the group's cursors of the queue with messages to hand out and no
 /// lease, locked with `SKIP LOCKED` so concurrent claims never wait on each other; and the
-/// cursors whose lease ended unsettled (not locked: `ack::expire_leases` locks them). One row
+/// cursors whose lease ended unsettled (not locked: `lease::expire_leases` locks them). One row
 /// per cursor: its partition, whether the walk had wrapped around, and what it is —
 /// 0 locked to claim, 1 lease ended, 2 free but passed over (locked by another claim, or
 /// beyond what was wanted).
@@ -243,9 +242,7 @@ span AS (
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
-    INSERT INTO comb.cursor_states
-        (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-         attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    {insert_state}
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -268,7 +265,8 @@ leased AS MATERIALIZED (
 SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt
 FROM msgs m
-JOIN leased l ON l.partition_id = m.partition_id"
+JOIN leased l ON l.partition_id = m.partition_id",
+        insert_state = crate::cursor::insert_state!(),
     )
 }
 
@@ -303,11 +301,11 @@ impl Rovers {
 const LANES_PER_WORKER: usize = 4;
 
 /// Starts the pop workers.
-pub fn start(
+pub(crate) fn start(
     pool: Pool,
     workers: usize,
     default_lease_seconds: f64,
-    discarded: Arc<Counter>,
+    metrics: Arc<Metrics>,
     stage: Arc<Stage>,
 ) -> Fuser<PopJob> {
     let rovers = Arc::new(Rovers::default());
@@ -316,17 +314,9 @@ pub fn start(
         let pool = pool.clone();
         let rovers = rovers.clone();
         let running = running.clone();
-        let discarded = discarded.clone();
+        let metrics = metrics.clone();
         Box::pin(async move {
-            run_batch(
-                pool,
-                running,
-                rovers,
-                default_lease_seconds,
-                discarded,
-                jobs,
-            )
-            .await
+            run_batch(pool, running, rovers, default_lease_seconds, metrics, jobs).await
         })
     });
     Fuser::start_keyed(workers.max(1) * LANES_PER_WORKER, 256, |_| 1, run, stage)
@@ -341,7 +331,7 @@ async fn run_batch(
     running: Arc<Semaphore>,
     rovers: Arc<Rovers>,
     default_lease_seconds: f64,
-    discarded: Arc<Counter>,
+    metrics: Arc<Metrics>,
     jobs: Vec<PopJob>,
 ) {
     let mut by_shape: HashMap<PopShape, Vec<PopJob>> = HashMap::new();
@@ -354,7 +344,7 @@ async fn run_batch(
         let (walk_done, walk_seen) = oneshot::channel();
         walked.push(walk_seen);
         let (pool, running, rovers) = (pool.clone(), running.clone(), rovers.clone());
-        let discarded = discarded.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
             let _turn = running.acquire().await.expect("never closed");
@@ -368,7 +358,7 @@ async fn run_batch(
                 rovers: &rovers,
                 shape: &shape,
                 default_lease_seconds,
-                discarded: &discarded,
+                metrics: &metrics,
                 lease,
             };
             if shape.shared_lease {
@@ -419,7 +409,7 @@ struct Claiming<'a> {
     rovers: &'a Rovers,
     shape: &'a PopShape,
     default_lease_seconds: f64,
-    discarded: &'a Counter,
+    metrics: &'a Metrics,
     /// The lease every partition of a shared-lease pop is claimed under.
     lease: Option<Uuid>,
 }
@@ -476,8 +466,9 @@ impl Claiming<'_> {
             }
             if !walk.expired.is_empty() {
                 let skipped =
-                    crate::ack::expire_leases(self.pool, &self.shape.group, &walk.expired).await?;
-                self.discarded.add(skipped);
+                    crate::lease::expire_leases(self.pool, &self.shape.group, &walk.expired)
+                        .await?;
+                self.metrics.messages.discarded.add(skipped);
             }
             if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
                 break;
@@ -633,7 +624,6 @@ fn claims_from_rows(rows: &[tokio_postgres::Row]) -> Vec<Claim> {
             partition_id,
             partition: r.get(1),
             lease_id: r.get(2),
-            lease_expires_at: r.get(3),
             messages: Vec::new(),
         });
         claim.messages.push(Delivered {
