@@ -36,7 +36,7 @@ SELECT s.partition_id, s.consumer_group, (SELECT max(gen) FROM comb.cursor_gens)
        now() + make_interval(secs => coalesce($4::float8,
            (SELECT coalesce((q.options->>'leaseTime')::float8, 300)
             FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
-            WHERE p.id = s.partition_id))),
+            WHERE p.id = s.partition_id), 300)),
        s.lease_upto, s.available_at, s.last_claimed_at
 FROM comb.cursor_state($1, $2) s
 WHERE s.lease_id = $3 AND s.lease_expires_at > now()
@@ -69,7 +69,11 @@ pub(crate) async fn extend(
             tx.query(&lock, &lock_params),
             tx.query_opt(&extend, &extend_params),
         );
-        locked?;
+        // A cursor whose queue was deleted meanwhile has no row left to lock: its lease is
+        // gone with it.
+        if locked?.is_empty() {
+            continue;
+        }
         if let Some(row) = extended? {
             let expires: DateTime<Utc> = row.get(0);
             latest = latest.max(Some(expires));

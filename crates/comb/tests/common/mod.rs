@@ -30,22 +30,7 @@ impl Env {
 
     /// Same, with extra `comb serve` flags.
     pub async fn start_with(args: &[&str]) -> Env {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        tokio::task::spawn_blocking(move || {
-            let pg = Postgres::shared();
-            let db_url = pg.create_database("t").expect("create database");
-            let db_name = db_url.rsplit('/').next().unwrap().to_string();
-            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-            let server = Server::start(comb_bin(), &db_url, &argv).expect("server starts");
-            Env {
-                server,
-                db_url,
-                db_name,
-                http: client(),
-            }
-        })
-        .await
-        .unwrap()
+        Env::start_with_env(args, &[]).await
     }
 
     /// Same, with extra `comb serve` flags and environment variables (for configuration read
