@@ -3,13 +3,11 @@
 //! after a group subscribed are read in full by it. Consumers that name no group share the
 //! one reserved group `__QUEUE_MODE__` and split the messages between them.
 
-use crate::common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::common::{self, Env};
 use chrono::{SecondsFormat, Utc};
-use common::Env;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -1,9 +1,7 @@
 //! Bad input gets a problem+json answer with a stable code, and nothing of it is stored.
 //! (`common::read` checks the problem+json shape of every error answer.)
 
-use crate::common;
-
-use common::Env;
+use crate::common::{self, Env};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

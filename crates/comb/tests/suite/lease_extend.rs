@@ -2,12 +2,10 @@
 //! then stays with its consumer past the original end; an ended lease is never revived; bad
 //! ids and bad durations are refused.
 
-use crate::common;
-
 use std::time::Duration;
 
+use crate::common::{Env, numbers};
 use chrono::{DateTime, Utc};
-use common::{Env, numbers};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

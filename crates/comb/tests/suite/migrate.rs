@@ -1,12 +1,10 @@
 //! Schema migrations: `comb migrate` applies them once; a server refuses a database whose
 //! schema is newer than it knows.
 
-use crate::common;
-
 use std::process::Command;
 
+use crate::common::comb_bin;
 use comb_harness::Postgres;
-use common::comb_bin;
 
 fn comb(args: &[&str], database_url: &str) -> std::process::Output {
     Command::new(comb_bin())

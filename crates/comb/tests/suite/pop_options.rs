@@ -2,14 +2,12 @@
 //! partitions, fair partition selection under load, `delayedProcessing`, `windowBuffer`, and
 //! `maxSize` back-pressure.
 
-use crate::common;
-
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Env, client, get_url, numbers};
+use crate::common::{Env, client, get_url, numbers, xorshift};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -80,14 +78,6 @@ async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
     assert_eq!(rest_partitions.len(), 2);
 }
 
-/// A tiny deterministic generator, so the test needs no random-number dependency.
-fn next(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
-}
-
 const FAIR_PARTITIONS: usize = 200;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -109,7 +99,7 @@ async fn under_steady_load_every_partition_is_served() {
             let mut seed = 0x2545_F491_4F6C_DD1D_u64;
             let mut pushed = 0u64;
             while !stop.load(Ordering::SeqCst) {
-                let p = next(&mut seed) % FAIR_PARTITIONS as u64;
+                let p = xorshift(&mut seed) % FAIR_PARTITIONS as u64;
                 let r = http
                     .post(env.url("/api/v1/push"))
                     .json(&json!({"items": [{"queue": "fair", "partition": format!("p{p:03}"), "payload": {"n": 1000 + p}}]}))

@@ -114,6 +114,20 @@ impl Env {
         .await
     }
 
+    /// Acks one message, asserts that the ack succeeded, and returns its result.
+    pub async fn ack_ok(
+        &self,
+        message: &Value,
+        status: &str,
+        group: Option<&str>,
+        error: Option<&str>,
+    ) -> Value {
+        let (s, body) = self.ack(message, status, group, error).await;
+        assert_eq!(s, StatusCode::OK, "ack {status}: {body}");
+        assert_eq!(body[0]["success"], true, "ack {status}: {body}");
+        body[0].clone()
+    }
+
     /// Like [`Env::post`], also returning the answer's headers.
     pub async fn post_full(
         &self,
@@ -291,6 +305,30 @@ async fn read(r: reqwest::Response) -> (StatusCode, Value) {
         assert_eq!(body["error"], body["detail"], "{body}");
     }
     (status, body)
+}
+
+/// The only message of a pop response (asserts there is exactly one).
+pub fn one(pop: &Value) -> &Value {
+    let messages = pop["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "{pop}");
+    &messages[0]
+}
+
+/// Waits until `check` holds, looking every 200 ms; fails the test after `limit`.
+pub async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The next number of a xorshift sequence: cheap, seeded, repeatable load shapes.
+pub fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
 }
 
 /// Payload numbers of a pop response's messages, in order (`data.n`).
