@@ -5,7 +5,6 @@
 //! `make chaos` (`comb-audit chaos`).
 
 use crate::common;
-
 use comb_harness::Postgres;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

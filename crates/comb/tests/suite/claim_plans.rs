@@ -3,10 +3,8 @@
 //! cursor's state, a partition's next messages and an acked message's position are a few
 //! index entries, however many rows the generation, the segment and the queue hold.
 
-use crate::common;
-
+use crate::common::{Env, assert_scans_return_at_most};
 use comb::{ack, pop};
-use common::{Env, assert_scans_return_at_most};
 use serde_json::json;
 
 /// Rows added to the partition and to the cursor's history after the plans are made.

@@ -3,13 +3,11 @@
 //! after a group subscribed are read in full by it. Consumers that name no group share the
 //! one reserved group `__QUEUE_MODE__` and split the messages between them.
 
-use crate::common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::common::{self, Env};
 use chrono::{SecondsFormat, Utc};
-use common::Env;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -212,7 +210,10 @@ async fn an_invalid_subscription_is_refused_and_subscribes_nothing() {
         assert_eq!(b["code"], "subscription_from_invalid", "{bad}: {b}");
     }
     let (s, b) = env
-        .get("/api/v1/pop/queue/q?consumerGroup=g&subscriptionMode=sometimes")
+        .get(&format!(
+            "/api/v1/pop/queue/q?consumerGroup=g&subscriptionMode={}",
+            "x".repeat(300)
+        ))
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
     assert_eq!(b["code"], "subscription_mode_invalid", "{b}");

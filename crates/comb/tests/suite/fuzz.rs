@@ -4,7 +4,6 @@
 //! long run is `comb-audit fuzz` in `make chaos`.
 
 use crate::common;
-
 use comb_harness::Postgres;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,11 +4,9 @@
 //! lose nothing, deleted queues leave nothing behind, and no row is ever updated or deleted.
 //! Partition heads, no longer stored, outlive the segments their messages were in.
 
-use crate::common;
-
 use std::time::{Duration, Instant};
 
-use common::{Env, assert_ordered_read, numbers};
+use crate::common::{Env, assert_ordered_read, eventually, numbers};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -28,14 +26,6 @@ const STATES: &str = "SELECT string_agg(concat_ws('|', q.name, p.name, s.consume
     FROM comb.cursors_now s
     JOIN comb.partitions p ON p.id = s.partition_id
     JOIN comb.queues q ON q.id = s.queue_id";
-
-async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 fn int(env: &Env, sql: &str) -> i64 {
     env.sql(sql).parse().unwrap()

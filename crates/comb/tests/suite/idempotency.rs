@@ -1,8 +1,6 @@
 //! Guarantee 5: a transaction id is stored once per partition.
 
-use crate::common;
-
-use common::Env;
+use crate::common::{self, Env};
 use serde_json::json;
 
 #[tokio::test]

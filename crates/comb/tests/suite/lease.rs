@@ -1,11 +1,9 @@
 //! Leases: a leased partition is invisible to the rest of the group until the lease ends;
 //! then its unacked messages come back, in order.
 
-use crate::common;
-
 use std::time::Duration;
 
-use common::{Env, numbers};
+use crate::common::{Env, numbers};
 use reqwest::StatusCode;
 use serde_json::json;
 

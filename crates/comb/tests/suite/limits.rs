@@ -1,13 +1,11 @@
 //! Resource limits: past the cap on connections or on waiting pops, clients get a clear
 //! 503 or 429 with `Retry-After` instead of the server growing without bound.
 
-use crate::common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::Env;
+use crate::common::{self, Env};
 use reqwest::StatusCode;
 
 /// Sends one GET over a new connection and returns the raw answer.

@@ -6,11 +6,9 @@
 //! The servers run with a periodic re-check of one minute, so only a wake-up can answer these
 //! pops early.
 
-use crate::common;
-
 use std::time::{Duration, Instant};
 
-use common::{Env, get_url, numbers};
+use crate::common::{self, Env, get_url, numbers};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

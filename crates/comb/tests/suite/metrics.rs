@@ -2,13 +2,11 @@
 //! answered, maintenance counters that match what the leader recorded in the database, and
 //! a leader gauge set on exactly one of the servers sharing a database.
 
-use crate::common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use crate::common::{self, Env};
 use comb_harness::{Postgres, Server};
-use common::Env;
 use reqwest::StatusCode;
 use serde_json::json;
 

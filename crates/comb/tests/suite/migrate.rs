@@ -1,12 +1,10 @@
 //! Schema migrations: `comb migrate` applies them once; a server refuses a database whose
 //! schema is newer than it knows.
 
-use crate::common;
-
 use std::process::Command;
 
+use crate::common::comb_bin;
 use comb_harness::Postgres;
-use common::comb_bin;
 
 fn comb(args: &[&str], database_url: &str) -> std::process::Output {
     Command::new(comb_bin())
@@ -29,7 +27,7 @@ fn migrate_applies_every_version_once() {
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM comb.migrations",
         )
         .unwrap();
-    assert_eq!(versions.trim(), "1,2,3,4,5,6,7");
+    assert_eq!(versions.trim(), "1,2,3,4,5,6,7,8");
     // Running it again changes nothing.
     let out = comb(&["migrate"], &url);
     assert!(out.status.success());
@@ -37,7 +35,7 @@ fn migrate_applies_every_version_once() {
         pg.psql(&db, "SELECT count(*) FROM comb.migrations")
             .unwrap()
             .trim(),
-        "7"
+        "8"
     );
     assert_eq!(
         pg.psql(&db, "SELECT count(*) FROM comb.segments")

@@ -6,26 +6,16 @@
 //! consumer's position and is never delivered. Positions in Comb are assigned under the
 //! partition lock, so commit order and position order agree.
 
-use crate::common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{Env, client, numbers};
+use crate::common::{Env, client, numbers, xorshift};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 const PUSHERS: u64 = 8;
 const PER_PUSHER: u64 = 2_600; // 20,800 messages in all
-
-/// A tiny deterministic generator: batch sizes vary without a dependency.
-fn next(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_pushers_never_lose_or_reorder_a_message() {
@@ -43,7 +33,7 @@ async fn concurrent_pushers_never_lose_or_reorder_a_message() {
             while seq < PER_PUSHER {
                 // Up to 100 per request: fused batches take both ways of storing (inserted
                 // below 64 messages, copied in from 64).
-                let n = (1 + next(&mut seed) % 100).min(PER_PUSHER - seq);
+                let n = (1 + xorshift(&mut seed) % 100).min(PER_PUSHER - seq);
                 let items: Vec<Value> = (seq..seq + n)
                     .map(|s| json!({"queue": "race", "partition": "one", "payload": {"p": p, "s": s}}))
                     .collect();

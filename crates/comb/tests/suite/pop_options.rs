@@ -1,20 +1,18 @@
 //! Pop options and the queue options that shape what a pop may take: one pop leasing several
-//! partitions, fair partition selection under load, `delayedProcessing`, `windowBuffer`, and
+//! partitions (under one lease), fair partition selection under load, `delayedProcessing`, `windowBuffer`, and
 //! `maxSize` back-pressure.
-
-use crate::common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Env, client, get_url, numbers};
+use crate::common::{Env, client, get_url, numbers, xorshift};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 #[tokio::test]
-async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
+async fn one_pop_leases_several_partitions_under_one_lease() {
     let env = Env::start().await;
     let mut items = Vec::new();
     for p in 0..5 {
@@ -48,8 +46,13 @@ async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
         assert_eq!(*known, lease, "one lease per partition: {pop}");
     }
     assert_eq!(lease_of.len(), 3, "3 distinct partitions: {pop}");
+    // Queen's contract: every partition of the pop under the pop's one lease.
     let leases: HashSet<&String> = lease_of.values().collect();
-    assert_eq!(leases.len(), 3, "each partition has its own lease: {pop}");
+    assert_eq!(leases.len(), 1, "one lease for the whole pop: {pop}");
+    assert_eq!(
+        pop["leaseId"].as_str(),
+        leases.iter().next().map(|l| l.as_str())
+    );
     // Messages of one partition keep their order.
     for p in lease_of.keys() {
         let ns: Vec<i64> = messages
@@ -60,7 +63,7 @@ async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
         assert!(ns.is_sorted() && ns.len() == 2, "{p}: {ns:?}");
     }
 
-    // Each message acks with its own partition's lease.
+    // Each message acks under the shared lease.
     let results = env.ack_all(&pop, "completed", None).await;
     assert!(results.iter().all(|r| r["success"] == true), "{results:?}");
 
@@ -78,14 +81,6 @@ async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
         .collect();
     assert!(rest_partitions.iter().all(|p| !lease_of.contains_key(*p)));
     assert_eq!(rest_partitions.len(), 2);
-}
-
-/// A tiny deterministic generator, so the test needs no random-number dependency.
-fn next(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
 }
 
 const FAIR_PARTITIONS: usize = 200;
@@ -109,7 +104,7 @@ async fn under_steady_load_every_partition_is_served() {
             let mut seed = 0x2545_F491_4F6C_DD1D_u64;
             let mut pushed = 0u64;
             while !stop.load(Ordering::SeqCst) {
-                let p = next(&mut seed) % FAIR_PARTITIONS as u64;
+                let p = xorshift(&mut seed) % FAIR_PARTITIONS as u64;
                 let r = http
                     .post(env.url("/api/v1/push"))
                     .json(&json!({"items": [{"queue": "fair", "partition": format!("p{p:03}"), "payload": {"n": 1000 + p}}]}))

@@ -1,11 +1,9 @@
 //! The README's first session, replayed command by command against a fresh server: what a
 //! newcomer types and what they see must stay true. Ids and times are compared by shape.
 
-use crate::common;
-
 use std::process::Command;
 
-use common::Env;
+use crate::common::Env;
 use regex::Regex;
 
 /// The commands and expected outputs of the README's `console` block under "A first session".

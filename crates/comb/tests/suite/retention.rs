@@ -2,11 +2,9 @@
 //! every queue and every consumer group has let go of; `maxWaitTimeSeconds` dead-letters;
 //! maintenance runs once per cluster; a drop that cannot get its lock gives way to traffic.
 
-use crate::common;
-
 use std::time::{Duration, Instant};
 
-use common::{Env, assert_ordered_read};
+use crate::common::{self, Env, assert_ordered_read, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -36,15 +34,6 @@ fn segment_of(env: &Env, queue: &str) -> i32 {
     ))
     .parse()
     .unwrap()
-}
-
-/// Polls `check` until it holds or `limit` passes.
-async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test]

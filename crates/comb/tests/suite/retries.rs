@@ -4,33 +4,10 @@
 //! consumer group while the partition moves on. `retry` gives a message back without counting
 //! and `dlq` dead-letters it at once.
 
-use crate::common;
-
 use std::time::Duration;
 
-use common::{Env, numbers};
-use reqwest::StatusCode;
-use serde_json::{Value, json};
-
-fn one(pop: &Value) -> &Value {
-    let messages = pop["messages"].as_array().unwrap();
-    assert_eq!(messages.len(), 1, "{pop}");
-    &messages[0]
-}
-
-async fn ack_ok(
-    env: &Env,
-    m: &Value,
-    status: &str,
-    group: Option<&str>,
-    error: Option<&str>,
-) -> Value {
-    let (s, body) = env.ack(m, status, group, error).await;
-    assert_eq!(s, StatusCode::OK, "ack {status}: {body}");
-    let r = body[0].clone();
-    assert_eq!(r["success"], true, "ack {status}: {body}");
-    r
-}
+use crate::common::{Env, numbers, one};
+use serde_json::json;
 
 #[tokio::test]
 async fn a_failed_message_comes_back_after_the_retry_delay_then_goes_to_the_dead_letters() {
@@ -52,7 +29,7 @@ async fn a_failed_message_comes_back_after_the_retry_delay_then_goes_to_the_dead
         (m["data"]["n"].as_i64(), m["attempt"].as_i64()),
         (Some(1), Some(1))
     );
-    let r = ack_ok(&env, m, "failed", None, Some("boom")).await;
+    let r = env.ack_ok(m, "failed", None, Some("boom")).await;
     assert_eq!(r["dlq"], false, "{r}");
 
     // Not before retryDelay: neither the failed message nor the one behind it.
@@ -70,7 +47,7 @@ async fn a_failed_message_comes_back_after_the_retry_delay_then_goes_to_the_dead
     assert_eq!(m["attempt"], 2);
 
     // The second failure reaches retryLimit: dead-lettered.
-    let r = ack_ok(&env, m, "failed", None, Some("boom")).await;
+    let r = env.ack_ok(m, "failed", None, Some("boom")).await;
     assert_eq!(r["dlq"], true, "{r}");
     assert_eq!(
         env.sql(
@@ -88,7 +65,7 @@ async fn a_failed_message_comes_back_after_the_retry_delay_then_goes_to_the_dead
     let m = one(&pop);
     assert_eq!(m["data"]["n"], 2);
     assert_eq!(m["attempt"], 1);
-    ack_ok(&env, m, "completed", None, None).await;
+    env.ack_ok(m, "completed", None, None).await;
     assert!(env.pop("/api/v1/pop/queue/q").await.is_none());
 }
 
@@ -157,12 +134,12 @@ async fn retry_gives_the_message_back_at_once_without_counting() {
         let m = one(&pop);
         assert_eq!(m["data"]["n"], 1);
         assert_eq!(m["attempt"], 1, "retry does not count an attempt");
-        let r = ack_ok(&env, m, "retry", None, None).await;
+        let r = env.ack_ok(m, "retry", None, None).await;
         assert_eq!(r["dlq"], false, "{r}");
     }
     assert_eq!(env.sql("SELECT count(*) FROM comb.dead_letters"), "0");
     let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
-    ack_ok(&env, one(&pop), "completed", None, None).await;
+    env.ack_ok(one(&pop), "completed", None, None).await;
     assert!(env.pop("/api/v1/pop/queue/q").await.is_none());
 }
 
@@ -176,7 +153,9 @@ async fn dlq_dead_letters_at_once() {
     ]))
     .await;
     let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
-    let r = ack_ok(&env, one(&pop), "dlq", None, Some("cannot parse")).await;
+    let r = env
+        .ack_ok(one(&pop), "dlq", None, Some("cannot parse"))
+        .await;
     assert_eq!(r["dlq"], true, "{r}");
     assert_eq!(
         env.sql("SELECT transaction_id || '|' || coalesce(error, '') FROM comb.dead_letters"),
@@ -206,9 +185,9 @@ async fn a_failed_ack_inside_a_batch_holds_the_position_at_the_failed_message() 
     assert_eq!(numbers(&pop), vec![1, 2, 3]);
     let m = pop["messages"].as_array().unwrap();
     // Acks in any order while the lease holds: the completed ones first, the failure last.
-    ack_ok(&env, &m[2], "completed", None, None).await;
-    ack_ok(&env, &m[0], "completed", None, None).await;
-    let r = ack_ok(&env, &m[1], "failed", None, Some("boom")).await;
+    env.ack_ok(&m[2], "completed", None, None).await;
+    env.ack_ok(&m[0], "completed", None, None).await;
+    let r = env.ack_ok(&m[1], "failed", None, Some("boom")).await;
     assert_eq!(r["dlq"], false);
     assert_eq!(r["leaseReleased"], true, "a failure ends the lease: {r}");
 
@@ -240,7 +219,9 @@ async fn dead_letters_belong_to_one_group() {
         .pop("/api/v1/pop/queue/q?consumerGroup=x")
         .await
         .unwrap();
-    let r = ack_ok(&env, one(&x), "failed", Some("x"), Some("x cannot")).await;
+    let r = env
+        .ack_ok(one(&x), "failed", Some("x"), Some("x cannot"))
+        .await;
     assert_eq!(
         r["dlq"], true,
         "retryLimit 1: the first failure is the last: {r}"
@@ -253,7 +234,7 @@ async fn dead_letters_belong_to_one_group() {
         .unwrap();
     assert_eq!(numbers(&y), vec![1]);
     assert_eq!(one(&y)["attempt"], 1);
-    ack_ok(&env, one(&y), "completed", Some("y"), None).await;
+    env.ack_ok(one(&y), "completed", Some("y"), None).await;
 
     // Group x moved on to message 2.
     let x = env

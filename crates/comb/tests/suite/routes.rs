@@ -1,8 +1,6 @@
 //! Round trips through every route of the API against a real server and PostgreSQL.
 
-use crate::common;
-
-use common::{Env, numbers};
+use crate::common::{Env, numbers};
 use reqwest::StatusCode;
 use serde_json::json;
 

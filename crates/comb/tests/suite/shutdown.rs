@@ -1,14 +1,12 @@
 //! Graceful stop: on SIGTERM the server answers its waiting pops with 204 at once, finishes
 //! the requests in flight, and exits with status 0; every push it answered 201 is stored.
 
-use crate::common;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Env, client};
+use crate::common::{Env, client};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -2,11 +2,9 @@
 //! pushes together or not at all, and every ack in it must hold the live lease of its
 //! partition — a wrong or ended lease fails the whole transaction and nothing of it happens.
 
-use crate::common;
-
 use std::time::Duration;
 
-use common::{Env, numbers};
+use crate::common::{Env, numbers};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -30,13 +30,25 @@ impl Env {
 
     /// Same, with extra `comb serve` flags.
     pub async fn start_with(args: &[&str]) -> Env {
+        Env::start_with_env(args, &[]).await
+    }
+
+    /// Same, with extra `comb serve` flags and environment variables (for configuration read
+    /// only from the environment, such as encryption keys).
+    pub async fn start_with_env(args: &[&str], vars: &[(&str, &str)]) -> Env {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         tokio::task::spawn_blocking(move || {
             let pg = Postgres::shared();
             let db_url = pg.create_database("t").expect("create database");
             let db_name = db_url.rsplit('/').next().unwrap().to_string();
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-            let server = Server::start(comb_bin(), &db_url, &argv).expect("server starts");
+            let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (&**k, &**v)).collect();
+            let server =
+                Server::start_with_env(comb_bin(), &db_url, &argv, &env).expect("server starts");
             Env {
                 server,
                 db_url,
@@ -54,6 +66,21 @@ impl Env {
         tokio::task::spawn_blocking(move || Server::start(comb_bin(), &url, &[]).unwrap())
             .await
             .unwrap()
+    }
+
+    /// Another server on the same database, with extra environment variables.
+    pub async fn second_server_with_env(&self, vars: &[(&str, &str)]) -> Server {
+        let url = self.db_url.clone();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (&**k, &**v)).collect();
+            Server::start_with_env(comb_bin(), &url, &[], &env).unwrap()
+        })
+        .await
+        .unwrap()
     }
 
     /// Another server on the same database, with extra `comb serve` flags.
@@ -112,6 +139,20 @@ impl Env {
             }),
         )
         .await
+    }
+
+    /// Acks one message, asserts that the ack succeeded, and returns its result.
+    pub async fn ack_ok(
+        &self,
+        message: &Value,
+        status: &str,
+        group: Option<&str>,
+        error: Option<&str>,
+    ) -> Value {
+        let (s, body) = self.ack(message, status, group, error).await;
+        assert_eq!(s, StatusCode::OK, "ack {status}: {body}");
+        assert_eq!(body[0]["success"], true, "ack {status}: {body}");
+        body[0].clone()
     }
 
     /// Like [`Env::post`], also returning the answer's headers.
@@ -291,6 +332,30 @@ async fn read(r: reqwest::Response) -> (StatusCode, Value) {
         assert_eq!(body["error"], body["detail"], "{body}");
     }
     (status, body)
+}
+
+/// The only message of a pop response (asserts there is exactly one).
+pub fn one(pop: &Value) -> &Value {
+    let messages = pop["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "{pop}");
+    &messages[0]
+}
+
+/// Waits until `check` holds, looking every 200 ms; fails the test after `limit`.
+pub async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The next number of a xorshift sequence: cheap, seeded, repeatable load shapes.
+pub fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
 }
 
 /// Payload numbers of a pop response's messages, in order (`data.n`).
