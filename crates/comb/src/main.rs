@@ -13,7 +13,7 @@ async fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(config) => comb::server::serve(config).await,
+        Command::Serve(config) => comb::server::serve(*config).await,
         Command::Migrate(db) => comb::server::migrate(&db.database_url).await.map(|_| ()),
     };
     if let Err(e) = result {

@@ -78,6 +78,8 @@ pub struct Delivered {
     pub message_id: Uuid,
     pub transaction_id: String,
     pub trace_id: Option<String>,
+    /// The subject of the token the message was pushed with.
+    pub producer_sub: Option<String>,
     pub payload: Vec<u8>,
     pub created_at: DateTime<Utc>,
     /// 1 for the first delivery, then one more per failed attempt.
@@ -189,12 +191,13 @@ st AS MATERIALIZED (
 ),
 msgs AS MATERIALIZED (
     SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
-           m.created_at,
+           m.created_at, m.producer_sub,
            1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
     FROM st
     CROSS JOIN q
     CROSS JOIN LATERAL (
-        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
         FROM comb.messages m
         WHERE m.partition_id = st.partition_id
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
@@ -237,7 +240,8 @@ leased AS MATERIALIZED (
     JOIN st ON st.partition_id = cl.partition_id
 )
 SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
-       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
+       m.producer_sub
 FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id"
     )
@@ -545,6 +549,7 @@ fn claims_from_rows(rows: &[tokio_postgres::Row]) -> Vec<Claim> {
             payload: r.get(8),
             created_at: r.get(9),
             attempt: r.get(10),
+            producer_sub: r.get(11),
         });
     }
     let mut claims: Vec<Claim> = by_partition.into_values().collect();

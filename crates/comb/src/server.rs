@@ -16,6 +16,11 @@ use crate::{ack, db, maintenance, pop, push, schema};
 
 /// Runs `comb serve` until SIGTERM or SIGINT.
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
+    let auth = crate::auth::Auth::from_config(&config.auth)?;
+    if let Some(auth) = &auth {
+        auth.start().await;
+        tracing::info!("bearer tokens required");
+    }
     migrate(&config.database.database_url).await?;
     let pool = db::pool(&config.database.database_url, config.pool_size())?;
     let metrics = Arc::new(Metrics::default());
@@ -67,6 +72,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         stop_signal: watch::channel(false).0,
         waiting: http::limits::WaitingPops::new(config.max_waiting_pops),
         durations: http::route_durations(),
+        auth,
         config,
     });
     let listener = http::limits::LimitedListener::new(

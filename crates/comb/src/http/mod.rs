@@ -55,6 +55,8 @@ pub struct App {
     pub waiting: limits::WaitingPops,
     /// How long requests took, one histogram per entry of [`routes`], in its order.
     pub durations: Vec<crate::metrics::Durations>,
+    /// Token verification, when tokens are required (see [`crate::auth`]).
+    pub auth: Option<Arc<crate::auth::Auth>>,
 }
 
 impl App {
@@ -170,7 +172,7 @@ pub fn router(state: State) -> Router {
         );
         router = router.route(path, handler.route_layer(timed));
     }
-    router
+    router = router
         .fallback(|| async { Problem::not_found("route_not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -178,6 +180,11 @@ pub fn router(state: State) -> Router {
                 "method_not_allowed",
                 "this route does not accept that method",
             )
-        })
-        .with_state(state)
+        });
+    if let Some(auth) = state.auth.clone() {
+        router = router.layer(axum::middleware::from_fn(move |request, next| {
+            crate::auth::guard(auth.clone(), request, next)
+        }));
+    }
+    router.with_state(state)
 }

@@ -62,12 +62,14 @@ pub async fn pop_partition(
 /// Pop with options in a JSON body, for clients that must not send state-changing GETs.
 pub async fn pop_body(
     AxState(app): AxState<State>,
+    principal: Option<axum::Extension<crate::auth::Principal>>,
     JsonBody(body): JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Response, Problem> {
     let params = Params::Json(body);
     let queue = params
         .text("queue")?
         .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
+    crate::auth::Principal::check_queues(principal.as_deref(), [queue.as_str()])?;
     let partition = params.text("partition")?;
     let req = parse(&app, queue, partition, &params)?;
     serve(&app, req).await
@@ -261,6 +263,9 @@ struct MessageOut<'a> {
     id: Uuid,
     transaction_id: &'a str,
     trace_id: Option<&'a str>,
+    /// Who pushed the message (its token's subject), when tokens were required.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer_sub: Option<&'a str>,
     data: Box<RawValue>,
     created_at: String,
     partition_id: Uuid,
@@ -280,6 +285,7 @@ fn respond(req: &PopRequest, claims: Vec<Claim>) -> Result<Response, Problem> {
                 id: m.message_id,
                 transaction_id: &m.transaction_id,
                 trace_id: m.trace_id.as_deref(),
+                producer_sub: m.producer_sub.as_deref(),
                 data: RawValue::from_string(text).map_err(|_| stored_corrupt())?,
                 created_at: m.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
                 partition_id: c.partition_id,

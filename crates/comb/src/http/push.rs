@@ -4,6 +4,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::State as AxState;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -14,6 +15,7 @@ use uuid::Uuid;
 
 use super::body::{LimitedBody, parse_json};
 use super::{Problem, State};
+use crate::auth::Principal;
 use crate::push::{NewMessage, PushJob, Stored, TransactionId};
 use crate::queue::{DEFAULT_PARTITION, validate_partition_name, validate_queue_name};
 
@@ -96,12 +98,15 @@ pub(super) struct PushResult<'a> {
 /// Stores a batch of messages and answers only after they are committed.
 pub async fn push(
     AxState(app): AxState<State>,
+    principal: Option<Extension<Principal>>,
     LimitedBody(bytes): LimitedBody,
 ) -> Result<Response, Problem> {
+    let principal = principal.map(|p| p.0);
     let items = parse_json::<PushBody>(&bytes)?.items;
-    validate(&items, app.config.max_batch)?;
+    validate(&items, app.config.max_batch, principal.as_ref())?;
     check_capacity(&app, &items).await?;
-    let messages = resolve(&app, items, &bytes).await?;
+    let sub = principal.and_then(|p| p.sub);
+    let messages = resolve(&app, items, &bytes, sub).await?;
     let (messages, stored) = store(&app, messages).await?;
     app.metrics.messages.stored(&stored);
     Ok((
@@ -212,7 +217,12 @@ pub(super) async fn check_capacity(app: &State, items: &[PushItem<'_>]) -> Resul
 }
 
 /// Checks every item before anything is stored, so one bad item fails only its own request.
-pub(super) fn validate(items: &[PushItem<'_>], max_batch: usize) -> Result<(), Problem> {
+/// A token limited to some queues may push only to those.
+pub(super) fn validate(
+    items: &[PushItem<'_>],
+    max_batch: usize,
+    principal: Option<&Principal>,
+) -> Result<(), Problem> {
     if items.is_empty() {
         return Err(Problem::bad_request(
             "items_empty",
@@ -258,17 +268,19 @@ pub(super) fn validate(items: &[PushItem<'_>], max_batch: usize) -> Result<(), P
             ));
         }
     }
-    Ok(())
+    Principal::check_queues(principal, items.iter().map(|i| &*i.queue))
 }
 
 /// Turns queue and partition names into ids, creating what does not exist yet. Each distinct
 /// (queue, partition) of the request is resolved once: a batch usually names a few partitions
 /// many times, and every look-up of the catalog hashes and copies its names. Payloads stay
-/// slices of `body`, the bytes the items were decoded from.
+/// slices of `body`, the bytes the items were decoded from. Every message is stamped with
+/// `producer_sub`, the subject of the pusher's token (what the body says plays no part).
 pub(super) async fn resolve(
     app: &State,
     items: Vec<PushItem<'_>>,
     body: &Bytes,
+    producer_sub: Option<Arc<str>>,
 ) -> Result<Vec<NewMessage>, Problem> {
     let mut target_of: HashMap<(&str, &str), usize> = HashMap::new();
     let mut targets: Vec<(&str, &str)> = Vec::new();
@@ -311,6 +323,7 @@ pub(super) async fn resolve(
             client_transaction_id: item.transaction_id.map(|t| t.0.into_owned()),
             message_id: Uuid::now_v7(),
             trace_id: item.trace_id.map(|t| t.0.into_owned()),
+            producer_sub: producer_sub.clone(),
             payload: slice_of(body, item.payload.get()),
         });
     }

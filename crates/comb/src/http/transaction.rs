@@ -4,6 +4,7 @@
 //! what it produced in one PostgreSQL transaction. Every ack must be under the live lease of
 //! its partition (named or not); one refused ack fails the whole transaction.
 
+use axum::Extension;
 use axum::extract::State as AxState;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -89,8 +90,10 @@ enum Slot {
 /// Validates every operation, then runs them all in one PostgreSQL transaction.
 pub async fn transaction(
     AxState(app): AxState<State>,
+    principal: Option<Extension<crate::auth::Principal>>,
     LimitedBody(bytes): LimitedBody,
 ) -> Result<axum::response::Response, Problem> {
+    let principal = principal.map(|p| p.0);
     let body: TransactionIn = parse_json(&bytes)?;
     if body.operations.is_empty() {
         return Err(Problem::bad_request(
@@ -135,9 +138,10 @@ pub async fn transaction(
     let messages = if push_items.is_empty() {
         Vec::new()
     } else {
-        super::push::validate(&push_items, max)?;
+        super::push::validate(&push_items, max, principal.as_ref())?;
         check_capacity(&app, &push_items).await?;
-        resolve(&app, push_items, &bytes).await?
+        let sub = principal.and_then(|p| p.sub);
+        resolve(&app, push_items, &bytes, sub).await?
     };
 
     let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
