@@ -16,6 +16,11 @@
 //!
 //! Requests go over raw TCP, so that bodies may be invalid UTF-8, truncated, chunked or far
 //! beyond the limit, and an early answer to an oversized body is still read.
+//!
+//! Against a server that requires bearer tokens ([`against_new_server_with_tokens`]), most
+//! cases carry a valid administrator's token and the others a broken `Authorization` header
+//! (none, another scheme, expired, signed with another key, `alg: none`, tampered, bytes
+//! that are not UTF-8); those must get 401 on every route but the public ones.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -72,32 +77,54 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Sends one request over a fresh connection and reads the whole answer.
 pub async fn send(addr: SocketAddr, case: &Case) -> std::io::Result<Answer> {
-    tokio::time::timeout(REQUEST_TIMEOUT, exchange(addr, case))
+    send_with(addr, case, None).await
+}
+
+/// Like [`send`], with an `Authorization` header of these bytes.
+pub async fn send_with(
+    addr: SocketAddr,
+    case: &Case,
+    authorization: Option<&[u8]>,
+) -> std::io::Result<Answer> {
+    tokio::time::timeout(REQUEST_TIMEOUT, exchange(addr, case, authorization))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))?
 }
 
-async fn exchange(addr: SocketAddr, case: &Case) -> std::io::Result<Answer> {
+async fn exchange(
+    addr: SocketAddr,
+    case: &Case,
+    authorization: Option<&[u8]>,
+) -> std::io::Result<Answer> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let mut head = format!(
         "{} {} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n",
         case.method, case.target
-    );
+    )
+    .into_bytes();
+    if let Some(a) = authorization {
+        // Sent as given, bytes that are not UTF-8 included.
+        head.extend_from_slice(b"Authorization: ");
+        head.extend_from_slice(a);
+        head.extend_from_slice(b"\r\n");
+    }
     match &case.body {
         Body::None => {}
-        Body::Sized(b) => head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            b.len()
-        )),
-        Body::Chunked(_) => {
-            head.push_str("Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n")
-        }
+        Body::Sized(b) => head.extend_from_slice(
+            format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            )
+            .as_bytes(),
+        ),
+        Body::Chunked(_) => head
+            .extend_from_slice(b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"),
     }
-    head.push_str("\r\n");
+    head.extend_from_slice(b"\r\n");
     // The server may answer (413) and close before the body is all sent: a failed write is
     // fine as long as the answer can be read.
     let written = async {
-        s.write_all(head.as_bytes()).await?;
+        s.write_all(&head).await?;
         match &case.body {
             Body::None => {}
             Body::Sized(b) => s.write_all(b).await?,
@@ -1029,14 +1056,89 @@ pub const FINGERPRINT_SQL: &str = "SELECT concat_ws(' ',
     (SELECT count(*) FROM comb.dead_letters),
     (SELECT md5(coalesce(string_agg(name || options::text, ',' ORDER BY name), '')) FROM comb.queues))";
 
+/// The HS256 secret of a server fuzzed with tokens.
+pub const TOKEN_SECRET: &str = "comb-audit-fuzz-secret-of-more-than-32-bytes";
+
+/// `Authorization` headers for a server that requires tokens: a valid administrator's, and
+/// broken ones that must all be refused the same way.
+pub struct Tokens {
+    /// `Bearer <a valid admin token>`.
+    pub valid: Vec<u8>,
+    pub broken: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl Tokens {
+    /// Headers for a server verifying HS256 tokens with [`TOKEN_SECRET`].
+    pub fn new() -> Tokens {
+        use base64::Engine as _;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        let sign = |claims: Value, secret: &str| {
+            jsonwebtoken::encode(
+                &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+                &claims,
+                &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+            )
+            .expect("token")
+        };
+        let claims = json!({"sub": "fuzz", "role": "admin", "exp": now + 86_400});
+        let valid = sign(claims.clone(), TOKEN_SECRET);
+        let bearer = |t: &str| format!("Bearer {t}").into_bytes();
+        let mut expired = claims.clone();
+        expired["exp"] = json!(now - 3_600);
+        let none = format!(
+            "{}.{}.",
+            b64(br#"{"alg":"none","typ":"JWT"}"#),
+            b64(claims.to_string().as_bytes())
+        );
+        let mut tampered = valid.clone();
+        tampered.pop();
+        tampered.push(if valid.ends_with('A') { 'B' } else { 'A' });
+        Tokens {
+            broken: vec![
+                ("empty bearer", b"Bearer ".to_vec()),
+                ("other scheme", format!("Basic {valid}").into_bytes()),
+                ("garbage", bearer("not.a.token")),
+                ("expired", bearer(&sign(expired, TOKEN_SECRET))),
+                (
+                    "wrong key",
+                    bearer(&sign(claims, "another-secret-of-more-than-32-bytes!!")),
+                ),
+                ("alg none", bearer(&none)),
+                ("tampered", bearer(&tampered)),
+                ("long", bearer(&"x".repeat(6_000))),
+                ("not utf-8", b"Bearer \xff\xfe\x80token".to_vec()),
+            ],
+            valid: bearer(&valid),
+        }
+    }
+}
+
+impl Default for Tokens {
+    fn default() -> Tokens {
+        Tokens::new()
+    }
+}
+
+/// Routes that answer without a token.
+fn is_public(target: &str) -> bool {
+    let path = target.split('?').next().unwrap_or(target);
+    matches!(path, "/health" | "/ready" | "/metrics")
+}
+
 /// Runs `cases` generated cases (after the hand-written ones) against the server at `addr`,
-/// checking the database at `database_url` around every refused request.
+/// checking the database at `database_url` around every refused request. With `tokens`,
+/// four cases in five carry the valid token and the others a broken one.
 pub async fn run(
     addr: SocketAddr,
     database_url: &str,
     cases: usize,
     seed: u64,
     max_body: usize,
+    tokens: Option<&Tokens>,
 ) -> Result<FuzzReport, String> {
     let started = Instant::now();
     let (db, conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)
@@ -1049,8 +1151,9 @@ pub async fn run(
             .map(|r| r.get::<_, String>(0))
             .map_err(|e| format!("fingerprint: {e}"))
     };
-    let ctx = seed_context(addr).await?;
-    let doc_answer = send(
+    let valid = tokens.map(|t| t.valid.as_slice());
+    let ctx = seed_context(addr, valid).await?;
+    let doc_answer = send_with(
         addr,
         &Case {
             name: "openapi".into(),
@@ -1059,6 +1162,7 @@ pub async fn run(
             body: Body::None,
             expect: Some(200),
         },
+        valid,
     )
     .await
     .map_err(|e| format!("openapi: {e}"))?;
@@ -1071,9 +1175,27 @@ pub async fn run(
     for _ in 0..cases {
         all.push(generator.case(&mut rng));
     }
-    for case in all {
+    for mut case in all {
         let before = fingerprint().await?;
-        let answer = send(addr, &case).await;
+        // Broken tokens go with small bodies only: a large one would be left unread.
+        let small = match &case.body {
+            Body::None => true,
+            Body::Sized(b) => b.len() <= 4_096,
+            Body::Chunked(_) => false,
+        };
+        let authorization = match tokens {
+            Some(t) if small && rng.chance(0.2) => {
+                let (what, header) = rng.pick(&t.broken);
+                case.name = format!("{} with a token {what}", case.name);
+                if !is_public(&case.target) {
+                    case.expect = Some(401);
+                }
+                Some(header.as_slice())
+            }
+            Some(t) => Some(t.valid.as_slice()),
+            None => None,
+        };
+        let answer = send_with(addr, &case, authorization).await;
         report.cases += 1;
         let answer = match answer {
             Ok(a) => a,
@@ -1120,8 +1242,18 @@ fn trim(s: &str) -> &str {
 }
 
 /// Pushes a few messages and pops some with a lease, returning real names and ids.
-async fn seed_context(addr: SocketAddr) -> Result<Context, String> {
-    let http = reqwest::Client::new();
+async fn seed_context(addr: SocketAddr, token: Option<&[u8]>) -> Result<Context, String> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            reqwest::header::HeaderValue::from_bytes(t).map_err(|e| e.to_string())?,
+        );
+    }
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .map_err(|e| e.to_string())?;
     let base = format!("http://{addr}");
     let mut ctx = Context {
         queues: vec!["fuzz-q".into(), "fuzz.q:2".into()],
@@ -1181,22 +1313,45 @@ pub async fn against_new_server(
     cases: usize,
     seed: u64,
 ) -> Result<FuzzReport, String> {
+    fuzz_new_server(comb, database_url, cases, seed, None).await
+}
+
+/// Like [`against_new_server`], with bearer tokens required (HS256, [`TOKEN_SECRET`]).
+pub async fn against_new_server_with_tokens(
+    comb: &std::path::Path,
+    database_url: &str,
+    cases: usize,
+    seed: u64,
+) -> Result<FuzzReport, String> {
+    fuzz_new_server(comb, database_url, cases, seed, Some(&Tokens::new())).await
+}
+
+async fn fuzz_new_server(
+    comb: &std::path::Path,
+    database_url: &str,
+    cases: usize,
+    seed: u64,
+    tokens: Option<&Tokens>,
+) -> Result<FuzzReport, String> {
     let (bin, url) = (comb.to_path_buf(), database_url.to_string());
+    let with_tokens = tokens.is_some();
     let server = tokio::task::spawn_blocking(move || {
-        comb_harness::Server::start_with_env(
-            &bin,
-            &url,
-            &[],
-            &[
-                ("COMB_MAX_POLL_TIMEOUT_MS", "200"),
-                ("COMB_MAINTENANCE_INTERVAL_MS", "86400000"),
-            ],
-        )
+        let mut env = vec![
+            ("COMB_MAX_POLL_TIMEOUT_MS", "200"),
+            ("COMB_MAINTENANCE_INTERVAL_MS", "86400000"),
+        ];
+        if with_tokens {
+            env.extend([
+                ("COMB_JWT_ENABLED", "true"),
+                ("COMB_JWT_SECRET", TOKEN_SECRET),
+            ]);
+        }
+        comb_harness::Server::start_with_env(&bin, &url, &[], &env)
     })
     .await
     .map_err(|e| e.to_string())?
     .map_err(|e| format!("comb: {e}"))?;
-    let mut report = run(server.addr(), database_url, cases, seed, MAX_BODY).await?;
+    let mut report = run(server.addr(), database_url, cases, seed, MAX_BODY, tokens).await?;
     if !crate::scenario::alive(server.pid()) {
         report
             .findings

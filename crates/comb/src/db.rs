@@ -25,6 +25,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
 
+use crate::tls::database::Secured;
+
 /// Planner settings for the consumer path's transactions (claims and acks), as statements
 /// to run right after `BEGIN`.
 ///
@@ -155,9 +157,40 @@ pub async fn roll_back(pg: &tokio_postgres::Client) {
     }
 }
 
+/// A connection outside the pool, over TLS when the URL's `sslmode` asks for it (see
+/// [`crate::tls::database`]): the first of the URL's hosts that accepts it.
+pub async fn open(
+    database_url: &str,
+) -> Result<
+    (
+        tokio_postgres::Client,
+        tokio_postgres::Connection<Secured<Socket>, tokio_postgres::tls::NoTlsStream>,
+    ),
+    tokio_postgres::Error,
+> {
+    let pg: tokio_postgres::Config = database_url.parse()?;
+    let mut last_error = io::Error::other("no database host to connect to");
+    for target in targets(&pg) {
+        match target.secured(pg.get_ssl_mode()).await {
+            Ok(stream) => return in_the_clear(&pg).connect_raw(stream, NoTls).await,
+            Err(e) => last_error = e,
+        }
+    }
+    Err(io_error(last_error)
+        .await
+        .expect("a failing stream cannot connect"))
+}
+
+/// The configuration to hand tokio-postgres once TLS, if any, is set up below it.
+fn in_the_clear(pg: &tokio_postgres::Config) -> tokio_postgres::Config {
+    let mut pg = pg.clone();
+    pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    pg
+}
+
 /// A client connected outside the pool, for migrations at start.
 pub async fn connect(database_url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await?;
+    let (client, conn) = open(database_url).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::warn!(error = %e, "migration connection ended");
@@ -195,7 +228,7 @@ fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
 }
 
 /// A byte stream to the server, TCP or Unix.
-enum Socket {
+pub enum Socket {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }
@@ -221,6 +254,15 @@ impl Target {
                         .map_err(|_| timed_out())??;
                 Ok(Socket::Unix(s))
             }
+        }
+    }
+
+    /// Opens a connection and sets up TLS on it as `mode` asks (never on Unix sockets).
+    async fn secured(&self, mode: tokio_postgres::config::SslMode) -> io::Result<Secured<Socket>> {
+        let socket = self.open().await?;
+        match self {
+            Target::Tcp(host, _) => crate::tls::database::negotiate(socket, mode, host).await,
+            Target::Unix(_) => Ok(Secured::Plain(socket)),
         }
     }
 
@@ -387,7 +429,7 @@ impl deadpool_postgres::Connect for WatchedConnect {
                         io::Error::new(io::ErrorKind::TimedOut, "the database does not answer");
                     continue;
                 }
-                let socket = match target.open().await {
+                let socket = match target.secured(pg_config.get_ssl_mode()).await {
                     Ok(s) => s,
                     Err(e) => {
                         last_error = e;
@@ -395,7 +437,8 @@ impl deadpool_postgres::Connect for WatchedConnect {
                     }
                 };
                 let stream = Watched::new(socket, target.clone(), self.liveness.clone());
-                let (client, connection) = pg_config.connect_raw(stream, NoTls).await?;
+                let (client, connection) =
+                    in_the_clear(&pg_config).connect_raw(stream, NoTls).await?;
                 let task = tokio::spawn(async move {
                     if let Err(e) = connection.await {
                         tracing::warn!(error = %e, "database connection ended");

@@ -20,4 +20,5 @@ pub mod push;
 pub mod queue;
 pub mod schema;
 pub mod server;
+pub mod tls;
 pub mod wake;
