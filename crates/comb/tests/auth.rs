@@ -158,6 +158,8 @@ async fn every_route_class_needs_its_role() {
         let a = call(&env, method, path, None, Some(json!({}))).await;
         assert_unauthorized(&a, None);
         assert_eq!(a.json()["code"], "missing_token");
+        // The body was left unread: the connection is not reused.
+        assert_eq!(a.headers["connection"], "close");
     }
     // A scheme other than Bearer is no token.
     let basic = env
@@ -959,4 +961,55 @@ async fn a_misconfigured_verifier_stops_the_server_at_start() {
     .unwrap();
     let e = started.err().expect("refused to start").to_string();
     assert!(e.contains("RS256"), "{e}");
+}
+
+#[tokio::test]
+async fn a_token_naming_an_unknown_key_id_fetches_the_set_early() {
+    let old = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    let new = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    let keys = serve_key_set(json!({"keys": [ed25519_jwk("old", &old)]})).await;
+    // Queen's name for the URL; the periodic refresh is an hour away.
+    let pg = comb_harness::Postgres::shared();
+    let db = pg.create_database("t").unwrap();
+    let url = keys.url.clone();
+    let server = tokio::task::spawn_blocking(move || {
+        comb_harness::Server::start_with_env(
+            common::comb_bin(),
+            &db,
+            &["--jwt-enabled", "--jwt-algorithm", "EdDSA"],
+            &[("JWT_JWKS_URL", url.as_str())],
+        )
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    let fetched_at_start = keys.fetches.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(fetched_at_start, 1);
+    *keys.set.lock().unwrap() = Some(json!({"keys": [
+        ed25519_jwk("old", &old), ed25519_jwk("new", &new)]}));
+    let mut header = Header::new(Algorithm::EdDSA);
+    header.kid = Some("new".into());
+    let token = sign(
+        header,
+        &claims("svc", "read-only"),
+        &EncodingKey::from_ed_pem(new.serialize_pem().as_bytes()).unwrap(),
+    );
+    let http = reqwest::Client::new();
+    let mut status = StatusCode::UNAUTHORIZED;
+    for _ in 0..100 {
+        status = http
+            .get(format!("{}/api/v1/openapi.json", server.base_url()))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, StatusCode::OK);
+    // One early fetch, not one per request.
+    assert_eq!(keys.fetches.load(std::sync::atomic::Ordering::SeqCst), 2);
 }

@@ -71,16 +71,17 @@ impl Jwks {
         Ok(n)
     }
 
-    /// Keeps the set fresh: every `every`, and early when a token names an unknown key id.
+    /// Keeps the set fresh after a first fetch: every `every`, and early when a token names
+    /// an unknown key id.
     pub async fn run(self: Arc<Self>, every: Duration) {
         loop {
-            match self.refresh().await {
-                Ok(n) => tracing::debug!(keys = n, "key set refreshed"),
-                Err(e) => tracing::warn!(error = %e, "key set not refreshed; keeping the last one"),
-            }
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
                 _ = self.early.notified() => {}
+            }
+            match self.refresh().await {
+                Ok(n) => tracing::debug!(keys = n, "key set refreshed"),
+                Err(e) => tracing::warn!(error = %e, "key set not refreshed; keeping the last one"),
             }
         }
     }

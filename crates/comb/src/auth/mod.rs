@@ -252,12 +252,7 @@ impl Auth {
             if let Err(e) = jwks.refresh().await {
                 tracing::warn!(error = %e, "key set not fetched at start; retrying in the background");
             }
-            let jwks = jwks.clone();
-            let every = self.jwks_every;
-            tokio::spawn(async move {
-                tokio::time::sleep(every).await;
-                jwks.run(every).await
-            });
+            tokio::spawn(jwks.clone().run(self.jwks_every));
         }
     }
 
@@ -339,6 +334,7 @@ pub async fn guard(auth: Arc<Auth>, mut request: Request, next: Next) -> Respons
     if access == Access::Public {
         return next.run(request).await;
     }
+    let refused = refusal(&request);
     let token = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -348,19 +344,25 @@ pub async fn guard(auth: Arc<Auth>, mut request: Request, next: Next) -> Respons
             scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
         });
     let Some(token) = token else {
-        return unauthorized("missing_token", "this route needs a bearer token");
+        return refused(unauthorized(
+            "missing_token",
+            "this route needs a bearer token",
+        ));
     };
     let Some(claims) = auth.verify(token) else {
-        return unauthorized("invalid_token", "the bearer token is not valid");
+        return refused(unauthorized(
+            "invalid_token",
+            "the bearer token is not valid",
+        ));
     };
     let Some(role) = auth.role(&claims) else {
-        return forbidden("the token carries no role this server knows");
+        return refused(forbidden("the token carries no role this server knows"));
     };
     if !role.allows(access) {
-        return forbidden("the token's role may not use this route");
+        return refused(forbidden("the token's role may not use this route"));
     }
     let Ok(queues) = auth.queues(&claims) else {
-        return out_of_scope().into_response();
+        return refused(out_of_scope().into_response());
     };
     if let Some(prefixes) = &queues {
         let allowed = match queue_of(request.method(), path) {
@@ -372,7 +374,7 @@ pub async fn guard(auth: Arc<Auth>, mut request: Request, next: Next) -> Respons
             QueueOf::Unknown => false,
         };
         if !allowed {
-            return out_of_scope().into_response();
+            return refused(out_of_scope().into_response());
         }
     }
     let sub = claims
@@ -383,6 +385,24 @@ pub async fn guard(auth: Arc<Auth>, mut request: Request, next: Next) -> Respons
         .extensions_mut()
         .insert(Principal { sub, role, queues });
     next.run(request).await
+}
+
+/// Finishes a refusal: a request whose body is left unread is answered with
+/// `Connection: close`, or the client may send its next request behind the unread bytes.
+fn refusal(request: &Request) -> impl Fn(Response) -> Response + use<> {
+    let headers = request.headers();
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    move |mut response: Response| {
+        if has_body {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
 }
 
 /// 401 with the challenge RFC 6750 asks for. The detail says what kind of failure it was at
