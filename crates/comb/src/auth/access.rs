@@ -6,7 +6,7 @@ use axum::http::Method;
 
 /// What a route lets a caller do, from least to most trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub(crate) enum Access {
     /// No token needed (health and readiness probes).
     Public,
     /// Reads that change nothing (listings, status, message browsing).
@@ -21,7 +21,7 @@ pub enum Access {
 
 /// A role a token may carry (Queen's four).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
+pub(crate) enum Role {
     WriteOnly,
     ReadOnly,
     ReadWrite,
@@ -30,7 +30,7 @@ pub enum Role {
 
 impl Role {
     /// Whether a token of this role may use a route needing `access`.
-    pub fn allows(self, access: Access) -> bool {
+    pub(crate) fn allows(self, access: Access) -> bool {
         match access {
             Access::Public => true,
             Access::Read => matches!(self, Role::ReadOnly | Role::ReadWrite | Role::Admin),
@@ -69,7 +69,7 @@ const RULES: &[(Methods, &str, Access)] = &[
 ];
 
 /// What `method path` needs. `/metrics` is public unless `protect_metrics`.
-pub fn required(method: &Method, path: &str, protect_metrics: bool) -> Access {
+pub(crate) fn required(method: &Method, path: &str, protect_metrics: bool) -> Access {
     if path == "/metrics" && (method == Method::GET || method == Method::HEAD) {
         return if protect_metrics {
             Access::Read
@@ -120,7 +120,7 @@ const BODY_SCOPED: &[(Methods, &str)] = &[
 
 /// Where a request's queue is, for a token limited to some queues.
 #[derive(Debug, PartialEq, Eq)]
-pub enum QueueOf<'p> {
+pub(crate) enum QueueOf<'p> {
     /// Named in the path: the segment after `queue` or `queues`.
     Path(&'p str),
     /// Named in the body, checked by the handler.
@@ -130,7 +130,7 @@ pub enum QueueOf<'p> {
 }
 
 /// Where the queue of `method path` is named.
-pub fn queue_of<'p>(method: &Method, path: &'p str) -> QueueOf<'p> {
+pub(crate) fn queue_of<'p>(method: &Method, path: &'p str) -> QueueOf<'p> {
     let mut segments = path.split('/');
     while let Some(s) = segments.next() {
         if (s == "queue" || s == "queues")

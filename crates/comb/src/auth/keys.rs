@@ -19,7 +19,7 @@ struct Fetched {
 
 /// A key set fetched from `url`, replaced only by a later successful fetch: while the URL does
 /// not answer, the keys fetched before stay in use.
-pub struct Jwks {
+pub(crate) struct Jwks {
     url: String,
     http: reqwest::Client,
     current: RwLock<Arc<Fetched>>,
@@ -30,7 +30,7 @@ pub struct Jwks {
 
 impl Jwks {
     /// A key set at `url`, not fetched yet.
-    pub fn new(url: String, timeout: Duration) -> Result<Arc<Jwks>, String> {
+    pub(crate) fn new(url: String, timeout: Duration) -> Result<Arc<Jwks>, String> {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .build()
@@ -46,7 +46,7 @@ impl Jwks {
 
     /// Fetches the set and, if it parsed, puts it in use. Keys of kinds the verifier does not
     /// support are skipped.
-    pub async fn refresh(&self) -> Result<usize, String> {
+    pub(crate) async fn refresh(&self) -> Result<usize, String> {
         let set: JwkSet = self
             .http
             .get(&self.url)
@@ -73,7 +73,7 @@ impl Jwks {
 
     /// Keeps the set fresh after a first fetch: every `every`, and early when a token names
     /// an unknown key id.
-    pub async fn run(self: Arc<Self>, every: Duration) {
+    pub(crate) async fn run(self: Arc<Self>, every: Duration) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
@@ -88,7 +88,7 @@ impl Jwks {
 
     /// The keys that may have signed a token of `alg` naming `kid`. A `kid` the set lacks asks
     /// for an early refresh (a key rotated in at the provider).
-    pub fn candidates(&self, alg: Algorithm, kid: Option<&str>) -> Vec<Arc<DecodingKey>> {
+    pub(crate) fn candidates(&self, alg: Algorithm, kid: Option<&str>) -> Vec<Arc<DecodingKey>> {
         let fetched = self
             .current
             .read()
@@ -131,7 +131,7 @@ fn algorithm_of(jwk: &jsonwebtoken::jwk::Jwk) -> Option<Algorithm> {
 }
 
 /// A public key given as PEM text or as the path of a PEM file, for RS256 or EdDSA.
-pub fn public_key(text_or_path: &str) -> Result<(Algorithm, DecodingKey), String> {
+pub(crate) fn public_key(text_or_path: &str) -> Result<(Algorithm, DecodingKey), String> {
     let pem = if text_or_path.trim_start().starts_with("-----BEGIN") {
         text_or_path.to_string()
     } else {

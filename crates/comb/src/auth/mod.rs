@@ -1,6 +1,7 @@
 //! Bearer tokens: who calls (the token's subject and role), whether the route allows that
 //! role, and which queues the token may touch. Off unless configured; when off, requests
-//! pass untouched.
+//! pass untouched. The HTTP edge applies it as one layer (`http::guard`) and turns a
+//! [`Denied`] into its answer.
 //!
 //! Every token is verified by `jsonwebtoken`: the signature first, then the claims, and every
 //! failure takes the same path to the same answer, so an answer tells nothing about why a
@@ -12,56 +13,41 @@ mod keys;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::Request;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::Method;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-pub use access::{Access, Role};
+use access::{Access, Role};
 use access::{QueueOf, queue_of, required};
 
 use crate::config::AuthConfig;
-use crate::http::Problem;
 
 /// Who made a request, as its verified token says. Handlers find it among the request's
 /// extensions when tokens are required.
 #[derive(Debug, Clone)]
-pub struct Principal {
+pub(crate) struct Principal {
     /// The token's `sub`, stored with pushed messages as their producer.
-    pub sub: Option<Arc<str>>,
-    pub role: Role,
+    pub(crate) sub: Option<Arc<str>>,
     /// Prefixes of the queues the token may touch; `None`: every queue.
-    pub queues: Option<Arc<[String]>>,
+    pub(crate) queues: Option<Arc<[String]>>,
 }
 
 impl Principal {
     /// Whether the token may touch queue `name`.
-    pub fn may_use(&self, name: &str) -> bool {
+    pub(crate) fn may_use(&self, name: &str) -> bool {
         self.queues
             .as_ref()
             .is_none_or(|prefixes| prefixes.iter().any(|p| name.starts_with(p.as_str())))
     }
 
-    /// Refuses with 403 unless every queue of `names` is within the token's scope.
-    pub fn check_queues<'a>(
-        principal: Option<&Principal>,
-        names: impl IntoIterator<Item = &'a str>,
-    ) -> Result<(), Problem> {
-        let Some(p) = principal.filter(|p| p.queues.is_some()) else {
-            return Ok(());
-        };
-        if names.into_iter().all(|n| p.may_use(n)) {
-            Ok(())
-        } else {
-            Err(out_of_scope())
-        }
+    /// Whether every queue of `names` is within the token's scope.
+    pub(crate) fn may_use_all<'a>(&self, mut names: impl Iterator<Item = &'a str>) -> bool {
+        self.queues.is_none() || names.all(|n| self.may_use(n))
     }
 }
 
 /// The settings of token verification, resolved from flags, `COMB_*` and Queen's variables.
-pub struct Auth {
+pub(crate) struct Auth {
     algorithms: Vec<Algorithm>,
     secret: Option<DecodingKey>,
     public_key: Option<(Algorithm, DecodingKey)>,
@@ -112,7 +98,7 @@ fn queen_number(value: Option<u64>, name: &str, default: u64) -> Result<u64, Str
 impl Auth {
     /// The verifier `config` asks for, or `None` when tokens are not required. Fails on
     /// settings that cannot work (no key for the algorithm, an unreadable public key).
-    pub fn from_config(config: &AuthConfig) -> Result<Option<Arc<Auth>>, String> {
+    pub(crate) fn from_config(config: &AuthConfig) -> Result<Option<Arc<Auth>>, String> {
         if !queen_bool(config.jwt_enabled, "JWT_ENABLED")? {
             return Ok(None);
         }
@@ -247,7 +233,7 @@ impl Auth {
     /// Fetches the key set once (so tokens verify from the first request when the provider
     /// answers) and keeps it fresh in the background. A provider down at start is not fatal:
     /// the refresh goes on trying.
-    pub async fn start(&self) {
+    pub(crate) async fn start(&self) {
         if let Some(jwks) = &self.jwks {
             if let Err(e) = jwks.refresh().await {
                 tracing::warn!(error = %e, "key set not fetched at start; retrying in the background");
@@ -326,117 +312,66 @@ impl Auth {
     }
 }
 
-/// Checks the request's token against its route and, when it may pass, hands the handler the
-/// [`Principal`].
-pub async fn guard(auth: Arc<Auth>, mut request: Request, next: Next) -> Response {
-    let path = request.uri().path();
-    let access = required(request.method(), path, auth.protect_metrics);
-    if access == Access::Public {
-        return next.run(request).await;
-    }
-    let refused = refusal(&request);
-    let token = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, token) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-        });
-    let Some(token) = token else {
-        return refused(unauthorized(
-            "missing_token",
-            "this route needs a bearer token",
-        ));
-    };
-    let Some(claims) = auth.verify(token) else {
-        return refused(unauthorized(
-            "invalid_token",
-            "the bearer token is not valid",
-        ));
-    };
-    let Some(role) = auth.role(&claims) else {
-        return refused(forbidden("the token carries no role this server knows"));
-    };
-    if !role.allows(access) {
-        return refused(forbidden("the token's role may not use this route"));
-    }
-    let Ok(queues) = auth.queues(&claims) else {
-        return refused(out_of_scope().into_response());
-    };
-    if let Some(prefixes) = &queues {
-        let allowed = match queue_of(request.method(), path) {
-            QueueOf::Path(raw) => {
-                let name = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
-                prefixes.iter().any(|p| name.starts_with(p.as_str()))
+/// Why a request may not pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Denied {
+    /// No bearer token (401).
+    MissingToken,
+    /// A token that is not valid, whatever the reason (401).
+    InvalidToken,
+    /// A valid token without a role this server knows (403).
+    NoRole,
+    /// A role that may not use the route (403).
+    RoleTooLow,
+    /// A queue outside the token's scope, or a route spanning queues (403).
+    OutOfScope,
+}
+
+impl Auth {
+    /// Whether a request for `method path` with this `Authorization` header may pass, and
+    /// as whom (`None` for public routes).
+    pub(crate) fn admit(
+        &self,
+        method: &Method,
+        path: &str,
+        authorization: Option<&[u8]>,
+    ) -> Result<Option<Principal>, Denied> {
+        let access = required(method, path, self.protect_metrics);
+        if access == Access::Public {
+            return Ok(None);
+        }
+        let token = authorization
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| {
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .ok_or(Denied::MissingToken)?;
+        let claims = self.verify(token).ok_or(Denied::InvalidToken)?;
+        let role = self.role(&claims).ok_or(Denied::NoRole)?;
+        if !role.allows(access) {
+            return Err(Denied::RoleTooLow);
+        }
+        let queues = self.queues(&claims).map_err(|()| Denied::OutOfScope)?;
+        if let Some(prefixes) = &queues {
+            let allowed = match queue_of(method, path) {
+                QueueOf::Path(raw) => {
+                    let name = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
+                    prefixes.iter().any(|p| name.starts_with(p.as_str()))
+                }
+                QueueOf::Body => true,
+                QueueOf::Unknown => false,
+            };
+            if !allowed {
+                return Err(Denied::OutOfScope);
             }
-            QueueOf::Body => true,
-            QueueOf::Unknown => false,
-        };
-        if !allowed {
-            return refused(out_of_scope().into_response());
         }
+        let sub = claims
+            .get("sub")
+            .and_then(Value::as_str)
+            .map(Arc::<str>::from);
+        Ok(Some(Principal { sub, queues }))
     }
-    let sub = claims
-        .get("sub")
-        .and_then(Value::as_str)
-        .map(Arc::<str>::from);
-    request
-        .extensions_mut()
-        .insert(Principal { sub, role, queues });
-    next.run(request).await
-}
-
-/// Finishes a refusal: a request whose body is left unread is answered with
-/// `Connection: close`, or the client may send its next request behind the unread bytes.
-fn refusal(request: &Request) -> impl Fn(Response) -> Response + use<> {
-    let headers = request.headers();
-    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
-        || headers
-            .get(header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() != b"0");
-    move |mut response: Response| {
-        if has_body {
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        response
-    }
-}
-
-/// 401 with the challenge RFC 6750 asks for. The detail says what kind of failure it was at
-/// most, never what the token held.
-fn unauthorized(code: &'static str, detail: &'static str) -> Response {
-    let mut response = Problem::new(StatusCode::UNAUTHORIZED, code, detail).into_response();
-    let challenge = if code == "missing_token" {
-        "Bearer realm=\"comb\""
-    } else {
-        "Bearer realm=\"comb\", error=\"invalid_token\""
-    };
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static(challenge),
-    );
-    response
-}
-
-fn forbidden(detail: &'static str) -> Response {
-    let mut response = Problem::new(StatusCode::FORBIDDEN, "forbidden", detail).into_response();
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"comb\", error=\"insufficient_scope\""),
-    );
-    response
-}
-
-/// 403 for a queue outside the token's scope.
-pub fn out_of_scope() -> Problem {
-    Problem::new(
-        StatusCode::FORBIDDEN,
-        "queue_forbidden",
-        "the token may not touch this queue, or this route spans queues it may not touch",
-    )
 }
 
 #[cfg(test)]

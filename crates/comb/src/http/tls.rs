@@ -22,7 +22,7 @@ use crate::http::limits::{Admitted, LimitedListener};
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Reads a certificate chain and its private key (PEM) into a server configuration.
-pub fn load(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
+pub(crate) fn load(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect())
         .map_err(|e| format!("reading the certificate {}: {e}", cert.display()))?;
@@ -31,7 +31,7 @@ pub fn load(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
     }
     let key = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("reading the private key {}: {e}", key.display()))?;
-    let mut config = ServerConfig::builder_with_provider(super::provider())
+    let mut config = ServerConfig::builder_with_provider(crate::db::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
@@ -42,7 +42,7 @@ pub fn load(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
 }
 
 /// A listener handing out connections whose TLS handshake is done.
-pub struct TlsListener {
+pub(crate) struct TlsListener {
     ready: mpsc::Receiver<(TlsStream<Admitted>, SocketAddr)>,
     local: SocketAddr,
 }
@@ -50,7 +50,11 @@ pub struct TlsListener {
 impl TlsListener {
     /// Serves TLS on `inner` with the certificate and key at these paths, reloading them on
     /// SIGHUP (a reload that fails keeps the identity in use and says why in the log).
-    pub fn new(mut inner: LimitedListener, cert: PathBuf, key: PathBuf) -> Result<Self, String> {
+    pub(crate) fn new(
+        mut inner: LimitedListener,
+        cert: PathBuf,
+        key: PathBuf,
+    ) -> Result<Self, String> {
         let acceptor = Arc::new(RwLock::new(TlsAcceptor::from(load(&cert, &key)?)));
         let local = inner.local_addr().map_err(|e| e.to_string())?;
         let reloaded = acceptor.clone();

@@ -11,6 +11,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+use tokio_rustls::rustls::crypto::CryptoProvider;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::config::SslMode;
 use tokio_rustls::rustls::client::danger::{
@@ -20,8 +22,13 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_rustls::rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+/// The one cryptography provider of every TLS connection, the listener's included.
+pub(crate) fn provider() -> Arc<CryptoProvider> {
+    Arc::new(tokio_rustls::rustls::crypto::ring::default_provider())
+}
+
 /// The variable naming a PEM file of certificate authorities to verify the database with.
-pub const CA_FILE_VAR: &str = "COMB_DATABASE_CA_FILE";
+pub(crate) const CA_FILE_VAR: &str = "COMB_DATABASE_CA_FILE";
 
 /// How the database's certificate is checked.
 struct Policy {
@@ -36,7 +43,7 @@ fn policy() -> Result<&'static Policy, std::io::Error> {
     POLICY
         .get_or_init(|| {
             let ca = std::env::var(CA_FILE_VAR).ok().filter(|v| !v.is_empty());
-            let builder = ClientConfig::builder_with_provider(super::provider())
+            let builder = ClientConfig::builder_with_provider(provider())
                 .with_safe_default_protocol_versions()
                 .map_err(|e| e.to_string())?;
             let (config, verifies) = match ca {
@@ -73,14 +80,18 @@ fn policy() -> Result<&'static Policy, std::io::Error> {
 }
 
 /// A stream to the database, encrypted or not.
-pub enum Secured<S> {
+pub(crate) enum Secured<S> {
     Plain(S),
     Tls(Box<tokio_rustls::client::TlsStream<S>>),
 }
 
 /// Asks the server on `stream` (at `host`) for TLS as `mode` says, before anything else is
 /// sent. Unix sockets are never encrypted (as with libpq).
-pub async fn negotiate<S>(mut stream: S, mode: SslMode, host: &str) -> std::io::Result<Secured<S>>
+pub(crate) async fn negotiate<S>(
+    mut stream: S,
+    mode: SslMode,
+    host: &str,
+) -> std::io::Result<Secured<S>>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -140,7 +151,7 @@ impl ServerCertVerifier for Unchecked {
             message,
             cert,
             dss,
-            &super::provider().signature_verification_algorithms,
+            &provider().signature_verification_algorithms,
         )
     }
 
@@ -154,12 +165,12 @@ impl ServerCertVerifier for Unchecked {
             message,
             cert,
             dss,
-            &super::provider().signature_verification_algorithms,
+            &provider().signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        super::provider()
+        provider()
             .signature_verification_algorithms
             .supported_schemes()
     }
