@@ -10,20 +10,30 @@
 //! answers at all. A slow query on a live server keeps waiting (so long maintenance statements
 //! are fine); a server that does not answer the probe is treated as gone: the silent
 //! connection fails, and until a probe succeeds again new writes and connections fail at once.
+//!
+//! The URL may name several servers (`postgres://h1,h2,h3/db`, libpq's syntax), as in front of
+//! a PostgreSQL managed by Patroni. Comb writes on every route, so a connection is only kept
+//! on the primary: each new connection asks the server whether it accepts writes and moves on
+//! to the next server when it does not (what `target_session_attrs=read-write` asks of
+//! libpq, done whatever the URL says). A connection that later finds itself refused as
+//! read-only (SQLSTATE 25006: its server was demoted, or a proxy sent it to a standby) closes
+//! itself, so that the pool replaces it instead of sending it more work. Each server is
+//! probed for silence on its own: a frozen old primary does not make the new one look down.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::{NoTls, SimpleQueryMessage};
 
 /// Planner settings for the consumer path's transactions (claims and acks), as statements
 /// to run right after `BEGIN`.
@@ -79,33 +89,48 @@ impl std::error::Error for DbError {}
 
 impl From<tokio_postgres::Error> for DbError {
     fn from(e: tokio_postgres::Error) -> Self {
-        // A closed connection or an I/O error means the database went away, and so do the
-        // SQLSTATEs of a server that is starting, stopping or full; anything else the server
-        // answered with a SQLSTATE is a real error of the statement. So is what the client
-        // refuses before anything reaches the server (a parameter it cannot encode, a column
-        // it cannot decode: an error with a cause that is not I/O): a bug, not an outage.
-        let client_side =
-            std::error::Error::source(&e).is_some_and(|cause| !cause.is::<std::io::Error>());
-        if e.is_closed()
-            || e.as_db_error().is_none() && e.code().is_none() && !client_side
-            || e.code().is_some_and(means_unavailable)
-        {
-            DbError::Unavailable(e.to_string())
+        if unavailable(&e) {
+            // The cause (which servers were tried and what each said) is worth telling.
+            match std::error::Error::source(&e) {
+                Some(cause) if e.as_db_error().is_none() => {
+                    DbError::Unavailable(format!("{e}: {cause}"))
+                }
+                _ => DbError::Unavailable(e.to_string()),
+            }
         } else {
             DbError::Postgres(e)
         }
     }
 }
 
+/// Whether an error means the database cannot serve now rather than that the statement was
+/// wrong.
+fn unavailable(e: &tokio_postgres::Error) -> bool {
+    // A closed connection or an I/O error means the database went away, and so do the
+    // SQLSTATEs of a server that is starting, stopping or full; anything else the server
+    // answered with a SQLSTATE is a real error of the statement. So is what the client
+    // refuses before anything reaches the server (a parameter it cannot encode, a column
+    // it cannot decode: an error with a cause that is not I/O): a bug, not an outage.
+    let client_side =
+        std::error::Error::source(e).is_some_and(|cause| !cause.is::<std::io::Error>());
+    e.is_closed()
+        || e.as_db_error().is_none() && e.code().is_none() && !client_side
+        || e.code().is_some_and(means_unavailable)
+}
+
 /// SQLSTATEs that say the database cannot serve now, not that the statement was wrong:
 /// connection exceptions (class 08), the server shutting down or crashed (57P01, 57P02),
-/// starting up or in recovery (57P03), a session ended by the server (57P05), and no free
-/// connection slot (53300). They come with a 503 and `Retry-After`, like a refused
-/// connection, and the client retries.
+/// starting up or in recovery (57P03), a session ended by the server (57P05), no free
+/// connection slot (53300), and a server that refuses writes (25006, a standby or a demoted
+/// primary: the connection closes itself and the next one goes to the primary). They come
+/// with a 503 and `Retry-After`, like a refused connection, and the client retries.
 pub fn means_unavailable(code: &tokio_postgres::error::SqlState) -> bool {
     let c = code.code();
-    c.starts_with("08") || c.starts_with("57P0") || c == "53300"
+    c.starts_with("08") || c.starts_with("57P0") || c == "53300" || c == READ_ONLY
 }
+
+/// SQLSTATE read_only_sql_transaction: a write reached a server that does not accept writes.
+const READ_ONLY: &str = "25006";
 
 impl From<deadpool_postgres::PoolError> for DbError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
@@ -117,22 +142,13 @@ impl From<deadpool_postgres::PoolError> for DbError {
 }
 
 /// Builds the pool every worker and handler draws from. Its connections fail promptly when
-/// the database stops answering (see the module documentation).
+/// the database stops answering and are only kept on the primary (see the module
+/// documentation).
 pub fn pool(database_url: &str, size: usize) -> Result<Pool, String> {
-    let pg: tokio_postgres::Config = database_url
-        .parse()
-        .map_err(|e| format!("invalid database URL: {e}"))?;
-    let targets = targets(&pg);
-    if targets.is_empty() {
-        return Err("the database URL names no host".into());
-    }
-    let connect = WatchedConnect {
-        targets,
-        liveness: Arc::new(Liveness::default()),
-    };
+    let connector = Arc::new(Connector::new(database_url)?);
     let mgr = Manager::from_connect(
-        pg,
-        connect,
+        connector.config.clone(),
+        PooledConnect(connector),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -155,9 +171,11 @@ pub async fn roll_back(pg: &tokio_postgres::Client) {
     }
 }
 
-/// A client connected outside the pool, for migrations at start.
-pub async fn connect(database_url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await?;
+/// A client connected to the primary outside the pool, for migrations at start.
+pub async fn connect(
+    database_url: &str,
+) -> Result<tokio_postgres::Client, Box<dyn std::error::Error>> {
+    let (client, conn) = Connector::new(database_url)?.connect().await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::warn!(error = %e, "migration connection ended");
@@ -166,11 +184,161 @@ pub async fn connect(database_url: &str) -> Result<tokio_postgres::Client, tokio
     Ok(client)
 }
 
+/// A connection to the primary, to be driven by its owner (the pool spawns it; the wake-up
+/// relay polls it for notifications).
+pub type Connection = tokio_postgres::Connection<Watched<Socket>, NoTlsStream>;
+
+/// One server the URL names, with what is known about whether it answers.
+#[derive(Clone)]
+struct Node {
+    target: Target,
+    liveness: Arc<Liveness>,
+}
+
+/// Opens connections to whichever server the URL names is the primary now.
+pub struct Connector {
+    config: tokio_postgres::Config,
+    nodes: Vec<Node>,
+    /// The node that was the primary at the last connection: tried first.
+    preferred: AtomicUsize,
+}
+
+/// What a server said when asked whether it accepts writes.
+enum Role {
+    Primary,
+    ReadOnly,
+    Failed(String),
+}
+
+impl Connector {
+    /// Parses the URL (one or several hosts).
+    pub fn new(database_url: &str) -> Result<Connector, String> {
+        let config: tokio_postgres::Config = database_url
+            .parse()
+            .map_err(|e| format!("invalid database URL: {e}"))?;
+        let nodes: Vec<Node> = targets(&config)
+            .into_iter()
+            .map(|target| Node {
+                target,
+                liveness: Arc::new(Liveness::default()),
+            })
+            .collect();
+        if nodes.is_empty() {
+            return Err("the database URL names no host".into());
+        }
+        Ok(Connector {
+            config,
+            nodes,
+            preferred: AtomicUsize::new(0),
+        })
+    }
+
+    /// Connects to the first server, from the last primary on in the URL's order, that
+    /// answers and accepts writes. Fails, saying why of each server, when none does.
+    pub async fn connect(
+        &self,
+    ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut why = Vec::new();
+        for k in 0..self.nodes.len() {
+            let i = (start + k) % self.nodes.len();
+            let node = &self.nodes[i];
+            if node.liveness.is_down() && !node.liveness.back_again(&node.target) {
+                why.push(format!("{}: does not answer", node.target));
+                continue;
+            }
+            let socket = match node.target.open().await {
+                Ok(s) => s,
+                Err(e) => {
+                    why.push(format!("{}: {e}", node.target));
+                    continue;
+                }
+            };
+            let stream = Watched::new(socket, node.clone());
+            let (client, mut conn) = match self.config.connect_raw(stream, NoTls).await {
+                Ok(c) => c,
+                // A server starting, stopping or full: the next one may be the primary.
+                Err(e) if unavailable(&e) => {
+                    why.push(format!("{}: {e}", node.target));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match role(&client, &mut conn).await {
+                Role::Primary => {
+                    if i != start {
+                        tracing::info!(server = %node.target, "connected to the primary");
+                    }
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok((client, conn));
+                }
+                Role::ReadOnly => why.push(format!(
+                    "{}: read-only (a standby, not the primary)",
+                    node.target
+                )),
+                Role::Failed(e) => why.push(format!("{}: {e}", node.target)),
+            }
+        }
+        let reason = if self.nodes.len() > 1 {
+            format!("no primary among the servers: {}", why.join("; "))
+        } else {
+            why.join("; ")
+        };
+        match io_error(io::Error::new(io::ErrorKind::NotConnected, reason)).await {
+            Ok(e) => Err(e),
+            Err(()) => unreachable!("a failing stream cannot connect"),
+        }
+    }
+}
+
+/// Asks a fresh connection whether its server accepts writes, driving the connection
+/// meanwhile (nobody else polls it yet).
+async fn role(client: &tokio_postgres::Client, conn: &mut Connection) -> Role {
+    let show = client.simple_query("SHOW transaction_read_only");
+    futures_util::pin_mut!(show);
+    let asked = async {
+        loop {
+            tokio::select! {
+                r = &mut show => {
+                    return match r {
+                        Ok(rows) => {
+                            let read_only = rows.iter().find_map(|m| match m {
+                                SimpleQueryMessage::Row(r) => r.get(0).map(|v| v != "off"),
+                                _ => None,
+                            });
+                            if read_only == Some(false) { Role::Primary } else { Role::ReadOnly }
+                        }
+                        Err(e) => Role::Failed(e.to_string()),
+                    };
+                }
+                m = std::future::poll_fn(|cx| conn.poll_message(cx)) => match m {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Role::Failed(e.to_string()),
+                    None => return Role::Failed("connection closed".into()),
+                },
+            }
+        }
+    };
+    match tokio::time::timeout(SILENCE + PROBE_TIMEOUT, asked).await {
+        Ok(role) => role,
+        Err(_) => Role::Failed("did not answer".into()),
+    }
+}
+
 /// Where a server may be reached: a TCP host and port, or a Unix socket path.
 #[derive(Debug, Clone)]
 enum Target {
     Tcp(String, u16),
     Unix(std::path::PathBuf),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Tcp(host, port) => write!(f, "{host}:{port}"),
+            Target::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
 }
 
 /// The places the URL names, in the order libpq would try them.
@@ -195,7 +363,7 @@ fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
 }
 
 /// A byte stream to the server, TCP or Unix.
-enum Socket {
+pub enum Socket {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }
@@ -351,11 +519,8 @@ impl Liveness {
     }
 }
 
-/// Opens pooled connections over [`Watched`] streams.
-struct WatchedConnect {
-    targets: Vec<Target>,
-    liveness: Arc<Liveness>,
-}
+/// Opens pooled connections to the primary over [`Watched`] streams.
+struct PooledConnect(Arc<Connector>);
 
 fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()>> {
     // tokio-postgres builds its errors itself; feeding it a stream that fails yields its own
@@ -370,43 +535,22 @@ fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()
     })
 }
 
-impl deadpool_postgres::Connect for WatchedConnect {
+impl deadpool_postgres::Connect for PooledConnect {
     fn connect(
         &self,
-        pg_config: &tokio_postgres::Config,
+        _: &tokio_postgres::Config,
     ) -> BoxFuture<
         '_,
         Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
     > {
-        let pg_config = pg_config.clone();
         Box::pin(async move {
-            let mut last_error = io::Error::other("no database host to connect to");
-            for target in &self.targets {
-                if self.liveness.is_down() && !self.liveness.back_again(target) {
-                    last_error =
-                        io::Error::new(io::ErrorKind::TimedOut, "the database does not answer");
-                    continue;
+            let (client, connection) = self.0.connect().await?;
+            let task = tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %e, "database connection ended");
                 }
-                let socket = match target.open().await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        last_error = e;
-                        continue;
-                    }
-                };
-                let stream = Watched::new(socket, target.clone(), self.liveness.clone());
-                let (client, connection) = pg_config.connect_raw(stream, NoTls).await?;
-                let task = tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::warn!(error = %e, "database connection ended");
-                    }
-                });
-                return Ok((client, task));
-            }
-            match io_error(last_error).await {
-                Ok(e) => Err(e),
-                Err(()) => unreachable!("a failing stream cannot connect"),
-            }
+            });
+            Ok((client, task))
         })
     }
 }
@@ -457,6 +601,10 @@ pub struct Framing {
     have: usize,
     /// Bytes of the current message's body still to skip.
     body_left: usize,
+    /// The start of the current ErrorResponse's body (server side only).
+    error: Option<Vec<u8>>,
+    /// The SQLSTATE of the last complete ErrorResponse not yet taken.
+    error_code: Option<[u8; 5]>,
 }
 
 impl Framing {
@@ -467,6 +615,8 @@ impl Framing {
             header: [0; 5],
             have: 0,
             body_left: 0,
+            error: None,
+            error_code: None,
         }
     }
 
@@ -485,8 +635,17 @@ impl Framing {
         while !bytes.is_empty() {
             if self.body_left > 0 {
                 let n = self.body_left.min(bytes.len());
+                if let Some(body) = self.error.as_mut() {
+                    let keep = n.min(ERROR_PREFIX - body.len().min(ERROR_PREFIX));
+                    body.extend_from_slice(&bytes[..keep]);
+                }
                 self.body_left -= n;
                 bytes = &bytes[n..];
+                if self.body_left == 0
+                    && let Some(body) = self.error.take()
+                {
+                    self.error_code = sqlstate(&body);
+                }
                 continue;
             }
             let header_len = if self.untyped_first { 4 } else { 5 };
@@ -497,6 +656,7 @@ impl Framing {
             if self.have < header_len {
                 break;
             }
+            let untyped = self.untyped_first;
             let (kind, len) = if self.untyped_first {
                 let len = u32::from_be_bytes(self.header[0..4].try_into().expect("4 bytes"));
                 (0u8, len)
@@ -508,19 +668,60 @@ impl Framing {
             self.body_left = (len as usize).saturating_sub(4);
             self.have = 0;
             self.untyped_first = false;
+            if kind == b'E' && !untyped {
+                self.error = Some(Vec::new());
+            }
             if types.contains(&kind) {
                 counted += 1;
             }
         }
         counted
     }
+
+    /// The SQLSTATE of the last ErrorResponse seen since the last call (server side).
+    pub fn take_error_code(&mut self) -> Option<[u8; 5]> {
+        self.error_code.take()
+    }
+}
+
+/// How much of an ErrorResponse is kept to find its SQLSTATE: the code comes after the
+/// severity fields, well within this.
+const ERROR_PREFIX: usize = 96;
+
+/// The `C` field (SQLSTATE) of an ErrorResponse body: fields of a type byte and a
+/// NUL-terminated string.
+fn sqlstate(body: &[u8]) -> Option<[u8; 5]> {
+    let mut rest = body;
+    while let Some((&kind, tail)) = rest.split_first() {
+        if kind == 0 {
+            return None;
+        }
+        let end = tail.iter().position(|&b| b == 0)?;
+        if kind == b'C' {
+            return tail[..end].try_into().ok();
+        }
+        rest = &tail[end + 1..];
+    }
+    None
+}
+
+const READ_ONLY_CODE: &[u8; 5] = b"25006";
+
+fn demoted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the server refused a write as read-only: no longer the primary",
+    )
 }
 
 /// A connection's stream, watched for silence while requests are outstanding.
-struct Watched<S> {
+pub struct Watched<S> {
     inner: S,
     target: Target,
     liveness: Arc<Liveness>,
+    /// The server refused a write as read-only: no longer the primary. The connection
+    /// fails from the next read on, once the refusal itself has been delivered.
+    demoted: bool,
     sent: Framing,
     received: Framing,
     /// Requests sent whose ReadyForQuery has not come back yet.
@@ -532,11 +733,12 @@ struct Watched<S> {
 }
 
 impl<S> Watched<S> {
-    fn new(inner: S, target: Target, liveness: Arc<Liveness>) -> Watched<S> {
+    fn new(inner: S, node: Node) -> Watched<S> {
         Watched {
             inner,
-            target,
-            liveness,
+            target: node.target,
+            liveness: node.liveness,
+            demoted: false,
             sent: Framing::frontend(),
             received: Framing::backend(),
             outstanding: 0,
@@ -585,6 +787,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.demoted {
+            return Poll::Ready(Err(demoted()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -593,6 +798,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
                     this.progress = Instant::now();
                     this.outstanding -= this.received.feed(fresh, b"Z") as i64;
                     this.probe = None;
+                    if this.received.take_error_code() == Some(*READ_ONLY_CODE) {
+                        tracing::warn!(
+                            server = %this.target,
+                            "the database refused a write as read-only: it is no longer the \
+                             primary; closing the connection"
+                        );
+                        this.demoted = true;
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
@@ -617,6 +830,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if this.demoted {
+            return Poll::Ready(Err(demoted()));
+        }
         if this.liveness.is_down() {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -696,6 +912,62 @@ mod tests {
         let mut b = Framing::backend();
         let n: usize = back.chunks(2).map(|c| b.feed(c, b"Z")).sum();
         assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn framing_finds_the_sqlstate_of_an_error_across_chunks() {
+        // ErrorResponse: severity, code 25006, message; then ReadyForQuery.
+        let mut body = Vec::new();
+        for (kind, value) in [
+            (b'S', "ERROR"),
+            (b'V', "ERROR"),
+            (b'C', "25006"),
+            (b'M', "cannot execute INSERT in a read-only transaction"),
+        ] {
+            body.push(kind);
+            body.extend_from_slice(value.as_bytes());
+            body.push(0);
+        }
+        body.push(0);
+        let mut bytes = vec![b'E'];
+        bytes.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        bytes.extend_from_slice(&body);
+        bytes.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'E']);
+        let mut f = Framing::backend();
+        let mut answers = 0;
+        let mut codes = Vec::new();
+        for chunk in bytes.chunks(7) {
+            answers += f.feed(chunk, b"Z");
+            codes.extend(f.take_error_code());
+        }
+        assert_eq!(answers, 1);
+        assert_eq!(codes, vec![*b"25006"]);
+        // Other codes are read too, and nothing is left to take.
+        assert_eq!(sqlstate(b"SFATAL\0C57P01\0Mbye\0\0"), Some(*b"57P01"));
+        assert_eq!(sqlstate(b"SERROR\0C250"), None);
+        assert_eq!(f.take_error_code(), None);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_refuses_connections_is_skipped_and_its_reason_kept() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let connector = Connector::new(&format!(
+            "postgres://u@127.0.0.1:{closed},127.0.0.1:{closed}/db"
+        ))
+        .unwrap();
+        assert_eq!(connector.nodes.len(), 2);
+        let Err(e) = connector.connect().await else {
+            panic!("connected to nothing");
+        };
+        let why = DbError::from(e);
+        assert!(matches!(why, DbError::Unavailable(_)), "{why}");
+        assert!(
+            why.to_string().contains("no primary among the servers"),
+            "{why}"
+        );
     }
 
     #[tokio::test]

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod pop;
 pub mod push;
 pub mod queue;
+pub mod replication;
 pub mod schema;
 pub mod server;
 pub mod wake;

@@ -39,6 +39,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     ));
     let default_lease = QueueOptions::default().lease_time as f64;
     crate::wake::start_broadcast(&wake, pool.clone());
+    let replication = Arc::new(crate::replication::Status::default());
+    tokio::spawn(crate::replication::watch(pool.clone(), replication.clone()));
     let app = Arc::new(App {
         push: push::start(
             pool.clone(),
@@ -63,6 +65,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         wake,
         pool,
         metrics,
+        replication,
         stopping: AtomicBool::new(false),
         stop_signal: watch::channel(false).0,
         waiting: http::limits::WaitingPops::new(config.max_waiting_pops),

@@ -127,9 +127,20 @@ pub fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
 ///
 /// The same connection carries catalog changes (a queue deleted through another server), so
 /// that this server forgets ids that no longer exist.
+///
+/// The connection goes to the primary (notifications are only sent there) and is pinged every
+/// [`PING_EVERY`], so that a primary that went silent or was demoted is noticed and the relay
+/// moves to the new one; every cached catalog id is forgotten then too.
 pub async fn relay(database_url: String, wake: Arc<Wake>, catalog: Arc<Catalog>) {
+    let connector = match crate::db::Connector::new(&database_url) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "push notification relay disabled");
+            return;
+        }
+    };
     loop {
-        if let Err(e) = relay_once(&database_url, &wake, &catalog).await {
+        if let Err(e) = relay_once(&connector, &wake, &catalog).await {
             tracing::warn!(error = %e, "push notification relay lost its connection; reconnecting");
         }
         // Whatever was missed while disconnected: let every waiting pop look again, and
@@ -140,12 +151,16 @@ pub async fn relay(database_url: String, wake: Arc<Wake>, catalog: Arc<Catalog>)
     }
 }
 
+/// How often the relay checks that its connection still reaches a live primary.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
 async fn relay_once(
-    database_url: &str,
+    connector: &crate::db::Connector,
     wake: &Wake,
     catalog: &Catalog,
 ) -> Result<(), tokio_postgres::Error> {
-    let (client, mut conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
+    let (client, mut conn) = connector.connect().await?;
+    let client = Arc::new(client);
     let messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
     futures_util::pin_mut!(messages);
     let sql = format!(
@@ -167,6 +182,20 @@ async fn relay_once(
         }
     }
     tracing::debug!("listening for pushes made through other servers");
+    // Pings go out from a task of their own; their failure (silence, a read-only refusal)
+    // ends the connection, which the loop below sees.
+    let pinger = tokio::spawn({
+        let client = client.clone();
+        async move {
+            loop {
+                tokio::time::sleep(PING_EVERY).await;
+                if client.simple_query("SELECT 1").await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let _stop_pinger = AbortOnDrop(pinger);
     while let Some(m) = messages.next().await {
         if let AsyncMessage::Notification(n) = m? {
             if n.channel() == crate::http::queues::CATALOG_CHANNEL {
@@ -181,6 +210,15 @@ async fn relay_once(
         }
     }
     Ok(())
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]

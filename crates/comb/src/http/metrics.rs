@@ -75,6 +75,7 @@ async fn stats(app: &State) -> Result<Stats, DbError> {
 pub async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     let mut out = Text::default();
     app.metrics.render(&mut out);
+    app.replication.render(&mut out);
     let routes = super::routes();
     let labels: Vec<[(&str, &str); 2]> = routes
         .iter()

@@ -47,6 +47,8 @@ pub struct App {
     pub ack: Fuser<AckJob>,
     /// This process's counters, served by `GET /metrics`.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Whether acknowledged writes would survive a failover, as last checked.
+    pub replication: Arc<crate::replication::Status>,
     /// Set once SIGTERM arrived: `/ready` answers 503 and waiting pops answer 204.
     pub stopping: AtomicBool,
     /// Fires when `stopping` is set, to wake waiting pops.
