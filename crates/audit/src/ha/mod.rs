@@ -270,7 +270,8 @@ async fn durability(servers: &[String]) -> Vec<String> {
 
 /// The claim path's question: what would waiting for the synchronous standby cost a claim's
 /// commit? Times 300 one-row commits with `synchronous_commit = off` (what claims with
-/// explicit acks use) and `on` (pushes, acks) on the primary.
+/// explicit acks use), `local` (the local flush alone) and `on` (pushes, acks: the flush and
+/// the synchronous standby) on the primary.
 async fn commit_latency(cluster: &Cluster) -> Result<Vec<String>, String> {
     let p = cluster.primary().await.ok_or("no primary")?;
     let (client, conn) =
@@ -283,7 +284,7 @@ async fn commit_latency(cluster: &Cluster) -> Result<Vec<String>, String> {
         .await
         .map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for mode in ["off", "on"] {
+    for mode in ["off", "local", "on"] {
         let mut times = Vec::new();
         for _ in 0..300 {
             let t = Instant::now();
@@ -442,9 +443,10 @@ impl Stage {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let promotion_to_push = promoted.map(|p| (back.max(p) - p).as_secs_f64());
-        if let Some(p) = promoted {
+        if let (Some(p), Some(d)) = (promoted, promotion_to_push) {
             notes.push(format!(
-                "new primary accepted writes {:.2} s after the fault",
+                "new primary accepted writes {:.2} s after the fault; Comb's first push {d:.2} s \
+                 after that",
                 (p - fault).as_secs_f64()
             ));
         }
