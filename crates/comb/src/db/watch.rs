@@ -1,4 +1,4 @@
-//! The connection pool and the errors that come back from the database.
+//! Watched connections: noticing a database that stops answering.
 //!
 //! PostgreSQL can fail in two ways. When it stops or crashes, its sockets close and every
 //! waiting query fails at once. When it hangs or the network to it goes silent (a stopped
@@ -10,324 +10,42 @@
 //! answers at all. A slow query on a live server keeps waiting (so long maintenance statements
 //! are fine); a server that does not answer the probe is treated as gone: the silent
 //! connection fails, and until a probe succeeds again new writes and connections fail at once.
+//! Each server the URL names has its own [`Liveness`]: a frozen old primary does not make the
+//! new one look down.
 //!
-//! The URL may name several servers (`postgres://h1,h2,h3/db`, libpq's syntax), as in front of
-//! a PostgreSQL managed by Patroni. Comb writes on every route, so a connection is only kept
-//! on the primary: each new connection asks the server whether it accepts writes and moves on
-//! to the next server when it does not (what `target_session_attrs=read-write` asks of
-//! libpq, done whatever the URL says). A connection that later finds itself refused as
-//! read-only (SQLSTATE 25006: its server was demoted, or a proxy sent it to a standby) closes
-//! itself, so that the pool replaces it instead of sending it more work. Each server is
-//! probed for silence on its own: a frozen old primary does not make the new one look down.
+//! The stream also reads the SQLSTATE of the errors it carries: a connection refused a write
+//! as read-only (25006: its server was demoted, or a proxy sent it to a standby) fails from
+//! then on, so that the pool replaces it instead of sending it more work.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
-use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::{NoTls, SimpleQueryMessage};
-
-/// Planner settings for the consumer path's transactions (claims and acks), as statements
-/// to run right after `BEGIN`.
-///
-/// Their statements take arrays (the partitions of a fused batch). Planned for the array at
-/// hand, each custom plan looks cheaper than the generic one, so PostgreSQL would plan them
-/// again on every execution (about a millisecond of CPU per claim, more than running it):
-/// generic plans are forced. A generic plan is kept until something invalidates it, and one
-/// made from the statistics of young tables (a generation or segment a few pages long, a
-/// queue's first hundred cursors) reads them whole: sequentially, or through a bitmap and a
-/// sort, which becomes thousands of rows per cursor as the tables fill. Every read of these
-/// statements wants a few entries of an index in index order, so both are priced out.
-macro_rules! consumer_plans {
-    () => {
-        "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
-         SET LOCAL enable_bitmapscan = off"
-    };
-}
-pub(crate) use consumer_plans;
 
 /// How long a request may wait for the first byte of its answer before the database is
 /// probed. Short, because the probe (not this) decides whether to give up.
-pub const SILENCE: Duration = Duration::from_secs(1);
+pub(crate) const SILENCE: Duration = Duration::from_secs(1);
 
 /// How long the liveness probe waits for the server to answer a fresh connection.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a probe's verdict is reused by other connections before probing again.
 const PROBE_REUSE: Duration = Duration::from_millis(500);
 
 /// How long opening a TCP connection to the database may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Why a database operation did not complete.
-#[derive(Debug)]
-pub enum DbError {
-    /// No connection could be had (database down, unreachable, or pool closed).
-    Unavailable(String),
-    /// The database answered with an error.
-    Postgres(tokio_postgres::Error),
-}
-
-impl std::fmt::Display for DbError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DbError::Unavailable(m) => write!(f, "database unavailable: {m}"),
-            DbError::Postgres(e) => write!(f, "database error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for DbError {}
-
-impl From<tokio_postgres::Error> for DbError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        if unavailable(&e) {
-            // The cause (which servers were tried and what each said) is worth telling.
-            match std::error::Error::source(&e) {
-                Some(cause) if e.as_db_error().is_none() => {
-                    DbError::Unavailable(format!("{e}: {cause}"))
-                }
-                _ => DbError::Unavailable(e.to_string()),
-            }
-        } else {
-            DbError::Postgres(e)
-        }
-    }
-}
-
-/// Whether an error means the database cannot serve now rather than that the statement was
-/// wrong.
-fn unavailable(e: &tokio_postgres::Error) -> bool {
-    // A closed connection or an I/O error means the database went away, and so do the
-    // SQLSTATEs of a server that is starting, stopping or full; anything else the server
-    // answered with a SQLSTATE is a real error of the statement. So is what the client
-    // refuses before anything reaches the server (a parameter it cannot encode, a column
-    // it cannot decode: an error with a cause that is not I/O): a bug, not an outage.
-    let client_side =
-        std::error::Error::source(e).is_some_and(|cause| !cause.is::<std::io::Error>());
-    e.is_closed()
-        || e.as_db_error().is_none() && e.code().is_none() && !client_side
-        || e.code().is_some_and(means_unavailable)
-}
-
-/// SQLSTATEs that say the database cannot serve now, not that the statement was wrong:
-/// connection exceptions (class 08), the server shutting down or crashed (57P01, 57P02),
-/// starting up or in recovery (57P03), a session ended by the server (57P05), no free
-/// connection slot (53300), and a server that refuses writes (25006, a standby or a demoted
-/// primary: the connection closes itself and the next one goes to the primary). They come
-/// with a 503 and `Retry-After`, like a refused connection, and the client retries.
-pub fn means_unavailable(code: &tokio_postgres::error::SqlState) -> bool {
-    let c = code.code();
-    c.starts_with("08") || c.starts_with("57P0") || c == "53300" || c == READ_ONLY
-}
-
-/// SQLSTATE read_only_sql_transaction: a write reached a server that does not accept writes.
-const READ_ONLY: &str = "25006";
-
-impl From<deadpool_postgres::PoolError> for DbError {
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        match e {
-            deadpool_postgres::PoolError::Backend(e) => DbError::from(e),
-            other => DbError::Unavailable(other.to_string()),
-        }
-    }
-}
-
-/// Builds the pool every worker and handler draws from. Its connections fail promptly when
-/// the database stops answering and are only kept on the primary (see the module
-/// documentation).
-pub fn pool(database_url: &str, size: usize) -> Result<Pool, String> {
-    let connector = Arc::new(Connector::new(database_url)?);
-    let mgr = Manager::from_connect(
-        connector.config.clone(),
-        PooledConnect(connector),
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(mgr)
-        .max_size(size)
-        .wait_timeout(Some(std::time::Duration::from_secs(10)))
-        .create_timeout(Some(std::time::Duration::from_secs(5)))
-        .runtime(deadpool_postgres::Runtime::Tokio1)
-        .build()
-        .map_err(|e| e.to_string())
-}
-
-/// Ends a transaction that failed before its COMMIT was sent, so that the connection goes
-/// back to the pool outside any transaction. (A COMMIT pipelined behind a failed statement
-/// rolls back by itself and needs no help.)
-pub async fn roll_back(pg: &tokio_postgres::Client) {
-    if !pg.is_closed() {
-        let _ = pg.batch_execute("ROLLBACK").await;
-    }
-}
-
-/// A client connected to the primary outside the pool, for migrations at start.
-pub async fn connect(
-    database_url: &str,
-) -> Result<tokio_postgres::Client, Box<dyn std::error::Error>> {
-    let (client, conn) = Connector::new(database_url)?.connect().await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::warn!(error = %e, "migration connection ended");
-        }
-    });
-    Ok(client)
-}
-
-/// A connection to the primary, to be driven by its owner (the pool spawns it; the wake-up
-/// relay polls it for notifications).
-pub type Connection = tokio_postgres::Connection<Watched<Socket>, NoTlsStream>;
-
-/// One server the URL names, with what is known about whether it answers.
-#[derive(Clone)]
-struct Node {
-    target: Target,
-    liveness: Arc<Liveness>,
-}
-
-/// Opens connections to whichever server the URL names is the primary now.
-pub struct Connector {
-    config: tokio_postgres::Config,
-    nodes: Vec<Node>,
-    /// The node that was the primary at the last connection: tried first.
-    preferred: AtomicUsize,
-}
-
-/// What a server said when asked whether it accepts writes.
-enum Role {
-    Primary,
-    ReadOnly,
-    Failed(String),
-}
-
-impl Connector {
-    /// Parses the URL (one or several hosts).
-    pub fn new(database_url: &str) -> Result<Connector, String> {
-        let config: tokio_postgres::Config = database_url
-            .parse()
-            .map_err(|e| format!("invalid database URL: {e}"))?;
-        let nodes: Vec<Node> = targets(&config)
-            .into_iter()
-            .map(|target| Node {
-                target,
-                liveness: Arc::new(Liveness::default()),
-            })
-            .collect();
-        if nodes.is_empty() {
-            return Err("the database URL names no host".into());
-        }
-        Ok(Connector {
-            config,
-            nodes,
-            preferred: AtomicUsize::new(0),
-        })
-    }
-
-    /// Connects to the first server, from the last primary on in the URL's order, that
-    /// answers and accepts writes. Fails, saying why of each server, when none does.
-    pub async fn connect(
-        &self,
-    ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
-        let start = self.preferred.load(Ordering::Relaxed);
-        let mut why = Vec::new();
-        for k in 0..self.nodes.len() {
-            let i = (start + k) % self.nodes.len();
-            let node = &self.nodes[i];
-            if node.liveness.is_down() && !node.liveness.back_again(&node.target) {
-                why.push(format!("{}: does not answer", node.target));
-                continue;
-            }
-            let socket = match node.target.open().await {
-                Ok(s) => s,
-                Err(e) => {
-                    why.push(format!("{}: {e}", node.target));
-                    continue;
-                }
-            };
-            let stream = Watched::new(socket, node.clone());
-            let (client, mut conn) = match self.config.connect_raw(stream, NoTls).await {
-                Ok(c) => c,
-                // A server starting, stopping or full: the next one may be the primary.
-                Err(e) if unavailable(&e) => {
-                    why.push(format!("{}: {e}", node.target));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            match role(&client, &mut conn).await {
-                Role::Primary => {
-                    if i != start {
-                        tracing::info!(server = %node.target, "connected to the primary");
-                    }
-                    self.preferred.store(i, Ordering::Relaxed);
-                    return Ok((client, conn));
-                }
-                Role::ReadOnly => why.push(format!(
-                    "{}: read-only (a standby, not the primary)",
-                    node.target
-                )),
-                Role::Failed(e) => why.push(format!("{}: {e}", node.target)),
-            }
-        }
-        let reason = if self.nodes.len() > 1 {
-            format!("no primary among the servers: {}", why.join("; "))
-        } else {
-            why.join("; ")
-        };
-        match io_error(io::Error::new(io::ErrorKind::NotConnected, reason)).await {
-            Ok(e) => Err(e),
-            Err(()) => unreachable!("a failing stream cannot connect"),
-        }
-    }
-}
-
-/// Asks a fresh connection whether its server accepts writes, driving the connection
-/// meanwhile (nobody else polls it yet).
-async fn role(client: &tokio_postgres::Client, conn: &mut Connection) -> Role {
-    let show = client.simple_query("SHOW transaction_read_only");
-    futures_util::pin_mut!(show);
-    let asked = async {
-        loop {
-            tokio::select! {
-                r = &mut show => {
-                    return match r {
-                        Ok(rows) => {
-                            let read_only = rows.iter().find_map(|m| match m {
-                                SimpleQueryMessage::Row(r) => r.get(0).map(|v| v != "off"),
-                                _ => None,
-                            });
-                            if read_only == Some(false) { Role::Primary } else { Role::ReadOnly }
-                        }
-                        Err(e) => Role::Failed(e.to_string()),
-                    };
-                }
-                m = std::future::poll_fn(|cx| conn.poll_message(cx)) => match m {
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => return Role::Failed(e.to_string()),
-                    None => return Role::Failed("connection closed".into()),
-                },
-            }
-        }
-    };
-    match tokio::time::timeout(SILENCE + PROBE_TIMEOUT, asked).await {
-        Ok(role) => role,
-        Err(_) => Role::Failed("did not answer".into()),
-    }
-}
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where a server may be reached: a TCP host and port, or a Unix socket path.
 #[derive(Debug, Clone)]
-enum Target {
+pub(super) enum Target {
     Tcp(String, u16),
     Unix(std::path::PathBuf),
 }
@@ -342,7 +60,7 @@ impl std::fmt::Display for Target {
 }
 
 /// The places the URL names, in the order libpq would try them.
-fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
+pub(super) fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
     let ports = pg.get_ports();
     let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
     let addrs = pg.get_hostaddrs();
@@ -363,13 +81,13 @@ fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
 }
 
 /// A byte stream to the server, TCP or Unix.
-pub enum Socket {
+pub(crate) enum Socket {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }
 
 impl Target {
-    async fn open(&self) -> io::Result<Socket> {
+    pub(super) async fn open(&self) -> io::Result<Socket> {
         let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connecting timed out");
         match self {
             Target::Tcp(host, port) => {
@@ -462,7 +180,7 @@ impl AsyncWrite for Socket {
 
 /// What the pool knows about whether the database answers, shared by all its connections.
 #[derive(Default)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     /// Set when a probe found the server silent; cleared when one finds it answering.
     down: AtomicBool,
     /// The last probe's time and verdict; the lock makes concurrent probes share one.
@@ -472,7 +190,7 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    fn is_down(&self) -> bool {
+    pub(super) fn is_down(&self) -> bool {
         self.down.load(Ordering::Relaxed)
     }
 
@@ -500,7 +218,7 @@ impl Liveness {
     /// While the database is down: whether a recent probe found it back. Never waits, so
     /// that requests during an outage are refused at once: when the last verdict is stale it
     /// starts a probe in the background and answers no; a later attempt sees the verdict.
-    fn back_again(self: &Arc<Self>, target: &Target) -> bool {
+    pub(super) fn back_again(self: &Arc<Self>, target: &Target) -> bool {
         if let Ok(last) = self.last.try_lock()
             && let Some((at, verdict)) = *last
             && at.elapsed() < PROBE_REUSE
@@ -519,10 +237,7 @@ impl Liveness {
     }
 }
 
-/// Opens pooled connections to the primary over [`Watched`] streams.
-struct PooledConnect(Arc<Connector>);
-
-fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()>> {
+pub(super) fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()>> {
     // tokio-postgres builds its errors itself; feeding it a stream that fails yields its own
     // I/O error, which the rest of the server already treats as "database unavailable".
     Box::pin(async move {
@@ -533,26 +248,6 @@ fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()
             Ok(_) => Err(()),
         }
     })
-}
-
-impl deadpool_postgres::Connect for PooledConnect {
-    fn connect(
-        &self,
-        _: &tokio_postgres::Config,
-    ) -> BoxFuture<
-        '_,
-        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
-    > {
-        Box::pin(async move {
-            let (client, connection) = self.0.connect().await?;
-            let task = tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!(error = %e, "database connection ended");
-                }
-            });
-            Ok((client, task))
-        })
-    }
 }
 
 /// A stream whose every operation fails with the error it holds.
@@ -594,7 +289,7 @@ impl AsyncWrite for Failing {
 /// of interest: requests that the server answers with a ReadyForQuery (Sync and Query,
 /// plus the startup message), or ReadyForQuery itself.
 #[derive(Debug)]
-pub struct Framing {
+pub(crate) struct Framing {
     /// The first frontend message (startup) has no type byte.
     untyped_first: bool,
     header: [u8; 5],
@@ -715,7 +410,7 @@ fn demoted() -> io::Error {
 }
 
 /// A connection's stream, watched for silence while requests are outstanding.
-pub struct Watched<S> {
+pub(crate) struct Watched<S> {
     inner: S,
     target: Target,
     liveness: Arc<Liveness>,
@@ -733,11 +428,11 @@ pub struct Watched<S> {
 }
 
 impl<S> Watched<S> {
-    fn new(inner: S, node: Node) -> Watched<S> {
+    pub(super) fn new(inner: S, node: &super::primary::Node) -> Watched<S> {
         Watched {
             inner,
-            target: node.target,
-            liveness: node.liveness,
+            target: node.target.clone(),
+            liveness: node.liveness.clone(),
             demoted: false,
             sent: Framing::frontend(),
             received: Framing::backend(),
@@ -867,6 +562,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::primary::Connector;
+    use crate::db::{DbError, means_unavailable, pool};
 
     #[test]
     fn unavailability_is_told_from_statement_errors() {
