@@ -96,7 +96,7 @@ chaos:
 # Failover (docs/high-availability.md): etcd and three PostgreSQL nodes under Patroni on
 # loopback (Debian's patroni and etcd-server packages, installed when missing), two Comb
 # servers given the multi-host URL, the delivery audit through a switchover, a crash of the
-# primary, its return as a standby and a crash with asynchronous replication (about 6
+# primary, its return as a standby and a crash with asynchronous replication (about 3
 # minutes, stopped after 14). Output is also kept in target/chaos-ha.log.
 chaos-ha:
 	scripts/install-postgres.sh

@@ -480,24 +480,14 @@ impl Drop for Cluster {
 /// Pids whose command line mentions `dir` (this cluster's own directory, unique per run).
 fn processes_mentioning(dir: &Path) -> Vec<u32> {
     let needle = dir.to_string_lossy().to_string();
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == std::process::id() {
-            continue;
-        }
-        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline"))
-            && String::from_utf8_lossy(&cmd).contains(&needle)
-        {
-            out.push(pid);
-        }
-    }
-    out
+    crate::pg::processes()
+        .into_iter()
+        .filter(|&pid| pid != std::process::id())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains(&needle))
+        })
+        .collect()
 }
 
 /// Patroni's configuration of one node: loopback only, trust authentication, a 10 s leader

@@ -89,7 +89,7 @@ impl Connector {
                     continue;
                 }
             };
-            let stream = Watched::new(socket, node);
+            let stream = Watched::new(socket, node.target.clone(), node.liveness.clone());
             let (client, mut conn) = match self.config.connect_raw(stream, NoTls).await {
                 Ok(c) => c,
                 // A server starting, stopping or full: the next one may be the primary.
@@ -180,5 +180,33 @@ impl deadpool_postgres::Connect for PooledConnect {
             });
             Ok((client, task))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::DbError;
+
+    #[tokio::test]
+    async fn a_server_that_refuses_connections_is_skipped_and_its_reason_kept() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let connector = Connector::new(&format!(
+            "postgres://u@127.0.0.1:{closed},127.0.0.1:{closed}/db"
+        ))
+        .unwrap();
+        assert_eq!(connector.nodes.len(), 2);
+        let Err(e) = connector.connect().await else {
+            panic!("connected to nothing");
+        };
+        let why = DbError::from(e);
+        assert!(matches!(why, DbError::Unavailable(_)), "{why}");
+        assert!(
+            why.to_string().contains("no primary among the servers"),
+            "{why}"
+        );
     }
 }

@@ -428,11 +428,11 @@ pub(crate) struct Watched<S> {
 }
 
 impl<S> Watched<S> {
-    pub(super) fn new(inner: S, node: &super::primary::Node) -> Watched<S> {
+    pub(super) fn new(inner: S, target: Target, liveness: Arc<Liveness>) -> Watched<S> {
         Watched {
             inner,
-            target: node.target.clone(),
-            liveness: node.liveness.clone(),
+            target,
+            liveness,
             demoted: false,
             sent: Framing::frontend(),
             received: Framing::backend(),
@@ -562,7 +562,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::primary::Connector;
     use crate::db::{DbError, means_unavailable, pool};
 
     #[test]
@@ -643,28 +642,6 @@ mod tests {
         assert_eq!(sqlstate(b"SFATAL\0C57P01\0Mbye\0\0"), Some(*b"57P01"));
         assert_eq!(sqlstate(b"SERROR\0C250"), None);
         assert_eq!(f.take_error_code(), None);
-    }
-
-    #[tokio::test]
-    async fn a_server_that_refuses_connections_is_skipped_and_its_reason_kept() {
-        let closed = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let connector = Connector::new(&format!(
-            "postgres://u@127.0.0.1:{closed},127.0.0.1:{closed}/db"
-        ))
-        .unwrap();
-        assert_eq!(connector.nodes.len(), 2);
-        let Err(e) = connector.connect().await else {
-            panic!("connected to nothing");
-        };
-        let why = DbError::from(e);
-        assert!(matches!(why, DbError::Unavailable(_)), "{why}");
-        assert!(
-            why.to_string().contains("no primary among the servers"),
-            "{why}"
-        );
     }
 
     #[tokio::test]
