@@ -573,6 +573,7 @@ mod tests {
             SqlState::CRASH_SHUTDOWN,
             SqlState::CONNECTION_FAILURE,
             SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
         ] {
             assert!(means_unavailable(&code), "{code:?}");
         }
