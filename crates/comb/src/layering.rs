@@ -17,6 +17,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "config",
             "cursor",
             "db",
+            "encryption",
             "metrics",
             "queue",
             "refusal",
@@ -32,7 +33,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "use cases",
-        &["ack", "lease", "pop", "push", "transaction", "maintenance"],
+        &[
+            "ack",
+            "dead_letter",
+            "lease",
+            "pop",
+            "push",
+            "transaction",
+            "maintenance",
+        ],
     ),
     ("the edge and the wiring", &["http", "server", "layering"]),
 ];
