@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "metrics",
             "queue",
             "refusal",
+            "replication",
             "schema",
             "fusion",
             "auth",

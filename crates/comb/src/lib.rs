@@ -16,6 +16,7 @@ mod fusion;
 mod metrics;
 mod queue;
 mod refusal;
+mod replication;
 mod schema;
 
 // Notification of pushes and catalog changes between servers.

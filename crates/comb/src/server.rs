@@ -49,6 +49,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     ));
     let default_lease = QueueOptions::default().lease_time as f64;
     crate::wake::start_broadcast(&wake, pool.clone());
+    let replication = Arc::new(crate::replication::Status::default());
+    tokio::spawn(crate::replication::watch(pool.clone(), replication.clone()));
     let (stop_signal, stopping) = watch::channel(false);
     let pusher = Arc::new(Pusher::start(
         pool.clone(),
@@ -88,6 +90,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         wake,
         pool,
         metrics,
+        replication,
         stopping: AtomicBool::new(false),
         stop_signal,
         durations: http::route_durations(),

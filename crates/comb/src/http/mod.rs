@@ -53,6 +53,8 @@ pub(crate) struct App {
     pub(crate) transactions: Transactions,
     /// This process's counters, served by `GET /metrics`.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// Whether acknowledged writes would survive a failover, as last checked.
+    pub(crate) replication: Arc<crate::replication::Status>,
     /// Set once SIGTERM arrived: `/ready` answers 503 and waiting pops answer 204.
     pub(crate) stopping: AtomicBool,
     /// Fires when `stopping` is set, to wake waiting pops.
