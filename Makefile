@@ -86,24 +86,41 @@ bench-profile:
 	target/release/comb-bench --cells "$(CELLS)" --profile bench/results/profile --perf \
 		--json bench/results/profile/rows.json $(BENCH_ARGS)
 
-.PHONY: chaos fuzz
+.PHONY: chaos chaos-ha fuzz
 
-# Fault scenarios, each with the delivery audit running throughout (about 10 minutes), then
-# the long fuzz run. The short audit and a bounded fuzz run are part of `make test`. Output is
-# also kept in target/chaos.log; docs/reliability.md records the results.
+# Fault scenarios, each with the delivery audit running throughout (about 10 minutes), the
+# failover scenarios (chaos-ha, below), then the long fuzz run. The short audit and a bounded
+# fuzz run are part of `make test`. Output is also kept in target/chaos.log;
+# docs/reliability.md records the results.
 chaos:
 	scripts/install-postgres.sh
+	scripts/install-ha.sh
 	cargo build --release -p comb -p comb-audit
 	set -o pipefail; { \
 		target/release/comb-audit chaos --comb target/release/comb && \
-		target/release/comb-audit fuzz --comb target/release/comb --cases 30000; \
+		target/release/comb-audit chaos-ha --comb target/release/comb && \
+		target/release/comb-audit fuzz --comb target/release/comb --cases 30000 && \
+		target/release/comb-audit fuzz --comb target/release/comb --cases 10000 --tokens; \
 	} 2>&1 | tee target/chaos.log
 
-# The long fuzz run alone.
+# Failover (docs/high-availability.md): etcd and three PostgreSQL nodes under Patroni on
+# loopback (Debian's patroni and etcd-server packages, installed when missing), two Comb
+# servers given the multi-host URL, the delivery audit through a switchover, a crash of the
+# primary, its return as a standby and a crash with asynchronous replication (about 3
+# minutes, stopped after 14). Output is also kept in target/chaos-ha.log.
+chaos-ha:
+	scripts/install-postgres.sh
+	scripts/install-ha.sh
+	cargo build --release -p comb -p comb-audit
+	set -o pipefail; target/release/comb-audit chaos-ha --comb target/release/comb 2>&1 \
+		| tee target/chaos-ha.log
+
+# The long fuzz runs alone: without tokens, and against a server requiring them.
 fuzz:
 	scripts/install-postgres.sh
 	cargo build --release -p comb -p comb-audit
 	target/release/comb-audit fuzz --comb target/release/comb --cases 30000
+	target/release/comb-audit fuzz --comb target/release/comb --cases 10000 --tokens
 
 # Comb and the SKIP LOCKED table side by side at a fixed rate through a clean phase, a held
 # REPEATABLE READ snapshot in each database and its release (about 17 minutes); records the

@@ -12,6 +12,7 @@
 //! `comb-audit` (the binary) runs them from the command line; `make chaos` runs them all.
 
 pub mod fuzz;
+pub mod ha;
 pub mod ledger;
 pub mod pg;
 pub mod rng;

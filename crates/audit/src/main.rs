@@ -1,5 +1,6 @@
 //! `comb-audit`: the delivery audit, the fault scenarios and the input fuzzer, from the
-//! command line. `make chaos` runs `comb-audit chaos` and `comb-audit fuzz`.
+//! command line. `make chaos` runs `comb-audit chaos`, `comb-audit chaos-ha` and
+//! `comb-audit fuzz`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +44,22 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         outage: u64,
     },
+    /// Failover: two servers on a Patroni cluster of three PostgreSQL nodes, through a
+    /// switchover, a crash of the primary, its return as a standby and a crash with
+    /// asynchronous replication (needs `patroni`, `patronictl` and `etcd` on PATH).
+    ChaosHa {
+        /// The comb binary to run.
+        #[arg(long, default_value = "target/release/comb")]
+        comb: PathBuf,
+        /// Messages per second the producers push.
+        #[arg(long, default_value_t = 200.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Give up (and clean up) after this many seconds.
+        #[arg(long, default_value_t = 840)]
+        limit: u64,
+    },
     /// Send generated and hand-written bad requests to every route.
     Fuzz {
         /// The comb binary to run.
@@ -53,6 +70,9 @@ enum Cmd {
         cases: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Run against a server that requires bearer tokens, sending valid and broken ones.
+        #[arg(long)]
+        tokens: bool,
     },
 }
 
@@ -126,13 +146,59 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
-            Cmd::Fuzz { comb, cases, seed } => {
+            Cmd::ChaosHa {
+                comb,
+                rate,
+                seed,
+                limit,
+            } => {
+                let run = comb_audit::ha::run(comb, rate, seed);
+                // Dropping the run (time limit, Ctrl-C) drops the cluster, which kills every
+                // process it started.
+                let report = tokio::select! {
+                    r = tokio::time::timeout(Duration::from_secs(limit), run) => match r {
+                        Ok(r) => r,
+                        Err(_) => {
+                            eprintln!("chaos-ha: not done within {limit} s; stopped");
+                            return ExitCode::FAILURE;
+                        }
+                    },
+                    _ = tokio::signal::ctrl_c() => {
+                        eprintln!("chaos-ha: interrupted; cleaned up");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                for l in &report.commit_latency {
+                    println!("commit with a synchronous standby, {l}");
+                }
+                for p in &report.problems {
+                    println!("FAILURE: {p}");
+                }
+                print!("{}", report.table());
+                if report.passed() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Cmd::Fuzz {
+                comb,
+                cases,
+                seed,
+                tokens,
+            } => {
                 let pg = tokio::task::spawn_blocking(comb_harness::Postgres::start)
                     .await
                     .expect("task")
                     .expect("PostgreSQL");
                 let url = pg.create_database("fuzz").expect("database");
-                match comb_audit::fuzz::against_new_server(&comb, &url, cases, seed).await {
+                let run = if tokens {
+                    comb_audit::fuzz::against_new_server_with_tokens(&comb, &url, cases, seed)
+                        .await
+                } else {
+                    comb_audit::fuzz::against_new_server(&comb, &url, cases, seed).await
+                };
+                match run {
                     Ok(report) => {
                         println!("{}", report.summary());
                         if report.findings.is_empty() {

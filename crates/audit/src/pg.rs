@@ -30,17 +30,22 @@ pub fn postmaster_pid(pg: &Postgres) -> io::Result<u32> {
         .ok_or_else(|| io::Error::other("postmaster.pid has no pid"))
 }
 
+/// The ids of every process, read from `/proc`.
+pub fn processes() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .collect()
+}
+
 /// Process ids whose parent is `parent`, read from `/proc`.
 pub fn children(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+    for pid in processes() {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
         // The command name is in parentheses and may hold spaces; fields follow the last ')'.

@@ -67,7 +67,7 @@ pub fn alive(pid: u32) -> bool {
     })
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.expect("blocking task")
 }
 
@@ -79,7 +79,7 @@ async fn cluster() -> Arc<Postgres> {
     Arc::new(pg)
 }
 
-async fn start_server(bin: &Path, url: &str) -> Server {
+pub(crate) async fn start_server(bin: &Path, url: &str) -> Server {
     let (bin, url) = (bin.to_path_buf(), url.to_string());
     blocking(move || Server::start(&bin, &url, &[]))
         .await
@@ -87,7 +87,7 @@ async fn start_server(bin: &Path, url: &str) -> Server {
 }
 
 /// Notes panics in a server's log as problems.
-fn check_log(server: &Server, what: &str, problems: &mut Vec<String>) {
+pub(crate) fn check_log(server: &Server, what: &str, problems: &mut Vec<String>) {
     let log = server.log_tail(100_000);
     if let Some(line) = log.lines().find(|l| l.contains("panicked")) {
         problems.push(format!("{what} panicked: {line}"));
@@ -143,7 +143,7 @@ fn config(name: &str, opts: &Options, seconds: f64) -> Config {
     cfg
 }
 
-async fn finish(
+pub(crate) async fn finish(
     name: &str,
     audit: Audit,
     started: Instant,

@@ -7,6 +7,7 @@
 //! tables. Only what the binary and the test suite need is public.
 
 // The bottom: imports nothing from the modules above it.
+mod auth;
 pub mod config;
 mod cursor;
 mod db;
@@ -15,6 +16,7 @@ mod fusion;
 mod metrics;
 mod queue;
 mod refusal;
+mod replication;
 mod schema;
 
 // Notification of pushes and catalog changes between servers.

@@ -381,9 +381,20 @@ pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
 ///
 /// The same connection carries catalog changes (a queue deleted through another server), so
 /// that this server forgets ids that no longer exist.
+///
+/// The connection goes to the primary (notifications are only sent there) and is pinged every
+/// [`PING_EVERY`], so that a primary that went silent or was demoted is noticed and the relay
+/// moves to the new one; every cached catalog id is forgotten then too.
 pub(crate) async fn relay(database_url: String, wake: Arc<Wake>, on_stale: OnStale) {
+    let connector = match crate::db::Connector::new(&database_url) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "push notification relay disabled");
+            return;
+        }
+    };
     loop {
-        if let Err(e) = relay_once(&database_url, &wake, &on_stale).await {
+        if let Err(e) = relay_once(&connector, &wake, &on_stale).await {
             tracing::warn!(error = %e, "push notification relay lost its connection; reconnecting");
         }
         // Whatever was missed while disconnected: let every waiting pop look again, and
@@ -394,12 +405,16 @@ pub(crate) async fn relay(database_url: String, wake: Arc<Wake>, on_stale: OnSta
     }
 }
 
+/// How often the relay checks that its connection still reaches a live primary.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
 async fn relay_once(
-    database_url: &str,
+    connector: &crate::db::Connector,
     wake: &Wake,
     on_stale: &OnStale,
 ) -> Result<(), tokio_postgres::Error> {
-    let (client, mut conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
+    let (client, mut conn) = connector.connect().await?;
+    let client = Arc::new(client);
     let messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
     futures_util::pin_mut!(messages);
     let sql = format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {CATALOG_CHANNEL}");
@@ -417,6 +432,20 @@ async fn relay_once(
         }
     }
     tracing::debug!("listening for pushes made through other servers");
+    // Pings go out from a task of their own; their failure (silence, a read-only refusal)
+    // ends the connection, which the loop below sees.
+    let pinger = tokio::spawn({
+        let client = client.clone();
+        async move {
+            loop {
+                tokio::time::sleep(PING_EVERY).await;
+                if client.simple_query("SELECT 1").await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let _stop_pinger = AbortOnDrop(pinger);
     while let Some(m) = messages.next().await {
         if let AsyncMessage::Notification(n) = m? {
             if n.channel() == CATALOG_CHANNEL {
@@ -431,6 +460,15 @@ async fn relay_once(
         }
     }
     Ok(())
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]

@@ -1,18 +1,21 @@
 //! The connection pool and the errors that come back from the database.
 //!
 //! Errors come in two kinds that callers treat differently: the database is unavailable
-//! (answer 503 and let the client retry) or it refused a statement (a real error). Pooled
-//! connections run over the watched streams of [`watch`], so a database that goes silent is
-//! noticed within seconds instead of hanging requests.
+//! (answer 503 and let the client retry) or it refused a statement (a real error). Every
+//! connection goes to the primary among the servers the URL names ([`primary`]) and runs over
+//! the watched streams of [`watch`], so a database that goes silent is noticed within seconds
+//! instead of hanging requests, and a demoted one is left.
 
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
 
+pub(crate) mod tls;
+
+mod primary;
 mod watch;
 
-use watch::{Liveness, WatchedConnect, targets};
+pub(crate) use primary::Connector;
 
 /// Planner settings for the consumer path's transactions (claims and acks), as statements
 /// to run right after `BEGIN`.
@@ -55,33 +58,48 @@ impl std::error::Error for DbError {}
 
 impl From<tokio_postgres::Error> for DbError {
     fn from(e: tokio_postgres::Error) -> Self {
-        // A closed connection or an I/O error means the database went away, and so do the
-        // SQLSTATEs of a server that is starting, stopping or full; anything else the server
-        // answered with a SQLSTATE is a real error of the statement. So is what the client
-        // refuses before anything reaches the server (a parameter it cannot encode, a column
-        // it cannot decode: an error with a cause that is not I/O): a bug, not an outage.
-        let client_side =
-            std::error::Error::source(&e).is_some_and(|cause| !cause.is::<std::io::Error>());
-        if e.is_closed()
-            || e.as_db_error().is_none() && e.code().is_none() && !client_side
-            || e.code().is_some_and(means_unavailable)
-        {
-            DbError::Unavailable(e.to_string())
+        if unavailable(&e) {
+            // The cause (which servers were tried and what each said) is worth telling.
+            match std::error::Error::source(&e) {
+                Some(cause) if e.as_db_error().is_none() => {
+                    DbError::Unavailable(format!("{e}: {cause}"))
+                }
+                _ => DbError::Unavailable(e.to_string()),
+            }
         } else {
             DbError::Postgres(e)
         }
     }
 }
 
+/// Whether an error means the database cannot serve now rather than that the statement was
+/// wrong.
+fn unavailable(e: &tokio_postgres::Error) -> bool {
+    // A closed connection or an I/O error means the database went away, and so do the
+    // SQLSTATEs of a server that is starting, stopping or full; anything else the server
+    // answered with a SQLSTATE is a real error of the statement. So is what the client
+    // refuses before anything reaches the server (a parameter it cannot encode, a column
+    // it cannot decode: an error with a cause that is not I/O): a bug, not an outage.
+    let client_side =
+        std::error::Error::source(e).is_some_and(|cause| !cause.is::<std::io::Error>());
+    e.is_closed()
+        || e.as_db_error().is_none() && e.code().is_none() && !client_side
+        || e.code().is_some_and(means_unavailable)
+}
+
 /// SQLSTATEs that say the database cannot serve now, not that the statement was wrong:
 /// connection exceptions (class 08), the server shutting down or crashed (57P01, 57P02),
-/// starting up or in recovery (57P03), a session ended by the server (57P05), and no free
-/// connection slot (53300). They come with a 503 and `Retry-After`, like a refused
-/// connection, and the client retries.
+/// starting up or in recovery (57P03), a session ended by the server (57P05), no free
+/// connection slot (53300), and a server that refuses writes (25006, a standby or a demoted
+/// primary: the connection closes itself and the next one goes to the primary). They come
+/// with a 503 and `Retry-After`, like a refused connection, and the client retries.
 pub(crate) fn means_unavailable(code: &tokio_postgres::error::SqlState) -> bool {
     let c = code.code();
-    c.starts_with("08") || c.starts_with("57P0") || c == "53300"
+    c.starts_with("08") || c.starts_with("57P0") || c == "53300" || c == READ_ONLY
 }
+
+/// SQLSTATE read_only_sql_transaction: a write reached a server that does not accept writes.
+const READ_ONLY: &str = "25006";
 
 impl From<deadpool_postgres::PoolError> for DbError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
@@ -92,23 +110,13 @@ impl From<deadpool_postgres::PoolError> for DbError {
     }
 }
 
-/// Builds the pool every worker and handler draws from. Its connections fail promptly when
-/// the database stops answering (see the module documentation).
+/// Builds the pool every worker and handler draws from. Its connections go to the primary
+/// and fail promptly when the database stops answering (see the module documentation).
 pub(crate) fn pool(database_url: &str, size: usize) -> Result<Pool, String> {
-    let pg: tokio_postgres::Config = database_url
-        .parse()
-        .map_err(|e| format!("invalid database URL: {e}"))?;
-    let targets = targets(&pg);
-    if targets.is_empty() {
-        return Err("the database URL names no host".into());
-    }
-    let connect = WatchedConnect {
-        targets,
-        liveness: Arc::new(Liveness::default()),
-    };
+    let connector = Arc::new(Connector::new(database_url)?);
     let mgr = Manager::from_connect(
-        pg,
-        connect,
+        connector.config.clone(),
+        primary::PooledConnect(connector),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -134,18 +142,45 @@ pub(crate) async fn roll_back(pg: &tokio_postgres::Client) {
 /// Whether the database answers a trivial statement within `within`: what health and
 /// readiness report.
 pub(crate) async fn answers(pool: &Pool, within: std::time::Duration) -> bool {
-    let probe = async {
-        let client = pool.get().await.ok()?;
-        client.query_one("SELECT 1", &[]).await.ok()
-    };
-    matches!(tokio::time::timeout(within, probe).await, Ok(Some(_)))
+    problem(pool, within).await.is_none()
 }
 
-/// A client connected outside the pool, for migrations at start.
+/// Why the database cannot take work now (`None` when a pooled connection to the primary
+/// answers within `within`): no server answers, none is the primary, or the probe timed out.
+/// A pooled connection whose server no longer takes writes is dropped on the way.
+pub(crate) async fn problem(pool: &Pool, within: std::time::Duration) -> Option<String> {
+    let probe = async {
+        let client = pool.get().await.map_err(|e| DbError::from(e).to_string())?;
+        let writable: bool = client
+            .query_one(
+                "SELECT current_setting('transaction_read_only') = 'off'",
+                &[],
+            )
+            .await
+            .map_err(|e| DbError::from(e).to_string())?
+            .get(0);
+        if !writable {
+            // Its server was demoted: the connection is of no use to any request.
+            drop(deadpool_postgres::Object::take(client));
+            return Err("the database server is read-only: no longer the primary".to_string());
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(within, probe).await {
+        Ok(Ok(())) => None,
+        Ok(Err(why)) => Some(why),
+        Err(_) => Some(format!(
+            "the database did not answer within {} s",
+            within.as_secs()
+        )),
+    }
+}
+
+/// A client connected to the primary outside the pool, for migrations at start.
 pub(crate) async fn connect(
     database_url: &str,
-) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await?;
+) -> Result<tokio_postgres::Client, Box<dyn std::error::Error>> {
+    let (client, conn) = Connector::new(database_url)?.connect().await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::warn!(error = %e, "migration connection ended");

@@ -10,6 +10,12 @@
 //! answers at all. A slow query on a live server keeps waiting (so long maintenance statements
 //! are fine); a server that does not answer the probe is treated as gone: the silent
 //! connection fails, and until a probe succeeds again new writes and connections fail at once.
+//! Each server the URL names has its own [`Liveness`]: a frozen old primary does not make the
+//! new one look down.
+//!
+//! The stream also reads the SQLSTATE of the errors it carries: a connection refused a write
+//! as read-only (25006: its server was demoted, or a proxy sent it to a standby) fails from
+//! then on, so that the pool replaces it instead of sending it more work.
 
 use std::future::Future;
 use std::io;
@@ -23,6 +29,15 @@ use futures_util::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
+
+use super::tls::{Secured, negotiate};
+
+/// The configuration to hand tokio-postgres once TLS, if any, is set up below it.
+pub(super) fn in_the_clear(pg: &tokio_postgres::Config) -> tokio_postgres::Config {
+    let mut pg = pg.clone();
+    pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    pg
+}
 
 /// How long a request may wait for the first byte of its answer before the database is
 /// probed. Short, because the probe (not this) decides whether to give up.
@@ -42,6 +57,15 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub(super) enum Target {
     Tcp(String, u16),
     Unix(std::path::PathBuf),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Tcp(host, port) => write!(f, "{host}:{port}"),
+            Target::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
 }
 
 /// The places the URL names, in the order libpq would try them.
@@ -66,13 +90,13 @@ pub(super) fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
 }
 
 /// A byte stream to the server, TCP or Unix.
-enum Socket {
+pub(crate) enum Socket {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }
 
 impl Target {
-    async fn open(&self) -> io::Result<Socket> {
+    pub(super) async fn open(&self) -> io::Result<Socket> {
         let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connecting timed out");
         match self {
             Target::Tcp(host, port) => {
@@ -92,6 +116,15 @@ impl Target {
                         .map_err(|_| timed_out())??;
                 Ok(Socket::Unix(s))
             }
+        }
+    }
+
+    /// Opens a connection and sets up TLS on it as `mode` asks (never on Unix sockets).
+    async fn secured(&self, mode: tokio_postgres::config::SslMode) -> io::Result<Secured<Socket>> {
+        let socket = self.open().await?;
+        match self {
+            Target::Tcp(host, _) => negotiate(socket, mode, host).await,
+            Target::Unix(_) => Ok(Secured::Plain(socket)),
         }
     }
 
@@ -175,7 +208,7 @@ pub(crate) struct Liveness {
 }
 
 impl Liveness {
-    fn is_down(&self) -> bool {
+    pub(super) fn is_down(&self) -> bool {
         self.down.load(Ordering::Relaxed)
     }
 
@@ -200,10 +233,35 @@ impl Liveness {
         verdict
     }
 
+    /// Opens a connection to `target` with TLS as `mode` asks. The TLS request is answered
+    /// before any authentication, so a server silent for [`SILENCE`] is probed, as a request
+    /// of a watched stream would be: a silent server fails the connection, a slow one is
+    /// waited for.
+    pub(super) async fn secured(
+        &self,
+        target: &Target,
+        mode: tokio_postgres::config::SslMode,
+    ) -> io::Result<Secured<Socket>> {
+        let negotiation = target.secured(mode);
+        tokio::pin!(negotiation);
+        loop {
+            match tokio::time::timeout(SILENCE, &mut negotiation).await {
+                Ok(secured) => return secured,
+                Err(_) if !self.check(target).await => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the database does not answer",
+                    ));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
     /// While the database is down: whether a recent probe found it back. Never waits, so
     /// that requests during an outage are refused at once: when the last verdict is stale it
     /// starts a probe in the background and answers no; a later attempt sees the verdict.
-    fn back_again(self: &Arc<Self>, target: &Target) -> bool {
+    pub(super) fn back_again(self: &Arc<Self>, target: &Target) -> bool {
         if let Ok(last) = self.last.try_lock()
             && let Some((at, verdict)) = *last
             && at.elapsed() < PROBE_REUSE
@@ -222,13 +280,7 @@ impl Liveness {
     }
 }
 
-/// Opens pooled connections over [`Watched`] streams.
-pub(super) struct WatchedConnect {
-    pub(super) targets: Vec<Target>,
-    pub(super) liveness: Arc<Liveness>,
-}
-
-fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()>> {
+pub(super) fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()>> {
     // tokio-postgres builds its errors itself; feeding it a stream that fails yields its own
     // I/O error, which the rest of the server already treats as "database unavailable".
     Box::pin(async move {
@@ -239,47 +291,6 @@ fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()
             Ok(_) => Err(()),
         }
     })
-}
-
-impl deadpool_postgres::Connect for WatchedConnect {
-    fn connect(
-        &self,
-        pg_config: &tokio_postgres::Config,
-    ) -> BoxFuture<
-        '_,
-        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
-    > {
-        let pg_config = pg_config.clone();
-        Box::pin(async move {
-            let mut last_error = io::Error::other("no database host to connect to");
-            for target in &self.targets {
-                if self.liveness.is_down() && !self.liveness.back_again(target) {
-                    last_error =
-                        io::Error::new(io::ErrorKind::TimedOut, "the database does not answer");
-                    continue;
-                }
-                let socket = match target.open().await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        last_error = e;
-                        continue;
-                    }
-                };
-                let stream = Watched::new(socket, target.clone(), self.liveness.clone());
-                let (client, connection) = pg_config.connect_raw(stream, NoTls).await?;
-                let task = tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::warn!(error = %e, "database connection ended");
-                    }
-                });
-                return Ok((client, task));
-            }
-            match io_error(last_error).await {
-                Ok(e) => Err(e),
-                Err(()) => unreachable!("a failing stream cannot connect"),
-            }
-        })
-    }
 }
 
 /// A stream whose every operation fails with the error it holds.
@@ -328,21 +339,27 @@ pub(crate) struct Framing {
     have: usize,
     /// Bytes of the current message's body still to skip.
     body_left: usize,
+    /// The start of the current ErrorResponse's body (server side only).
+    error: Option<Vec<u8>>,
+    /// The SQLSTATE of the last complete ErrorResponse not yet taken.
+    error_code: Option<[u8; 5]>,
 }
 
 impl Framing {
     /// Framing of what the client sends (starts with the untyped startup message).
-    pub(crate) fn frontend() -> Framing {
+    pub fn frontend() -> Framing {
         Framing {
             untyped_first: true,
             header: [0; 5],
             have: 0,
             body_left: 0,
+            error: None,
+            error_code: None,
         }
     }
 
     /// Framing of what the server sends.
-    pub(crate) fn backend() -> Framing {
+    pub fn backend() -> Framing {
         Framing {
             untyped_first: false,
             ..Framing::frontend()
@@ -351,13 +368,22 @@ impl Framing {
 
     /// Feeds bytes; returns how many complete messages had a type in `types` (the untyped
     /// startup message counts as type 0).
-    pub(crate) fn feed(&mut self, mut bytes: &[u8], types: &[u8]) -> usize {
+    pub fn feed(&mut self, mut bytes: &[u8], types: &[u8]) -> usize {
         let mut counted = 0;
         while !bytes.is_empty() {
             if self.body_left > 0 {
                 let n = self.body_left.min(bytes.len());
+                if let Some(body) = self.error.as_mut() {
+                    let keep = n.min(ERROR_PREFIX - body.len().min(ERROR_PREFIX));
+                    body.extend_from_slice(&bytes[..keep]);
+                }
                 self.body_left -= n;
                 bytes = &bytes[n..];
+                if self.body_left == 0
+                    && let Some(body) = self.error.take()
+                {
+                    self.error_code = sqlstate(&body);
+                }
                 continue;
             }
             let header_len = if self.untyped_first { 4 } else { 5 };
@@ -368,6 +394,7 @@ impl Framing {
             if self.have < header_len {
                 break;
             }
+            let untyped = self.untyped_first;
             let (kind, len) = if self.untyped_first {
                 let len = u32::from_be_bytes(self.header[0..4].try_into().expect("4 bytes"));
                 (0u8, len)
@@ -379,19 +406,60 @@ impl Framing {
             self.body_left = (len as usize).saturating_sub(4);
             self.have = 0;
             self.untyped_first = false;
+            if kind == b'E' && !untyped {
+                self.error = Some(Vec::new());
+            }
             if types.contains(&kind) {
                 counted += 1;
             }
         }
         counted
     }
+
+    /// The SQLSTATE of the last ErrorResponse seen since the last call (server side).
+    pub fn take_error_code(&mut self) -> Option<[u8; 5]> {
+        self.error_code.take()
+    }
+}
+
+/// How much of an ErrorResponse is kept to find its SQLSTATE: the code comes after the
+/// severity fields, well within this.
+const ERROR_PREFIX: usize = 96;
+
+/// The `C` field (SQLSTATE) of an ErrorResponse body: fields of a type byte and a
+/// NUL-terminated string.
+fn sqlstate(body: &[u8]) -> Option<[u8; 5]> {
+    let mut rest = body;
+    while let Some((&kind, tail)) = rest.split_first() {
+        if kind == 0 {
+            return None;
+        }
+        let end = tail.iter().position(|&b| b == 0)?;
+        if kind == b'C' {
+            return tail[..end].try_into().ok();
+        }
+        rest = &tail[end + 1..];
+    }
+    None
+}
+
+const READ_ONLY_CODE: &[u8; 5] = b"25006";
+
+fn demoted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the server refused a write as read-only: no longer the primary",
+    )
 }
 
 /// A connection's stream, watched for silence while requests are outstanding.
-struct Watched<S> {
+pub(crate) struct Watched<S> {
     inner: S,
     target: Target,
     liveness: Arc<Liveness>,
+    /// The server refused a write as read-only: no longer the primary. The connection
+    /// fails from the next read on, once the refusal itself has been delivered.
+    demoted: bool,
     sent: Framing,
     received: Framing,
     /// Requests sent whose ReadyForQuery has not come back yet.
@@ -403,11 +471,12 @@ struct Watched<S> {
 }
 
 impl<S> Watched<S> {
-    fn new(inner: S, target: Target, liveness: Arc<Liveness>) -> Watched<S> {
+    pub(super) fn new(inner: S, target: Target, liveness: Arc<Liveness>) -> Watched<S> {
         Watched {
             inner,
             target,
             liveness,
+            demoted: false,
             sent: Framing::frontend(),
             received: Framing::backend(),
             outstanding: 0,
@@ -456,6 +525,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.demoted {
+            return Poll::Ready(Err(demoted()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -464,6 +536,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
                     this.progress = Instant::now();
                     this.outstanding -= this.received.feed(fresh, b"Z") as i64;
                     this.probe = None;
+                    if this.received.take_error_code() == Some(*READ_ONLY_CODE) {
+                        tracing::warn!(
+                            server = %this.target,
+                            "the database refused a write as read-only: it is no longer the \
+                             primary; closing the connection"
+                        );
+                        this.demoted = true;
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
@@ -488,6 +568,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if this.demoted {
+            return Poll::Ready(Err(demoted()));
+        }
         if this.liveness.is_down() {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -533,6 +616,7 @@ mod tests {
             SqlState::CRASH_SHUTDOWN,
             SqlState::CONNECTION_FAILURE,
             SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
         ] {
             assert!(means_unavailable(&code), "{code:?}");
         }
@@ -568,6 +652,40 @@ mod tests {
         let mut b = Framing::backend();
         let n: usize = back.chunks(2).map(|c| b.feed(c, b"Z")).sum();
         assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn framing_finds_the_sqlstate_of_an_error_across_chunks() {
+        // ErrorResponse: severity, code 25006, message; then ReadyForQuery.
+        let mut body = Vec::new();
+        for (kind, value) in [
+            (b'S', "ERROR"),
+            (b'V', "ERROR"),
+            (b'C', "25006"),
+            (b'M', "cannot execute INSERT in a read-only transaction"),
+        ] {
+            body.push(kind);
+            body.extend_from_slice(value.as_bytes());
+            body.push(0);
+        }
+        body.push(0);
+        let mut bytes = vec![b'E'];
+        bytes.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        bytes.extend_from_slice(&body);
+        bytes.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'E']);
+        let mut f = Framing::backend();
+        let mut answers = 0;
+        let mut codes = Vec::new();
+        for chunk in bytes.chunks(7) {
+            answers += f.feed(chunk, b"Z");
+            codes.extend(f.take_error_code());
+        }
+        assert_eq!(answers, 1);
+        assert_eq!(codes, vec![*b"25006"]);
+        // Other codes are read too, and nothing is left to take.
+        assert_eq!(sqlstate(b"SFATAL\0C57P01\0Mbye\0\0"), Some(*b"57P01"));
+        assert_eq!(sqlstate(b"SERROR\0C250"), None);
+        assert_eq!(f.take_error_code(), None);
     }
 
     #[tokio::test]

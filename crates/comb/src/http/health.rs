@@ -33,18 +33,30 @@ pub(crate) async fn health(AxState(app): AxState<State>) -> Response {
     }
 }
 
-/// Readiness: accepting work (not stopping, database reachable); load balancers route on it.
+/// Readiness: accepting work (not stopping, a primary reachable); load balancers route on it.
+/// Says why not (`reason`), and whether acknowledged writes would survive a failover of the
+/// database (`durability`, informative: it does not make the server unready).
 pub(crate) async fn ready(AxState(app): AxState<State>) -> Response {
     let stopping = app.is_stopping();
-    let db = !stopping && database_answers(&app).await;
+    let problem = if stopping {
+        Some("stopping".to_string())
+    } else {
+        crate::db::problem(&app.pool, PROBE_TIMEOUT).await
+    };
+    let db = !stopping && problem.is_none();
     let status = if db {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        axum::Json(json!({"ready": db, "stopping": stopping, "database": db})),
-    )
-        .into_response()
+    let mut body = json!({"ready": db, "stopping": stopping, "database": db});
+    if let Some(why) = problem {
+        body["reason"] = json!(why);
+    }
+    if let Some(d) = app.replication.last() {
+        let mut detail = json!(d);
+        detail["summary"] = json!(d.describe());
+        body["durability"] = detail;
+    }
+    (status, axum::Json(body)).into_response()
 }

@@ -16,6 +16,7 @@ use crate::metrics::{CONTENT_TYPE, Durations, Text};
 pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     let mut out = Text::default();
     app.metrics.render(&mut out);
+    app.replication.render(&mut out);
     let routes = super::routes();
     let labels: Vec<[(&str, &str); 2]> = routes
         .iter()

@@ -6,7 +6,9 @@
 //! Every server runs the loop, but only the holder of a session-level advisory lock does the
 //! work, so it runs once per cluster however many servers share the database. When the
 //! holder dies its connection closes, the lock is released, and another server takes over on
-//! its next tick. Each statement carries its own `statement_timeout` and every exclusive lock
+//! its next tick. On a failover the lock dies with the old primary's sessions: every server's
+//! maintenance connection fails, reconnects to the new primary (the pool only connects to a
+//! server that takes writes) and asks again. Each statement carries its own `statement_timeout` and every exclusive lock
 //! is asked for with a short `lock_timeout`: maintenance gives way to traffic, never the
 //! reverse.
 

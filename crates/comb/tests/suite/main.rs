@@ -5,17 +5,20 @@
 //! run starts PostgreSQL once instead of once per file and links one binary instead of one
 //! per file. Nothing here changes cluster-wide settings: advisory locks, LISTEN/NOTIFY
 //! channels, statistics and plans are all per database. A test that must take PostgreSQL
-//! away (`metrics::a_scrape_without_its_database_still_answers_from_memory`) starts a
-//! cluster of its own with `Postgres::start`.
+//! away (`metrics::a_scrape_without_its_database_still_answers_from_memory`) or change its
+//! settings (`failover`, which makes servers read-only) starts clusters of its own with
+//! `Postgres::start`.
 //!
 //! Run one module with `cargo test -p comb --test suite lease::`, one test by its name.
 
 mod common;
 
 mod audit;
+mod auth;
 mod claim_plans;
 mod consumer_groups;
 mod errors;
+mod failover;
 mod fuzz;
 mod generations;
 mod idempotency;
@@ -35,4 +38,5 @@ mod retention;
 mod retries;
 mod routes;
 mod shutdown;
+mod tls;
 mod transactions;
