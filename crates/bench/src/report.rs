@@ -796,7 +796,7 @@ mod tests {
         sl.all_in_cpu_cores = Some(0.20);
         let mut k = row("light-1k", "comb", 300.0);
         k.e2e_p99_ms = Some(17.0);
-        k.all_in_cpu_cores = Some(0.16);
+        k.all_in_cpu_cores = Some(0.14);
         let mut rows = vec![light, sl, k];
         let verdict = |rows: &[Row], t: &str| {
             checks(rows)
