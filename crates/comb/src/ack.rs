@@ -681,8 +681,13 @@ pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Res
     let writes = WriteStatements::prepare(&tx).await?;
     write_back(&tx, &writes, &cursors, &dead).await?;
     tx.commit().await?;
+    LEASE_DEAD_LETTERED.add(dead.len() as u64);
     Ok(())
 }
+
+/// Messages this process dead-lettered when leases expired unsettled. Kept here rather than
+/// in the request's metrics: expiry happens inside a claim, which answers no counters.
+pub static LEASE_DEAD_LETTERED: crate::metrics::Counter = crate::metrics::Counter::new();
 
 /// Cursors as read by [`STATE_SQL`].
 pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {

@@ -21,6 +21,11 @@ use crate::push::Stored;
 pub struct Counter(AtomicU64);
 
 impl Counter {
+    /// A counter at zero (usable in a `static`).
+    pub const fn new() -> Counter {
+        Counter(AtomicU64::new(0))
+    }
+
     pub fn add(&self, n: u64) {
         if n > 0 {
             self.0.fetch_add(n, Ordering::Relaxed);
@@ -252,8 +257,8 @@ impl Metrics {
         );
         out.counter(
             "comb_messages_dead_lettered_total",
-            "Messages dead-lettered by acks answered by this server (status dlq, or failed past retryLimit).",
-            m.dead_lettered.get(),
+            "Messages dead-lettered by this server: by acks (status dlq, or failed past retryLimit) and by leases that expired unsettled past retryLimit.",
+            m.dead_lettered.get() + crate::ack::LEASE_DEAD_LETTERED.get(),
         );
 
         let mt = &self.maintenance;

@@ -40,10 +40,36 @@ FROM cursors c JOIN heads h ON h.id = c.partition_id JOIN comb.queues q ON q.id 
 GROUP BY q.name, c.consumer_group
 ORDER BY 1, 2 NULLS FIRST";
 
-/// Depth per queue and lag per (queue, group).
+/// What operators alert on, in one more round trip: per queue, the age of the oldest
+/// message its slowest group has not passed; per (queue, group), dead letters not requeued
+/// (from acks, expired leases, `maxWaitTimeSeconds` and operators alike) and the age of the
+/// oldest unsettled message. Index probes per partition and cursor, and the dead letters.
+const OPERATOR_STATS: &str = "
+SELECT 'oldest', q.name, NULL::text,
+       coalesce(extract(epoch FROM now() - min(s.oldest_pending_at)), 0)::float8
+FROM comb.queues q JOIN comb.partitions p ON p.queue_id = q.id
+CROSS JOIN LATERAL comb.partition_stats(p.id) s
+GROUP BY q.name
+UNION ALL
+SELECT 'dead', q.name, d.consumer_group, count(*)::float8
+FROM comb.dead_letters d JOIN comb.queues q ON q.id = d.queue_id
+WHERE NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
+GROUP BY q.name, d.consumer_group
+UNION ALL
+SELECT 'lag', q.name, c.consumer_group,
+       coalesce(extract(epoch FROM now() - min(x.oldest_unsettled_at)), 0)::float8
+FROM comb.cursors c JOIN comb.queues q ON q.id = c.queue_id
+CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
+GROUP BY q.name, c.consumer_group
+ORDER BY 1, 2, 3";
+
+/// Depth per queue and lag per (queue, group), and what [`OPERATOR_STATS`] reads.
 struct Stats {
     depth: Vec<(String, f64)>,
     lag: Vec<(String, String, f64)>,
+    oldest: Vec<(String, f64)>,
+    dead: Vec<(String, String, f64)>,
+    lag_seconds: Vec<(String, String, f64)>,
 }
 
 async fn stats(app: &State) -> Result<Stats, DbError> {
@@ -55,11 +81,26 @@ async fn stats(app: &State) -> Result<Stats, DbError> {
     ))
     .await?;
     let rows = tx.query(STATS, &[]).await?;
+    let operator = tx.query(OPERATOR_STATS, &[]).await?;
     tx.commit().await?;
     let mut out = Stats {
         depth: Vec::new(),
         lag: Vec::new(),
+        oldest: Vec::new(),
+        dead: Vec::new(),
+        lag_seconds: Vec::new(),
     };
+    for row in operator {
+        let (kind, queue, group): (&str, String, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        let value: f64 = row.get::<_, f64>(3).max(0.0);
+        match (kind, group) {
+            ("oldest", _) => out.oldest.push((queue, value)),
+            ("dead", Some(g)) => out.dead.push((queue, g, value)),
+            ("lag", Some(g)) => out.lag_seconds.push((queue, g, value)),
+            _ => {}
+        }
+    }
     for row in rows {
         let queue: String = row.get(0);
         let value = row.get::<_, i64>(2).max(0) as f64;
@@ -132,7 +173,53 @@ pub async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], out.finish())
 }
 
+fn by_queue(out: &mut Text, name: &str, help: &str, values: &[(String, f64)]) {
+    if values.is_empty() {
+        return;
+    }
+    let samples: Vec<([(&str, &str); 1], f64)> = values
+        .iter()
+        .map(|(q, v)| ([("queue", q.as_str())], *v))
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    out.gauge_labelled(name, help, &samples);
+}
+
+fn by_group(out: &mut Text, name: &str, help: &str, values: &[(String, String, f64)]) {
+    if values.is_empty() {
+        return;
+    }
+    let samples: Vec<([(&str, &str); 2], f64)> = values
+        .iter()
+        .map(|(q, g, v)| ([("queue", q.as_str()), ("group", g.as_str())], *v))
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    out.gauge_labelled(name, help, &samples);
+}
+
+fn render_operator_stats(out: &mut Text, stats: &Stats) {
+    by_queue(
+        out,
+        "comb_queue_oldest_pending_seconds",
+        "Age of the oldest message of the queue its slowest consumer group has not passed (0 when none). Database-wide.",
+        &stats.oldest,
+    );
+    by_group(
+        out,
+        "comb_dead_letters",
+        "Dead letters of the consumer group in the queue, not requeued: from acks, expired leases, maxWaitTimeSeconds and operators. Database-wide.",
+        &stats.dead,
+    );
+    by_group(
+        out,
+        "comb_group_lag_seconds",
+        "Age of the oldest message the consumer group has not settled in the queue (0 when none). Database-wide.",
+        &stats.lag_seconds,
+    );
+}
+
 fn render_stats(out: &mut Text, stats: &Stats) {
+    render_operator_stats(out, stats);
     if !stats.depth.is_empty() {
         let samples: Vec<([(&str, &str); 1], f64)> = stats
             .depth
