@@ -8,6 +8,7 @@
 pub mod ack;
 pub mod admin;
 pub mod catalog;
+pub mod cli;
 pub mod config;
 pub mod db;
 pub mod fusion;
