@@ -285,7 +285,7 @@ pub async fn record(pool: Pool, metrics: Arc<Metrics>, server: String, interval:
             m.acked.get(),
             m.failed.get(),
             m.dead_lettered.get()
-                + crate::ack::LEASE_DEAD_LETTERED.get()
+                + crate::metrics::LEASE_DEAD_LETTERED.get()
                 + metrics.maintenance.dead_lettered.get(),
         ];
         let delta: Vec<i64> = now
