@@ -286,6 +286,20 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// One row per element of the array `list`, a cell per dotted path (`messages.pending`).
+fn rows(list: &Value, paths: &[&str]) -> Vec<Vec<String>> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .map(|item| {
+            paths
+                .iter()
+                .map(|p| cell(p.split('.').fold(item, |v, k| &v[k])))
+                .collect()
+        })
+        .collect()
+}
+
 fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
@@ -332,23 +346,17 @@ async fn command_run(command: ClientCommand) -> Outcome {
                 print_json(&v);
                 return Ok(());
             }
-            let rows: Vec<Vec<String>> = v["queues"]
-                .as_array()
-                .map(|qs| {
-                    qs.iter()
-                        .map(|q| {
-                            vec![
-                                cell(&q["name"]),
-                                cell(&q["partitions"]),
-                                cell(&q["messages"]["pending"]),
-                                cell(&q["messages"]["processing"]),
-                                cell(&q["deadLetters"]),
-                                cell(&q["oldestPendingAgeSeconds"]),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let rows = rows(
+                &v["queues"],
+                &[
+                    "name",
+                    "partitions",
+                    "messages.pending",
+                    "messages.processing",
+                    "deadLetters",
+                    "oldestPendingAgeSeconds",
+                ],
+            );
             table(
                 &[
                     "QUEUE",
@@ -374,22 +382,16 @@ async fn command_run(command: ClientCommand) -> Outcome {
                 print_json(&v);
                 return Ok(());
             }
-            let parts: Vec<Vec<String>> = v["partitionList"]
-                .as_array()
-                .map(|ps| {
-                    ps.iter()
-                        .map(|p| {
-                            vec![
-                                cell(&p["name"]),
-                                cell(&p["messages"]["total"]),
-                                cell(&p["messages"]["pending"]),
-                                cell(&p["messages"]["processing"]),
-                                cell(&p["oldestPendingAgeSeconds"]),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let parts = rows(
+                &v["partitionList"],
+                &[
+                    "name",
+                    "messages.total",
+                    "messages.pending",
+                    "messages.processing",
+                    "oldestPendingAgeSeconds",
+                ],
+            );
             table(
                 &[
                     "PARTITION",
@@ -401,21 +403,10 @@ async fn command_run(command: ClientCommand) -> Outcome {
                 &parts,
             );
             println!();
-            let groups: Vec<Vec<String>> = v["consumerGroups"]
-                .as_array()
-                .map(|gs| {
-                    gs.iter()
-                        .map(|g| {
-                            vec![
-                                cell(&g["name"]),
-                                cell(&g["lag"]),
-                                cell(&g["lagSeconds"]),
-                                cell(&g["leasedPartitions"]),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let groups = rows(
+                &v["consumerGroups"],
+                &["name", "lag", "lagSeconds", "leasedPartitions"],
+            );
             table(&["GROUP", "LAG", "LAG (s)", "LEASED"], &groups);
             Ok(())
         }
@@ -569,23 +560,17 @@ async fn command_run(command: ClientCommand) -> Outcome {
 }
 
 fn print_messages(v: &Value) {
-    let rows: Vec<Vec<String>> = v["messages"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .map(|m| {
-                    vec![
-                        cell(&m["partition"]),
-                        cell(&m["position"]),
-                        cell(&m["transactionId"]),
-                        cell(&m["status"]),
-                        cell(&m["createdAt"]),
-                        m["data"].to_string(),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = rows(
+        &v["messages"],
+        &[
+            "partition",
+            "position",
+            "transactionId",
+            "status",
+            "createdAt",
+            "data",
+        ],
+    );
     table(
         &[
             "PARTITION",
@@ -622,22 +607,16 @@ async fn dlq(action: DlqAction) -> Outcome {
                 print_json(&v);
                 return Ok(());
             }
-            let rows: Vec<Vec<String>> = v["messages"]
-                .as_array()
-                .map(|ms| {
-                    ms.iter()
-                        .map(|m| {
-                            vec![
-                                cell(&m["partition"]),
-                                cell(&m["transactionId"]),
-                                cell(&m["retryCount"]),
-                                cell(&m["movedToDlqAt"]),
-                                cell(&m["errorMessage"]),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let rows = rows(
+                &v["messages"],
+                &[
+                    "partition",
+                    "transactionId",
+                    "retryCount",
+                    "movedToDlqAt",
+                    "errorMessage",
+                ],
+            );
             table(
                 &[
                     "PARTITION",

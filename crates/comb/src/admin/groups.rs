@@ -272,11 +272,7 @@ pub async fn seek(
     target: Target,
 ) -> Result<Value, Failure> {
     let mut client = pool.get().await?;
-    let id = super::queue_id(&**client, queue).await?;
-    let partition_id = match partition {
-        Some(p) => Some(super::partition_id(&**client, id, queue, p).await?),
-        None => None,
-    };
+    let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     catalog
         .ensure_subscription(pool, id, group, StartFrom::All)
         .await?;
