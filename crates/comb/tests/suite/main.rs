@@ -12,8 +12,10 @@
 
 mod common;
 
+mod admin;
 mod audit;
 mod claim_plans;
+mod cli;
 mod consumer_groups;
 mod errors;
 mod fuzz;

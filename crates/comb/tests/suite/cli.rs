@@ -1,11 +1,9 @@
 //! The `comb` client commands against a real server: tables, `--json`, exit codes.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use common::{Env, comb_bin};
+use crate::common::{Env, comb_bin};
 use serde_json::{Value, json};
 
 /// Runs `comb ARGS --url URL`; returns (exit code, stdout, stderr).

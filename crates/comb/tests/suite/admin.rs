@@ -2,12 +2,10 @@
 //! consumer groups and seeks, messages, dead-letter requeue and purge, maintenance modes,
 //! and the problems bad requests get.
 
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use common::{Env, numbers};
+use crate::common::{self, Env, numbers};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
