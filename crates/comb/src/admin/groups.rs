@@ -1,7 +1,7 @@
 //! Consumer groups: their lag per queue and partition, leases, deletion, subscription
 //! changes and seeks.
 //!
-//! Lag comes from `comb.cursor_lag` (schema version 8): each cursor's latest state, its
+//! Lag comes from `comb.cursor_lag` (schema version 9): each cursor's latest state, its
 //! partition's head and the first unsettled message's time, all index probes.
 
 use chrono::{DateTime, Utc};
