@@ -21,6 +21,9 @@ use crate::db::DbError;
 /// Most rows a listing answers at once.
 pub const MAX_LIMIT: i64 = 1000;
 
+/// Most rows a listing skips: deeper pages would read that much to skip it.
+pub const MAX_OFFSET: u64 = 100_000;
+
 /// Rows a listing answers when the request does not say.
 pub const DEFAULT_LIMIT: i64 = 100;
 
@@ -41,7 +44,14 @@ impl Page {
                 format!("limit must be between 1 and {MAX_LIMIT}"),
             ));
         }
-        let offset = offset.unwrap_or(0).min(i64::MAX as u64) as i64;
+        let offset = offset.unwrap_or(0);
+        if offset > MAX_OFFSET {
+            return Err(Failure::Invalid(
+                "offset_invalid",
+                format!("offset may be at most {MAX_OFFSET}"),
+            ));
+        }
+        let offset = offset as i64;
         Ok(Page { limit, offset })
     }
 }

@@ -33,7 +33,10 @@ pub async fn detail(
 /// Cursors whose oldest unsettled message waits at least `minLagSeconds` (default 3600, as
 /// Queen).
 pub async fn lagging(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
-    let min = query(q)?.uint("minLagSeconds")?.unwrap_or(3600);
+    let min = query(q)?
+        .uint("minLagSeconds")?
+        .unwrap_or(3600)
+        .min(10 * 365 * 86_400);
     Ok(Json(groups::lagging(&app.pool, min as f64).await?))
 }
 
