@@ -63,6 +63,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "producer_sub",
         sql: include_str!("migrations/0009_producer_sub.sql"),
     },
+    Migration {
+        version: 10,
+        name: "administration",
+        sql: include_str!("migrations/0010_administration.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

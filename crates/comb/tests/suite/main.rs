@@ -13,9 +13,11 @@
 
 mod common;
 
+mod admin;
 mod audit;
 mod auth;
 mod claim_plans;
+mod cli;
 mod consumer_groups;
 mod errors;
 mod failover;
