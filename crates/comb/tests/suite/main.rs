@@ -6,13 +6,13 @@
 //! per file. Nothing here changes cluster-wide settings: advisory locks, LISTEN/NOTIFY
 //! channels, statistics and plans are all per database. A test that must take PostgreSQL
 //! away (`metrics::a_scrape_without_its_database_still_answers_from_memory`) starts a
-//! cluster of its own with `Postgres::start`.
+//! cluster of its own with `Postgres::start`. The delivery audit (`audit.rs`) is compiled
+//! into a binary of its own, `tests/audit.rs`, which says why.
 //!
 //! Run one module with `cargo test -p comb --test suite lease::`, one test by its name.
 
 mod common;
 
-mod audit;
 mod claim_plans;
 mod consumer_groups;
 mod errors;
