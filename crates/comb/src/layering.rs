@@ -14,7 +14,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "foundation: configuration, database access, counters, names and options, schema",
         &[
-            "config", "cursor", "db", "metrics", "queue", "refusal", "schema", "fusion",
+            "config",
+            "cursor",
+            "db",
+            "encryption",
+            "metrics",
+            "queue",
+            "refusal",
+            "schema",
+            "fusion",
         ],
     ),
     ("notification between servers", &["wake"]),
@@ -24,7 +32,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "use cases",
-        &["ack", "lease", "pop", "push", "transaction", "maintenance"],
+        &[
+            "ack",
+            "dead_letter",
+            "lease",
+            "pop",
+            "push",
+            "transaction",
+            "maintenance",
+        ],
     ),
     ("the edge and the wiring", &["http", "server", "layering"]),
 ];

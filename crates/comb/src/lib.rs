@@ -10,6 +10,7 @@
 pub mod config;
 mod cursor;
 mod db;
+mod encryption;
 mod fusion;
 mod metrics;
 mod queue;
@@ -26,6 +27,7 @@ mod catalog;
 // The use cases. `ack` and `pop` are public only for the statements whose plans the test
 // suite checks (`tests/claim_plans.rs`); everything else in them is crate-private.
 pub mod ack;
+mod dead_letter;
 mod lease;
 mod maintenance;
 pub mod pop;

@@ -109,6 +109,10 @@ pub(crate) struct Messages {
     pub(crate) retried: Counter,
     /// Accepted acks that put their message in the dead-letter queue.
     pub(crate) dead_lettered: Counter,
+    /// Messages that exhausted `retryLimit` in queues keeping no dead letters for that
+    /// (`deadLetterQueue` or `dlqAfterMaxRetries` false): skipped, by a failed ack or by the
+    /// expiry of a lease (noticed by a pop).
+    pub(crate) discarded: Counter,
 }
 
 impl Messages {
@@ -129,6 +133,7 @@ impl Messages {
         self.failed.add(tally.failed);
         self.retried.add(tally.retried);
         self.dead_lettered.add(tally.dead_lettered);
+        self.discarded.add(tally.discarded);
     }
 }
 
@@ -140,6 +145,7 @@ pub(crate) struct Settled {
     pub(crate) failed: u64,
     pub(crate) retried: u64,
     pub(crate) dead_lettered: u64,
+    pub(crate) discarded: u64,
 }
 
 /// What this server's maintenance loop did; everything stays at zero while it is not leader.
@@ -213,6 +219,11 @@ impl Metrics {
             "comb_messages_dead_lettered_total",
             "Messages dead-lettered by acks answered by this server (status dlq, or failed past retryLimit).",
             m.dead_lettered.get(),
+        );
+        out.counter(
+            "comb_messages_discarded_total",
+            "Messages that exhausted retryLimit in queues keeping no dead letters for that (deadLetterQueue or dlqAfterMaxRetries false), skipped by this server.",
+            m.discarded.get(),
         );
 
         let mt = &self.maintenance;

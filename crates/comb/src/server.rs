@@ -20,6 +20,7 @@ use crate::{db, maintenance, schema};
 
 /// Runs `comb serve` until SIGTERM or SIGINT.
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
+    let keys = Arc::new(crate::encryption::Keys::from_env()?);
     migrate(&config.database.database_url).await?;
     let pool = db::pool(&config.database.database_url, config.pool_size())?;
     let metrics = Arc::new(Metrics::default());
@@ -49,6 +50,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         catalog.clone(),
         wake.clone(),
         metrics.clone(),
+        keys.clone(),
         config.push_workers,
         config.fuse_max_items,
     ));
@@ -84,6 +86,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         stopping: AtomicBool::new(false),
         stop_signal,
         durations: http::route_durations(),
+        keys,
         config,
     });
     let listener = http::limits::LimitedListener::new(

@@ -3,6 +3,7 @@
 mod ack;
 mod body;
 mod configure;
+mod dlq;
 mod health;
 mod lease;
 /// Caps on connections and waiting pops.
@@ -55,6 +56,8 @@ pub(crate) struct App {
     pub(crate) stop_signal: watch::Sender<bool>,
     /// How long requests took, one histogram per entry of [`routes`], in its order.
     pub(crate) durations: Vec<crate::metrics::Durations>,
+    /// Keys that open the payloads of queues with `encryptionEnabled` (pushes seal them).
+    pub(crate) keys: Arc<crate::encryption::Keys>,
 }
 
 impl App {
@@ -112,6 +115,7 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
             "/api/v1/resources/queues/{queue}",
             delete(queues::delete_queue),
         ),
+        (Method::GET, "/api/v1/dlq", get(dlq::list)),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
         (Method::GET, "/metrics", get(metrics::metrics)),

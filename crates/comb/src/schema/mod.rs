@@ -53,6 +53,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "timed_walk",
         sql: include_str!("migrations/0007_timed_walk.sql"),
     },
+    Migration {
+        version: 8,
+        name: "queen_options",
+        sql: include_str!("migrations/0008_queen_options.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
