@@ -90,14 +90,16 @@ chaos:
 	cargo build --release -p comb -p comb-audit
 	set -o pipefail; { \
 		target/release/comb-audit chaos --comb target/release/comb && \
-		target/release/comb-audit fuzz --comb target/release/comb --cases 30000; \
+		target/release/comb-audit fuzz --comb target/release/comb --cases 30000 && \
+		target/release/comb-audit fuzz --comb target/release/comb --cases 10000 --tokens; \
 	} 2>&1 | tee target/chaos.log
 
-# The long fuzz run alone.
+# The long fuzz runs alone: without tokens, and against a server requiring them.
 fuzz:
 	scripts/install-postgres.sh
 	cargo build --release -p comb -p comb-audit
 	target/release/comb-audit fuzz --comb target/release/comb --cases 30000
+	target/release/comb-audit fuzz --comb target/release/comb --cases 10000 --tokens
 
 # Comb and the SKIP LOCKED table side by side at a fixed rate through a clean phase, a held
 # REPEATABLE READ snapshot in each database and its release (about 17 minutes); records the

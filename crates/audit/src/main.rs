@@ -53,6 +53,9 @@ enum Cmd {
         cases: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Run against a server that requires bearer tokens, sending valid and broken ones.
+        #[arg(long)]
+        tokens: bool,
     },
 }
 
@@ -126,13 +129,24 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
-            Cmd::Fuzz { comb, cases, seed } => {
+            Cmd::Fuzz {
+                comb,
+                cases,
+                seed,
+                tokens,
+            } => {
                 let pg = tokio::task::spawn_blocking(comb_harness::Postgres::start)
                     .await
                     .expect("task")
                     .expect("PostgreSQL");
                 let url = pg.create_database("fuzz").expect("database");
-                match comb_audit::fuzz::against_new_server(&comb, &url, cases, seed).await {
+                let run = if tokens {
+                    comb_audit::fuzz::against_new_server_with_tokens(&comb, &url, cases, seed)
+                        .await
+                } else {
+                    comb_audit::fuzz::against_new_server(&comb, &url, cases, seed).await
+                };
+                match run {
                     Ok(report) => {
                         println!("{}", report.summary());
                         if report.findings.is_empty() {

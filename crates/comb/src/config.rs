@@ -21,7 +21,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Apply pending schema migrations, then serve the HTTP API.
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Apply pending schema migrations and exit.
     Migrate(DatabaseConfig),
 }
@@ -122,6 +122,113 @@ pub struct ServeConfig {
     /// only the safety net.
     #[arg(long, env = "COMB_POLL_FALLBACK_MS", default_value_t = 2_000)]
     pub poll_fallback_ms: u64,
+
+    #[command(flatten)]
+    pub auth: AuthConfig,
+
+    #[command(flatten)]
+    pub tls: TlsConfig,
+}
+
+/// Bearer tokens (see `docs/security.md`). Every setting is also read from Queen's variable
+/// of the same meaning (`JWT_ENABLED`, `JWT_SECRET`, …) when neither the flag nor its
+/// `COMB_*` variable is given, so a deployment moving from Queen keeps its protection.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AuthConfig {
+    /// Require a bearer token (JWT) on every route but `/health`, `/ready` (and `/metrics`
+    /// unless `--jwt-protect-metrics`). Queen: `JWT_ENABLED`.
+    #[arg(long, env = "COMB_JWT_ENABLED", num_args = 0..=1, default_missing_value = "true")]
+    pub jwt_enabled: Option<bool>,
+
+    /// `HS256`, `RS256`, `EdDSA` or `auto` (any of them for which a key is configured).
+    /// Default `HS256`. Queen: `JWT_ALGORITHM`.
+    #[arg(long, env = "COMB_JWT_ALGORITHM")]
+    pub jwt_algorithm: Option<String>,
+
+    /// Shared secret for HS256. Queen: `JWT_SECRET`.
+    #[arg(long, env = "COMB_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+
+    /// Public key for RS256 or EdDSA: PEM text, or the path of a PEM file. Queen:
+    /// `JWT_PUBLIC_KEY`.
+    #[arg(long, env = "COMB_JWT_PUBLIC_KEY")]
+    pub jwt_public_key: Option<String>,
+
+    /// URL of a JSON Web Key Set, fetched at start and refreshed in the background; the last
+    /// set fetched stays in use while the URL does not answer. Queen: `JWT_JWKS_URL`.
+    #[arg(long, env = "COMB_JWT_JWKS_URL")]
+    pub jwt_jwks_url: Option<String>,
+
+    /// Seconds between refreshes of the key set (default 3600). A token naming a key id
+    /// the set lacks triggers an early refresh, at most once per 30 s. Queen:
+    /// `JWT_JWKS_REFRESH_INTERVAL`.
+    #[arg(long, env = "COMB_JWT_JWKS_REFRESH_SECONDS")]
+    pub jwt_jwks_refresh_seconds: Option<u64>,
+
+    /// How long one key set fetch may take, in milliseconds (default 5000). Queen:
+    /// `JWT_JWKS_TIMEOUT_MS`.
+    #[arg(long, env = "COMB_JWT_JWKS_TIMEOUT_MS")]
+    pub jwt_jwks_timeout_ms: Option<u64>,
+
+    /// Required `iss` claim (unset: any). Queen: `JWT_ISSUER`.
+    #[arg(long, env = "COMB_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// Required `aud` claim (unset: any). Queen: `JWT_AUDIENCE`.
+    #[arg(long, env = "COMB_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// Seconds of tolerance on `exp` and `nbf` (default 30). Queen: `JWT_CLOCK_SKEW`.
+    #[arg(long, env = "COMB_JWT_CLOCK_SKEW")]
+    pub jwt_clock_skew: Option<u64>,
+
+    /// Claim holding one role name (default `role`). Queen: `JWT_ROLES_CLAIM`.
+    #[arg(long, env = "COMB_JWT_ROLES_CLAIM")]
+    pub jwt_roles_claim: Option<String>,
+
+    /// Claim holding an array of role names (default `roles`). Queen: `JWT_ROLES_ARRAY_CLAIM`.
+    #[arg(long, env = "COMB_JWT_ROLES_ARRAY_CLAIM")]
+    pub jwt_roles_array_claim: Option<String>,
+
+    /// Role name of administrators (default `admin`). Queen: `JWT_ROLE_ADMIN`.
+    #[arg(long, env = "COMB_JWT_ROLE_ADMIN")]
+    pub jwt_role_admin: Option<String>,
+
+    /// Role name of producers and consumers (default `read-write`). Queen:
+    /// `JWT_ROLE_READ_WRITE`.
+    #[arg(long, env = "COMB_JWT_ROLE_READ_WRITE")]
+    pub jwt_role_read_write: Option<String>,
+
+    /// Role name of readers (default `read-only`). Queen: `JWT_ROLE_READ_ONLY`.
+    #[arg(long, env = "COMB_JWT_ROLE_READ_ONLY")]
+    pub jwt_role_read_only: Option<String>,
+
+    /// Role name of producers that may only push (default `write-only`). Queen:
+    /// `JWT_ROLE_WRITE_ONLY`.
+    #[arg(long, env = "COMB_JWT_ROLE_WRITE_ONLY")]
+    pub jwt_role_write_only: Option<String>,
+
+    /// Claim limiting a token to queues whose names start with one of its prefixes (a
+    /// string or an array of strings). Tokens without the claim are not limited. Unset: no
+    /// scoping.
+    #[arg(long, env = "COMB_JWT_QUEUES_CLAIM")]
+    pub jwt_queues_claim: Option<String>,
+
+    /// Require a reader's token on `GET /metrics` too (Queen leaves it open).
+    #[arg(long, env = "COMB_JWT_PROTECT_METRICS", num_args = 0..=1, default_missing_value = "true")]
+    pub jwt_protect_metrics: Option<bool>,
+}
+
+/// TLS on the listener. Both files are read again on SIGHUP.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsConfig {
+    /// PEM file with the server's certificate chain; with `--tls-key`, serves HTTPS only.
+    #[arg(long, env = "COMB_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM file with the server's private key (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "COMB_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl ServeConfig {

@@ -23,6 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "refusal",
             "schema",
             "fusion",
+            "auth",
         ],
     ),
     ("notification between servers", &["wake"]),

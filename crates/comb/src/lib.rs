@@ -7,6 +7,7 @@
 //! tables. Only what the binary and the test suite need is public.
 
 // The bottom: imports nothing from the modules above it.
+mod auth;
 pub mod config;
 mod cursor;
 mod db;

@@ -13,11 +13,18 @@ async fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(config) => comb::server::serve(config).await,
+        Command::Serve(config) => comb::server::serve(*config).await,
         Command::Migrate(db) => comb::server::migrate(&db.database_url).await.map(|_| ()),
     };
     if let Err(e) = result {
-        eprintln!("comb: {e}");
+        // With its causes: "error communicating with the server" alone says too little.
+        let mut message = format!("comb: {e}");
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            message.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        eprintln!("{message}");
         std::process::exit(1);
     }
 }

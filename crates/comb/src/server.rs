@@ -21,6 +21,11 @@ use crate::{db, maintenance, schema};
 /// Runs `comb serve` until SIGTERM or SIGINT.
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
     let keys = Arc::new(crate::encryption::Keys::from_env()?);
+    let auth = crate::auth::Auth::from_config(&config.auth)?;
+    if let Some(auth) = &auth {
+        auth.start().await;
+        tracing::info!("bearer tokens required");
+    }
     migrate(&config.database.database_url).await?;
     let pool = db::pool(&config.database.database_url, config.pool_size())?;
     let metrics = Arc::new(Metrics::default());
@@ -87,23 +92,41 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         stop_signal,
         durations: http::route_durations(),
         keys,
+        auth,
         config,
     });
     let listener = http::limits::LimitedListener::new(
         TcpListener::bind(app.config.listen).await?,
         app.config.max_connections,
     );
-    tracing::info!(addr = %app.config.listen, "comb is serving");
+    match (&app.config.tls.tls_cert, &app.config.tls.tls_key) {
+        (Some(cert), Some(key)) => {
+            let listener = http::tls::TlsListener::new(listener, cert.clone(), key.clone())?;
+            tracing::info!(addr = %app.config.listen, "comb is serving HTTPS");
+            serve_on(listener, app).await?;
+        }
+        _ => {
+            tracing::info!(addr = %app.config.listen, "comb is serving");
+            serve_on(listener, app).await?;
+        }
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Serves the API on `listener` until SIGTERM or SIGINT, then finishes in-flight requests.
+async fn serve_on<L>(listener: L, app: Arc<App>) -> std::io::Result<()>
+where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+{
     let stopper = app.clone();
-    axum::serve(listener, http::router(app.clone()))
+    axum::serve(listener, http::router(app))
         .with_graceful_shutdown(async move {
             stop_requested().await;
             tracing::info!("stopping: finishing in-flight requests");
             stopper.begin_stop();
         })
-        .await?;
-    tracing::info!("stopped");
-    Ok(())
+        .await
 }
 
 /// Applies pending migrations and reports what was done.

@@ -54,12 +54,13 @@ impl Transactions {
         acks: &[AckItem],
         items: Vec<Item<'_>>,
         body: &Bytes,
+        producer_sub: Option<Arc<str>>,
     ) -> Result<Committed, Refusal> {
         let messages = if items.is_empty() {
             Vec::new()
         } else {
             self.pusher.check_capacity(&items).await?;
-            self.pusher.resolve(items, body).await?
+            self.pusher.resolve(items, body, producer_sub).await?
         };
         let mut client = self.pool.get().await.map_err(DbError::from)?;
         let tx = client.transaction().await.map_err(DbError::from)?;

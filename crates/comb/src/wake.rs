@@ -167,7 +167,7 @@ async fn relay_once(
     wake: &Wake,
     on_stale: &OnStale,
 ) -> Result<(), tokio_postgres::Error> {
-    let (client, mut conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
+    let (client, mut conn) = crate::db::open(database_url).await?;
     let messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
     futures_util::pin_mut!(messages);
     let sql = format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {CATALOG_CHANNEL}");

@@ -19,14 +19,17 @@
 //! * [`generator`]: requests generated from the OpenAPI description, then broken.
 //! * [`cases`]: the hand-written edge cases.
 //! * [`runner`]: runs the cases against a server and judges each answer and the database.
+//! * [`tokens`]: valid and broken bearer tokens, for a server that requires them: most
+//!   cases carry the valid one, the others a broken one that must get 401.
 
 pub mod cases;
 pub mod generator;
 pub mod hostile;
 pub mod runner;
+pub mod tokens;
 pub mod wire;
 
-pub use runner::{FuzzReport, against_new_server, run};
+pub use runner::{FuzzReport, against_new_server, against_new_server_with_tokens, run};
 
 /// Real ids for requests to use, so that some get past the first checks.
 #[derive(Debug, Clone, Default)]

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use super::Context;
 use super::cases::edge_cases;
 use super::generator::Generator;
-use super::wire::{Answer, Body, Case, send};
+use super::tokens::{TOKEN_SECRET, Tokens, is_public};
+use super::wire::{Answer, Body, Case, send, send_with};
 use crate::rng::Rng;
 
 /// What is wrong with an answer to `case`, if anything (besides database changes).
@@ -114,13 +115,15 @@ pub const FINGERPRINT_SQL: &str = "SELECT concat_ws(' ',
     (SELECT md5(coalesce(string_agg(name || options::text, ',' ORDER BY name), '')) FROM comb.queues))";
 
 /// Runs `cases` generated cases (after the hand-written ones) against the server at `addr`,
-/// checking the database at `database_url` around every refused request.
+/// checking the database at `database_url` around every refused request. With `tokens`,
+/// four cases in five carry the valid token and the others a broken one.
 pub async fn run(
     addr: SocketAddr,
     database_url: &str,
     cases: usize,
     seed: u64,
     max_body: usize,
+    tokens: Option<&Tokens>,
 ) -> Result<FuzzReport, String> {
     let started = Instant::now();
     let (db, conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)
@@ -133,8 +136,9 @@ pub async fn run(
             .map(|r| r.get::<_, String>(0))
             .map_err(|e| format!("fingerprint: {e}"))
     };
-    let ctx = seed_context(addr).await?;
-    let doc_answer = send(
+    let valid = tokens.map(|t| t.valid.as_slice());
+    let ctx = seed_context(addr, valid).await?;
+    let doc_answer = send_with(
         addr,
         &Case {
             name: "openapi".into(),
@@ -143,6 +147,7 @@ pub async fn run(
             body: Body::None,
             expect: Some(200),
         },
+        valid,
     )
     .await
     .map_err(|e| format!("openapi: {e}"))?;
@@ -155,9 +160,27 @@ pub async fn run(
     for _ in 0..cases {
         all.push(generator.case(&mut rng));
     }
-    for case in all {
+    for mut case in all {
         let before = fingerprint().await?;
-        let answer = send(addr, &case).await;
+        // Broken tokens go with small bodies only: a large one would be left unread.
+        let small = match &case.body {
+            Body::None => true,
+            Body::Sized(b) => b.len() <= 4_096,
+            Body::Chunked(_) => false,
+        };
+        let authorization = match tokens {
+            Some(t) if small && rng.chance(0.2) => {
+                let (what, header) = rng.pick(&t.broken);
+                case.name = format!("{} with a token {what}", case.name);
+                if !is_public(&case.target) {
+                    case.expect = Some(401);
+                }
+                Some(header.as_slice())
+            }
+            Some(t) => Some(t.valid.as_slice()),
+            None => None,
+        };
+        let answer = send_with(addr, &case, authorization).await;
         report.cases += 1;
         let answer = match answer {
             Ok(a) => a,
@@ -204,8 +227,18 @@ fn trim(s: &str) -> &str {
 }
 
 /// Pushes a few messages and pops some with a lease, returning real names and ids.
-async fn seed_context(addr: SocketAddr) -> Result<Context, String> {
-    let http = reqwest::Client::new();
+async fn seed_context(addr: SocketAddr, token: Option<&[u8]>) -> Result<Context, String> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            reqwest::header::HeaderValue::from_bytes(t).map_err(|e| e.to_string())?,
+        );
+    }
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .map_err(|e| e.to_string())?;
     let base = format!("http://{addr}");
     let mut ctx = Context {
         queues: vec!["fuzz-q".into(), "fuzz.q:2".into()],
@@ -265,22 +298,45 @@ pub async fn against_new_server(
     cases: usize,
     seed: u64,
 ) -> Result<FuzzReport, String> {
+    fuzz_new_server(comb, database_url, cases, seed, None).await
+}
+
+/// Like [`against_new_server`], with bearer tokens required (HS256, [`TOKEN_SECRET`]).
+pub async fn against_new_server_with_tokens(
+    comb: &std::path::Path,
+    database_url: &str,
+    cases: usize,
+    seed: u64,
+) -> Result<FuzzReport, String> {
+    fuzz_new_server(comb, database_url, cases, seed, Some(&Tokens::new())).await
+}
+
+async fn fuzz_new_server(
+    comb: &std::path::Path,
+    database_url: &str,
+    cases: usize,
+    seed: u64,
+    tokens: Option<&Tokens>,
+) -> Result<FuzzReport, String> {
     let (bin, url) = (comb.to_path_buf(), database_url.to_string());
+    let with_tokens = tokens.is_some();
     let server = tokio::task::spawn_blocking(move || {
-        comb_harness::Server::start_with_env(
-            &bin,
-            &url,
-            &[],
-            &[
-                ("COMB_MAX_POLL_TIMEOUT_MS", "200"),
-                ("COMB_MAINTENANCE_INTERVAL_MS", "86400000"),
-            ],
-        )
+        let mut env = vec![
+            ("COMB_MAX_POLL_TIMEOUT_MS", "200"),
+            ("COMB_MAINTENANCE_INTERVAL_MS", "86400000"),
+        ];
+        if with_tokens {
+            env.extend([
+                ("COMB_JWT_ENABLED", "true"),
+                ("COMB_JWT_SECRET", TOKEN_SECRET),
+            ]);
+        }
+        comb_harness::Server::start_with_env(&bin, &url, &[], &env)
     })
     .await
     .map_err(|e| e.to_string())?
     .map_err(|e| format!("comb: {e}"))?;
-    let mut report = run(server.addr(), database_url, cases, seed, MAX_BODY).await?;
+    let mut report = run(server.addr(), database_url, cases, seed, MAX_BODY, tokens).await?;
     if !crate::scenario::alive(server.pid()) {
         report
             .findings

@@ -54,32 +54,54 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Sends one request over a fresh connection and reads the whole answer.
 pub async fn send(addr: SocketAddr, case: &Case) -> std::io::Result<Answer> {
-    tokio::time::timeout(REQUEST_TIMEOUT, exchange(addr, case))
+    send_with(addr, case, None).await
+}
+
+/// Like [`send`], with an `Authorization` header of these bytes.
+pub async fn send_with(
+    addr: SocketAddr,
+    case: &Case,
+    authorization: Option<&[u8]>,
+) -> std::io::Result<Answer> {
+    tokio::time::timeout(REQUEST_TIMEOUT, exchange(addr, case, authorization))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))?
 }
 
-async fn exchange(addr: SocketAddr, case: &Case) -> std::io::Result<Answer> {
+async fn exchange(
+    addr: SocketAddr,
+    case: &Case,
+    authorization: Option<&[u8]>,
+) -> std::io::Result<Answer> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let mut head = format!(
         "{} {} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n",
         case.method, case.target
-    );
+    )
+    .into_bytes();
+    if let Some(a) = authorization {
+        // Sent as given, bytes that are not UTF-8 included.
+        head.extend_from_slice(b"Authorization: ");
+        head.extend_from_slice(a);
+        head.extend_from_slice(b"\r\n");
+    }
     match &case.body {
         Body::None => {}
-        Body::Sized(b) => head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            b.len()
-        )),
-        Body::Chunked(_) => {
-            head.push_str("Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n")
-        }
+        Body::Sized(b) => head.extend_from_slice(
+            format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            )
+            .as_bytes(),
+        ),
+        Body::Chunked(_) => head
+            .extend_from_slice(b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"),
     }
-    head.push_str("\r\n");
+    head.extend_from_slice(b"\r\n");
     // The server may answer (413) and close before the body is all sent: a failed write is
     // fine as long as the answer can be read.
     let written = async {
-        s.write_all(head.as_bytes()).await?;
+        s.write_all(&head).await?;
         match &case.body {
             Body::None => {}
             Body::Sized(b) => s.write_all(b).await?,

@@ -8,9 +8,11 @@
 use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
 
+pub(crate) mod tls;
 mod watch;
+
+pub(crate) use watch::open;
 
 use watch::{Liveness, WatchedConnect, targets};
 
@@ -145,7 +147,7 @@ pub(crate) async fn answers(pool: &Pool, within: std::time::Duration) -> bool {
 pub(crate) async fn connect(
     database_url: &str,
 ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await?;
+    let (client, conn) = open(database_url).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::warn!(error = %e, "migration connection ended");

@@ -24,6 +24,39 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
 
+use super::tls::{Secured, negotiate};
+
+/// A connection outside the pool (and its watch), over TLS when the URL's `sslmode` asks for
+/// it (see [`super::tls`]): the first of the URL's hosts that accepts it.
+pub(crate) async fn open(
+    database_url: &str,
+) -> Result<
+    (
+        tokio_postgres::Client,
+        tokio_postgres::Connection<Secured<Socket>, tokio_postgres::tls::NoTlsStream>,
+    ),
+    tokio_postgres::Error,
+> {
+    let pg: tokio_postgres::Config = database_url.parse()?;
+    let mut last_error = io::Error::other("no database host to connect to");
+    for target in targets(&pg) {
+        match target.secured(pg.get_ssl_mode()).await {
+            Ok(stream) => return in_the_clear(&pg).connect_raw(stream, NoTls).await,
+            Err(e) => last_error = e,
+        }
+    }
+    Err(io_error(last_error)
+        .await
+        .expect("a failing stream cannot connect"))
+}
+
+/// The configuration to hand tokio-postgres once TLS, if any, is set up below it.
+fn in_the_clear(pg: &tokio_postgres::Config) -> tokio_postgres::Config {
+    let mut pg = pg.clone();
+    pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    pg
+}
+
 /// How long a request may wait for the first byte of its answer before the database is
 /// probed. Short, because the probe (not this) decides whether to give up.
 pub(crate) const SILENCE: Duration = Duration::from_secs(1);
@@ -66,7 +99,7 @@ pub(super) fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
 }
 
 /// A byte stream to the server, TCP or Unix.
-enum Socket {
+pub(crate) enum Socket {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
 }
@@ -92,6 +125,15 @@ impl Target {
                         .map_err(|_| timed_out())??;
                 Ok(Socket::Unix(s))
             }
+        }
+    }
+
+    /// Opens a connection and sets up TLS on it as `mode` asks (never on Unix sockets).
+    async fn secured(&self, mode: tokio_postgres::config::SslMode) -> io::Result<Secured<Socket>> {
+        let socket = self.open().await?;
+        match self {
+            Target::Tcp(host, _) => negotiate(socket, mode, host).await,
+            Target::Unix(_) => Ok(Secured::Plain(socket)),
         }
     }
 
@@ -200,6 +242,31 @@ impl Liveness {
         verdict
     }
 
+    /// Opens a connection to `target` with TLS as `mode` asks. The TLS request is answered
+    /// before any authentication, so a server silent for [`SILENCE`] is probed, as a request
+    /// of a watched stream would be: a silent server fails the connection, a slow one is
+    /// waited for.
+    async fn secured(
+        &self,
+        target: &Target,
+        mode: tokio_postgres::config::SslMode,
+    ) -> io::Result<Secured<Socket>> {
+        let negotiation = target.secured(mode);
+        tokio::pin!(negotiation);
+        loop {
+            match tokio::time::timeout(SILENCE, &mut negotiation).await {
+                Ok(secured) => return secured,
+                Err(_) if !self.check(target).await => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the database does not answer",
+                    ));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
     /// While the database is down: whether a recent probe found it back. Never waits, so
     /// that requests during an outage are refused at once: when the last verdict is stale it
     /// starts a probe in the background and answers no; a later attempt sees the verdict.
@@ -258,7 +325,8 @@ impl deadpool_postgres::Connect for WatchedConnect {
                         io::Error::new(io::ErrorKind::TimedOut, "the database does not answer");
                     continue;
                 }
-                let socket = match target.open().await {
+                let mode = pg_config.get_ssl_mode();
+                let socket = match self.liveness.secured(target, mode).await {
                     Ok(s) => s,
                     Err(e) => {
                         last_error = e;
@@ -266,7 +334,8 @@ impl deadpool_postgres::Connect for WatchedConnect {
                     }
                 };
                 let stream = Watched::new(socket, target.clone(), self.liveness.clone());
-                let (client, connection) = pg_config.connect_raw(stream, NoTls).await?;
+                let (client, connection) =
+                    in_the_clear(&pg_config).connect_raw(stream, NoTls).await?;
                 let task = tokio::spawn(async move {
                     if let Err(e) = connection.await {
                         tracing::warn!(error = %e, "database connection ended");

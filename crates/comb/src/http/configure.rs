@@ -27,9 +27,11 @@ pub(crate) struct ConfigureOut {
 /// Creates the queue if needed and merges the given options into those already set.
 pub(crate) async fn configure(
     AxState(app): AxState<State>,
+    principal: Option<axum::Extension<crate::auth::Principal>>,
     JsonBody(body): JsonBody<ConfigureIn>,
 ) -> Result<axum::Json<ConfigureOut>, Problem> {
     validate_queue_name(&body.queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
+    super::guard::check_queues(principal.as_deref(), std::iter::once(body.queue.as_str()))?;
     for (what, v) in [("namespace", &body.namespace), ("task", &body.task)] {
         if let Some(v) = v
             && (v.len() > 255 || v.chars().any(char::is_control))

@@ -4,6 +4,7 @@ mod ack;
 mod body;
 mod configure;
 mod dlq;
+mod guard;
 mod health;
 mod lease;
 /// Caps on connections and waiting pops.
@@ -16,6 +17,8 @@ mod problem;
 mod push;
 /// Queue resources (deletion) and the catalog notification channel.
 pub(crate) mod queues;
+/// HTTPS on the listener.
+pub(crate) mod tls;
 mod transaction;
 
 use std::sync::Arc;
@@ -58,6 +61,8 @@ pub(crate) struct App {
     pub(crate) durations: Vec<crate::metrics::Durations>,
     /// Keys that open the payloads of queues with `encryptionEnabled` (pushes seal them).
     pub(crate) keys: Arc<crate::encryption::Keys>,
+    /// Token verification, when tokens are required (see [`crate::auth`]).
+    pub(crate) auth: Option<Arc<crate::auth::Auth>>,
 }
 
 impl App {
@@ -146,7 +151,7 @@ pub(crate) fn router(state: State) -> Router {
         );
         router = router.route(path, handler.route_layer(timed));
     }
-    router
+    router = router
         .fallback(|| async { Problem::not_found("route_not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -154,6 +159,11 @@ pub(crate) fn router(state: State) -> Router {
                 "method_not_allowed",
                 "this route does not accept that method",
             )
-        })
-        .with_state(state)
+        });
+    if let Some(auth) = state.auth.clone() {
+        router = router.layer(axum::middleware::from_fn(move |request, next| {
+            guard::guard(auth.clone(), request, next)
+        }));
+    }
+    router.with_state(state)
 }

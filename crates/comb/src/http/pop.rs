@@ -52,12 +52,14 @@ pub(crate) async fn pop_partition(
 /// Pop with options in a JSON body, for clients that must not send state-changing GETs.
 pub(crate) async fn pop_body(
     AxState(app): AxState<State>,
+    principal: Option<axum::Extension<crate::auth::Principal>>,
     JsonBody(body): JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Response, Problem> {
     let params = Params::Json(body);
     let queue = params
         .text("queue")?
         .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
+    super::guard::check_queues(principal.as_deref(), std::iter::once(queue.as_str()))?;
     let partition = params.text("partition")?;
     let req = parse(&app, queue, partition, &params)?;
     serve(&app, req).await
@@ -176,6 +178,9 @@ struct MessageOut<'a> {
     id: Uuid,
     transaction_id: &'a str,
     trace_id: Option<&'a str>,
+    /// Who pushed the message (its token's subject), when tokens were required.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer_sub: Option<&'a str>,
     data: Box<RawValue>,
     created_at: String,
     partition_id: Uuid,
@@ -194,6 +199,7 @@ fn respond(app: &State, req: &PopRequest, claims: Vec<Claim>) -> Result<Response
                 id: m.message_id,
                 transaction_id: &m.transaction_id,
                 trace_id: m.trace_id.as_deref(),
+                producer_sub: m.producer_sub.as_deref(),
                 data: app
                     .keys
                     .open_json(&m.payload)

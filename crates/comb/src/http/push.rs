@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 
+use axum::Extension;
 use axum::extract::State as AxState;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -11,6 +12,7 @@ use uuid::Uuid;
 
 use super::body::{LimitedBody, parse_json};
 use super::{Problem, State};
+use crate::auth::Principal;
 use crate::push::{NewMessage, Stored, TransactionId};
 use crate::queue::{validate_partition_name, validate_queue_name};
 
@@ -93,8 +95,10 @@ pub(super) struct PushResult<'a> {
 /// Stores a batch of messages and answers only after they are committed.
 pub(crate) async fn push(
     AxState(app): AxState<State>,
+    principal: Option<Extension<Principal>>,
     LimitedBody(bytes): LimitedBody,
 ) -> Result<Response, Problem> {
+    let principal = principal.map(|p| p.0);
     let items = parse_json::<PushBody>(&bytes)?.items;
     if items.is_empty() {
         // Queen answers a push of nothing with an empty list; its clients rely on it.
@@ -105,8 +109,9 @@ pub(crate) async fn push(
         )
             .into_response());
     }
-    validate(&items, app.config.max_batch)?;
-    let pushed = app.pusher.push(into_items(items), &bytes).await?;
+    validate(&items, app.config.max_batch, principal.as_ref())?;
+    let sub = principal.and_then(|p| p.sub);
+    let pushed = app.pusher.push(into_items(items), &bytes, sub).await?;
     Ok((
         StatusCode::CREATED,
         [(header::CONTENT_TYPE, "application/json")],
@@ -195,7 +200,12 @@ pub(super) fn results<'a>(messages: &'a [NewMessage], stored: &[Stored]) -> Vec<
 }
 
 /// Checks every item before anything is stored, so one bad item fails only its own request.
-pub(super) fn validate(items: &[PushItem<'_>], max_batch: usize) -> Result<(), Problem> {
+/// A token limited to some queues may push only to those.
+pub(super) fn validate(
+    items: &[PushItem<'_>],
+    max_batch: usize,
+    principal: Option<&Principal>,
+) -> Result<(), Problem> {
     if items.is_empty() {
         return Err(Problem::bad_request(
             "items_empty",
@@ -241,7 +251,7 @@ pub(super) fn validate(items: &[PushItem<'_>], max_batch: usize) -> Result<(), P
             ));
         }
     }
-    Ok(())
+    super::guard::check_queues(principal, items.iter().map(|i| &*i.queue))
 }
 
 #[cfg(test)]

@@ -84,8 +84,10 @@ enum Slot {
 /// Validates every operation, then runs them all in one PostgreSQL transaction.
 pub(crate) async fn transaction(
     AxState(app): AxState<State>,
+    principal: Option<axum::Extension<crate::auth::Principal>>,
     LimitedBody(bytes): LimitedBody,
 ) -> Result<axum::response::Response, Problem> {
+    let principal = principal.map(|p| p.0);
     let body: TransactionIn = parse_json(&bytes)?;
     if body.operations.is_empty() {
         return Err(Problem::bad_request(
@@ -128,12 +130,17 @@ pub(crate) async fn transaction(
         ));
     }
     if !push_items.is_empty() {
-        super::push::validate(&push_items, max)?;
+        super::push::validate(&push_items, max, principal.as_ref())?;
     }
     let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
     let committed = app
         .transactions
-        .commit(&acks, into_items(push_items), &bytes)
+        .commit(
+            &acks,
+            into_items(push_items),
+            &bytes,
+            principal.and_then(|p| p.sub),
+        )
         .await?;
     let (ack_outcomes, messages, stored) = (committed.acks, committed.messages, committed.stored);
 

@@ -81,6 +81,8 @@ pub(crate) struct Delivered {
     pub(crate) message_id: Uuid,
     pub(crate) transaction_id: String,
     pub(crate) trace_id: Option<String>,
+    /// The subject of the token the message was pushed with.
+    pub(crate) producer_sub: Option<String>,
     pub(crate) payload: Vec<u8>,
     pub(crate) created_at: DateTime<Utc>,
     /// 1 for the first delivery, then one more per failed attempt.
@@ -216,12 +218,13 @@ st AS MATERIALIZED (
 ),
 {picked} AS MATERIALIZED (
     SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
-           m.created_at,
+           m.created_at, m.producer_sub,
            1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
     FROM st
     CROSS JOIN q
     CROSS JOIN LATERAL (
-        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
         FROM comb.messages m
         WHERE m.partition_id = st.partition_id
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
@@ -263,7 +266,8 @@ leased AS MATERIALIZED (
     JOIN st ON st.partition_id = cl.partition_id
 )
 SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
-       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
+       m.producer_sub
 FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id",
         insert_state = crate::cursor::insert_state!(),
@@ -634,6 +638,7 @@ fn claims_from_rows(rows: &[tokio_postgres::Row]) -> Vec<Claim> {
             payload: r.get(8),
             created_at: r.get(9),
             attempt: r.get(10),
+            producer_sub: r.get(11),
         });
     }
     let mut claims: Vec<Claim> = by_partition.into_values().collect();

@@ -82,10 +82,16 @@ impl Pusher {
     }
 
     /// Stores `items` and answers only after they are committed. `body` holds the bytes the
-    /// items were decoded from: payloads stay slices of it.
-    pub(crate) async fn push(&self, items: Vec<Item<'_>>, body: &Bytes) -> Result<Pushed, Refusal> {
+    /// items were decoded from: payloads stay slices of it. `producer_sub` is the subject of
+    /// the pusher's verified token, stamped on every message.
+    pub(crate) async fn push(
+        &self,
+        items: Vec<Item<'_>>,
+        body: &Bytes,
+        producer_sub: Option<Arc<str>>,
+    ) -> Result<Pushed, Refusal> {
         self.check_capacity(&items).await?;
-        let messages = self.resolve(items, body).await?;
+        let messages = self.resolve(items, body, producer_sub).await?;
         let pushed = self.store(messages).await?;
         self.record(&pushed.stored);
         Ok(pushed)
@@ -141,11 +147,13 @@ impl Pusher {
     /// Turns queue and partition names into ids, creating what does not exist yet. Each
     /// distinct (queue, partition) of the request is resolved once: a batch usually names a
     /// few partitions many times, and every look-up of the catalog hashes and copies its
-    /// names. Payloads stay slices of `body`, the bytes the items were decoded from.
+    /// names. Payloads stay slices of `body`, the bytes the items were decoded from. Every
+    /// message is stamped with `producer_sub` (what the body says plays no part).
     pub(crate) async fn resolve(
         &self,
         items: Vec<Item<'_>>,
         body: &Bytes,
+        producer_sub: Option<Arc<str>>,
     ) -> Result<Vec<NewMessage>, Refusal> {
         let mut target_of: HashMap<(&str, &str), usize> = HashMap::new();
         let mut targets: Vec<(&str, &str)> = Vec::new();
@@ -214,6 +222,7 @@ impl Pusher {
                 client_transaction_id: item.transaction_id.map(Cow::into_owned),
                 message_id: Uuid::now_v7(),
                 trace_id: item.trace_id.map(Cow::into_owned),
+                producer_sub: producer_sub.clone(),
                 payload,
             });
         }

@@ -50,6 +50,8 @@ pub(crate) struct NewMessage {
     pub(crate) client_transaction_id: Option<String>,
     pub(crate) message_id: Uuid,
     pub(crate) trace_id: Option<String>,
+    /// The subject of the token the message was pushed with, when tokens are required.
+    pub(crate) producer_sub: Option<Arc<str>>,
     /// The payload's JSON text: a slice of the request body, never copied on the way in.
     pub(crate) payload: Bytes,
 }
@@ -151,8 +153,10 @@ const LOCK_SQL: &str =
 const INSERT_SQL: &str = concat!(
     "
 WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::bytea[], $6::bool[])
-        WITH ORDINALITY AS t(partition_id, transaction_id, message_id, trace_id, payload, check_dup, ord)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::bytea[], $6::bool[],
+                         $7::text[])
+        WITH ORDINALITY AS t(partition_id, transaction_id, message_id, trace_id, payload, check_dup,
+                             producer_sub, ord)
 ),
 prior AS (
     SELECT i.ord, m.message_id
@@ -178,9 +182,10 @@ heads AS (
 ),
 stored AS (
     INSERT INTO comb.messages
-        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
+        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+         producer_sub)
     SELECT f.partition_id, h.pos + f.rn, s.seg, f.message_id, f.transaction_id,
-           f.trace_id, f.payload, statement_timestamp()
+           f.trace_id, f.payload, statement_timestamp(), f.producer_sub
     FROM fresh f
     JOIN heads h ON h.partition_id = f.partition_id
     CROSS JOIN segment s
@@ -197,15 +202,18 @@ ORDER BY i.ord"
 /// message: positions `head + rank` with each item's rank in its partition computed by the
 /// broker, no duplicate check, nothing returned. Partitions deleted before the lock are not
 /// in `comb.partitions` any more, so their items are left out; the lock statement's rows tell
-/// which partitions were stored into.
+/// which partitions were stored into. Producers' subjects (`$8`) are sent only when some
+/// message has one: a missing array pads the column with NULLs at no cost per row.
 const APPEND_SQL: &str = concat!(
     "
 INSERT INTO comb.messages
-    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
 SELECT i.partition_id, h.pos + i.rank, s.seg, i.message_id, i.transaction_id, i.trace_id,
-       i.payload, statement_timestamp()
-FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::bytea[])
-    AS i(partition_id, rank, message_id, transaction_id, trace_id, payload)
+       i.payload, statement_timestamp(), i.producer_sub
+FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::bytea[],
+            $8::text[])
+    AS i(partition_id, rank, message_id, transaction_id, trace_id, payload, producer_sub)
 JOIN (
     SELECT p.id, ",
     head_pos!("p.id"),
@@ -232,10 +240,19 @@ const COPY_SQL: &str = "COPY comb.messages
     (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
     FROM STDIN (FORMAT binary)";
 
+/// [`COPY_SQL`] with the producers' subjects, for batches where some message has one: the
+/// batches of servers without tokens copy exactly what they did before.
+const COPY_WITH_SUB_SQL: &str = "COPY comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
+    FROM STDIN (FORMAT binary)";
+
 /// Rows in PostgreSQL's binary `COPY` format for `COPY_SQL`, encoded straight into one
 /// buffer: one pass over the batch, no future or dynamic dispatch per field.
 struct CopyRows {
     buf: BytesMut,
+    /// Whether rows carry the producer's subject ([`COPY_WITH_SUB_SQL`]).
+    with_sub: bool,
 }
 
 /// Encoded rows are handed to the connection in pieces of about this size, so a batch of
@@ -252,18 +269,18 @@ fn copy_time(at: DateTime<Utc>) -> i64 {
 
 impl CopyRows {
     /// The signature, no flags, no header extension.
-    fn new(rows: usize) -> CopyRows {
+    fn new(rows: usize, with_sub: bool) -> CopyRows {
         let mut buf = BytesMut::with_capacity((19 + rows * 160).min(COPY_CHUNK));
         buf.put_slice(b"PGCOPY\n\xff\r\n\0");
         buf.put_i32(0);
         buf.put_i32(0);
-        CopyRows { buf }
+        CopyRows { buf, with_sub }
     }
 
     /// One message at `pos` of segment `seg`, stamped `at` (see [`copy_time`]).
     fn row(&mut self, m: &NewMessage, pos: i64, seg: i32, at: i64) {
         let b = &mut self.buf;
-        b.put_i16(8);
+        b.put_i16(if self.with_sub { 9 } else { 8 });
         b.put_i32(16);
         b.put_slice(m.partition_id.as_bytes());
         b.put_i32(8);
@@ -280,6 +297,12 @@ impl CopyRows {
         Self::text(b, &m.payload);
         b.put_i32(8);
         b.put_i64(at);
+        if self.with_sub {
+            match &m.producer_sub {
+                Some(s) => Self::text(b, s.as_bytes()),
+                None => b.put_i32(-1),
+            }
+        }
     }
 
     fn text(b: &mut BytesMut, bytes: &[u8]) {
@@ -483,6 +506,14 @@ impl<'a> Plan<'a> {
             .any(|&i| self.all[i].client_transaction_id.is_some())
     }
 
+    /// Producers' subjects, one per message sent, or `None` when no message has one.
+    fn producer_subs(&self) -> Option<Vec<Option<&str>>> {
+        let sent = || self.sent.iter().map(|&i| self.all[i]);
+        sent()
+            .any(|m| m.producer_sub.is_some())
+            .then(|| sent().map(|m| m.producer_sub.as_deref()).collect())
+    }
+
     /// Whether the batch is big enough, and free of duplicate checks, to be copied in.
     fn copies(&self) -> bool {
         self.sent.len() >= COPY_MIN_ROWS && !self.checks_duplicates()
@@ -494,7 +525,17 @@ impl<'a> Plan<'a> {
     async fn copy(&self, client: &deadpool_postgres::Client) -> Result<Vec<Stored>, DbError> {
         let lock = client.prepare_cached(LOCK_SQL).await?;
         let heads = client.prepare_cached(HEADS_SQL).await?;
-        let copy = client.prepare_cached(COPY_SQL).await?;
+        let with_sub = self
+            .sent
+            .iter()
+            .any(|&i| self.all[i].producer_sub.is_some());
+        let copy = client
+            .prepare_cached(if with_sub {
+                COPY_WITH_SUB_SQL
+            } else {
+                COPY_SQL
+            })
+            .await?;
         let pg: &tokio_postgres::Client = client;
         let params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
         let (begin, locked, heads, sink) = tokio::join!(
@@ -519,7 +560,7 @@ impl<'a> Plan<'a> {
             (seg, at) = (row.get(2), Some(row.get(3)));
         }
         let at = at.map_or(0, copy_time);
-        let mut rows = CopyRows::new(self.sent.len());
+        let mut rows = CopyRows::new(self.sent.len(), with_sub);
         pin_mut!(sink);
         for m in self.sent.iter().map(|&i| self.all[i]) {
             let Some(pos) = next.get_mut(&m.partition_id) else {
@@ -596,7 +637,8 @@ impl<'a> Plan<'a> {
         let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
         let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
         let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
-        let params: [&(dyn ToSql + Sync); 7] = [
+        let subs = self.producer_subs();
+        let params: [&(dyn ToSql + Sync); 8] = [
             &partition_ids,
             &rank,
             &message_ids,
@@ -604,6 +646,7 @@ impl<'a> Plan<'a> {
             &trace_ids,
             &payloads,
             &self.lock_ids,
+            &subs,
         ];
         Ok(client.execute(insert, &params).await?)
     }
@@ -621,13 +664,15 @@ impl<'a> Plan<'a> {
         let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
         let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
         let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
-        let params: [&(dyn ToSql + Sync); 6] = [
+        let subs = self.producer_subs();
+        let params: [&(dyn ToSql + Sync); 7] = [
             &partition_ids,
             &txids,
             &message_ids,
             &trace_ids,
             &payloads,
             &check,
+            &subs,
         ];
         Ok(client.query(insert, &params).await?)
     }

@@ -58,6 +58,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "queen_options",
         sql: include_str!("migrations/0008_queen_options.sql"),
     },
+    Migration {
+        version: 9,
+        name: "producer_sub",
+        sql: include_str!("migrations/0009_producer_sub.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

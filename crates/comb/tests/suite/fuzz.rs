@@ -19,3 +19,25 @@ async fn no_request_gets_a_5xx_an_unclear_error_or_stores_anything_when_refused(
     assert!(report.cases > 1_500);
     assert!(report.findings.is_empty(), "{}", report.summary());
 }
+
+/// The same with bearer tokens required: most cases carry a valid token, the others a broken
+/// one (expired, wrong key, `alg: none`, tampered, not UTF-8…), which must get 401 and change
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_required_broken_ones_get_401_and_nothing_gets_a_5xx() {
+    let url = tokio::task::spawn_blocking(|| Postgres::shared().create_database("fuzz"))
+        .await
+        .unwrap()
+        .expect("database");
+    let report = comb_audit::fuzz::against_new_server_with_tokens(common::comb_bin(), &url, 800, 2)
+        .await
+        .expect("fuzz runs");
+    println!("{}", report.summary());
+    assert!(report.cases > 800);
+    assert!(
+        report.statuses.get(&401).copied().unwrap_or(0) > 50,
+        "{}",
+        report.summary()
+    );
+    assert!(report.findings.is_empty(), "{}", report.summary());
+}

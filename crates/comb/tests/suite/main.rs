@@ -13,6 +13,7 @@
 
 mod common;
 
+mod auth;
 mod claim_plans;
 mod consumer_groups;
 mod errors;
@@ -35,4 +36,5 @@ mod retention;
 mod retries;
 mod routes;
 mod shutdown;
+mod tls;
 mod transactions;

@@ -9,6 +9,25 @@ use comb_harness::{Postgres, Server};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// With this variable set (to anything), every server these tests start requires bearer
+/// tokens and every request of [`client`] carries an administrator's, so that any suite can
+/// show that tokens of the right role pass all of it:
+/// `COMB_TESTS_WITH_TOKENS=1 cargo test -p comb --test suite routes::`.
+pub const WITH_TOKENS: &str = "COMB_TESTS_WITH_TOKENS";
+
+/// The HS256 secret of servers started under [`WITH_TOKENS`].
+pub const TOKENS_SECRET: &str = "comb-tests-secret-of-more-than-32-bytes";
+
+/// `args` with the flags requiring tokens first, under [`WITH_TOKENS`].
+fn with_token_flags(args: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    if std::env::var_os(WITH_TOKENS).is_some() {
+        out.extend(["--jwt-enabled", "--jwt-secret", TOKENS_SECRET].map(String::from));
+    }
+    out.extend(args.iter().map(|s| s.to_string()));
+    out
+}
+
 /// A server on its own fresh database.
 pub struct Env {
     pub server: Server,
@@ -36,7 +55,7 @@ impl Env {
     /// Same, with extra `comb serve` flags and environment variables (for configuration read
     /// only from the environment, such as encryption keys).
     pub async fn start_with_env(args: &[&str], vars: &[(&str, &str)]) -> Env {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let args = with_token_flags(args);
         let vars: Vec<(String, String)> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -62,10 +81,7 @@ impl Env {
 
     /// Another server on the same database.
     pub async fn second_server(&self) -> Server {
-        let url = self.db_url.clone();
-        tokio::task::spawn_blocking(move || Server::start(comb_bin(), &url, &[]).unwrap())
-            .await
-            .unwrap()
+        self.second_server_with(&[]).await
     }
 
     /// Another server on the same database, with extra environment variables.
@@ -86,7 +102,7 @@ impl Env {
     /// Another server on the same database, with extra `comb serve` flags.
     pub async fn second_server_with(&self, args: &[&str]) -> Server {
         let url = self.db_url.clone();
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let args = with_token_flags(args);
         tokio::task::spawn_blocking(move || {
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
             Server::start(comb_bin(), &url, &argv).unwrap()
@@ -318,8 +334,23 @@ pub async fn get_url(http: &reqwest::Client, url: &str) -> (StatusCode, Value) {
 
 /// An HTTP client with its own connection pool.
 pub fn client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if std::env::var_os(WITH_TOKENS).is_some() {
+        let claims = serde_json::json!({"sub": "tests", "role": "admin", "exp": 4_102_444_800u64});
+        let token = jsonwebtoken::encode(
+            &jsonwebtoken::Header::default(),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(TOKENS_SECRET.as_bytes()),
+        )
+        .unwrap();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+    }
     reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
+        .default_headers(headers)
         .build()
         .unwrap()
 }

@@ -1,0 +1,348 @@
+//! TLS: HTTPS on the listener with a certificate reloaded on SIGHUP, and connections to a
+//! PostgreSQL that serves TLS, as `sslmode` and `COMB_DATABASE_CA_FILE` ask. Certificates
+//! are made by the tests (rcgen).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use comb_harness::{Postgres, Server};
+
+use crate::common;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use reqwest::StatusCode;
+use serde_json::json;
+
+/// A certificate authority and a certificate it signed for 127.0.0.1 and localhost.
+struct Identity {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
+}
+
+fn identity() -> Identity {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    Identity {
+        ca_pem: ca.pem(),
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A `comb serve` with HTTPS, killed when dropped.
+struct HttpsServer {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for HttpsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl HttpsServer {
+    fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+}
+
+/// A client trusting only `ca_pem`, with no connection kept between requests.
+fn client_trusting(ca_pem: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
+        .tls_built_in_root_certs(false)
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// Polls `GET /health` with a client trusting `ca_pem` until it answers 200, up to 30 s.
+async fn until_healthy(server: &HttpsServer, ca_pem: &str) {
+    for _ in 0..300 {
+        if let Ok(r) = client_trusting(ca_pem)
+            .get(server.url("/health"))
+            .send()
+            .await
+            && r.status() == StatusCode::OK
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no HTTPS answer; log:\n{}", server.log());
+}
+
+#[tokio::test]
+async fn https_serves_the_api_and_takes_a_new_certificate_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = identity();
+    let cert = write(dir.path(), "cert.pem", &first.cert_pem);
+    let key = write(dir.path(), "key.pem", &first.key_pem);
+    let db = tokio::task::spawn_blocking(|| Postgres::shared().create_database("tls"))
+        .await
+        .unwrap()
+        .unwrap();
+    let port = comb_harness::free_port();
+    let log = dir.path().join("comb.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(common::comb_bin())
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .env("DATABASE_URL", &db)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let server = HttpsServer { child, port, log };
+    until_healthy(&server, &first.ca_pem).await;
+
+    // The API over HTTPS.
+    let http = client_trusting(&first.ca_pem);
+    let r = http
+        .post(server.url("/api/v1/push"))
+        .json(&json!({"items": [{"queue": "q", "payload": 1}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    // Plain HTTP on the same port gets no answer.
+    let plain = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/health"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(plain.is_err(), "plain HTTP answered: {plain:?}");
+
+    // Renewal: new files, then SIGHUP.
+    let second = identity();
+    write(dir.path(), "cert.pem", &second.cert_pem);
+    write(dir.path(), "key.pem", &second.key_pem);
+    server.signal("HUP");
+    until_healthy(&server, &second.ca_pem).await;
+    assert!(
+        client_trusting(&first.ca_pem)
+            .get(server.url("/health"))
+            .send()
+            .await
+            .is_err(),
+        "the old certificate is still served"
+    );
+
+    // A broken renewal keeps the certificate in use.
+    write(dir.path(), "cert.pem", "not a certificate");
+    server.signal("HUP");
+    for _ in 0..300 {
+        if server.log().contains("TLS certificate not reloaded") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(server.log().contains("TLS certificate not reloaded"));
+    let r = client_trusting(&second.ca_pem)
+        .get(server.url("/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_key_that_does_not_match_stops_the_server_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (identity(), identity());
+    let cert = write(dir.path(), "cert.pem", &a.cert_pem);
+    let key = write(dir.path(), "key.pem", &b.key_pem);
+    let db = tokio::task::spawn_blocking(|| Postgres::shared().create_database("tls"))
+        .await
+        .unwrap()
+        .unwrap();
+    let out = Command::new(common::comb_bin())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .env("DATABASE_URL", &db)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TLS identity"), "{err}");
+}
+
+/// Starts a server on `url` with `env`, in a blocking task.
+async fn server_on(url: String, env: Vec<(&'static str, String)>) -> std::io::Result<Server> {
+    tokio::task::spawn_blocking(move || {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Server::start_with_env(common::comb_bin(), &url, &[], &env)
+    })
+    .await
+    .unwrap()
+}
+
+/// Pushes and pops one message through `server`.
+async fn round_trip(server: &Server) {
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{}/api/v1/push", server.base_url()))
+        .json(&json!({"items": [{"queue": "q", "payload": {"n": 1}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = http
+        .get(format!(
+            "{}/api/v1/pop/queue/q?autoAck=true",
+            server.base_url()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn database_connections_follow_sslmode() {
+    // A cluster serving TLS with a certificate of our own authority.
+    let dir = tempfile::Builder::new()
+        .prefix("combtls")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let id = identity();
+    let cert = write(dir.path(), "server.crt", &id.cert_pem);
+    let key = write(dir.path(), "server.key", &id.key_pem);
+    let ca = write(dir.path(), "ca.pem", &id.ca_pem);
+    let other_ca = write(dir.path(), "other-ca.pem", &identity().ca_pem);
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    // The cluster runs as `postgres` when the tests run as root: its files must be its own.
+    if Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        .trim_ascii()
+        == b"0"
+    {
+        let ok = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+    let pg = tokio::task::spawn_blocking(move || {
+        Postgres::start_with(&[
+            ("ssl", "on"),
+            ("ssl_cert_file", &cert_s),
+            ("ssl_key_file", &key_s),
+        ])
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    let db = pg.create_database("tls").unwrap();
+    let name = db.rsplit('/').next().unwrap().to_string();
+    // Whether every connection of `app` is encrypted (and there is at least one).
+    let encrypted = |app: &str| {
+        pg.psql(
+            &name,
+            &format!(
+                "SELECT count(*) > 0 AND bool_and(s.ssl) FROM pg_stat_activity a \
+                 JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = '{app}'"
+            ),
+        )
+        .unwrap()
+    };
+
+    for (mode, app, want) in [
+        ("require", "comb_require", "t"),
+        ("prefer", "comb_prefer", "t"),
+        ("disable", "comb_disable", "f"),
+    ] {
+        let url = format!("{db}?sslmode={mode}&application_name={app}");
+        let server = server_on(url, vec![]).await.expect(mode);
+        round_trip(&server).await;
+        assert_eq!(encrypted(app), want, "sslmode={mode}");
+    }
+    // No sslmode at all: prefer.
+    let server = server_on(format!("{db}?application_name=comb_default"), vec![])
+        .await
+        .unwrap();
+    round_trip(&server).await;
+    assert_eq!(encrypted("comb_default"), "t");
+
+    // With a certificate authority, the server's certificate is verified.
+    let url = format!("{db}?sslmode=require&application_name=comb_verified");
+    let server = server_on(
+        url.clone(),
+        vec![("COMB_DATABASE_CA_FILE", ca.display().to_string())],
+    )
+    .await
+    .unwrap();
+    round_trip(&server).await;
+    assert_eq!(encrypted("comb_verified"), "t");
+    let refused = server_on(
+        url,
+        vec![("COMB_DATABASE_CA_FILE", other_ca.display().to_string())],
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "a certificate of another authority was accepted"
+    );
+}
+
+#[tokio::test]
+async fn sslmode_disable_and_require_against_a_cluster_without_tls() {
+    let db = tokio::task::spawn_blocking(|| Postgres::shared().create_database("tls"))
+        .await
+        .unwrap()
+        .unwrap();
+    let server = server_on(format!("{db}?sslmode=disable"), vec![])
+        .await
+        .unwrap();
+    round_trip(&server).await;
+    let refused = server_on(format!("{db}?sslmode=require"), vec![]).await;
+    let e = refused
+        .err()
+        .expect("require without TLS on the server")
+        .to_string();
+    assert!(e.contains("TLS"), "{e}");
+}
