@@ -309,6 +309,18 @@ impl Env {
     }
 }
 
+impl Drop for Env {
+    /// Stops the server and drops the test's database: the suite's tests share one cluster
+    /// for the whole run, whose disk would otherwise hold every test's data until the end.
+    fn drop(&mut self) {
+        self.server.kill();
+        let _ = Postgres::shared().psql(
+            "postgres",
+            &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.db_name),
+        );
+    }
+}
+
 /// Sends a request head (and no body) over a raw socket and reads the answer: the status and
 /// the body. For answers given from the head alone, such as a too-large `Content-Length`.
 pub fn raw_head_only(addr: std::net::SocketAddr, head: &str) -> (u16, Value) {
