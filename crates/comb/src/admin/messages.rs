@@ -78,7 +78,7 @@ const STATUS: &str = "CASE
 const MESSAGE_JSON: &str = "jsonb_build_object(
     'id', m.message_id, 'messageId', m.message_id, 'transactionId', m.transaction_id,
     'partitionId', m.partition_id, 'partition', p.name, 'queue', p.queue,
-    'traceId', m.trace_id, 'data', convert_from(m.payload, 'UTF8')::jsonb,
+    'traceId', m.trace_id, 'data', comb.payload_json(m.payload),
     'createdAt', comb.iso(m.created_at), 'position', m.pos)";
 
 /// `GET /api/v1/messages`.

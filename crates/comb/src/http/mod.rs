@@ -327,10 +327,33 @@ pub(crate) fn router(state: State) -> Router {
                 "this route does not accept that method",
             )
         });
+    router = router.layer(axum::middleware::from_fn(refuse_nul_in_query));
     if let Some(auth) = state.auth.clone() {
         router = router.layer(axum::middleware::from_fn(move |request, next| {
             guard::guard(auth.clone(), request, next)
         }));
     }
     router.with_state(state)
+}
+
+/// Refuses a query string carrying a NUL byte (`%00`) on every route: no name, id or filter
+/// may hold one, and PostgreSQL text cannot.
+async fn refuse_nul_in_query(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let nul = request.uri().query().is_some_and(|q| {
+        q.as_bytes()
+            .windows(3)
+            .any(|w| w.eq_ignore_ascii_case(b"%00"))
+    });
+    if nul {
+        return Problem::bad_request(
+            "parameter_invalid",
+            "query parameters may not contain a NUL byte (%00)",
+        )
+        .into_response();
+    }
+    next.run(request).await
 }

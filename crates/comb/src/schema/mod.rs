@@ -68,6 +68,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "administration",
         sql: include_str!("migrations/0010_administration.sql"),
     },
+    Migration {
+        version: 11,
+        name: "payload_json",
+        sql: include_str!("migrations/0011_payload_json.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
