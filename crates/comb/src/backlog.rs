@@ -38,12 +38,42 @@ FROM cursors c JOIN heads h ON h.id = c.partition_id JOIN comb.queues q ON q.id 
 GROUP BY q.name, c.consumer_group
 ORDER BY 1, 2 NULLS FIRST";
 
-/// Depth per queue and lag per (queue, group).
+/// What operators alert on, in the same transaction: per queue, the age of the oldest
+/// message its slowest group has not passed; per (queue, group), dead letters not requeued
+/// (from acks, expired leases, `maxWaitTimeSeconds` and operators alike) and the age of the
+/// oldest unsettled message. Index probes per partition and cursor (`comb.partition_stats`,
+/// `comb.cursor_lag`), and the dead letters.
+const OPERATOR_STATS: &str = "
+SELECT 'oldest', q.name, NULL::text,
+       coalesce(extract(epoch FROM now() - min(s.oldest_pending_at)), 0)::float8
+FROM comb.queues q JOIN comb.partitions p ON p.queue_id = q.id
+CROSS JOIN LATERAL comb.partition_stats(p.id) s
+GROUP BY q.name
+UNION ALL
+SELECT 'dead', q.name, d.consumer_group, count(*)::float8
+FROM comb.dead_letters d JOIN comb.queues q ON q.id = d.queue_id
+WHERE NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
+GROUP BY q.name, d.consumer_group
+UNION ALL
+SELECT 'lag', q.name, c.consumer_group,
+       coalesce(extract(epoch FROM now() - min(x.oldest_unsettled_at)), 0)::float8
+FROM comb.cursors c JOIN comb.queues q ON q.id = c.queue_id
+CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
+GROUP BY q.name, c.consumer_group
+ORDER BY 1, 2, 3";
+
+/// Depth per queue and lag per (queue, group), and what [`OPERATOR_STATS`] reads.
 pub(crate) struct Backlog {
     /// Pending messages per queue.
     pub(crate) depth: Vec<(String, f64)>,
     /// Unsettled messages per (queue, group).
     pub(crate) lag: Vec<(String, String, f64)>,
+    /// Seconds since the oldest message the slowest group has not passed, per queue.
+    pub(crate) oldest: Vec<(String, f64)>,
+    /// Dead letters not requeued per (queue, group).
+    pub(crate) dead: Vec<(String, String, f64)>,
+    /// Seconds since the oldest unsettled message per (queue, group).
+    pub(crate) lag_seconds: Vec<(String, String, f64)>,
 }
 
 /// Reads the backlog of every queue and group in one statement under a short timeout.
@@ -56,11 +86,26 @@ pub(crate) async fn measure(pool: &Pool) -> Result<Backlog, DbError> {
     ))
     .await?;
     let rows = tx.query(STATS, &[]).await?;
+    let operator = tx.query(OPERATOR_STATS, &[]).await?;
     tx.commit().await?;
     let mut out = Backlog {
         depth: Vec::new(),
         lag: Vec::new(),
+        oldest: Vec::new(),
+        dead: Vec::new(),
+        lag_seconds: Vec::new(),
     };
+    for row in operator {
+        let (kind, queue, group): (&str, String, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        let value: f64 = row.get::<_, f64>(3).max(0.0);
+        match (kind, group) {
+            ("oldest", _) => out.oldest.push((queue, value)),
+            ("dead", Some(g)) => out.dead.push((queue, g, value)),
+            ("lag", Some(g)) => out.lag_seconds.push((queue, g, value)),
+            _ => {}
+        }
+    }
     for row in rows {
         let queue: String = row.get(0);
         let value = row.get::<_, i64>(2).max(0) as f64;

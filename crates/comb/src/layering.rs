@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first.
 const LAYERS: &[(&str, &[&str])] = &[
     (
+        "the command-line client, a client of the HTTP API only",
+        &["cli"],
+    ),
+    (
         "foundation: configuration, database access, counters, names and options, schema",
         &[
             "config",
@@ -36,6 +40,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "use cases",
         &[
             "ack",
+            "admin",
             "dead_letter",
             "lease",
             "pop",

@@ -6,6 +6,9 @@
 //! queue that turns concurrent requests into one database round trip; `schema` owns the
 //! tables. Only what the binary and the test suite need is public.
 
+// The command-line client: talks to a server over HTTP only.
+pub mod cli;
+
 // The bottom: imports nothing from the modules above it.
 mod auth;
 pub mod config;
@@ -29,6 +32,7 @@ mod catalog;
 // The use cases. `ack` and `pop` are public only for the statements whose plans the test
 // suite checks (`tests/claim_plans.rs`); everything else in them is crate-private.
 pub mod ack;
+mod admin;
 mod dead_letter;
 mod lease;
 mod maintenance;

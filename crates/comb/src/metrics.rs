@@ -16,6 +16,11 @@ use std::time::Duration;
 pub(crate) struct Counter(AtomicU64);
 
 impl Counter {
+    /// A counter at zero (usable in a `static`).
+    pub(crate) const fn new() -> Counter {
+        Counter(AtomicU64::new(0))
+    }
+
     pub(crate) fn add(&self, n: u64) {
         if n > 0 {
             self.0.fetch_add(n, Ordering::Relaxed);
@@ -57,6 +62,11 @@ pub(crate) struct Durations {
 }
 
 impl Durations {
+    /// Requests counted so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.buckets.iter().map(Counter::get).sum()
+    }
+
     /// Counts one request that took `took`.
     pub(crate) fn observe(&self, took: Duration) {
         let secs = took.as_secs_f64();
@@ -148,6 +158,10 @@ pub(crate) struct Settled {
     pub(crate) discarded: u64,
 }
 
+/// Messages this process dead-lettered when leases expired unsettled. A process-wide
+/// counter: expiry runs inside a claim's fused batch, which reports no counters of its own.
+pub(crate) static LEASE_DEAD_LETTERED: Counter = Counter::new();
+
 /// What this server's maintenance loop did; everything stays at zero while it is not leader.
 #[derive(Debug, Default)]
 pub(crate) struct Maintenance {
@@ -217,8 +231,8 @@ impl Metrics {
         );
         out.counter(
             "comb_messages_dead_lettered_total",
-            "Messages dead-lettered by acks answered by this server (status dlq, or failed past retryLimit).",
-            m.dead_lettered.get(),
+            "Messages dead-lettered by this server: by acks (status dlq, or failed past retryLimit) and by leases that expired unsettled past retryLimit.",
+            m.dead_lettered.get() + LEASE_DEAD_LETTERED.get(),
         );
         out.counter(
             "comb_messages_discarded_total",

@@ -40,6 +40,12 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         },
         metrics.clone(),
     ));
+    tokio::spawn(crate::admin::status::record(
+        pool.clone(),
+        metrics.clone(),
+        format!("{} pid {}", config.listen, std::process::id()),
+        std::time::Duration::from_millis(config.stats_interval_ms),
+    ));
     let wake = Arc::new(Wake::default());
     let catalog = Arc::new(Catalog::default());
     tokio::spawn(crate::wake::relay(
@@ -95,6 +101,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         stopping: AtomicBool::new(false),
         stop_signal,
         durations: http::route_durations(),
+        modes: Default::default(),
+        started: std::time::Instant::now(),
         keys,
         auth,
         config,

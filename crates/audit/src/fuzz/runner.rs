@@ -200,6 +200,28 @@ pub async fn run(
                 trim(&case.target)
             ));
         }
+        if case.method == "POST" && case.target.starts_with("/api/v1/system/maintenance") {
+            // A case may have paused pushes or pops on purpose; later cases must find the
+            // server serving again, or its deliberate 503s and 204s would read as findings.
+            let valid = tokens.map(|t| t.valid.as_slice());
+            for target in [
+                "/api/v1/system/maintenance",
+                "/api/v1/system/maintenance/pop",
+            ] {
+                let off = Case {
+                    name: "maintenance mode off".into(),
+                    method: "POST".into(),
+                    target: target.into(),
+                    body: Body::Sized(br#"{"enabled":false}"#.to_vec()),
+                    expect: None,
+                };
+                match send_with(addr, &off, valid).await {
+                    Ok(a) if a.status == 200 => {}
+                    Ok(a) => report.note(format!("turning {target} off answered {}", a.status)),
+                    Err(e) => report.note(format!("turning {target} off: {e}")),
+                }
+            }
+        }
         if (400..500).contains(&answer.status) {
             let after = fingerprint().await?;
             if after != before {

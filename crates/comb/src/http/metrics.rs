@@ -74,7 +74,53 @@ pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], out.finish())
 }
 
+fn by_queue(out: &mut Text, name: &str, help: &str, values: &[(String, f64)]) {
+    if values.is_empty() {
+        return;
+    }
+    let samples: Vec<([(&str, &str); 1], f64)> = values
+        .iter()
+        .map(|(q, v)| ([("queue", q.as_str())], *v))
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    out.gauge_labelled(name, help, &samples);
+}
+
+fn by_group(out: &mut Text, name: &str, help: &str, values: &[(String, String, f64)]) {
+    if values.is_empty() {
+        return;
+    }
+    let samples: Vec<([(&str, &str); 2], f64)> = values
+        .iter()
+        .map(|(q, g, v)| ([("queue", q.as_str()), ("group", g.as_str())], *v))
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    out.gauge_labelled(name, help, &samples);
+}
+
+fn render_operator_stats(out: &mut Text, stats: &backlog::Backlog) {
+    by_queue(
+        out,
+        "comb_queue_oldest_pending_seconds",
+        "Age of the oldest message of the queue its slowest consumer group has not passed (0 when none). Database-wide.",
+        &stats.oldest,
+    );
+    by_group(
+        out,
+        "comb_dead_letters",
+        "Dead letters of the consumer group in the queue, not requeued: from acks, expired leases, maxWaitTimeSeconds and operators. Database-wide.",
+        &stats.dead,
+    );
+    by_group(
+        out,
+        "comb_group_lag_seconds",
+        "Age of the oldest message the consumer group has not settled in the queue (0 when none). Database-wide.",
+        &stats.lag_seconds,
+    );
+}
+
 fn render_stats(out: &mut Text, stats: &backlog::Backlog) {
+    render_operator_stats(out, stats);
     if !stats.depth.is_empty() {
         let samples: Vec<([(&str, &str); 1], f64)> = stats
             .depth

@@ -3,12 +3,15 @@
 mod ack;
 mod body;
 mod configure;
+mod dead_letters;
 mod dlq;
+mod groups;
 mod guard;
 mod health;
 mod lease;
 /// Caps on connections and waiting pops.
 pub(crate) mod limits;
+mod messages;
 mod metrics;
 mod openapi;
 mod params;
@@ -17,8 +20,13 @@ mod problem;
 mod push;
 /// Queue resources (deletion) and the catalog notification channel.
 pub(crate) mod queues;
+/// Sizes, depth and lag of queues, partitions, namespaces and tasks; clearing a queue.
+mod resources;
+mod status;
+mod system;
 /// HTTPS on the listener.
 pub(crate) mod tls;
+mod traces;
 mod transaction;
 
 use std::sync::Arc;
@@ -61,6 +69,10 @@ pub(crate) struct App {
     pub(crate) stop_signal: watch::Sender<bool>,
     /// How long requests took, one histogram per entry of [`routes`], in its order.
     pub(crate) durations: Vec<crate::metrics::Durations>,
+    /// Maintenance modes as this server last read them.
+    pub(crate) modes: Arc<crate::admin::modes::Modes>,
+    /// When this server started.
+    pub(crate) started: std::time::Instant,
     /// Keys that open the payloads of queues with `encryptionEnabled` (pushes seal them).
     pub(crate) keys: Arc<crate::encryption::Keys>,
     /// Token verification, when tokens are required (see [`crate::auth`]).
@@ -122,6 +134,159 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
             "/api/v1/resources/queues/{queue}",
             delete(queues::delete_queue),
         ),
+        (
+            Method::GET,
+            "/api/v1/resources/overview",
+            get(resources::overview),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/queues",
+            get(resources::queues),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/queues/{queue}",
+            get(resources::queue),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/partitions",
+            get(resources::partitions),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/namespaces",
+            get(resources::namespaces),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/tasks",
+            get(resources::tasks),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/queues/{queue}/clear",
+            delete(resources::clear),
+        ),
+        (Method::GET, "/api/v1/consumer-groups", get(groups::list)),
+        (
+            Method::GET,
+            "/api/v1/consumer-groups/lagging",
+            get(groups::lagging),
+        ),
+        (
+            Method::GET,
+            "/api/v1/consumer-groups/{group}",
+            get(groups::detail),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/consumer-groups/{group}/queues/{queue}",
+            delete(groups::delete_for_queue),
+        ),
+        (
+            Method::POST,
+            "/api/v1/consumer-groups/{group}/subscription",
+            post(groups::subscription),
+        ),
+        (
+            Method::POST,
+            "/api/v1/consumer-groups/{group}/queues/{queue}/seek",
+            post(groups::seek),
+        ),
+        (
+            Method::POST,
+            "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek",
+            post(groups::seek_partition),
+        ),
+        (Method::GET, "/api/v1/messages", get(messages::list)),
+        (
+            Method::GET,
+            "/api/v1/messages/{partitionId}/{transactionId}",
+            get(messages::get),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/messages/{partitionId}/{transactionId}",
+            delete(messages::delete),
+        ),
+        (
+            Method::POST,
+            "/api/v1/messages/{partitionId}/{transactionId}/retry",
+            post(messages::retry),
+        ),
+        (
+            Method::POST,
+            "/api/v1/messages/{partitionId}/{transactionId}/dlq",
+            post(messages::dead_letter),
+        ),
+        (
+            Method::POST,
+            "/api/v1/dlq/requeue",
+            post(dead_letters::requeue),
+        ),
+        (Method::POST, "/api/v1/dlq/purge", post(dead_letters::purge)),
+        (
+            Method::GET,
+            "/api/v1/system/maintenance",
+            get(system::get_push),
+        ),
+        (
+            Method::POST,
+            "/api/v1/system/maintenance",
+            post(system::set_push),
+        ),
+        (
+            Method::GET,
+            "/api/v1/system/maintenance/pop",
+            get(system::get_pop),
+        ),
+        (
+            Method::POST,
+            "/api/v1/system/maintenance/pop",
+            post(system::set_pop),
+        ),
+        (Method::POST, "/api/v1/traces", post(traces::record)),
+        (Method::GET, "/api/v1/traces/names", get(traces::names)),
+        (
+            Method::GET,
+            "/api/v1/traces/by-name/{traceName}",
+            get(traces::by_name),
+        ),
+        (
+            Method::GET,
+            "/api/v1/traces/{partitionId}/{transactionId}",
+            get(traces::of_message),
+        ),
+        (Method::GET, "/api/v1/status", get(status::status)),
+        (Method::GET, "/api/v1/status/queues", get(status::queues)),
+        (
+            Method::GET,
+            "/api/v1/status/queues/{queue}",
+            get(status::queue),
+        ),
+        (
+            Method::GET,
+            "/api/v1/status/analytics",
+            get(status::analytics),
+        ),
+        (
+            Method::GET,
+            "/api/v1/analytics/postgres-stats",
+            get(status::postgres_stats),
+        ),
+        (
+            Method::GET,
+            "/api/v1/analytics/system-metrics",
+            get(status::system_metrics),
+        ),
+        (
+            Method::GET,
+            "/api/v1/analytics/worker-metrics",
+            get(status::worker_metrics),
+        ),
+        (Method::POST, "/api/v1/stats/refresh", post(status::refresh)),
         (Method::GET, "/api/v1/dlq", get(dlq::list)),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
@@ -162,10 +327,33 @@ pub(crate) fn router(state: State) -> Router {
                 "this route does not accept that method",
             )
         });
+    router = router.layer(axum::middleware::from_fn(refuse_nul_in_query));
     if let Some(auth) = state.auth.clone() {
         router = router.layer(axum::middleware::from_fn(move |request, next| {
             guard::guard(auth.clone(), request, next)
         }));
     }
     router.with_state(state)
+}
+
+/// Refuses a query string carrying a NUL byte (`%00`) on every route: no name, id or filter
+/// may hold one, and PostgreSQL text cannot.
+async fn refuse_nul_in_query(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let nul = request.uri().query().is_some_and(|q| {
+        q.as_bytes()
+            .windows(3)
+            .any(|w| w.eq_ignore_ascii_case(b"%00"))
+    });
+    if nul {
+        return Problem::bad_request(
+            "parameter_invalid",
+            "query parameters may not contain a NUL byte (%00)",
+        )
+        .into_response();
+    }
+    next.run(request).await
 }

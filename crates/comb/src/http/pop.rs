@@ -153,6 +153,14 @@ fn parse(
 
 /// Pops through the pop use case: the messages claimed, or 204 when none came in time.
 async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
+    // While pop maintenance mode is on, nothing is handed out.
+    if app
+        .modes
+        .is_on(&app.pool, crate::admin::modes::Mode::Pop)
+        .await
+    {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     match app.popper.pop(&req).await? {
         Some(claims) => respond(app, &req, claims),
         None => Ok(StatusCode::NO_CONTENT.into_response()),

@@ -110,6 +110,7 @@ pub(crate) async fn push(
             .into_response());
     }
     validate(&items, app.config.max_batch, principal.as_ref())?;
+    app.modes.admit_push(&app.pool).await?;
     let sub = principal.and_then(|p| p.sub);
     let pushed = app.pusher.push(into_items(items), &bytes, sub).await?;
     Ok((

@@ -131,6 +131,7 @@ pub(crate) async fn transaction(
     }
     if !push_items.is_empty() {
         super::push::validate(&push_items, max, principal.as_ref())?;
+        app.modes.admit_push(&app.pool).await?;
     }
     let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
     let committed = app

@@ -65,5 +65,6 @@ pub(crate) async fn expire_leases(
     let writes = WriteStatements::prepare(&tx).await?;
     write_back(&tx, &writes, &cursors, &dead).await?;
     tx.commit().await?;
+    crate::metrics::LEASE_DEAD_LETTERED.add(dead.len() as u64);
     Ok(discarded)
 }

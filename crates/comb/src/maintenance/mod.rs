@@ -12,6 +12,7 @@
 //! is asked for with a short `lock_timeout`: maintenance gives way to traffic, never the
 //! reverse.
 
+mod days;
 mod generations;
 mod locks;
 mod max_wait;
@@ -60,6 +61,9 @@ pub(crate) struct Report {
     pub(crate) generations_dropped: i32,
     /// Cursor states copied into the newest generation from the ones dropped.
     pub(crate) states_carried: i64,
+    /// Tables kept by the day (traces, per-minute counters) made ahead and dropped.
+    pub(crate) daily_created: i32,
+    pub(crate) daily_dropped: i32,
 }
 
 impl Report {
@@ -178,6 +182,8 @@ pub(crate) async fn cycle(client: &mut Client, settings: &Settings) -> Result<Re
         tracing::debug!(analysed, "statistics of the tables being written refreshed");
     }
     report.dead_lettered += max_wait::dead_letter_overdue(client).await?;
+    report.daily_created = days::make_ahead(client, settings).await?;
+    report.daily_dropped = days::drop_expired(client, settings).await?;
     Ok(report)
 }
 

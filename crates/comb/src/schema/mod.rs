@@ -63,6 +63,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "producer_sub",
         sql: include_str!("migrations/0009_producer_sub.sql"),
     },
+    Migration {
+        version: 10,
+        name: "administration",
+        sql: include_str!("migrations/0010_administration.sql"),
+    },
+    Migration {
+        version: 11,
+        name: "payload_json",
+        sql: include_str!("migrations/0011_payload_json.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

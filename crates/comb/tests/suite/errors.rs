@@ -570,6 +570,61 @@ async fn nul_characters_never_reach_the_database() {
     );
 }
 
+/// A NUL byte in a query string is refused at the edge on every route, before any statement.
+#[tokio::test]
+async fn nul_in_a_query_string_is_refused_on_every_route() {
+    let env = Env::start().await;
+    for path in [
+        "/api/v1/resources/queues?namespace=nul%00inside",
+        "/api/v1/messages?queue=q%00",
+        "/api/v1/pop/queue/q?consumerGroup=g%00",
+        "/api/v1/dlq?queue=q&consumerGroup=%00",
+    ] {
+        let (s, b) = env.get(path).await;
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("parameter_invalid")),
+            "{path}: {b}"
+        );
+    }
+}
+
+/// The message listing builds its answer in SQL; a payload nested deeper than PostgreSQL's
+/// parser allows, or sealed by encryption, never fails it.
+#[tokio::test]
+async fn a_payload_the_database_cannot_parse_does_not_fail_the_listing() {
+    let env = Env::start().await;
+    env.push(json!([{"queue": "deep", "payload": 1}])).await;
+    // Stored behind Comb's back: deeper than PostgreSQL's jsonb parser's stack, and sealed.
+    env.sql(
+        "INSERT INTO comb.messages (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
+         SELECT partition_id, 2, seg, gen_random_uuid(), 'deep',
+                convert_to(repeat('[', 200000) || repeat(']', 200000), 'UTF8'), now()
+         FROM comb.messages;
+         INSERT INTO comb.messages (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
+         SELECT partition_id, 3, seg, gen_random_uuid(), 'sealed', decode('00ff', 'hex'), now()
+         FROM comb.messages WHERE pos = 1",
+    );
+    let (s, b) = env.get("/api/v1/messages?queue=deep").await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let messages = b["messages"].as_array().expect("a list");
+    let data = |t: &str| {
+        messages
+            .iter()
+            .find(|m| m["transactionId"] == t)
+            .map(|m| m["data"].clone())
+            .unwrap_or_else(|| panic!("{t} listed: {b}"))
+    };
+    assert_eq!(data("sealed"), json!({"encrypted": true}));
+    assert!(
+        data("deep")
+            .as_str()
+            .is_some_and(|t| t.starts_with("payload not shown")),
+        "{b}"
+    );
+    assert_eq!(messages.len(), 3, "{b}");
+}
+
 #[tokio::test]
 async fn a_push_refused_for_max_size_leaves_no_trace() {
     let env = Env::start().await;

@@ -7,15 +7,17 @@
 //! channels, statistics and plans are all per database. A test that must take PostgreSQL
 //! away (`metrics::a_scrape_without_its_database_still_answers_from_memory`) or change its
 //! settings (`failover`, which makes servers read-only) starts clusters of its own with
-//! `Postgres::start`.
+//! `Postgres::start`. The delivery audit (`audit.rs`) is compiled into a binary of its own,
+//! `tests/audit.rs`, which says why.
 //!
 //! Run one module with `cargo test -p comb --test suite lease::`, one test by its name.
 
 mod common;
 
-mod audit;
+mod admin;
 mod auth;
 mod claim_plans;
+mod cli;
 mod consumer_groups;
 mod errors;
 mod failover;

@@ -253,6 +253,16 @@ impl Env {
         read(r).await
     }
 
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .delete(self.url(path))
+            .send()
+            .await
+            .expect("request");
+        read(r).await
+    }
+
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
         let r = self.http.get(self.url(path)).send().await.expect("request");
         read(r).await
@@ -296,6 +306,18 @@ impl Env {
             .await;
         assert_eq!(s, StatusCode::OK, "{body}");
         body.as_array().unwrap().clone()
+    }
+}
+
+impl Drop for Env {
+    /// Stops the server and drops the test's database: the suite's tests share one cluster
+    /// for the whole run, whose disk would otherwise hold every test's data until the end.
+    fn drop(&mut self) {
+        self.server.kill();
+        let _ = Postgres::shared().psql(
+            "postgres",
+            &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.db_name),
+        );
     }
 }
 
