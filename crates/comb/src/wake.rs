@@ -293,6 +293,15 @@ impl Wake {
         }
     }
 
+    /// Messages of `queue` became deliverable here in partitions not named (dead letters
+    /// stored again): each group's next pop walks, and other servers hear of it soon.
+    pub(crate) fn requeued(&self, queue: &str) {
+        self.notify(queue);
+        if let Some(outbox) = self.outbox.get() {
+            let _ = outbox.send(queue.to_string());
+        }
+    }
+
     /// Something changed in `queue` that names no partition (a push through another server):
     /// each group's next pop walks, and one waiting pop per group is woken to do it.
     pub(crate) fn notify(&self, queue: &str) {

@@ -89,7 +89,7 @@ pub async fn requeue(
         .await
         .map_err(Problem::from)?;
     if done.stored > 0 {
-        app.wake.pushed(&queue);
+        app.wake.requeued(&queue);
     }
     Ok(Json(json!({
         "requeued": done.requeued,

@@ -83,7 +83,7 @@ pub async fn retry(
     let (p, t) = ids(&partition, transaction)?;
     let out = messages::retry(&app.pool, p, &t).await?;
     if let Some(queue) = out["queue"].as_str() {
-        app.wake.pushed(queue);
+        app.wake.pushed(queue, &[p]);
     }
     Ok(Json(out))
 }
