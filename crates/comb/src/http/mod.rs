@@ -343,7 +343,7 @@ async fn refuse_nul_in_query(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse as _;
-    let nul = request.uri().query().is_some_and(|q| {
+    let nul = axum::http::Uri::query(request.uri()).is_some_and(|q| {
         q.as_bytes()
             .windows(3)
             .any(|w| w.eq_ignore_ascii_case(b"%00"))
