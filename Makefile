@@ -29,6 +29,7 @@ stop:
 test:
 	scripts/install-postgres.sh
 	scripts/install-tools.sh
+	scripts/install-chromium.sh
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace

@@ -8,6 +8,7 @@
 pub mod ack;
 pub mod catalog;
 pub mod config;
+pub mod dashboard;
 pub mod db;
 pub mod fusion;
 pub mod http;

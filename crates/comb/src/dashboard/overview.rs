@@ -1,0 +1,222 @@
+//! `/`: how the system is doing — throughput and errors over the last hour, total depth, the
+//! oldest pending message, the servers connected.
+
+use askama::Template;
+use axum::extract::State as AxumState;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use chrono::{Duration, Utc};
+
+use super::chart::{self, Series};
+use super::{AdminApi, Json, figures, respond, unavailable};
+use crate::http::State;
+
+#[derive(Template)]
+#[template(path = "dashboard/overview.html")]
+struct Overview {
+    cards: Vec<Card>,
+    chart: String,
+    totals: String,
+    queues: Vec<QueueLine>,
+    notes: Vec<String>,
+}
+
+/// A headline number.
+struct Card {
+    label: &'static str,
+    value: String,
+    id: &'static str,
+    warn: bool,
+}
+
+/// The deepest queues, linked.
+struct QueueLine {
+    name: String,
+    depth: String,
+    oldest: String,
+}
+
+/// `GET /`.
+pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap) -> Response {
+    let api = AdminApi::new(&state, &headers);
+    let now = Utc::now();
+    let from = (now - Duration::hours(1)).to_rfc3339();
+    let to = now.to_rfc3339();
+    let analytics_path = format!(
+        "/api/v1/status/analytics?from={}&to={}&interval=minute",
+        super::enc(&from),
+        super::enc(&to)
+    );
+    let (overview, analytics, status, queues) = tokio::join!(
+        api.get("/api/v1/resources/overview"),
+        api.get(&analytics_path),
+        api.get("/api/v1/status"),
+        api.get("/api/v1/resources/queues"),
+    );
+    let mut notes = Vec::new();
+
+    let overview = overview.unwrap_or_else(|e| {
+        notes.push(unavailable("Totals", &e));
+        Json::default()
+    });
+    let queues = queues.map(|q| q.list(&["queues"])).unwrap_or_else(|e| {
+        notes.push(unavailable("Queues", &e));
+        Vec::new()
+    });
+    let depth_total: i64 = queues.iter().map(queue_depth).sum();
+    let oldest = queues
+        .iter()
+        .filter_map(|q| q.num(OLDEST))
+        .fold(None, |m: Option<f64>, a| Some(m.map_or(a, |m| m.max(a))));
+    let dead = overview
+        .num(&["messages.deadLetter", "messages.dead_letter", "deadLetters"])
+        .map(|n| n as i64)
+        .unwrap_or_else(|| queues.iter().map(|q| q.count(DEAD)).sum());
+    let servers = status
+        .as_ref()
+        .ok()
+        .and_then(|s| {
+            s.num(&["servers.connected", "servers", "workers.connected"])
+                .or_else(|| {
+                    let list = s.list(&["servers", "workers"]);
+                    (!list.is_empty()).then_some(list.len() as f64)
+                })
+        })
+        .map(|n| figures::count(n as i64))
+        .unwrap_or_else(|| "—".to_string());
+
+    let buckets = analytics
+        .as_ref()
+        .map(|a| {
+            a.list(&[
+                "throughput.timeSeries",
+                "timeSeries",
+                "throughput",
+                "buckets",
+                "series",
+            ])
+        })
+        .unwrap_or_default();
+    if let Err(e) = &analytics {
+        notes.push(unavailable("Throughput", e));
+    }
+    let pushed: Vec<f64> = buckets.iter().map(|b| b.num(PUSHED).unwrap_or(0.0)).collect();
+    let done: Vec<f64> = buckets.iter().map(|b| b.num(DONE).unwrap_or(0.0)).collect();
+    let errors: Vec<f64> = buckets.iter().map(|b| b.num(ERRORS).unwrap_or(0.0)).collect();
+    let minutes = buckets.len().max(1) as f64;
+    let chart = chart::bars(
+        "Messages per minute over the last hour",
+        &[
+            Series {
+                name: "pushed",
+                class: "s-in",
+                values: &pushed,
+            },
+            Series {
+                name: "completed",
+                class: "s-out",
+                values: &done,
+            },
+            Series {
+                name: "errors",
+                class: "s-err",
+                values: &errors,
+            },
+        ],
+        ["−60 min", "−30 min", "now"],
+    );
+    let sum = |v: &[f64]| v.iter().sum::<f64>();
+    let totals = format!(
+        "{} pushed · {} completed · {} errors in the last hour ({} pushed per second)",
+        figures::count(sum(&pushed) as i64),
+        figures::count(sum(&done) as i64),
+        figures::count(sum(&errors) as i64),
+        figures::rate(sum(&pushed) / (minutes * 60.0)),
+    );
+
+    let mut deepest: Vec<&Json> = queues.iter().collect();
+    deepest.sort_by_key(|q| std::cmp::Reverse(queue_depth(q)));
+    let page = Overview {
+        cards: vec![
+            Card {
+                label: "Pending messages",
+                value: figures::count(depth_total),
+                id: "total-depth",
+                warn: false,
+            },
+            Card {
+                label: "Oldest pending",
+                value: figures::age(oldest),
+                id: "oldest-pending",
+                warn: oldest.is_some_and(|s| s > 300.0),
+            },
+            Card {
+                label: "Dead letters",
+                value: figures::count(dead),
+                id: "dead-letters",
+                warn: dead > 0,
+            },
+            Card {
+                label: "Queues",
+                value: figures::count(queues.len() as i64),
+                id: "queue-count",
+                warn: false,
+            },
+            Card {
+                label: "Servers connected",
+                value: servers,
+                id: "servers",
+                warn: false,
+            },
+        ],
+        chart,
+        totals,
+        queues: deepest
+            .into_iter()
+            .take(10)
+            .map(|q| QueueLine {
+                name: q.text(&["name"]).unwrap_or_default(),
+                depth: figures::count(queue_depth(q)),
+                oldest: figures::age(q.num(OLDEST)),
+            })
+            .collect(),
+        notes,
+    };
+    respond(
+        page.render(),
+        "Overview",
+        "overview",
+        Some(("/".into(), 5)),
+        &headers,
+    )
+}
+
+/// Field names of Queen's shapes (and their spellings in Comb's answers), first match wins.
+pub(crate) const DEPTH: &[&str] = &["messages.pending", "depth", "pending", "stats.pending"];
+pub(crate) const IN_FLIGHT: &[&str] = &[
+    "messages.processing",
+    "inFlight",
+    "processing",
+    "stats.processing",
+];
+pub(crate) const DEAD: &[&str] = &[
+    "messages.deadLetter",
+    "messages.dead_letter",
+    "deadLetters",
+    "deadLetter",
+    "stats.deadLetter",
+];
+pub(crate) const OLDEST: &[&str] = &[
+    "oldestPendingSeconds",
+    "oldestPendingAgeSeconds",
+    "messages.oldestPendingSeconds",
+    "stats.oldestPendingSeconds",
+];
+pub(crate) const PUSHED: &[&str] = &["ingested", "pushed", "messagesIn", "in"];
+pub(crate) const DONE: &[&str] = &["processed", "completed", "acked", "messagesOut", "out"];
+pub(crate) const ERRORS: &[&str] = &["failed", "errors", "deadLettered", "dlq"];
+
+/// A queue's pending messages.
+pub(crate) fn queue_depth(q: &Json) -> i64 {
+    q.count(DEPTH)
+}

@@ -1,0 +1,394 @@
+//! `/queues` (every queue, sortable), `/queues/{queue}` (its partitions, each group's lag per
+//! partition, its options) and `/queues/{queue}/tail` (the newest messages, read without
+//! consuming anything).
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::extract::{Path, Query, State as AxumState};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde::Deserialize;
+
+use super::overview::{DEAD, DEPTH, IN_FLIGHT, OLDEST, queue_depth};
+use super::{AdminApi, Json, chart, enc, figures, respond, unavailable};
+use crate::http::State;
+
+#[derive(Template)]
+#[template(path = "dashboard/queues.html")]
+struct QueuesPage {
+    rows: Vec<QueueRow>,
+    headers: Vec<SortHeader>,
+    note: Option<String>,
+}
+
+struct QueueRow {
+    name: String,
+    href: String,
+    depth: String,
+    in_flight: String,
+    dead: String,
+    dead_warn: bool,
+    oldest: String,
+    partitions: String,
+    throughput: String,
+    spark: String,
+}
+
+/// A column header that sorts the table by itself (and flips the direction when it already
+/// does).
+struct SortHeader {
+    label: &'static str,
+    href: String,
+    /// `ascending`, `descending` or `none`, for `aria-sort`.
+    aria: &'static str,
+    numeric: bool,
+}
+
+/// The queues table's sort order, from the query string.
+#[derive(Deserialize)]
+pub(crate) struct Sort {
+    sort: Option<String>,
+    dir: Option<String>,
+}
+
+const COLUMNS: &[(&str, &str, bool)] = &[
+    ("name", "Queue", false),
+    ("depth", "Pending", true),
+    ("inflight", "In flight", true),
+    ("dead", "Dead letters", true),
+    ("oldest", "Oldest pending", true),
+    ("partitions", "Partitions", true),
+    ("throughput", "Pushed/s (1 h)", true),
+];
+
+/// `GET /queues`.
+pub(crate) async fn list(
+    AxumState(state): AxumState<State>,
+    headers: HeaderMap,
+    Query(sort): Query<Sort>,
+) -> Response {
+    let api = AdminApi::new(&state, &headers);
+    let (queues, stats) = tokio::join!(
+        api.get("/api/v1/resources/queues"),
+        api.get("/api/v1/status/queues"),
+    );
+    let mut note = None;
+    let queues = queues.map(|q| q.list(&["queues"])).unwrap_or_else(|e| {
+        note = Some(unavailable("Queues", &e));
+        Vec::new()
+    });
+    // Throughput per queue, from the status answer when it has one.
+    let throughput: BTreeMap<String, (f64, Vec<f64>)> = stats
+        .map(|s| s.list(&["queues"]))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| {
+            let name = s.text(&["name", "queue"])?;
+            let series: Vec<f64> = s
+                .list(&["throughput.timeSeries", "timeSeries", "series"])
+                .iter()
+                .map(|b| b.num(super::overview::PUSHED).unwrap_or(0.0))
+                .collect();
+            let per_second = s
+                .num(&[
+                    "throughput.ingestedPerSecond",
+                    "ingestedPerSecond",
+                    "pushedPerSecond",
+                ])
+                .unwrap_or_else(|| series.iter().sum::<f64>() / 3600.0);
+            Some((name, (per_second, series)))
+        })
+        .collect();
+
+    let key = sort.sort.as_deref().unwrap_or("depth");
+    let key = COLUMNS
+        .iter()
+        .find(|c| c.0 == key)
+        .map(|c| c.0)
+        .unwrap_or("depth");
+    let descending = match sort.dir.as_deref() {
+        Some("asc") => false,
+        Some("desc") => true,
+        _ => key != "name",
+    };
+    let mut rows: Vec<(&Json, f64)> = queues
+        .iter()
+        .map(|q| {
+            let name = q.text(&["name"]).unwrap_or_default();
+            (q, throughput.get(&name).map(|t| t.0).unwrap_or(0.0))
+        })
+        .collect();
+    rows.sort_by(|(a, ta), (b, tb)| {
+        let number = |q: &Json, t: f64| match key {
+            "depth" => queue_depth(q) as f64,
+            "inflight" => q.count(IN_FLIGHT) as f64,
+            "dead" => q.count(DEAD) as f64,
+            "oldest" => q.num(OLDEST).unwrap_or(-1.0),
+            "partitions" => q.count(PARTITIONS) as f64,
+            _ => t,
+        };
+        let order = if key == "name" {
+            a.text(&["name"]).cmp(&b.text(&["name"]))
+        } else {
+            number(a, *ta).total_cmp(&number(b, *tb))
+        };
+        if descending { order.reverse() } else { order }
+    });
+
+    let page = QueuesPage {
+        headers: COLUMNS
+            .iter()
+            .map(|(k, label, numeric)| {
+                let active = *k == key;
+                let next = if active && descending { "asc" } else { "desc" };
+                SortHeader {
+                    label,
+                    href: format!("/queues?sort={k}&dir={next}"),
+                    aria: match (active, descending) {
+                        (false, _) => "none",
+                        (true, true) => "descending",
+                        (true, false) => "ascending",
+                    },
+                    numeric: *numeric,
+                }
+            })
+            .collect(),
+        rows: rows
+            .into_iter()
+            .map(|(q, t)| {
+                let name = q.text(&["name"]).unwrap_or_default();
+                let spark = throughput
+                    .get(&name)
+                    .map(|t| chart::sparkline(&t.1))
+                    .unwrap_or_else(|| chart::sparkline(&[]));
+                let dead = q.count(DEAD);
+                QueueRow {
+                    href: format!("/queues/{}", enc(&name)),
+                    depth: figures::count(queue_depth(q)),
+                    in_flight: figures::count(q.count(IN_FLIGHT)),
+                    dead: figures::count(dead),
+                    dead_warn: dead > 0,
+                    oldest: figures::age(q.num(OLDEST)),
+                    partitions: figures::count(q.count(PARTITIONS)),
+                    throughput: figures::rate(t),
+                    spark,
+                    name,
+                }
+            })
+            .collect(),
+        note,
+    };
+    let query = format!(
+        "/queues?sort={key}&dir={}",
+        if descending { "desc" } else { "asc" }
+    );
+    respond(page.render(), "Queues", "queues", Some((query, 5)), &headers)
+}
+
+const PARTITIONS: &[&str] = &["partitions", "partitionCount", "stats.partitions"];
+
+#[derive(Template)]
+#[template(path = "dashboard/queue.html")]
+struct QueuePage {
+    name: String,
+    name_enc: String,
+    summary: Vec<(&'static str, String)>,
+    options: Vec<(String, String)>,
+    groups: Vec<String>,
+    partitions: Vec<PartitionRow>,
+    partition_count: usize,
+    notes: Vec<String>,
+}
+
+struct PartitionRow {
+    name: String,
+    depth: String,
+    in_flight: String,
+    oldest: String,
+    /// Lag of each group of `groups`, in its order: messages and age.
+    lags: Vec<(String, String)>,
+}
+
+/// `GET /queues/{queue}`.
+pub(crate) async fn detail(
+    AxumState(state): AxumState<State>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+) -> Response {
+    let api = AdminApi::new(&state, &headers);
+    let (detail, groups) = tokio::join!(
+        api.get(format!("/api/v1/resources/queues/{}", enc(&queue))),
+        api.get("/api/v1/consumer-groups"),
+    );
+    let mut notes = Vec::new();
+    let detail = detail.unwrap_or_else(|e| {
+        notes.push(unavailable("This queue", &e));
+        Json::default()
+    });
+    // Each group's lag per partition of this queue, keyed by partition name.
+    let mut group_names = Vec::new();
+    let mut lag: BTreeMap<(String, String), (i64, Option<f64>)> = BTreeMap::new();
+    match groups {
+        Ok(groups) => {
+            for g in groups.list(&["groups", "consumerGroups"]) {
+                let gname = g.text(&["name", "consumerGroup"]).unwrap_or_default();
+                for q in g.list(&["queues"]) {
+                    if q.text(&["name", "queue", "queueName"]).as_deref() != Some(&queue) {
+                        continue;
+                    }
+                    group_names.push(gname.clone());
+                    for p in q.list(&["partitions"]) {
+                        let pname = p.text(&["name", "partition", "partitionName"]);
+                        lag.insert(
+                            (gname.clone(), pname.unwrap_or_default()),
+                            (
+                                p.count(&["lag", "offsetLag", "lagMessages"]),
+                                p.num(&["timeLag", "lagSeconds", "timeLagSeconds"]),
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        Err(e) => notes.push(unavailable("Consumer groups", &e)),
+    }
+    group_names.sort();
+    group_names.dedup();
+
+    let partitions: Vec<PartitionRow> = detail
+        .list(&["partitions"])
+        .iter()
+        .map(|p| {
+            let name = p.text(&["name", "partition"]).unwrap_or_default();
+            PartitionRow {
+                depth: figures::count(p.count(DEPTH)),
+                in_flight: figures::count(p.count(IN_FLIGHT)),
+                oldest: figures::age(p.num(OLDEST)),
+                lags: group_names
+                    .iter()
+                    .map(|g| match lag.get(&(g.clone(), name.clone())) {
+                        Some((m, s)) => (figures::count(*m), figures::age(*s)),
+                        None => ("—".into(), "—".into()),
+                    })
+                    .collect(),
+                name,
+            }
+        })
+        .collect();
+    let options = match detail.at("options").as_object().or(detail.at("config").as_object()) {
+        Some(map) => map
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    match v {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    },
+                )
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let page = QueuePage {
+        name_enc: enc(&queue),
+        summary: vec![
+            ("Pending", figures::count(detail.count(DEPTH))),
+            ("In flight", figures::count(detail.count(IN_FLIGHT))),
+            ("Dead letters", figures::count(detail.count(DEAD))),
+            ("Oldest pending", figures::age(detail.num(OLDEST))),
+            ("Partitions", figures::count(partitions.len() as i64)),
+        ],
+        partition_count: partitions.len(),
+        partitions,
+        options,
+        groups: group_names,
+        notes,
+        name: queue.clone(),
+    };
+    // A queue of thousands of partitions is not redrawn every few seconds.
+    let refresh = (page.partition_count <= 500).then(|| (format!("/queues/{}", enc(&queue)), 5));
+    respond(page.render(), &queue, "queues", refresh, &headers)
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/tail.html")]
+struct TailPage {
+    name: String,
+    messages: Vec<TailRow>,
+    note: Option<String>,
+}
+
+pub(crate) struct TailRow {
+    pub partition: String,
+    pub created: String,
+    pub href: String,
+    pub transaction_id: String,
+    pub payload: String,
+}
+
+/// Messages of a Queen message listing, for a table.
+pub(crate) fn message_rows(listing: &Json) -> Vec<TailRow> {
+    listing
+        .list(&["messages"])
+        .iter()
+        .map(|m| {
+            let partition_id = m.text(&["partitionId", "partition_id"]).unwrap_or_default();
+            let transaction_id = m
+                .text(&["transactionId", "transaction_id"])
+                .unwrap_or_default();
+            let payload = m.at("payload");
+            let payload = if payload.is_null() { m.at("data") } else { payload };
+            let mut payload = payload.to_string();
+            if payload.len() > 200 {
+                let cut = (0..=200).rev().find(|i| payload.is_char_boundary(*i)).unwrap_or(0);
+                payload.truncate(cut);
+                payload.push('…');
+            }
+            TailRow {
+                partition: m
+                    .text(&["partition", "partitionName"])
+                    .unwrap_or_else(|| partition_id.clone()),
+                created: m.text(&["createdAt", "created_at"]).unwrap_or_default(),
+                href: format!("/messages/{}/{}", enc(&partition_id), enc(&transaction_id)),
+                transaction_id,
+                payload,
+            }
+        })
+        .collect()
+}
+
+/// `GET /queues/{queue}/tail`: the newest 50 messages of the queue, refreshed every two
+/// seconds. Reading a listing moves no cursor: the tail consumes nothing.
+pub(crate) async fn tail(
+    AxumState(state): AxumState<State>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+) -> Response {
+    let api = AdminApi::new(&state, &headers);
+    let mut note = None;
+    let messages = match api
+        .get(&format!("/api/v1/messages?queue={}&limit=50", enc(&queue)))
+        .await
+    {
+        Ok(listing) => message_rows(&listing),
+        Err(e) => {
+            note = Some(unavailable("Messages", &e));
+            Vec::new()
+        }
+    };
+    let page = TailPage {
+        name: queue.clone(),
+        messages,
+        note,
+    };
+    let href = format!("/queues/{}/tail", enc(&queue));
+    respond(
+        page.render(),
+        &format!("Tail of {queue}"),
+        "queues",
+        Some((href, 2)),
+        &headers,
+    )
+}
