@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::{AdminApi, Notice, Viewer, access, enc, figures, rendered, respond, unavailable};
 use crate::http::State;
+use crate::queue::QUEUE_MODE_GROUP;
 
 /// Which dead letters: the page's filter, and also what an action applies to.
 #[derive(Debug, Default, Clone, Deserialize, Serialize)]
@@ -34,32 +35,44 @@ impl Filter {
         !self.partition_id.is_empty() && !self.transaction_id.is_empty()
     }
 
+    /// The group the filter names; queue mode's when it names none.
+    fn group(&self) -> &str {
+        if self.group.is_empty() {
+            QUEUE_MODE_GROUP
+        } else {
+            &self.group
+        }
+    }
+
     /// The listing's query string.
     fn query(&self) -> String {
-        let mut q = format!("queue={}", enc(&self.queue));
-        if !self.group.is_empty() {
-            q.push_str(&format!("&consumerGroup={}", enc(&self.group)));
-        }
+        let mut q = format!(
+            "queue={}&status=dead_letter&consumerGroup={}",
+            enc(&self.queue),
+            enc(self.group())
+        );
         if !self.partition.is_empty() {
             q.push_str(&format!("&partition={}", enc(&self.partition)));
         }
         q
     }
 
-    /// The body of a requeue or purge call.
+    /// The body of a requeue or purge call for everything the filter shows.
     fn body(&self) -> Value {
-        let mut body = json!({"queue": self.queue});
-        if !self.group.is_empty() {
-            body["consumerGroup"] = json!(self.group);
-        }
+        let mut body = json!({"queue": self.queue, "consumerGroup": self.group()});
         if !self.partition.is_empty() {
             body["partition"] = json!(self.partition);
         }
-        if self.one() {
-            body["partitionId"] = json!(self.partition_id);
-            body["transactionId"] = json!(self.transaction_id);
-        }
         body
+    }
+
+    /// The message of a filter that names one entry.
+    fn message_path(&self) -> String {
+        format!(
+            "/api/v1/messages/{}/{}",
+            enc(&self.partition_id),
+            enc(&self.transaction_id)
+        )
     }
 
     /// Form fields (for `hx-vals`) that name this filter again.
@@ -92,6 +105,9 @@ struct Row {
     vals: String,
 }
 
+/// Entries a page lists.
+const LIMIT: usize = 100;
+
 /// `GET /dead-letters`.
 pub(crate) async fn list(
     AxumState(state): AxumState<State>,
@@ -113,35 +129,33 @@ pub(crate) async fn list(
     }
     let mut note = None;
     let mut rows = Vec::new();
-    let mut total = 0;
+    let mut total = 0usize;
     if !filter.queue.is_empty() {
         match api
-            .get(&format!("/api/v1/dlq?{}&limit=100", filter.query()))
+            .get(format!("/api/v1/messages?{}&limit={LIMIT}", filter.query()))
             .await
         {
             Ok(listing) => {
                 let entries = listing.list(&["messages"]);
-                total = listing.count(&["total"]).max(entries.len() as i64);
+                total = entries.len();
                 for m in entries {
                     let partition_id = m.text(&["partitionId"]).unwrap_or_default();
                     let transaction_id = m.text(&["transactionId"]).unwrap_or_default();
                     let one = Filter {
-                        queue: m.text(&["queueName", "queue"]).unwrap_or(filter.queue.clone()),
-                        group: m.text(&["consumerGroup"]).unwrap_or_default(),
+                        queue: m.text(&["queue"]).unwrap_or(filter.queue.clone()),
+                        group: filter.group().to_string(),
                         partition: String::new(),
                         partition_id: partition_id.clone(),
                         transaction_id: transaction_id.clone(),
                     };
-                    let payload = m.at("data");
-                    let payload = if payload.is_null() { m.at("payload") } else { payload };
                     rows.push(Row {
                         queue: one.queue.clone(),
-                        partition: m.text(&["partitionName", "partition"]).unwrap_or_default(),
+                        partition: m.text(&["partition"]).unwrap_or_default(),
                         group: one.group.clone(),
-                        error: m.text(&["errorMessage", "error"]).unwrap_or_default(),
-                        retries: figures::count(m.count(&["retryCount", "attempts"])),
-                        moved_at: m.text(&["movedToDlqAt", "failedAt"]).unwrap_or_default(),
-                        payload: serde_json::to_string_pretty(payload).unwrap_or_default(),
+                        error: m.text(&["errorMessage"]).unwrap_or_default(),
+                        retries: figures::count(m.count(&["retryCount"])),
+                        moved_at: m.text(&["movedToDlqAt"]).unwrap_or_default(),
+                        payload: serde_json::to_string_pretty(m.at("data")).unwrap_or_default(),
                         href: format!("/messages/{}/{}", enc(&partition_id), enc(&transaction_id)),
                         vals: one.vals(),
                     });
@@ -158,7 +172,11 @@ pub(crate) async fn list(
         filter: whole.clone(),
         queues,
         rows,
-        total: figures::count(total),
+        total: if total == LIMIT {
+            format!("{LIMIT}+")
+        } else {
+            figures::count(total as i64)
+        },
         viewer: access::viewer(&headers),
         note,
     };
@@ -211,10 +229,7 @@ pub(crate) async fn confirm(headers: HeaderMap, Query(c): Query<Confirm>) -> Res
     let what = if f.one() {
         format!("dead letter {} of queue {}", f.transaction_id, f.queue)
     } else {
-        let mut w = format!("every dead letter of queue {}", f.queue);
-        if !f.group.is_empty() {
-            w.push_str(&format!(", group {}", f.group));
-        }
+        let mut w = format!("every dead letter of queue {}, group {}", f.queue, f.group());
         if !f.partition.is_empty() {
             w.push_str(&format!(", partition {}", f.partition));
         }
@@ -248,55 +263,92 @@ pub(crate) async fn confirm(headers: HeaderMap, Query(c): Query<Confirm>) -> Res
     rendered(panel.render())
 }
 
-/// `POST /dead-letters/requeue`.
+/// `POST /dead-letters/requeue`: one entry's message (`…/retry`) or everything the filter
+/// shows (`/api/v1/dlq/requeue`).
 pub(crate) async fn requeue(
     AxumState(state): AxumState<State>,
     headers: HeaderMap,
     Form(filter): Form<Filter>,
 ) -> Response {
-    act(state, headers, filter, "/api/v1/dlq/requeue", "Requeued").await
+    if let Err(refusal) = check(&headers, &filter) {
+        return refusal;
+    }
+    let api = AdminApi::new(&state, &headers);
+    let answer = if filter.one() {
+        api.post(&format!("{}/retry", filter.message_path()), &json!({}))
+            .await
+    } else {
+        api.post("/api/v1/dlq/requeue", &filter.body()).await
+    };
+    match answer {
+        Ok(a) => done("Requeued", a.count(&["requeued"]), a.count(&["remaining"])),
+        Err(e) => Notice::failed("requeue", &e),
+    }
 }
 
-/// `POST /dead-letters/purge`.
+/// `POST /dead-letters/purge`: one entry (found by its message) or everything the filter
+/// shows.
 pub(crate) async fn purge(
     AxumState(state): AxumState<State>,
     headers: HeaderMap,
     Form(filter): Form<Filter>,
 ) -> Response {
-    act(state, headers, filter, "/api/v1/dlq/purge", "Purged").await
+    if let Err(refusal) = check(&headers, &filter) {
+        return refusal;
+    }
+    let api = AdminApi::new(&state, &headers);
+    let mut body = filter.body();
+    if filter.one() {
+        // The entry ids of this message's dead letters in the filter's group, not requeued.
+        let message = match api.get(filter.message_path()).await {
+            Ok(m) => m,
+            Err(e) => return Notice::failed("purge", &e),
+        };
+        let ids: Vec<String> = message
+            .list(&["deadLetters"])
+            .iter()
+            .filter(|d| {
+                d.text(&["consumerGroup"]).as_deref() == Some(filter.group())
+                    && d.at("requeuedAt").is_null()
+            })
+            .filter_map(|d| d.text(&["id"]))
+            .collect();
+        if ids.is_empty() {
+            return done("Purged", 0, 0);
+        }
+        body["ids"] = json!(ids);
+    }
+    match api.post("/api/v1/dlq/purge", &body).await {
+        Ok(a) => done("Purged", a.count(&["purged"]), 0),
+        Err(e) => Notice::failed("purge", &e),
+    }
 }
 
-async fn act(
-    state: State,
-    headers: HeaderMap,
-    filter: Filter,
-    path: &str,
-    done: &str,
-) -> Response {
-    if let Err(refusal) = access::check_action(&headers) {
-        return Notice::refused(refusal);
-    }
+/// The CSRF and role checks, and a queue to act on.
+fn check(headers: &HeaderMap, filter: &Filter) -> Result<(), Response> {
+    access::check_action(headers).map_err(Notice::refused)?;
     if filter.queue.is_empty() {
-        return Notice {
+        return Err(Notice {
             ok: false,
             text: "choose a queue first".into(),
         }
-        .respond(StatusCode::BAD_REQUEST);
+        .respond(StatusCode::BAD_REQUEST));
     }
-    let api = AdminApi::new(&state, &headers);
-    match api.post(path, &filter.body()).await {
-        Ok(answer) => {
-            let n = answer.count(&["requeued", "purged", "count", "affected"]);
-            Notice {
-                ok: true,
-                text: format!(
-                    "{done} {} dead letter{}.",
-                    figures::count(n),
-                    if n == 1 { "" } else { "s" }
-                ),
-            }
-            .respond(StatusCode::OK)
-        }
-        Err(e) => Notice::failed(&done.to_lowercase(), &e),
+    Ok(())
+}
+
+/// The notice of a done action.
+fn done(verb: &str, n: i64, remaining: i64) -> Response {
+    let mut text = format!(
+        "{verb} {} dead letter{}.",
+        figures::count(n),
+        if n == 1 { "" } else { "s" }
+    );
+    if remaining > 0 {
+        text.push_str(&format!(
+            " {} more remain: repeat to take them.",
+            figures::count(remaining)
+        ));
     }
+    Notice { ok: true, text }.respond(StatusCode::OK)
 }

@@ -39,35 +39,20 @@ pub(crate) async fn list(AxumState(state): AxumState<State>, headers: HeaderMap)
     let mut rows = Vec::new();
     match api.get("/api/v1/consumer-groups").await {
         Ok(groups) => {
-            for g in groups.list(&["groups", "consumerGroups"]) {
-                let group = g.text(&["name", "consumerGroup"]).unwrap_or_default();
+            for g in groups.list(&["groups"]) {
+                let group = g.text(&["name"]).unwrap_or_default();
                 for q in g.list(&["queues"]) {
-                    let queue = q.text(&["name", "queue", "queueName"]).unwrap_or_default();
-                    let partitions = q.list(&["partitions"]);
-                    let leases = q
-                        .num(&["leases", "leasesHeld", "activeLeases"])
-                        .map(|n| n as i64)
-                        .unwrap_or_else(|| {
-                            partitions
-                                .iter()
-                                .filter(|p| {
-                                    !p.at("leaseId").is_null() || !p.at("lease").is_null()
-                                })
-                                .count() as i64
-                        });
-                    let lag_seconds = q.num(&["maxTimeLag", "timeLag", "lagSeconds"]);
+                    let queue = q.text(&["queue"]).unwrap_or_default();
+                    let lag = q.count(&["lag"]);
+                    let lag_seconds = (lag > 0).then(|| q.num(&["lagSeconds"])).flatten();
                     rows.push(GroupRow {
                         group_enc: enc(&group),
                         group: group.clone(),
                         queue_href: format!("/queues/{}", enc(&queue)),
-                        lag: figures::count(q.count(&["totalLag", "lag", "lagMessages"])),
+                        lag: figures::count(lag),
                         lag_seconds: figures::age(lag_seconds),
-                        leases: figures::count(leases),
-                        partitions: figures::count(
-                            q.num(&["partitionCount", "members"])
-                                .map(|n| n as i64)
-                                .unwrap_or(partitions.len() as i64),
-                        ),
+                        leases: figures::count(q.count(&["leasedPartitions"])),
+                        partitions: figures::count(q.count(&["partitions"])),
                         lagging: lag_seconds.is_some_and(|s| s > 60.0),
                         queue,
                     });

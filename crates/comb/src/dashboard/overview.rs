@@ -51,7 +51,7 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
         api.get("/api/v1/resources/overview"),
         api.get(&analytics_path),
         api.get("/api/v1/status"),
-        api.get("/api/v1/resources/queues"),
+        api.get("/api/v1/resources/queues?limit=1000"),
     );
     let mut notes = Vec::new();
 
@@ -63,15 +63,10 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
         notes.push(unavailable("Queues", &e));
         Vec::new()
     });
-    let depth_total: i64 = queues.iter().map(queue_depth).sum();
-    let oldest = queues
-        .iter()
-        .filter_map(|q| q.num(OLDEST))
-        .fold(None, |m: Option<f64>, a| Some(m.map_or(a, |m| m.max(a))));
-    let dead = overview
-        .num(&["messages.deadLetter", "messages.dead_letter", "deadLetters"])
-        .map(|n| n as i64)
-        .unwrap_or_else(|| queues.iter().map(|q| q.count(DEAD)).sum());
+    let depth_total = overview.count(DEPTH);
+    let oldest = oldest_pending(&overview);
+    let dead = overview.count(DEAD);
+    let queue_count = overview.count(&["queues"]);
     let servers = status
         .as_ref()
         .ok()
@@ -158,7 +153,7 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
             },
             Card {
                 label: "Queues",
-                value: figures::count(queues.len() as i64),
+                value: figures::count(queue_count),
                 id: "queue-count",
                 warn: false,
             },
@@ -177,7 +172,7 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
             .map(|q| QueueLine {
                 name: q.text(&["name"]).unwrap_or_default(),
                 depth: figures::count(queue_depth(q)),
-                oldest: figures::age(q.num(OLDEST)),
+                oldest: figures::age(oldest_pending(q)),
             })
             .collect(),
         notes,
@@ -191,27 +186,19 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     )
 }
 
-/// Field names of Queen's shapes (and their spellings in Comb's answers), first match wins.
-pub(crate) const DEPTH: &[&str] = &["messages.pending", "depth", "pending", "stats.pending"];
-pub(crate) const IN_FLIGHT: &[&str] = &[
-    "messages.processing",
-    "inFlight",
-    "processing",
-    "stats.processing",
-];
-pub(crate) const DEAD: &[&str] = &[
-    "messages.deadLetter",
-    "messages.dead_letter",
-    "deadLetters",
-    "deadLetter",
-    "stats.deadLetter",
-];
-pub(crate) const OLDEST: &[&str] = &[
-    "oldestPendingSeconds",
-    "oldestPendingAgeSeconds",
-    "messages.oldestPendingSeconds",
-    "stats.oldestPendingSeconds",
-];
+/// Where the administration API's answers hold the figures pages show.
+pub(crate) const DEPTH: &[&str] = &["messages.pending"];
+pub(crate) const IN_FLIGHT: &[&str] = &["messages.processing"];
+pub(crate) const DEAD: &[&str] = &["messages.deadLetters", "deadLetters"];
+
+/// Age of the oldest pending message of a queue, partition or the whole system; none when
+/// nothing is pending.
+pub(crate) fn oldest_pending(q: &Json) -> Option<f64> {
+    if q.at("oldestPendingAt").is_null() {
+        return None;
+    }
+    q.num(&["oldestPendingAgeSeconds"])
+}
 pub(crate) const PUSHED: &[&str] = &["ingested", "pushed", "messagesIn", "in"];
 pub(crate) const DONE: &[&str] = &["processed", "completed", "acked", "messagesOut", "out"];
 pub(crate) const ERRORS: &[&str] = &["failed", "errors", "deadLettered", "dlq"];

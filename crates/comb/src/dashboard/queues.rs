@@ -10,7 +10,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use serde::Deserialize;
 
-use super::overview::{DEAD, DEPTH, IN_FLIGHT, OLDEST, queue_depth};
+use super::overview::{DEAD, DEPTH, IN_FLIGHT, oldest_pending, queue_depth};
 use super::{AdminApi, Json, chart, enc, figures, respond, unavailable};
 use crate::http::State;
 
@@ -70,7 +70,7 @@ pub(crate) async fn list(
 ) -> Response {
     let api = AdminApi::new(&state, &headers);
     let (queues, stats) = tokio::join!(
-        api.get("/api/v1/resources/queues"),
+        api.get("/api/v1/resources/queues?limit=1000"),
         api.get("/api/v1/status/queues"),
     );
     let mut note = None;
@@ -124,7 +124,7 @@ pub(crate) async fn list(
             "depth" => queue_depth(q) as f64,
             "inflight" => q.count(IN_FLIGHT) as f64,
             "dead" => q.count(DEAD) as f64,
-            "oldest" => q.num(OLDEST).unwrap_or(-1.0),
+            "oldest" => oldest_pending(q).unwrap_or(-1.0),
             "partitions" => q.count(PARTITIONS) as f64,
             _ => t,
         };
@@ -169,7 +169,7 @@ pub(crate) async fn list(
                     in_flight: figures::count(q.count(IN_FLIGHT)),
                     dead: figures::count(dead),
                     dead_warn: dead > 0,
-                    oldest: figures::age(q.num(OLDEST)),
+                    oldest: figures::age(oldest_pending(q)),
                     partitions: figures::count(q.count(PARTITIONS)),
                     throughput: figures::rate(t),
                     spark,
@@ -186,7 +186,7 @@ pub(crate) async fn list(
     respond(page.render(), "Queues", "queues", Some((query, 5)), &headers)
 }
 
-const PARTITIONS: &[&str] = &["partitions", "partitionCount", "stats.partitions"];
+const PARTITIONS: &[&str] = &["partitions"];
 
 #[derive(Template)]
 #[template(path = "dashboard/queue.html")]
@@ -210,6 +210,9 @@ struct PartitionRow {
     lags: Vec<(String, String)>,
 }
 
+/// Partitions one admin call answers at most.
+const PAGE: usize = 1000;
+
 /// `GET /queues/{queue}`.
 pub(crate) async fn detail(
     AxumState(state): AxumState<State>,
@@ -217,57 +220,81 @@ pub(crate) async fn detail(
     Path(queue): Path<String>,
 ) -> Response {
     let api = AdminApi::new(&state, &headers);
-    let (detail, groups) = tokio::join!(
-        api.get(format!("/api/v1/resources/queues/{}", enc(&queue))),
-        api.get("/api/v1/consumer-groups"),
-    );
+    let q = enc(&queue);
     let mut notes = Vec::new();
-    let detail = detail.unwrap_or_else(|e| {
-        notes.push(unavailable("This queue", &e));
-        Json::default()
-    });
-    // Each group's lag per partition of this queue, keyed by partition name.
-    let mut group_names = Vec::new();
-    let mut lag: BTreeMap<(String, String), (i64, Option<f64>)> = BTreeMap::new();
-    match groups {
-        Ok(groups) => {
-            for g in groups.list(&["groups", "consumerGroups"]) {
-                let gname = g.text(&["name", "consumerGroup"]).unwrap_or_default();
-                for q in g.list(&["queues"]) {
-                    if q.text(&["name", "queue", "queueName"]).as_deref() != Some(&queue) {
-                        continue;
-                    }
-                    group_names.push(gname.clone());
-                    for p in q.list(&["partitions"]) {
-                        let pname = p.text(&["name", "partition", "partitionName"]);
-                        lag.insert(
-                            (gname.clone(), pname.unwrap_or_default()),
-                            (
-                                p.count(&["lag", "offsetLag", "lagMessages"]),
-                                p.num(&["timeLag", "lagSeconds", "timeLagSeconds"]),
-                            ),
-                        );
-                    }
-                }
+    let detail = api
+        .get(format!("/api/v1/resources/queues/{q}?limit={PAGE}"))
+        .await
+        .unwrap_or_else(|e| {
+            notes.push(unavailable("This queue", &e));
+            Json::default()
+        });
+    // Every partition, a page at a time.
+    let total = detail.count(&["partitions"]).max(0) as usize;
+    let mut partitions = detail.list(&["partitionList"]);
+    while partitions.len() < total {
+        let path = format!(
+            "/api/v1/resources/partitions?queue={q}&limit={PAGE}&offset={}",
+            partitions.len()
+        );
+        match api.get(path).await {
+            Ok(page) if !page.list(&["partitions"]).is_empty() => {
+                partitions.extend(page.list(&["partitions"]))
+            }
+            Ok(_) => break,
+            Err(e) => {
+                notes.push(unavailable("Partitions", &e));
+                break;
             }
         }
-        Err(e) => notes.push(unavailable("Consumer groups", &e)),
     }
-    group_names.sort();
-    group_names.dedup();
+    // Each group's lag per partition of this queue, keyed by (group, partition name).
+    let group_names: Vec<String> = detail
+        .list(&["consumerGroups"])
+        .iter()
+        .filter_map(|g| g.text(&["name"]))
+        .collect();
+    let details = futures_util::future::join_all(
+        group_names
+            .iter()
+            .map(|g| api.get(format!("/api/v1/consumer-groups/{}", enc(g)))),
+    )
+    .await;
+    let mut lag: BTreeMap<(&str, String), (i64, Option<f64>)> = BTreeMap::new();
+    for (g, d) in group_names.iter().zip(details) {
+        let d = match d {
+            Ok(d) => d,
+            Err(e) => {
+                notes.push(unavailable(&format!("Lag of {g}"), &e));
+                continue;
+            }
+        };
+        for gq in d.list(&["queues"]) {
+            if gq.text(&["queue"]).as_deref() != Some(queue.as_str()) {
+                continue;
+            }
+            for p in gq.list(&["partitions"]) {
+                let messages = p.count(&["lag"]);
+                let seconds = (messages > 0).then(|| p.num(&["lagSeconds"])).flatten();
+                lag.insert(
+                    (g.as_str(), p.text(&["partition"]).unwrap_or_default()),
+                    (messages, seconds),
+                );
+            }
+        }
+    }
 
-    let partitions: Vec<PartitionRow> = detail
-        .list(&["partitions"])
+    let rows: Vec<PartitionRow> = partitions
         .iter()
         .map(|p| {
-            let name = p.text(&["name", "partition"]).unwrap_or_default();
+            let name = p.text(&["name"]).unwrap_or_default();
             PartitionRow {
                 depth: figures::count(p.count(DEPTH)),
                 in_flight: figures::count(p.count(IN_FLIGHT)),
-                oldest: figures::age(p.num(OLDEST)),
+                oldest: figures::age(oldest_pending(p)),
                 lags: group_names
                     .iter()
-                    .map(|g| match lag.get(&(g.clone(), name.clone())) {
+                    .map(|g| match lag.get(&(g.as_str(), name.clone())) {
                         Some((m, s)) => (figures::count(*m), figures::age(*s)),
                         None => ("—".into(), "—".into()),
                     })
@@ -276,7 +303,7 @@ pub(crate) async fn detail(
             }
         })
         .collect();
-    let options = match detail.at("options").as_object().or(detail.at("config").as_object()) {
+    let options = match detail.at("options").as_object() {
         Some(map) => map
             .iter()
             .map(|(k, v)| {
@@ -292,23 +319,23 @@ pub(crate) async fn detail(
         None => Vec::new(),
     };
     let page = QueuePage {
-        name_enc: enc(&queue),
+        name_enc: q.clone(),
         summary: vec![
             ("Pending", figures::count(detail.count(DEPTH))),
             ("In flight", figures::count(detail.count(IN_FLIGHT))),
             ("Dead letters", figures::count(detail.count(DEAD))),
-            ("Oldest pending", figures::age(detail.num(OLDEST))),
-            ("Partitions", figures::count(partitions.len() as i64)),
+            ("Oldest pending", figures::age(oldest_pending(&detail))),
+            ("Partitions", figures::count(total as i64)),
         ],
-        partition_count: partitions.len(),
-        partitions,
+        partition_count: rows.len(),
+        partitions: rows,
         options,
         groups: group_names,
         notes,
         name: queue.clone(),
     };
     // A queue of thousands of partitions is not redrawn every few seconds.
-    let refresh = (page.partition_count <= 500).then(|| (format!("/queues/{}", enc(&queue)), 5));
+    let refresh = (page.partition_count <= 500).then(|| (format!("/queues/{q}"), 5));
     respond(page.render(), &queue, "queues", refresh, &headers)
 }
 
