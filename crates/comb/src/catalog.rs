@@ -252,9 +252,12 @@ impl Catalog {
                  )
                  INSERT INTO comb.cursor_states
                      (partition_id, consumer_group, gen, ver, cursor_pos, lease_upto)
-                 SELECT a.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), 1,
-                        s.pos, s.pos
+                 SELECT a.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens),
+                        coalesce(o.ver, 0) + 1, s.pos, s.pos
                  FROM anchors a
+                 -- A group deleted and subscribed again continues its versions: the old
+                 -- ones stay until their generation is dropped and must not win.
+                 LEFT JOIN LATERAL comb.cursor_state(a.partition_id, $2) o ON true
                  CROSS JOIN LATERAL (
                      SELECT CASE $3::text
                          WHEN 'new' THEN (SELECT h.pos FROM comb.partition_head(a.partition_id) h)

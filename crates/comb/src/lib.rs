@@ -6,6 +6,7 @@
 //! queues, partitions and subscriptions; [`schema`] owns the tables.
 
 pub mod ack;
+pub mod admin;
 pub mod catalog;
 pub mod config;
 pub mod dashboard;

@@ -67,6 +67,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         stop_signal: watch::channel(false).0,
         waiting: http::limits::WaitingPops::new(config.max_waiting_pops),
         durations: http::route_durations(),
+        modes: Default::default(),
         config,
     });
     let listener = http::limits::LimitedListener::new(

@@ -3,10 +3,13 @@
 mod ack;
 mod body;
 mod configure;
+mod dead_letters;
+mod groups;
 mod health;
 mod lease;
 /// Caps on connections and waiting pops.
 pub mod limits;
+mod messages;
 mod metrics;
 mod openapi;
 mod params;
@@ -15,6 +18,9 @@ mod problem;
 mod push;
 /// Queue resources (deletion) and the catalog notification channel.
 pub mod queues;
+/// Sizes, depth and lag of queues, partitions, namespaces and tasks; clearing a queue.
+mod resources;
+mod system;
 mod transaction;
 
 use std::sync::Arc;
@@ -55,6 +61,8 @@ pub struct App {
     pub waiting: limits::WaitingPops,
     /// How long requests took, one histogram per entry of [`routes`], in its order.
     pub durations: Vec<crate::metrics::Durations>,
+    /// Maintenance modes as this server last read them.
+    pub modes: Arc<crate::admin::modes::Modes>,
 }
 
 impl App {
@@ -139,6 +147,119 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
             Method::DELETE,
             "/api/v1/resources/queues/{queue}",
             delete(queues::delete_queue),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/overview",
+            get(resources::overview),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/queues",
+            get(resources::queues),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/queues/{queue}",
+            get(resources::queue),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/partitions",
+            get(resources::partitions),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/namespaces",
+            get(resources::namespaces),
+        ),
+        (
+            Method::GET,
+            "/api/v1/resources/tasks",
+            get(resources::tasks),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/queues/{queue}/clear",
+            delete(resources::clear),
+        ),
+        (Method::GET, "/api/v1/consumer-groups", get(groups::list)),
+        (
+            Method::GET,
+            "/api/v1/consumer-groups/lagging",
+            get(groups::lagging),
+        ),
+        (
+            Method::GET,
+            "/api/v1/consumer-groups/{group}",
+            get(groups::detail),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/consumer-groups/{group}/queues/{queue}",
+            delete(groups::delete_for_queue),
+        ),
+        (
+            Method::POST,
+            "/api/v1/consumer-groups/{group}/subscription",
+            post(groups::subscription),
+        ),
+        (
+            Method::POST,
+            "/api/v1/consumer-groups/{group}/queues/{queue}/seek",
+            post(groups::seek),
+        ),
+        (
+            Method::POST,
+            "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek",
+            post(groups::seek_partition),
+        ),
+        (Method::GET, "/api/v1/messages", get(messages::list)),
+        (
+            Method::GET,
+            "/api/v1/messages/{partitionId}/{transactionId}",
+            get(messages::get),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/messages/{partitionId}/{transactionId}",
+            delete(messages::delete),
+        ),
+        (
+            Method::POST,
+            "/api/v1/messages/{partitionId}/{transactionId}/retry",
+            post(messages::retry),
+        ),
+        (
+            Method::POST,
+            "/api/v1/messages/{partitionId}/{transactionId}/dlq",
+            post(messages::dead_letter),
+        ),
+        (
+            Method::POST,
+            "/api/v1/dlq/requeue",
+            post(dead_letters::requeue),
+        ),
+        (Method::POST, "/api/v1/dlq/purge", post(dead_letters::purge)),
+        (
+            Method::GET,
+            "/api/v1/system/maintenance",
+            get(system::get_push),
+        ),
+        (
+            Method::POST,
+            "/api/v1/system/maintenance",
+            post(system::set_push),
+        ),
+        (
+            Method::GET,
+            "/api/v1/system/maintenance/pop",
+            get(system::get_pop),
+        ),
+        (
+            Method::POST,
+            "/api/v1/system/maintenance/pop",
+            post(system::set_pop),
         ),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),

@@ -96,6 +96,48 @@ impl Params {
     }
 }
 
+/// The query string as it arrived, or the framework's rejection of it.
+pub type QueryString =
+    Result<axum::extract::Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>;
+
+/// Named options of a query string; a malformed query string is a problem.
+pub fn query(q: QueryString) -> Result<Params, Problem> {
+    q.map(|q| Params::Query(q.0))
+        .map_err(|e| Problem::bad_request("parameter_invalid", e.body_text()))
+}
+
+/// Parses a time given as RFC 3339 (`2026-01-31T12:00:00Z`) or as a date (`2026-01-31`,
+/// midnight UTC).
+pub fn parse_time(name: &str, text: &str) -> Result<chrono::DateTime<chrono::Utc>, Problem> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc());
+    }
+    Err(Problem::bad_request(
+        "parameter_invalid",
+        format!(
+            "parameter `{name}` must be an RFC 3339 time such as 2026-01-31T12:00:00Z or a date such as 2026-01-31, got {text:?}"
+        ),
+    ))
+}
+
+impl Params {
+    /// A time option (see [`parse_time`]).
+    pub fn time(&self, name: &str) -> Result<Option<chrono::DateTime<chrono::Utc>>, Problem> {
+        self.text(name)?
+            .filter(|t| !t.is_empty())
+            .map(|t| parse_time(name, &t))
+            .transpose()
+    }
+
+    /// The page a listing asks for (`limit`, `offset`).
+    pub fn page(&self) -> Result<crate::admin::Page, Problem> {
+        crate::admin::Page::new(self.uint("limit")?, self.uint("offset")?).map_err(Problem::from)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -166,6 +166,14 @@ async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
     let mut stop = app.stop_signal.subscribe();
     let mut slot = None;
     loop {
+        // While pop maintenance mode is on, nothing is handed out.
+        if app
+            .modes
+            .is_on(&app.pool, crate::admin::modes::Mode::Pop)
+            .await
+        {
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
         // Listen before looking, so a push that commits after the look still wakes us.
         let mut woken = app.wake.listen(&req.queue);
         if let Some(resp) = attempt(app, &req).await? {

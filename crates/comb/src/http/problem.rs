@@ -108,3 +108,15 @@ impl IntoResponse for Problem {
         resp
     }
 }
+
+impl From<crate::admin::Failure> for Problem {
+    fn from(f: crate::admin::Failure) -> Problem {
+        use crate::admin::Failure;
+        match f {
+            Failure::NotFound(code, detail) => Problem::not_found(code, detail),
+            Failure::Invalid(code, detail) => Problem::bad_request(code, detail),
+            Failure::Conflict(code, detail) => Problem::conflict(code, detail),
+            Failure::Db(e) => Problem::from(e),
+        }
+    }
+}

@@ -100,6 +100,7 @@ pub async fn push(
 ) -> Result<Response, Problem> {
     let items = parse_json::<PushBody>(&bytes)?.items;
     validate(&items, app.config.max_batch)?;
+    refuse_in_maintenance(&app).await?;
     check_capacity(&app, &items).await?;
     let messages = resolve(&app, items, &bytes).await?;
     let (messages, stored) = store(&app, messages).await?;
@@ -110,6 +111,22 @@ pub async fn push(
         answer_json(&results(&messages, &stored)),
     )
         .into_response())
+}
+
+/// While push maintenance mode is on, pushes are refused before anything is stored: 503 with
+/// `Retry-After`, so producers retry later and nothing is lost.
+pub(super) async fn refuse_in_maintenance(app: &State) -> Result<(), Problem> {
+    if app
+        .modes
+        .is_on(&app.pool, crate::admin::modes::Mode::Push)
+        .await
+    {
+        return Err(Problem::unavailable(
+            "maintenance_mode",
+            "pushes are paused by maintenance mode; retry later",
+        ));
+    }
+    Ok(())
 }
 
 /// The push answer as JSON, written out by hand: keys and ids never need escaping, and

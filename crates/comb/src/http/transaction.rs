@@ -136,6 +136,7 @@ pub async fn transaction(
         Vec::new()
     } else {
         super::push::validate(&push_items, max)?;
+        super::push::refuse_in_maintenance(&app).await?;
         check_capacity(&app, &push_items).await?;
         resolve(&app, push_items, &bytes).await?
     };

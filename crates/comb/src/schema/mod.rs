@@ -53,6 +53,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "timed_walk",
         sql: include_str!("migrations/0007_timed_walk.sql"),
     },
+    Migration {
+        version: 8,
+        name: "administration",
+        sql: include_str!("migrations/0008_administration.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

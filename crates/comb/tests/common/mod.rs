@@ -196,6 +196,16 @@ impl Env {
         read(r).await
     }
 
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .delete(self.url(path))
+            .send()
+            .await
+            .expect("request");
+        read(r).await
+    }
+
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
         let r = self.http.get(self.url(path)).send().await.expect("request");
         read(r).await

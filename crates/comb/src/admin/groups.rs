@@ -1,0 +1,317 @@
+//! Consumer groups: their lag per queue and partition, leases, deletion, subscription
+//! changes and seeks.
+//!
+//! Lag comes from `comb.cursor_lag` (schema version 8): each cursor's latest state, its
+//! partition's head and the first unsettled message's time, all index probes.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use serde_json::{Value, json};
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::cursors::{self, Selection, Target};
+use super::{Failure, MAX_LIMIT};
+use crate::catalog::{Catalog, StartFrom};
+use crate::http::queues::CATALOG_CHANNEL;
+
+/// Lag of one (queue, group) summed over its cursors, as columns of a lateral named `l`.
+const GROUP_LAG: &str = "
+CROSS JOIN LATERAL (
+    SELECT count(*) AS partitions, coalesce(sum(x.lag), 0)::bigint AS lag,
+           coalesce(extract(epoch FROM now() - min(x.oldest_unsettled_at)), 0)::float8 AS lag_seconds,
+           count(x.lease_id) AS leased
+    FROM comb.cursors c CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
+    WHERE c.queue_id = sub.queue_id AND c.consumer_group = sub.consumer_group
+) l";
+
+/// The groups reading one queue, with their lag.
+pub(crate) async fn of_queue(
+    client: &impl GenericClient,
+    queue_id: Uuid,
+) -> Result<Value, Failure> {
+    let sql = format!(
+        "SELECT coalesce(jsonb_agg(jsonb_build_object(
+                    'name', sub.consumer_group, 'mode', sub.mode,
+                    'subscribedAt', comb.iso(sub.created_at), 'partitions', l.partitions,
+                    'lag', l.lag, 'lagSeconds', l.lag_seconds, 'leasedPartitions', l.leased)
+                ORDER BY sub.consumer_group), '[]')
+         FROM (SELECT * FROM comb.subscriptions WHERE queue_id = $1
+               ORDER BY consumer_group LIMIT {MAX_LIMIT}) sub
+         {GROUP_LAG}"
+    );
+    Ok(client.query_one(&sql, &[&queue_id]).await?.get(0))
+}
+
+/// `GET /api/v1/consumer-groups`: every group with its queues and their lag (messages and
+/// seconds), as Queen answers it: a JSON array.
+pub async fn list(pool: &Pool) -> Result<Value, Failure> {
+    let client = pool.get().await?;
+    let sql = format!(
+        "SELECT coalesce(jsonb_agg(jsonb_build_object(
+                    'name', g.name, 'queues', g.queues, 'queueCount', g.n,
+                    'totalLag', g.lag, 'maxLagSeconds', g.lag_seconds,
+                    'state', CASE WHEN g.lag = 0 THEN 'Stable' ELSE 'Lagging' END)
+                ORDER BY g.name), '[]')
+         FROM (
+            SELECT sub.consumer_group AS name, count(*) AS n, sum(l.lag)::bigint AS lag,
+                   max(l.lag_seconds) AS lag_seconds,
+                   jsonb_agg(jsonb_build_object(
+                       'queue', q.name, 'mode', sub.mode, 'partitions', l.partitions,
+                       'lag', l.lag, 'lagSeconds', l.lag_seconds,
+                       'leasedPartitions', l.leased) ORDER BY q.name) AS queues
+            FROM (SELECT * FROM comb.subscriptions
+                  ORDER BY consumer_group, queue_id LIMIT {MAX_LIMIT}) sub
+            JOIN comb.queues q ON q.id = sub.queue_id
+            {GROUP_LAG}
+            GROUP BY sub.consumer_group
+         ) g"
+    );
+    Ok(client.query_one(&sql, &[]).await?.get(0))
+}
+
+/// `GET /api/v1/consumer-groups/{group}`: the group's queues, each with every partition's
+/// cursor, head, lag and lease.
+pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Failure> {
+    let client = pool.get().await?;
+    let sql = format!(
+        "SELECT jsonb_agg(jsonb_build_object(
+                    'queue', q.name, 'mode', sub.mode, 'subscribedAt', comb.iso(sub.created_at),
+                    'lag', l.lag, 'lagSeconds', l.lag_seconds,
+                    'partitions', (
+                        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                   'partitionId', p.id, 'partition', p.name,
+                                   'cursor', x.cursor_pos, 'head', x.head, 'lag', x.lag,
+                                   'lagSeconds', coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8,
+                                   'leaseId', x.lease_id,
+                                   'leaseExpiresAt', comb.iso(x.lease_expires_at),
+                                   'lastClaimedAt', comb.iso(x.last_claimed_at))
+                               ORDER BY p.name), '[]')
+                        FROM (SELECT p.* FROM comb.partitions p
+                              WHERE p.queue_id = sub.queue_id
+                              ORDER BY p.name LIMIT {MAX_LIMIT}) p
+                        CROSS JOIN LATERAL comb.cursor_lag(p.id, sub.consumer_group) x))
+                ORDER BY q.name)
+         FROM comb.subscriptions sub
+         JOIN comb.queues q ON q.id = sub.queue_id
+         {GROUP_LAG}
+         WHERE sub.consumer_group = $1"
+    );
+    let queues: Option<Value> = client.query_one(&sql, &[&group]).await?.get(0);
+    let queues = queues.ok_or_else(|| {
+        Failure::NotFound(
+            "consumer_group_not_found",
+            format!("consumer group `{group}` reads no queue"),
+        )
+    })?;
+    Ok(json!({"name": group, "queues": queues}))
+}
+
+/// `GET /api/v1/consumer-groups/lagging`: cursors whose oldest unsettled message waits for
+/// at least `min_seconds`, the longest first.
+pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Value, Failure> {
+    let client = pool.get().await?;
+    let sql = format!(
+        "SELECT coalesce(jsonb_agg(r.j ORDER BY r.secs DESC), '[]') FROM (
+            SELECT jsonb_build_object(
+                       'consumerGroup', c.consumer_group, 'queue', q.name,
+                       'partition', p.name, 'partitionId', p.id, 'lag', x.lag,
+                       'lagSeconds', extract(epoch FROM now() - x.oldest_unsettled_at)::float8,
+                       'oldestUnsettledAt', comb.iso(x.oldest_unsettled_at)) AS j,
+                   extract(epoch FROM now() - x.oldest_unsettled_at) AS secs
+            FROM comb.cursors c
+            JOIN comb.partitions p ON p.id = c.partition_id
+            JOIN comb.queues q ON q.id = c.queue_id
+            CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
+            WHERE x.lag > 0
+              AND x.oldest_unsettled_at <= now() - make_interval(secs => $1)
+            ORDER BY secs DESC LIMIT {MAX_LIMIT}
+         ) r"
+    );
+    Ok(client.query_one(&sql, &[&min_seconds]).await?.get(0))
+}
+
+/// `DELETE /api/v1/consumer-groups/{group}/queues/{queue}`: with `delete_metadata` the group
+/// stops reading the queue (cursors and subscription go; its next pop subscribes it anew);
+/// without, it keeps its subscription and starts again where it first subscribed.
+pub async fn delete_for_queue(
+    pool: &Pool,
+    group: &str,
+    queue: &str,
+    delete_metadata: bool,
+) -> Result<Value, Failure> {
+    let mut client = pool.get().await?;
+    let id = super::queue_id(&**client, queue).await?;
+    let tx = client.transaction().await?;
+    let sub = tx
+        .query_opt(
+            "SELECT mode, start_at, created_at FROM comb.subscriptions
+             WHERE queue_id = $1 AND consumer_group = $2 FOR UPDATE",
+            &[&id, &group],
+        )
+        .await?
+        .ok_or_else(|| {
+            Failure::NotFound(
+                "consumer_group_not_found",
+                format!("consumer group `{group}` does not read queue `{queue}`"),
+            )
+        })?;
+    let partitions = if delete_metadata {
+        // Cursor rows are locked before they go, as every writer of cursors does.
+        tx.query(
+            "SELECT 1 FROM comb.cursors WHERE queue_id = $1 AND consumer_group = $2
+             ORDER BY partition_id FOR UPDATE",
+            &[&id, &group],
+        )
+        .await?;
+        let n = tx
+            .execute(
+                "DELETE FROM comb.cursors WHERE queue_id = $1 AND consumer_group = $2",
+                &[&id, &group],
+            )
+            .await?;
+        tx.execute(
+            "DELETE FROM comb.subscriptions WHERE queue_id = $1 AND consumer_group = $2",
+            &[&id, &group],
+        )
+        .await?;
+        // Every server forgets the queue's cached subscriptions.
+        tx.execute("SELECT pg_notify($1, $2)", &[&CATALOG_CHANNEL, &queue])
+            .await?;
+        n
+    } else {
+        let mode: String = sub.get(0);
+        let start_at: Option<DateTime<Utc>> = sub.get(1);
+        let created_at: DateTime<Utc> = sub.get(2);
+        let target = match mode.as_str() {
+            "from" => Target::Time(start_at.unwrap_or(created_at)),
+            "new" => Target::Time(created_at),
+            _ => Target::Start,
+        };
+        let moved = cursors::move_in(
+            &tx,
+            Selection {
+                queue_id: id,
+                group: Some(group),
+                partition: None,
+                forward_only: false,
+            },
+            target,
+        )
+        .await?;
+        moved.cursors
+    };
+    tx.commit().await?;
+    Ok(json!({
+        "success": true,
+        "consumerGroup": group,
+        "queueName": queue,
+        "deletedPartitions": partitions,
+        "metadataDeleted": delete_metadata,
+    }))
+}
+
+/// `POST /api/v1/consumer-groups/{group}/subscription`: the group reads every queue it is
+/// subscribed to from `at` on: the subscriptions record it, and cursors still behind it move
+/// forward to it (none moves back).
+pub async fn set_subscription(
+    pool: &Pool,
+    group: &str,
+    at: DateTime<Utc>,
+) -> Result<Value, Failure> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let queues: Vec<Uuid> = tx
+        .query(
+            "UPDATE comb.subscriptions SET mode = 'from', start_at = $2
+             WHERE consumer_group = $1 RETURNING queue_id",
+            &[&group, &at],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if queues.is_empty() {
+        return Err(Failure::NotFound(
+            "consumer_group_not_found",
+            format!("consumer group `{group}` reads no queue"),
+        ));
+    }
+    let mut moved = 0;
+    for queue_id in &queues {
+        moved += cursors::move_in(
+            &tx,
+            Selection {
+                queue_id: *queue_id,
+                group: Some(group),
+                partition: None,
+                forward_only: true,
+            },
+            Target::Time(at),
+        )
+        .await?
+        .cursors;
+    }
+    tx.commit().await?;
+    Ok(json!({
+        "success": true,
+        "consumerGroup": group,
+        "subscriptionTimestamp": at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "queuesUpdated": queues.len(),
+        "cursorsMoved": moved,
+    }))
+}
+
+/// `POST /api/v1/consumer-groups/{group}/queues/{queue}[/partitions/{partition}]/seek`:
+/// moves the group's cursors of every partition of the queue (or one) to `target`. A group
+/// that never read the queue is subscribed first, so partitions it never read move too.
+pub async fn seek(
+    pool: &Pool,
+    catalog: &Catalog,
+    group: &str,
+    queue: &str,
+    partition: Option<&str>,
+    target: Target,
+) -> Result<Value, Failure> {
+    let mut client = pool.get().await?;
+    let id = super::queue_id(&**client, queue).await?;
+    let partition_id = match partition {
+        Some(p) => Some(super::partition_id(&**client, id, queue, p).await?),
+        None => None,
+    };
+    catalog
+        .ensure_subscription(pool, id, group, StartFrom::All)
+        .await?;
+    let tx = client.transaction().await?;
+    let moved = cursors::move_in(
+        &tx,
+        Selection {
+            queue_id: id,
+            group: Some(group),
+            partition: partition_id,
+            forward_only: false,
+        },
+        target,
+    )
+    .await?;
+    tx.commit().await?;
+    let (to_end, timestamp) = match target {
+        Target::End => (true, None),
+        Target::Start => (false, None),
+        Target::Time(t) => (
+            false,
+            Some(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        ),
+    };
+    Ok(json!({
+        "success": true,
+        "consumerGroup": group,
+        "queueName": queue,
+        "partition": partition,
+        "toEnd": to_end,
+        "toStart": target == Target::Start,
+        "timestamp": timestamp,
+        "partitionsMoved": moved.cursors,
+        "lag": moved.unsettled_after,
+    }))
+}

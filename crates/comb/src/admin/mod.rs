@@ -1,0 +1,120 @@
+//! Administration: what operators read about queues, partitions, consumer groups, messages
+//! and dead letters, and what they change (clear, seek, requeue, purge, modes).
+//!
+//! Reads are index probes per partition and cursor (heads, latest cursor states, the one
+//! message after a cursor) and every listing is paged with a capped `limit`, so no answer
+//! reads message storage in bulk. Changes are written the way the data path writes: a moved
+//! cursor is a new cursor state version, a requeued dead letter a row of its own.
+//! Answers are JSON in Queen's shapes, built where the rows are read.
+
+pub mod cursors;
+pub mod dead_letters;
+pub mod groups;
+pub mod messages;
+pub mod modes;
+pub mod resources;
+
+use crate::db::DbError;
+
+/// Most rows a listing answers at once.
+pub const MAX_LIMIT: i64 = 1000;
+
+/// Rows a listing answers when the request does not say.
+pub const DEFAULT_LIMIT: i64 = 100;
+
+/// A page of a listing: `limit` rows after skipping `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub limit: i64,
+    pub offset: i64,
+}
+
+impl Page {
+    /// A page from request values; `limit` above [`MAX_LIMIT`] is refused, not silently cut.
+    pub fn new(limit: Option<u64>, offset: Option<u64>) -> Result<Page, Failure> {
+        let limit = limit.map_or(DEFAULT_LIMIT, |l| l.min(i64::MAX as u64) as i64);
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(Failure::Invalid(
+                "limit_invalid",
+                format!("limit must be between 1 and {MAX_LIMIT}"),
+            ));
+        }
+        let offset = offset.unwrap_or(0).min(i64::MAX as u64) as i64;
+        Ok(Page { limit, offset })
+    }
+}
+
+impl Default for Page {
+    fn default() -> Page {
+        Page {
+            limit: DEFAULT_LIMIT,
+            offset: 0,
+        }
+    }
+}
+
+/// Why an administrative request was not done.
+#[derive(Debug)]
+pub enum Failure {
+    /// The thing named does not exist (code, detail).
+    NotFound(&'static str, String),
+    /// The request itself is wrong (code, detail).
+    Invalid(&'static str, String),
+    /// The request conflicts with the current state (code, detail).
+    Conflict(&'static str, String),
+    Db(DbError),
+}
+
+impl From<DbError> for Failure {
+    fn from(e: DbError) -> Failure {
+        Failure::Db(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Failure {
+        Failure::Db(DbError::from(e))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Failure {
+    fn from(e: deadpool_postgres::PoolError) -> Failure {
+        Failure::Db(DbError::from(e))
+    }
+}
+
+/// The id of a queue by name, or [`Failure::NotFound`].
+pub(crate) async fn queue_id(
+    client: &impl tokio_postgres::GenericClient,
+    queue: &str,
+) -> Result<uuid::Uuid, Failure> {
+    client
+        .query_opt("SELECT id FROM comb.queues WHERE name = $1", &[&queue])
+        .await?
+        .map(|r| r.get(0))
+        .ok_or_else(|| {
+            Failure::NotFound("queue_not_found", format!("queue `{queue}` does not exist"))
+        })
+}
+
+/// The id of a partition of a queue by name, or [`Failure::NotFound`].
+pub(crate) async fn partition_id(
+    client: &impl tokio_postgres::GenericClient,
+    queue_id: uuid::Uuid,
+    queue: &str,
+    partition: &str,
+) -> Result<uuid::Uuid, Failure> {
+    client
+        .query_opt(
+            "SELECT id FROM comb.partitions WHERE queue_id = $1 AND name = $2",
+            &[&queue_id, &partition],
+        )
+        .await?
+        .map(|r| r.get(0))
+        .ok_or_else(|| {
+            Failure::NotFound(
+                "partition_not_found",
+                format!("queue `{queue}` has no partition `{partition}`"),
+            )
+        })
+}

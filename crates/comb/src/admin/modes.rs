@@ -1,0 +1,151 @@
+//! Maintenance modes, shared by every server on the database: while `push` is on, pushes are
+//! answered 503 with `Retry-After` (nothing is accepted, so nothing is lost); while `pop` is
+//! on, pops answer 204 at once.
+//!
+//! The modes are rows of `comb.system_modes`. Each server keeps them in memory and reads them
+//! again, in the background, once they are a second old, so a change made through any server
+//! reaches every server within about a second and requests never wait for the read (only
+//! the very first one does, before anything was read).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use serde_json::{Value, json};
+
+use crate::db::DbError;
+
+/// How long a server trusts the modes it read.
+pub const TTL: Duration = Duration::from_secs(1);
+
+/// Which traffic a mode holds back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Push,
+    Pop,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Push => "push",
+            Mode::Pop => "pop",
+        }
+    }
+}
+
+/// This server's copy of the modes.
+pub struct Modes {
+    start: Instant,
+    /// Milliseconds since `start` of the last read; 0 before the first.
+    read_at: AtomicU64,
+    refreshing: AtomicBool,
+    push: AtomicBool,
+    pop: AtomicBool,
+}
+
+impl Default for Modes {
+    fn default() -> Modes {
+        Modes {
+            start: Instant::now(),
+            read_at: AtomicU64::new(0),
+            refreshing: AtomicBool::new(false),
+            push: AtomicBool::new(false),
+            pop: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Modes {
+    fn flag(&self, mode: Mode) -> &AtomicBool {
+        match mode {
+            Mode::Push => &self.push,
+            Mode::Pop => &self.pop,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Whether `mode` is on, as this server last read it; reads again in the background when
+    /// the copy is older than [`TTL`] (and waits only for the first read).
+    pub async fn is_on(self: &Arc<Self>, pool: &Pool, mode: Mode) -> bool {
+        let read_at = self.read_at.load(Ordering::Acquire);
+        if read_at == 0 {
+            if let Err(e) = self.refresh(pool).await {
+                tracing::debug!(error = %e, "maintenance modes unread");
+            }
+        } else if self.now_ms().saturating_sub(read_at) > TTL.as_millis() as u64
+            && !self.refreshing.swap(true, Ordering::AcqRel)
+        {
+            let (me, pool) = (self.clone(), pool.clone());
+            tokio::spawn(async move {
+                if let Err(e) = me.refresh(&pool).await {
+                    tracing::debug!(error = %e, "maintenance modes unread");
+                }
+                me.refreshing.store(false, Ordering::Release);
+            });
+        }
+        self.flag(mode).load(Ordering::Acquire)
+    }
+
+    async fn refresh(&self, pool: &Pool) -> Result<(), DbError> {
+        let client = pool.get().await?;
+        let rows = client
+            .query("SELECT mode, enabled FROM comb.system_modes", &[])
+            .await?;
+        let (mut push, mut pop) = (false, false);
+        for r in rows {
+            match r.get::<_, &str>(0) {
+                "push" => push = r.get(1),
+                "pop" => pop = r.get(1),
+                _ => {}
+            }
+        }
+        self.push.store(push, Ordering::Release);
+        self.pop.store(pop, Ordering::Release);
+        self.read_at.store(self.now_ms(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Turns a mode on or off for every server; this one knows at once.
+    pub async fn set(&self, pool: &Pool, mode: Mode, enabled: bool) -> Result<Value, DbError> {
+        let client = pool.get().await?;
+        client
+            .execute(
+                "INSERT INTO comb.system_modes (mode, enabled) VALUES ($1, $2)
+                 ON CONFLICT (mode) DO UPDATE SET enabled = $2, changed_at = now()",
+                &[&mode.name(), &enabled],
+            )
+            .await?;
+        self.flag(mode).store(enabled, Ordering::Release);
+        self.get(pool, mode).await
+    }
+
+    /// A mode as stored, in Queen's shape.
+    pub async fn get(&self, pool: &Pool, mode: Mode) -> Result<Value, DbError> {
+        let client = pool.get().await?;
+        let row = client
+            .query_opt(
+                "SELECT enabled, comb.iso(changed_at) FROM comb.system_modes WHERE mode = $1",
+                &[&mode.name()],
+            )
+            .await?;
+        let (enabled, changed_at): (bool, Option<String>) =
+            row.map_or((false, None), |r| (r.get(0), r.get(1)));
+        self.flag(mode).store(enabled, Ordering::Release);
+        let what = match mode {
+            Mode::Push => "pushes are answered 503 with Retry-After",
+            Mode::Pop => "pops answer 204 without messages",
+        };
+        Ok(json!({
+            "maintenanceMode": enabled,
+            "enabled": enabled,
+            "mode": mode.name(),
+            "changedAt": changed_at,
+            "effect": if enabled { what } else { "none" },
+        }))
+    }
+}

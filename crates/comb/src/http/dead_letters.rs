@@ -1,0 +1,113 @@
+//! Dead letters: `POST /api/v1/dlq/requeue` and `POST /api/v1/dlq/purge`.
+//!
+//! Both take a JSON body naming the queue and, optionally, `consumerGroup`, `partition`,
+//! `ids` (entries), `from` and `to` (when they were dead-lettered).
+
+use axum::Json;
+use axum::extract::State as AxState;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use super::body::JsonBody;
+use super::params::Params;
+use super::resources::{check_partition, check_queue};
+use super::{Problem, State};
+use crate::admin::dead_letters::{self, Selection};
+use crate::admin::{Failure, partition_id, queue_id};
+
+/// Most entry ids one request names.
+const MAX_IDS: usize = 10_000;
+
+async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Selection), Problem> {
+    let ids = match body.get("ids") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_IDS {
+                return Err(Problem::bad_request(
+                    "ids_too_many",
+                    format!("at most {MAX_IDS} ids per request"),
+                ));
+            }
+            let mut ids = Vec::with_capacity(items.len());
+            for i in items {
+                ids.push(
+                    i.as_str()
+                        .and_then(|s| Uuid::parse_str(s).ok())
+                        .ok_or_else(|| {
+                            Problem::bad_request(
+                                "ids_invalid",
+                                "`ids` must be dead letter ids (UUIDs)",
+                            )
+                        })?,
+                );
+            }
+            Some(ids)
+        }
+        Some(_) => {
+            return Err(Problem::bad_request(
+                "ids_invalid",
+                "`ids` must be an array of dead letter ids",
+            ));
+        }
+    };
+    let params = Params::Json(body);
+    let queue = params
+        .text("queue")?
+        .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
+    check_queue(&queue)?;
+    let group = params.text("consumerGroup")?;
+    let partition = params.text("partition")?;
+    let client = app.pool.get().await.map_err(crate::db::DbError::from)?;
+    let qid = queue_id(&**client, &queue).await?;
+    let pid = match &partition {
+        Some(p) => {
+            check_partition(p)?;
+            Some(partition_id(&**client, qid, &queue, p).await?)
+        }
+        None => None,
+    };
+    Ok((
+        queue,
+        Selection {
+            queue_id: qid,
+            group,
+            ids,
+            partition: pid,
+            from: params.time("from")?,
+            to: params.time("to")?,
+        },
+    ))
+}
+
+/// Stores the selected dead letters again at the end of their partitions, in their order.
+pub async fn requeue(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<Map<String, Value>>,
+) -> Result<Json<Value>, Problem> {
+    let (queue, selection) = selection(&app, body).await?;
+    let done = dead_letters::requeue(&app.pool, &selection)
+        .await
+        .map_err(Problem::from)?;
+    if done.stored > 0 {
+        app.wake.pushed(&queue);
+    }
+    Ok(Json(json!({
+        "requeued": done.requeued,
+        "messages": done.stored,
+        "consumerGroups": done.groups,
+        "remaining": done.remaining,
+        "queue": queue,
+    })))
+}
+
+/// Deletes the selected dead letters.
+pub async fn purge(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<Map<String, Value>>,
+) -> Result<Json<Value>, Problem> {
+    let (queue, selection) = selection(&app, body).await?;
+    let purged = dead_letters::purge(&app.pool, &selection)
+        .await
+        .map_err(|e: Failure| Problem::from(e))?;
+    Ok(Json(json!({"purged": purged, "queue": queue})))
+}

@@ -1,0 +1,124 @@
+//! Consumer groups: `/api/v1/consumer-groups…` listings, deletion, subscription and seeks.
+
+use axum::Json;
+use axum::extract::State as AxState;
+use serde_json::{Map, Value};
+
+use super::body::JsonBody;
+use super::params::{Params, PathParams, QueryString, parse_time, query};
+use super::resources::{check_partition, check_queue};
+use super::{Problem, State};
+use crate::admin::cursors::Target;
+use crate::admin::groups;
+use crate::queue::validate_group_name;
+
+fn check_group(group: &str) -> Result<(), Problem> {
+    validate_group_name(group).map_err(|e| Problem::bad_request("consumer_group_invalid", e))
+}
+
+/// Every group with its queues' lag.
+pub async fn list(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    Ok(Json(groups::list(&app.pool).await?))
+}
+
+/// One group: per queue and partition, cursor, head, lag and lease.
+pub async fn detail(
+    AxState(app): AxState<State>,
+    PathParams(group): PathParams<String>,
+) -> Result<Json<Value>, Problem> {
+    check_group(&group)?;
+    Ok(Json(groups::detail(&app.pool, &group).await?))
+}
+
+/// Cursors whose oldest unsettled message waits at least `minLagSeconds` (default 3600, as
+/// Queen).
+pub async fn lagging(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+    let min = query(q)?.uint("minLagSeconds")?.unwrap_or(3600);
+    Ok(Json(groups::lagging(&app.pool, min as f64).await?))
+}
+
+/// Deletes a group's reading of one queue (`deleteMetadata`, default true).
+pub async fn delete_for_queue(
+    AxState(app): AxState<State>,
+    PathParams((group, queue)): PathParams<(String, String)>,
+    q: QueryString,
+) -> Result<Json<Value>, Problem> {
+    check_group(&group)?;
+    check_queue(&queue)?;
+    let delete_metadata = query(q)?.flag("deleteMetadata")?.unwrap_or(true);
+    Ok(Json(
+        groups::delete_for_queue(&app.pool, &group, &queue, delete_metadata).await?,
+    ))
+}
+
+/// Sets where the group reads its queues from (`subscriptionTimestamp`).
+pub async fn subscription(
+    AxState(app): AxState<State>,
+    PathParams(group): PathParams<String>,
+    JsonBody(body): JsonBody<Map<String, Value>>,
+) -> Result<Json<Value>, Problem> {
+    check_group(&group)?;
+    let params = Params::Json(body);
+    let at = params.time("subscriptionTimestamp")?.ok_or_else(|| {
+        Problem::bad_request("parameter_missing", "`subscriptionTimestamp` is required")
+    })?;
+    Ok(Json(groups::set_subscription(&app.pool, &group, at).await?))
+}
+
+/// Where a seek body points: `{"toEnd": true}`, `{"toStart": true}` or
+/// `{"timestamp": "…"}`.
+fn target(body: Map<String, Value>) -> Result<Target, Problem> {
+    let params = Params::Json(body);
+    let to_end = params.flag("toEnd")?.unwrap_or(false);
+    let to_start = params.flag("toStart")?.unwrap_or(false);
+    let at = match params.text("timestamp")? {
+        Some(t) => Some(parse_time("timestamp", &t)?),
+        None => None,
+    };
+    match (to_end, to_start, at) {
+        (true, false, None) => Ok(Target::End),
+        (false, true, None) => Ok(Target::Start),
+        (false, false, Some(t)) => Ok(Target::Time(t)),
+        _ => Err(Problem::bad_request(
+            "seek_target_invalid",
+            "give exactly one of toEnd=true, toStart=true or a timestamp",
+        )),
+    }
+}
+
+/// Moves the group's cursors of every partition of the queue.
+pub async fn seek(
+    AxState(app): AxState<State>,
+    PathParams((group, queue)): PathParams<(String, String)>,
+    JsonBody(body): JsonBody<Map<String, Value>>,
+) -> Result<Json<Value>, Problem> {
+    check_group(&group)?;
+    check_queue(&queue)?;
+    let target = target(body)?;
+    Ok(Json(
+        groups::seek(&app.pool, &app.catalog, &group, &queue, None, target).await?,
+    ))
+}
+
+/// Moves the group's cursor of one partition.
+pub async fn seek_partition(
+    AxState(app): AxState<State>,
+    PathParams((group, queue, partition)): PathParams<(String, String, String)>,
+    JsonBody(body): JsonBody<Map<String, Value>>,
+) -> Result<Json<Value>, Problem> {
+    check_group(&group)?;
+    check_queue(&queue)?;
+    check_partition(&partition)?;
+    let target = target(body)?;
+    Ok(Json(
+        groups::seek(
+            &app.pool,
+            &app.catalog,
+            &group,
+            &queue,
+            Some(&partition),
+            target,
+        )
+        .await?,
+    ))
+}

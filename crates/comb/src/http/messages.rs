@@ -1,0 +1,98 @@
+//! Messages: `GET /api/v1/messages` and one message's lookup, delete, retry and dead-lettering.
+
+use axum::Json;
+use axum::extract::State as AxState;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::params::{PathParams, QueryString, query};
+use super::resources::{check_partition, check_queue};
+use super::{Problem, State};
+use crate::admin::messages::{self, Filter, Status};
+
+/// A page of messages by queue, partition, status (for `consumerGroup`) and time.
+pub async fn list(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+    let params = query(q)?;
+    let status = match params.text("status")? {
+        None => None,
+        Some(s) => Some(Status::parse(&s).ok_or_else(|| {
+            Problem::bad_request(
+                "status_invalid",
+                format!("status must be pending, processing, completed or dead_letter, got {s:?}"),
+            )
+        })?),
+    };
+    let filter = Filter {
+        queue: params.text("queue")?,
+        partition: params.text("partition")?,
+        group: params.text("consumerGroup")?,
+        status,
+        from: params.time("from")?,
+        to: params.time("to")?,
+    };
+    if let Some(q) = &filter.queue {
+        check_queue(q)?;
+    }
+    if let Some(p) = &filter.partition {
+        check_partition(p)?;
+    }
+    Ok(Json(
+        messages::list(&app.pool, &filter, params.page()?).await?,
+    ))
+}
+
+fn ids(partition: &str, transaction: String) -> Result<(Uuid, String), Problem> {
+    let partition = Uuid::parse_str(partition).map_err(|_| {
+        Problem::bad_request(
+            "partition_id_invalid",
+            format!("partitionId must be a UUID, got {partition:?}"),
+        )
+    })?;
+    if transaction.is_empty() || transaction.len() > crate::queue::MAX_NAME_LEN {
+        return Err(Problem::bad_request(
+            "transaction_id_invalid",
+            "transactionId must hold 1 to 255 bytes",
+        ));
+    }
+    Ok((partition, transaction))
+}
+
+/// One message with its status per group and its dead letters.
+pub async fn get(
+    AxState(app): AxState<State>,
+    PathParams((partition, transaction)): PathParams<(String, String)>,
+) -> Result<Json<Value>, Problem> {
+    let (p, t) = ids(&partition, transaction)?;
+    Ok(Json(messages::get(&app.pool, p, &t).await?))
+}
+
+/// Settles the message for every group.
+pub async fn delete(
+    AxState(app): AxState<State>,
+    PathParams((partition, transaction)): PathParams<(String, String)>,
+) -> Result<Json<Value>, Problem> {
+    let (p, t) = ids(&partition, transaction)?;
+    Ok(Json(messages::delete(&app.pool, p, &t).await?))
+}
+
+/// Requeues a dead-lettered message, or resets a failed one's attempts.
+pub async fn retry(
+    AxState(app): AxState<State>,
+    PathParams((partition, transaction)): PathParams<(String, String)>,
+) -> Result<Json<Value>, Problem> {
+    let (p, t) = ids(&partition, transaction)?;
+    let out = messages::retry(&app.pool, p, &t).await?;
+    if let Some(queue) = out["queue"].as_str() {
+        app.wake.pushed(queue);
+    }
+    Ok(Json(out))
+}
+
+/// Dead-letters the message for every group that has not settled it.
+pub async fn dead_letter(
+    AxState(app): AxState<State>,
+    PathParams((partition, transaction)): PathParams<(String, String)>,
+) -> Result<Json<Value>, Problem> {
+    let (p, t) = ids(&partition, transaction)?;
+    Ok(Json(messages::dead_letter(&app.pool, p, &t).await?))
+}

@@ -1,0 +1,91 @@
+//! Resources: `GET /api/v1/resources/…` listings and `DELETE /api/v1/queues/{queue}/clear`.
+
+use axum::Json;
+use axum::extract::State as AxState;
+use serde_json::Value;
+
+use super::params::{PathParams, QueryString, query};
+use super::{Problem, State};
+use crate::admin::resources::{self, Grouping, QueueFilter};
+use crate::queue::{validate_partition_name, validate_queue_name};
+
+pub(super) fn check_queue(queue: &str) -> Result<(), Problem> {
+    validate_queue_name(queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))
+}
+
+pub(super) fn check_partition(partition: &str) -> Result<(), Problem> {
+    validate_partition_name(partition)
+        .map_err(|e| Problem::bad_request("partition_name_invalid", e))
+}
+
+/// Counts and depth of everything.
+pub async fn overview(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    Ok(Json(resources::overview(&app.pool).await?))
+}
+
+/// A page of queues with their depth, in flight, dead letters and oldest pending age.
+pub async fn queues(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+    let params = query(q)?;
+    let filter = QueueFilter {
+        namespace: params.text("namespace")?,
+        task: params.text("task")?,
+        search: params.text("search")?,
+    };
+    Ok(Json(
+        resources::queues(&app.pool, &filter, params.page()?).await?,
+    ))
+}
+
+/// One queue with a page of its partitions and its groups' lag.
+pub async fn queue(
+    AxState(app): AxState<State>,
+    PathParams(queue): PathParams<String>,
+    q: QueryString,
+) -> Result<Json<Value>, Problem> {
+    check_queue(&queue)?;
+    let page = query(q)?.page()?;
+    Ok(Json(resources::queue(&app.pool, &queue, page).await?))
+}
+
+/// A page of partitions (of `queue` if given).
+pub async fn partitions(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<Value>, Problem> {
+    let params = query(q)?;
+    let queue = params.text("queue")?;
+    if let Some(q) = &queue {
+        check_queue(q)?;
+    }
+    Ok(Json(
+        resources::partitions(&app.pool, queue.as_deref(), params.page()?).await?,
+    ))
+}
+
+/// Namespaces with their queues' counts and depth.
+pub async fn namespaces(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    Ok(Json(
+        resources::groupings(&app.pool, Grouping::Namespace).await?,
+    ))
+}
+
+/// Tasks with their queues' counts and depth.
+pub async fn tasks(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    Ok(Json(resources::groupings(&app.pool, Grouping::Task).await?))
+}
+
+/// Passes everything pending in a queue (or `?partition=`) for every group.
+pub async fn clear(
+    AxState(app): AxState<State>,
+    PathParams(queue): PathParams<String>,
+    q: QueryString,
+) -> Result<Json<Value>, Problem> {
+    check_queue(&queue)?;
+    let partition = query(q)?.text("partition")?;
+    if let Some(p) = &partition {
+        check_partition(p)?;
+    }
+    Ok(Json(
+        resources::clear(&app.pool, &app.catalog, &queue, partition.as_deref()).await?,
+    ))
+}

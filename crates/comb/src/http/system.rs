@@ -1,0 +1,44 @@
+//! Maintenance modes: `GET`/`POST /api/v1/system/maintenance` (pushes) and
+//! `/api/v1/system/maintenance/pop` (pops).
+
+use axum::Json;
+use axum::extract::State as AxState;
+use serde_json::{Map, Value};
+
+use super::body::JsonBody;
+use super::params::Params;
+use super::{Problem, State};
+use crate::admin::modes::Mode;
+
+async fn set(app: &State, mode: Mode, body: Map<String, Value>) -> Result<Json<Value>, Problem> {
+    let enabled = Params::Json(body)
+        .flag("enabled")?
+        .ok_or_else(|| Problem::bad_request("parameter_missing", "`enabled` is required"))?;
+    Ok(Json(app.modes.set(&app.pool, mode, enabled).await?))
+}
+
+/// Whether pushes are held back.
+pub async fn get_push(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    Ok(Json(app.modes.get(&app.pool, Mode::Push).await?))
+}
+
+/// Holds pushes back (503 with `Retry-After`) or lets them in again.
+pub async fn set_push(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<Map<String, Value>>,
+) -> Result<Json<Value>, Problem> {
+    set(&app, Mode::Push, body).await
+}
+
+/// Whether pops are held back.
+pub async fn get_pop(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    Ok(Json(app.modes.get(&app.pool, Mode::Pop).await?))
+}
+
+/// Holds pops back (204 at once) or lets them through again.
+pub async fn set_pop(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<Map<String, Value>>,
+) -> Result<Json<Value>, Problem> {
+    set(&app, Mode::Pop, body).await
+}
