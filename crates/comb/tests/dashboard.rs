@@ -144,7 +144,9 @@ fn screenshots() -> PathBuf {
 async fn the_overview_and_the_queues_show_a_queue_with_its_depth() {
     let env = Env::start().await;
     let items: Vec<Value> = (0..7)
-        .map(|i| json!({"queue": "orders", "partition": format!("c{}", i % 3), "payload": {"n": i}}))
+        .map(
+            |i| json!({"queue": "orders", "partition": format!("c{}", i % 3), "payload": {"n": i}}),
+        )
         .chain((0..2).map(|i| json!({"queue": "emails", "payload": {"to": i}})))
         .collect();
     env.push(json!(items)).await;
@@ -153,7 +155,10 @@ async fn the_overview_and_the_queues_show_a_queue_with_its_depth() {
     browser.open(&env.url("/")).await;
     assert_eq!(browser.text("#total-depth").await, "9");
     let deepest = browser.text("#deepest tbody tr:first-child").await;
-    assert!(deepest.starts_with("orders") && deepest.contains('7'), "{deepest}");
+    assert!(
+        deepest.starts_with("orders") && deepest.contains('7'),
+        "{deepest}"
+    );
     assert_eq!(browser.text("#queue-count").await, "2");
     browser.screenshot("overview").await;
 
@@ -188,13 +193,19 @@ async fn a_dead_letter_is_requeued_from_the_page_and_a_consumer_receives_it() {
     env.configure("jobs", json!({"retryLimit": 1})).await;
     env.push(json!([{"queue": "jobs", "partition": "p1", "payload": {"job": "resize", "id": 42}, "transactionId": "job-42"}]))
         .await;
-    let pop = env.pop("/api/v1/pop/queue/jobs?batch=1").await.expect("a message");
+    let pop = env
+        .pop("/api/v1/pop/queue/jobs?batch=1")
+        .await
+        .expect("a message");
     let message = &pop["messages"][0];
     let (status, body) = env
         .ack(message, "dlq", None, Some("image too large: 9000x9000"))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(env.pop("/api/v1/pop/queue/jobs?batch=1").await.is_none(), "dead-lettered");
+    assert!(
+        env.pop("/api/v1/pop/queue/jobs?batch=1").await.is_none(),
+        "dead-lettered"
+    );
 
     let browser = Browser::start().await;
     browser.open(&env.url("/dead-letters?queue=jobs")).await;
@@ -208,9 +219,15 @@ async fn a_dead_letter_is_requeued_from_the_page_and_a_consumer_receives_it() {
     // Requeue: the button asks first; nothing moves until the confirmation.
     browser.click("#dead-letters .entry button.requeue").await;
     let question = browser.text(".confirm p").await;
-    assert!(question.starts_with("Requeue dead letter job-42"), "{question}");
+    assert!(
+        question.starts_with("Requeue dead letter job-42"),
+        "{question}"
+    );
     browser.screenshot("dead-letters-confirm").await;
-    assert!(env.pop("/api/v1/pop/queue/jobs?batch=1").await.is_none(), "not before confirming");
+    assert!(
+        env.pop("/api/v1/pop/queue/jobs?batch=1").await.is_none(),
+        "not before confirming"
+    );
     browser.click("#confirm-yes").await;
     let notice = browser.text(".notice").await;
     assert!(notice.starts_with("Requeued 1 dead letter"), "{notice}");
@@ -221,7 +238,11 @@ async fn a_dead_letter_is_requeued_from_the_page_and_a_consumer_receives_it() {
         .pop("/api/v1/pop/queue/jobs?batch=1&wait=true&timeout=5000")
         .await
         .expect("requeued message delivered");
-    assert_eq!(pop["messages"][0]["payload"], json!({"job": "resize", "id": 42}));
+    assert_eq!(
+        pop["messages"][0]["data"],
+        json!({"job": "resize", "id": 42})
+    );
+    assert_eq!(pop["messages"][0]["transactionId"], "job-42");
     browser.close().await;
 }
 

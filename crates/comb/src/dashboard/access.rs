@@ -125,7 +125,11 @@ mod tests {
     #[test]
     fn an_action_from_another_origin_is_refused() {
         let cookie = format!("comb_csrf={T}");
-        let base = [("cookie", cookie.as_str()), (CSRF_HEADER, T), ("host", "comb:6632")];
+        let base = [
+            ("cookie", cookie.as_str()),
+            (CSRF_HEADER, T),
+            ("host", "comb:6632"),
+        ];
         let mut same = base.to_vec();
         same.push(("origin", "http://comb:6632"));
         assert_eq!(check_action(&headers(&same)), Ok(()));

@@ -158,9 +158,4 @@ impl Json {
             .map(|items| items.iter().cloned().map(Json).collect())
             .unwrap_or_default()
     }
-
-    /// A member as its own answer.
-    pub fn get(&self, path: &str) -> Json {
-        Json(self.at(path).clone())
-    }
 }

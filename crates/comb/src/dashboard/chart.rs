@@ -52,9 +52,10 @@ pub(crate) fn bars(title: &str, series: &[Series<'_>], labels: [&str; 3]) -> Str
             }
         }
     }
-    for (label, (x, anchor)) in labels
-        .iter()
-        .zip([(0.0, "start"), (WIDTH / 2.0, "middle"), (WIDTH, "end")])
+    for (label, (x, anchor)) in
+        labels
+            .iter()
+            .zip([(0.0, "start"), (WIDTH / 2.0, "middle"), (WIDTH, "end")])
     {
         let _ = write!(
             svg,

@@ -229,7 +229,11 @@ pub(crate) async fn confirm(headers: HeaderMap, Query(c): Query<Confirm>) -> Res
     let what = if f.one() {
         format!("dead letter {} of queue {}", f.transaction_id, f.queue)
     } else {
-        let mut w = format!("every dead letter of queue {}, group {}", f.queue, f.group());
+        let mut w = format!(
+            "every dead letter of queue {}, group {}",
+            f.queue,
+            f.group()
+        );
         if !f.partition.is_empty() {
             w.push_str(&format!(", partition {}", f.partition));
         }

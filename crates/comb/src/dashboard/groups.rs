@@ -104,8 +104,7 @@ pub(crate) async fn seek(
             let parsed = chrono::DateTime::parse_from_rfc3339(ts)
                 .map(|t| t.with_timezone(&chrono::Utc))
                 .or_else(|_| {
-                    chrono::NaiveDateTime::parse_from_str(ts, "%Y-%m-%dT%H:%M")
-                        .map(|t| t.and_utc())
+                    chrono::NaiveDateTime::parse_from_str(ts, "%Y-%m-%dT%H:%M").map(|t| t.and_utc())
                 });
             match parsed {
                 Ok(t) => json!({"timestamp": t.to_rfc3339()}),

@@ -16,9 +16,24 @@ struct MessagePage {
     facts: Vec<(&'static str, String)>,
     queue_href: Option<String>,
     payload: String,
-    errors: Vec<(String, String)>,
+    groups: Vec<GroupState>,
+    errors: Vec<ErrorRow>,
     traces: Vec<TraceRow>,
     notes: Vec<String>,
+}
+
+struct GroupState {
+    name: String,
+    status: String,
+    attempts: String,
+}
+
+struct ErrorRow {
+    at: String,
+    group: String,
+    error: String,
+    attempts: String,
+    requeued: Option<String>,
 }
 
 struct TraceRow {
@@ -45,50 +60,63 @@ pub(crate) async fn detail(
         notes.push(unavailable("This message", &e));
         Json::default()
     });
-    let m = if message.at("message").is_object() {
-        message.get("message")
-    } else {
-        message.clone()
-    };
-    let queue = m.text(&["queue", "queueName"]);
-    let payload = {
-        let p = m.at("payload");
-        if p.is_null() { m.at("data") } else { p }
-    };
-    let fact = |label: &'static str, paths: &[&str]| {
-        (label, m.text(paths).unwrap_or_else(|| "—".to_string()))
-    };
+    let m = message;
+    let queue = m.text(&["queue"]);
     let facts = vec![
-        fact("Queue", &["queue", "queueName"]),
-        fact("Partition", &["partition", "partitionName"]),
-        fact("Status", &["status"]),
-        fact("Created", &["createdAt", "created_at"]),
-        fact("Trace id", &["traceId"]),
-        fact("Producer", &["producerSub"]),
+        ("Queue", m.text(&["queue"]).unwrap_or_else(|| "—".into())),
         (
-            "Attempts",
-            figures::count(m.count(&["attempts", "retryCount", "retry_count"])),
+            "Partition",
+            m.text(&["partition"]).unwrap_or_else(|| "—".into()),
         ),
+        (
+            "Position",
+            m.text(&["position"]).unwrap_or_else(|| "—".into()),
+        ),
+        (
+            "Created",
+            m.text(&["createdAt"]).unwrap_or_else(|| "—".into()),
+        ),
+        (
+            "Trace id",
+            m.text(&["traceId"]).unwrap_or_else(|| "—".into()),
+        ),
+        ("Message id", m.text(&["id"]).unwrap_or_else(|| "—".into())),
     ];
-    // Errors: the message's own, then each dead-letter entry's.
-    let mut errors = Vec::new();
-    if let Some(e) = m.text(&["errorMessage", "error", "lastError"]) {
-        errors.push((m.text(&["failedAt", "movedToDlqAt"]).unwrap_or_default(), e));
-    }
-    for d in m.list(&["deadLetters", "dlq", "errors"]) {
-        if let Some(e) = d.text(&["errorMessage", "error", "message"]) {
-            let at = d.text(&["movedToDlqAt", "at", "failedAt"]).unwrap_or_default();
-            let group = d.text(&["consumerGroup"]).unwrap_or_default();
-            errors.push((format!("{at} {group}").trim().to_string(), e));
-        }
-    }
+    // Where each group is with it: status and attempts.
+    let groups = m
+        .list(&["consumerGroups"])
+        .iter()
+        .map(|g| GroupState {
+            name: g.text(&["name"]).unwrap_or_default(),
+            status: g.text(&["status"]).unwrap_or_default(),
+            attempts: figures::count(g.count(&["attempts"])),
+        })
+        .collect();
+    // Its error history: each time a group dead-lettered it, and whether it was requeued.
+    let errors = m
+        .list(&["deadLetters"])
+        .iter()
+        .map(|d| ErrorRow {
+            at: d.text(&["movedToDlqAt"]).unwrap_or_default(),
+            group: d.text(&["consumerGroup"]).unwrap_or_default(),
+            error: d
+                .text(&["errorMessage"])
+                .unwrap_or_else(|| "(no error given)".into()),
+            attempts: figures::count(d.count(&["retryCount"])),
+            requeued: d.text(&["requeuedAt"]),
+        })
+        .collect();
     let traces = match traces {
         Ok(t) => t
             .list(&["traces"])
             .iter()
             .map(|t| TraceRow {
-                at: t.text(&["createdAt", "at", "timestamp"]).unwrap_or_default(),
-                name: t.text(&["traceName", "name", "traceNames.0"]).unwrap_or_default(),
+                at: t
+                    .text(&["createdAt", "at", "timestamp"])
+                    .unwrap_or_default(),
+                name: t
+                    .text(&["traceName", "name", "traceNames.0"])
+                    .unwrap_or_default(),
                 group: t.text(&["consumerGroup"]).unwrap_or_default(),
                 data: t.at("data").to_string(),
             })
@@ -102,7 +130,8 @@ pub(crate) async fn detail(
         transaction_id: transaction_id.clone(),
         facts,
         queue_href: queue.map(|q| format!("/queues/{}", enc(&q))),
-        payload: serde_json::to_string_pretty(payload).unwrap_or_default(),
+        payload: serde_json::to_string_pretty(m.at("data")).unwrap_or_default(),
+        groups,
         errors,
         traces,
         notes,

@@ -150,7 +150,9 @@ impl Notice {
                 StatusCode::FORBIDDEN,
                 "refused: the action did not come from a dashboard page of this server",
             ),
-            access::Refusal::ReadOnly => (StatusCode::FORBIDDEN, "refused: your role may only look"),
+            access::Refusal::ReadOnly => {
+                (StatusCode::FORBIDDEN, "refused: your role may only look")
+            }
         };
         Notice {
             ok: false,

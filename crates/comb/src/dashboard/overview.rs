@@ -95,9 +95,15 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     if let Err(e) = &analytics {
         notes.push(unavailable("Throughput", e));
     }
-    let pushed: Vec<f64> = buckets.iter().map(|b| b.num(PUSHED).unwrap_or(0.0)).collect();
+    let pushed: Vec<f64> = buckets
+        .iter()
+        .map(|b| b.num(PUSHED).unwrap_or(0.0))
+        .collect();
     let done: Vec<f64> = buckets.iter().map(|b| b.num(DONE).unwrap_or(0.0)).collect();
-    let errors: Vec<f64> = buckets.iter().map(|b| b.num(ERRORS).unwrap_or(0.0)).collect();
+    let errors: Vec<f64> = buckets
+        .iter()
+        .map(|b| b.num(ERRORS).unwrap_or(0.0))
+        .collect();
     let minutes = buckets.len().max(1) as f64;
     let chart = chart::bars(
         "Messages per minute over the last hour",

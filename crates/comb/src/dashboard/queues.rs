@@ -141,7 +141,14 @@ pub(crate) async fn list(
             .iter()
             .map(|(k, label, numeric)| {
                 let active = *k == key;
-                let next = if active && descending { "asc" } else { "desc" };
+                // A new column sorts its natural way (names A→Z, figures largest first);
+                // the current one flips.
+                let next = match (active, descending) {
+                    (true, true) => "asc",
+                    (true, false) => "desc",
+                    (false, _) if *k == "name" => "asc",
+                    (false, _) => "desc",
+                };
                 SortHeader {
                     label,
                     href: format!("/queues?sort={k}&dir={next}"),
@@ -183,7 +190,13 @@ pub(crate) async fn list(
         "/queues?sort={key}&dir={}",
         if descending { "desc" } else { "asc" }
     );
-    respond(page.render(), "Queues", "queues", Some((query, 5)), &headers)
+    respond(
+        page.render(),
+        "Queues",
+        "queues",
+        Some((query, 5)),
+        &headers,
+    )
 }
 
 const PARTITIONS: &[&str] = &["partitions"];
@@ -349,6 +362,7 @@ struct TailPage {
 
 pub(crate) struct TailRow {
     pub partition: String,
+    pub status: String,
     pub created: String,
     pub href: String,
     pub transaction_id: String,
@@ -361,23 +375,21 @@ pub(crate) fn message_rows(listing: &Json) -> Vec<TailRow> {
         .list(&["messages"])
         .iter()
         .map(|m| {
-            let partition_id = m.text(&["partitionId", "partition_id"]).unwrap_or_default();
-            let transaction_id = m
-                .text(&["transactionId", "transaction_id"])
-                .unwrap_or_default();
-            let payload = m.at("payload");
-            let payload = if payload.is_null() { m.at("data") } else { payload };
-            let mut payload = payload.to_string();
+            let partition_id = m.text(&["partitionId"]).unwrap_or_default();
+            let transaction_id = m.text(&["transactionId"]).unwrap_or_default();
+            let mut payload = m.at("data").to_string();
             if payload.len() > 200 {
-                let cut = (0..=200).rev().find(|i| payload.is_char_boundary(*i)).unwrap_or(0);
+                let cut = (0..=200)
+                    .rev()
+                    .find(|i| payload.is_char_boundary(*i))
+                    .unwrap_or(0);
                 payload.truncate(cut);
                 payload.push('…');
             }
             TailRow {
-                partition: m
-                    .text(&["partition", "partitionName"])
-                    .unwrap_or_else(|| partition_id.clone()),
-                created: m.text(&["createdAt", "created_at"]).unwrap_or_default(),
+                partition: m.text(&["partition"]).unwrap_or_default(),
+                status: m.text(&["status"]).unwrap_or_default(),
+                created: m.text(&["createdAt"]).unwrap_or_default(),
                 href: format!("/messages/{}/{}", enc(&partition_id), enc(&transaction_id)),
                 transaction_id,
                 payload,
@@ -399,7 +411,12 @@ pub(crate) async fn tail(
         .get(&format!("/api/v1/messages?queue={}&limit=50", enc(&queue)))
         .await
     {
-        Ok(listing) => message_rows(&listing),
+        Ok(listing) => {
+            let mut rows = message_rows(&listing);
+            // The listing walks partitions in turn; the tail reads newest first.
+            rows.sort_by(|a, b| b.created.cmp(&a.created));
+            rows
+        }
         Err(e) => {
             note = Some(unavailable("Messages", &e));
             Vec::new()
