@@ -313,3 +313,175 @@ async fn assets_are_served_from_the_binary() {
     let r = reqwest::get(env.url("/assets/nothing.js")).await.unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn the_tail_shows_new_messages_without_consuming_them_and_opens_a_message() {
+    let env = Env::start().await;
+    env.push(json!([{"queue": "events", "partition": "a", "payload": {"kind": "signup"}, "transactionId": "ev-1"}]))
+        .await;
+    let browser = Browser::start().await;
+    browser.open(&env.url("/queues/events/tail")).await;
+    let first = browser.text("#tail tbody tr:first-child").await;
+    assert!(
+        first.contains("ev-1") && first.contains("signup"),
+        "{first}"
+    );
+    // A message pushed now appears on its own (the page refreshes itself), newest first.
+    env.push(json!([{"queue": "events", "partition": "b", "payload": {"kind": "login"}, "transactionId": "ev-2"}]))
+        .await;
+    browser
+        .wait_text("#tail tbody tr:first-child", |t| t.contains("ev-2"))
+        .await;
+    browser.screenshot("tail").await;
+
+    // The tail consumed nothing: a consumer still receives both.
+    let got = env
+        .drain("/api/v1/pop/queue/events?batch=10&autoAck=true")
+        .await;
+    let mut ids: Vec<&str> = got
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["ev-1", "ev-2"]);
+
+    // A message's page: its payload and where each group is with it.
+    browser.open(&env.url("/queues/events/tail")).await;
+    browser.click("#tail a[href*='ev-1']").await;
+    let payload = browser.text("#payload").await;
+    assert!(payload.contains("\"signup\""), "{payload}");
+    let groups = browser.text("#message-groups tbody").await;
+    assert!(
+        groups.contains("__QUEUE_MODE__") && groups.contains("completed"),
+        "{groups}"
+    );
+    browser.screenshot("message").await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn consumer_groups_show_their_lag_and_seek_to_the_end_from_the_page() {
+    let env = Env::start().await;
+    let items: Vec<Value> = (0..5)
+        .map(|i| json!({"queue": "feed", "partition": format!("p{}", i % 2), "payload": {"i": i}}))
+        .collect();
+    env.push(json!(items)).await;
+    // The group subscribes (from the start) and takes one message, acked.
+    let pop = env
+        .pop("/api/v1/pop/queue/feed?consumerGroup=analytics&batch=1&subscriptionMode=all&autoAck=true")
+        .await
+        .expect("a message");
+    assert_eq!(pop["messages"].as_array().unwrap().len(), 1);
+
+    let browser = Browser::start().await;
+    browser.open(&env.url("/groups")).await;
+    let row = browser.text("#groups tbody tr").await;
+    assert!(
+        row.starts_with("analytics") && row.contains("feed"),
+        "{row}"
+    );
+    assert_eq!(browser.text("#groups tbody tr td:nth-child(3)").await, "4");
+
+    // The queue's page shows the group's lag per partition.
+    browser.open(&env.url("/queues/feed")).await;
+    let lags = browser
+        .eval("return [...document.querySelectorAll('#partitions tbody tr')].map(r => r.children[0].textContent + '=' + r.children[4].textContent).join(',')")
+        .await;
+    let lags = lags.as_str().unwrap().to_string();
+    assert!(lags == "p0=2,p1=2" || lags == "p0=3,p1=1", "{lags}");
+    browser.screenshot("queue-with-group").await;
+
+    // Seek to the end: the browser asks first (a native confirm), then the lag is gone.
+    browser.open(&env.url("/groups")).await;
+    browser.click("#groups form.seek button").await;
+    browser.client.accept_alert().await.expect("a confirmation");
+    let notice = browser.text(".notice").await;
+    assert!(notice.contains("moved"), "{notice}");
+    browser
+        .wait_text("#groups tbody tr td:nth-child(3)", |t| t == "0")
+        .await;
+    browser.screenshot("groups").await;
+    assert!(
+        env.pop("/api/v1/pop/queue/feed?consumerGroup=analytics&batch=10")
+            .await
+            .is_none(),
+        "nothing left for the group after the seek"
+    );
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_queue_of_ten_thousand_partitions_lists_every_partition() {
+    let env = Env::start().await;
+    for chunk in 0..10 {
+        let items: Vec<Value> = (0..1000)
+            .map(|i| {
+                let n = chunk * 1000 + i;
+                json!({"queue": "wide", "partition": format!("p{n:05}"), "payload": {"n": n}})
+            })
+            .collect();
+        env.push(json!(items)).await;
+    }
+    // Server time of the page, measured by the server itself (Server-Timing), reported but
+    // not asserted: timing belongs to benchmarks.
+    let r = reqwest::get(env.url("/queues/wide")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let timing = r.headers()["server-timing"].to_str().unwrap().to_string();
+    eprintln!("GET /queues/wide with 10,000 partitions: Server-Timing {timing}");
+
+    let browser = Browser::start().await;
+    browser.open(&env.url("/queues/wide")).await;
+    assert_eq!(browser.text("#partition-count").await, "10000");
+    let summary = browser
+        .eval(
+            "const rows = [...document.querySelectorAll('#partitions tbody tr')];
+             const names = new Set(rows.map(r => r.children[0].textContent));
+             return {rows: rows.length, distinct: names.size,
+                     allOnePending: rows.every(r => r.children[1].textContent === '1'),
+                     first: rows[0].children[0].textContent,
+                     last: rows[rows.length - 1].children[0].textContent};",
+        )
+        .await;
+    assert_eq!(
+        summary,
+        json!({"rows": 10000, "distinct": 10000, "allOnePending": true,
+               "first": "p00000", "last": "p09999"})
+    );
+    let pending = browser.text(".cards .card:first-child .value").await;
+    assert_eq!(pending, "10,000");
+    browser.screenshot("queue-10000-partitions").await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn pages_fit_a_phone_screen() {
+    let env = Env::start().await;
+    env.push(json!([{"queue": "orders", "payload": {"n": 1}}]))
+        .await;
+    let browser = Browser::start().await;
+    browser.client.set_window_size(390, 844).await.unwrap();
+    for (path, name) in [("/", "phone-overview"), ("/queues", "phone-queues")] {
+        browser.open(&env.url(path)).await;
+        browser.text("h1").await;
+        // Nothing wider than the screen but the tables' own scroll areas.
+        let overflow = browser
+            .eval("return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            .await;
+        assert_eq!(overflow, json!(0), "{path} scrolls sideways");
+        browser.screenshot(name).await;
+    }
+    // Every control is reachable by keyboard: the first Tab lands on the skip link.
+    browser
+        .client
+        .find(Locator::Css("body"))
+        .await
+        .unwrap()
+        .send_keys("\u{E004}")
+        .await
+        .unwrap();
+    let focused = browser
+        .eval("return document.activeElement.textContent")
+        .await;
+    assert_eq!(focused, json!("Skip to content"));
+    browser.close().await;
+}

@@ -33,6 +33,7 @@ pub(crate) fn age(seconds: Option<f64>) -> String {
 
 /// A rate with one decimal under 10, none above.
 pub(crate) fn rate(per_second: f64) -> String {
+    let per_second = per_second.max(0.0);
     if per_second < 10.0 {
         format!("{per_second:.1}/s")
     } else {

@@ -44,6 +44,19 @@ pub fn router() -> Router<State> {
             get(messages::detail),
         )
         .route("/assets/{file}", get(assets::serve))
+        .layer(axum::middleware::from_fn(server_timing))
+}
+
+/// Adds `Server-Timing: page;dur=…` (milliseconds) to every dashboard answer: how long the
+/// server took to gather and render it, as the browser's developer tools show it.
+async fn server_timing(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let start = std::time::Instant::now();
+    let mut response = next.run(request).await;
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    if let Ok(v) = header::HeaderValue::from_str(&format!("page;dur={ms:.1}")) {
+        response.headers_mut().insert("server-timing", v);
+    }
+    response
 }
 
 /// The frame around every page: navigation, the CSRF token htmx sends, the live region.

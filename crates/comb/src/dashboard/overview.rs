@@ -17,6 +17,8 @@ struct Overview {
     cards: Vec<Card>,
     chart: String,
     totals: String,
+    /// Why there is no chart, when there is none.
+    throughput_note: Option<String>,
     queues: Vec<QueueLine>,
     notes: Vec<String>,
 }
@@ -92,9 +94,10 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
             ])
         })
         .unwrap_or_default();
-    if let Err(e) = &analytics {
-        notes.push(unavailable("Throughput", e));
-    }
+    let throughput_note = analytics
+        .as_ref()
+        .err()
+        .map(|e| unavailable("Throughput", e));
     let pushed: Vec<f64> = buckets
         .iter()
         .map(|b| b.num(PUSHED).unwrap_or(0.0))
@@ -172,6 +175,7 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
         ],
         chart,
         totals,
+        throughput_note,
         queues: deepest
             .into_iter()
             .take(10)
