@@ -112,6 +112,12 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_MAINTENANCE_INTERVAL_MS", default_value_t = 10_000)]
     pub maintenance_interval_ms: u64,
 
+    /// How often this server writes what it did to the per-minute counters of
+    /// `/api/v1/status/analytics` (and one server each queue's depth and lag, once a minute),
+    /// in milliseconds.
+    #[arg(long, env = "COMB_STATS_INTERVAL_MS", default_value_t = 60_000)]
+    pub stats_interval_ms: u64,
+
     /// How long maintenance waits for a table lock before it gives way to traffic and tries
     /// again next cycle, in milliseconds.
     #[arg(long, env = "COMB_MAINTENANCE_LOCK_TIMEOUT_MS", default_value_t = 100)]

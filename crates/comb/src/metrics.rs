@@ -62,6 +62,11 @@ pub struct Durations {
 }
 
 impl Durations {
+    /// Requests counted so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(Counter::get).sum()
+    }
+
     /// Counts one request that took `took`.
     pub fn observe(&self, took: Duration) {
         let secs = took.as_secs_f64();

@@ -30,6 +30,12 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         },
         metrics.clone(),
     ));
+    tokio::spawn(crate::admin::status::record(
+        pool.clone(),
+        metrics.clone(),
+        format!("{} pid {}", config.listen, std::process::id()),
+        std::time::Duration::from_millis(config.stats_interval_ms),
+    ));
     let wake = Arc::new(Wake::default());
     let catalog = Arc::new(Catalog::default());
     tokio::spawn(crate::wake::relay(
@@ -68,6 +74,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         waiting: http::limits::WaitingPops::new(config.max_waiting_pops),
         durations: http::route_durations(),
         modes: Default::default(),
+        started: std::time::Instant::now(),
         config,
     });
     let listener = http::limits::LimitedListener::new(

@@ -701,3 +701,274 @@ async fn bad_administrative_requests_get_problems() {
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(body["code"], "parameter_missing");
 }
+
+#[tokio::test]
+async fn traces_are_recorded_and_read_by_message_by_name_and_as_names() {
+    let env = Env::start().await;
+    let pushed = env.push(items("t", "p", 0, 2)).await;
+    let pid = pushed[0]["partition_id"].as_str().unwrap();
+    for (tx, names, event) in [
+        ("p-0", json!(["order-1", "checkout"]), "started"),
+        ("p-0", json!("order-1"), "done"),
+        ("p-1", json!(null), "info"),
+    ] {
+        let (s, body) = env
+            .post(
+                "/api/v1/traces",
+                &json!({"partitionId": pid, "transactionId": tx, "traceNames": names,
+                        "eventType": event, "data": {"step": event}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{body}");
+        assert_eq!(body["success"], true);
+    }
+    let of = ok(&env, &format!("/api/v1/traces/{pid}/p-0")).await;
+    let of = of["traces"].as_array().unwrap();
+    assert_eq!(of.len(), 2);
+    assert_eq!(of[0]["eventType"], "started");
+    assert_eq!(of[0]["traceNames"], json!(["checkout", "order-1"]));
+    assert_eq!(of[1]["data"]["step"], "done");
+    let by = ok(&env, "/api/v1/traces/by-name/order-1").await;
+    let by = by["traces"].as_array().unwrap();
+    assert_eq!(by.len(), 2);
+    assert_eq!(by[0]["eventType"], "done", "newest first");
+    assert_eq!(by[0]["queue"], "t");
+    let names = ok(&env, "/api/v1/traces/names").await;
+    let names: Vec<&str> = names["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["checkout", "order-1"]);
+    let one = ok(&env, "/api/v1/traces/names?limit=1&offset=1").await;
+    assert_eq!(one["names"][0]["name"], "order-1");
+
+    for (body, status, code) in [
+        (
+            json!({"partitionId": pid, "transactionId": "p-0"}),
+            400,
+            "parameter_missing",
+        ),
+        (
+            json!({"partitionId": "x", "transactionId": "p-0", "data": 1}),
+            400,
+            "partition_id_invalid",
+        ),
+        (
+            json!({"partitionId": pid, "transactionId": "", "data": 1}),
+            400,
+            "field_invalid",
+        ),
+        (
+            json!({"partitionId": pid, "transactionId": "p-0", "data": 1, "traceNames": [1]}),
+            400,
+            "field_invalid",
+        ),
+        (
+            json!({"partitionId": pid, "transactionId": "p-0", "data": "x".repeat(70_000)}),
+            400,
+            "data_too_large",
+        ),
+        (
+            json!({"partitionId": pid, "transactionId": "nope", "data": 1}),
+            404,
+            "message_not_found",
+        ),
+    ] {
+        let (s, answer) = env.post("/api/v1/traces", &body).await;
+        assert_eq!(s.as_u16(), status, "{answer}");
+        assert_eq!(answer["code"], code, "{answer}");
+    }
+}
+
+#[tokio::test]
+async fn status_and_analytics_count_per_minute_from_every_server() {
+    let env = Env::start_with(&["--stats-interval-ms", "200"]).await;
+    env.configure("s", json!({"retryLimit": 1})).await;
+    env.push(items("s", "p", 0, 5)).await;
+    let pop = env.pop("/api/v1/pop/queue/s?batch=5").await.unwrap();
+    let acks: Vec<Value> = pop["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                   "leaseId": m["leaseId"], "status": if i == 0 { "failed" } else { "completed" }})
+        })
+        .collect();
+    let (s, _) = env
+        .post("/api/v1/ack/batch", &json!({"acknowledgments": acks}))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    // Wait (bounded) for the counters to reach the table.
+    let mut analytics = Value::Null;
+    for _ in 0..100 {
+        analytics = ok(&env, "/api/v1/status/analytics").await;
+        let depth_seen = analytics["timeSeries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["messages"] == 5);
+        if analytics["totals"]["acked"] == 4 && depth_seen {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(analytics["totals"]["pushed"], 5, "{analytics}");
+    assert_eq!(analytics["totals"]["popped"], 5);
+    assert_eq!(analytics["totals"]["failed"], 1);
+    assert_eq!(analytics["totals"]["deadLettered"], 1);
+    assert_eq!(analytics["bucketMinutes"], 1);
+    let series = analytics["timeSeries"].as_array().unwrap();
+    assert!(series.iter().any(|b| b["messages"] == 5), "{analytics}");
+
+    let status = ok(&env, "/api/v1/status").await;
+    assert_eq!(status["queues"], 1);
+    assert_eq!(status["totals"]["pushed"], 5);
+    assert_eq!(status["leases"]["active"], 0);
+    let queues = ok(&env, "/api/v1/status/queues").await;
+    assert_eq!(queues["queues"][0]["name"], "s");
+    let queue = ok(&env, "/api/v1/status/queues/s").await;
+    assert_eq!(queue["deadLetters"], 1);
+    assert!(queue["timeSeries"].is_array());
+    let workers = ok(&env, "/api/v1/analytics/worker-metrics").await;
+    assert_eq!(workers["workers"][0]["pushed"], 5, "{workers}");
+
+    let pg = ok(&env, "/api/v1/analytics/postgres-stats").await;
+    assert!(pg["databaseSizeBytes"].as_i64().unwrap() > 0);
+    let tables: Vec<&str> = pg["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["table"].as_str().unwrap())
+        .collect();
+    assert!(
+        tables.contains(&"messages") && tables.contains(&"cursor_states"),
+        "{tables:?}"
+    );
+    let system = ok(&env, "/api/v1/analytics/system-metrics").await;
+    assert!(system["requests"].as_u64().unwrap() > 0);
+    assert!(system["uptimeSeconds"].as_f64().unwrap() > 0.0);
+    let (s, body) = env.post("/api/v1/stats/refresh", &json!({})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(body["success"], true);
+
+    for path in [
+        "/api/v1/status/analytics?from=2026-01-02&to=2026-01-01",
+        "/api/v1/status/analytics?from=2026-01-01&to=2026-02-01",
+        "/api/v1/status?from=later",
+    ] {
+        let (s, body) = env.get(path).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{path}: {body}");
+    }
+    let (s, body) = env.get("/api/v1/status/analytics?queue=nope").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+}
+
+#[tokio::test]
+async fn daily_tables_are_made_ahead_and_dropped_whole_after_retention() {
+    let env = Env::start_with(&["--maintenance-interval-ms", "200"]).await;
+    env.sql(
+        "CREATE TABLE comb.traces_20200101 PARTITION OF comb.traces
+         FOR VALUES FROM ('2020-01-01') TO ('2020-01-02')",
+    );
+    let ahead = "SELECT count(*) FROM pg_inherits WHERE inhparent = 'comb.queue_minutes'::regclass";
+    let mut gone = false;
+    for _ in 0..100 {
+        if env.sql("SELECT to_regclass('comb.traces_20200101') IS NULL") == "t" {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the expired day was dropped");
+    assert!(
+        env.sql(ahead).parse::<i64>().unwrap() >= 3,
+        "today and two days ahead"
+    );
+}
+
+/// Dead row versions in Comb's tables, by pgstattuple (exact, whatever the statistics say),
+/// leaving out maintenance's bounded bookkeeping (segments, generations, runs) and the
+/// modes operators toggle.
+fn dead_tuples(env: &Env) -> i64 {
+    env.sql(
+        "SELECT coalesce(sum((pgstattuple(c.oid)).dead_tuple_count), 0)
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'comb' AND c.relkind = 'r'
+           AND c.relname NOT IN ('segments', 'cursor_gens', 'maintenance_runs', 'system_modes',
+                                 'migrations')",
+    )
+    .parse()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn administration_under_a_held_snapshot_leaves_no_dead_rows() {
+    let env = Env::start().await;
+    env.sql("CREATE EXTENSION IF NOT EXISTS pgstattuple");
+    env.configure("h", json!({"retryLimit": 1})).await;
+    env.push(items("h", "p1", 0, 6)).await;
+    let pushed = env.push(items("h", "p2", 0, 3)).await;
+    let pid = pushed[0]["partition_id"].as_str().unwrap().to_string();
+    let before = dead_tuples(&env);
+
+    // A snapshot held open for the whole test.
+    let (holder, conn) = tokio_postgres::connect(&env.db_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM comb.queues")
+        .await
+        .unwrap();
+
+    for path in [
+        "/api/v1/resources/overview",
+        "/api/v1/resources/queues",
+        "/api/v1/resources/queues/h",
+        "/api/v1/resources/partitions",
+        "/api/v1/consumer-groups",
+        "/api/v1/messages?queue=h",
+        "/api/v1/status",
+        "/api/v1/status/analytics",
+    ] {
+        ok(&env, path).await;
+    }
+    let pop = env
+        .pop("/api/v1/pop/queue/h/partition/p1?batch=3")
+        .await
+        .unwrap();
+    let (s, _) = env.ack(&pop["messages"][0], "failed", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    for (path, body) in [
+        (
+            "/api/v1/consumer-groups/x/queues/h/seek",
+            json!({"toEnd": true}),
+        ),
+        (
+            "/api/v1/consumer-groups/x/queues/h/seek",
+            json!({"toStart": true}),
+        ),
+        (&format!("/api/v1/messages/{pid}/p2-1/dlq"), json!({})),
+        ("/api/v1/dlq/requeue", json!({"queue": "h"})),
+        (
+            "/api/v1/traces",
+            json!({"partitionId": pid, "transactionId": "p2-0", "data": {"a": 1}, "traceNames": ["n"]}),
+        ),
+    ] {
+        let (s, answer) = env.post(path, &body).await;
+        assert!(s.is_success(), "{path}: {answer}");
+    }
+    let (s, _) = env.delete(&format!("/api/v1/messages/{pid}/p2-2")).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = env.delete("/api/v1/queues/h/clear?partition=p1").await;
+    assert_eq!(s, StatusCode::OK);
+    ok(&env, "/api/v1/traces/by-name/n").await;
+    ok(&env, "/api/v1/traces/names").await;
+
+    assert_eq!(dead_tuples(&env), before, "no row was updated or deleted");
+    holder.batch_execute("COMMIT").await.unwrap();
+}

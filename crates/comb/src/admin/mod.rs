@@ -13,6 +13,8 @@ pub mod groups;
 pub mod messages;
 pub mod modes;
 pub mod resources;
+pub mod status;
+pub mod traces;
 
 use crate::db::DbError;
 

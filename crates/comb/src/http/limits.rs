@@ -151,6 +151,11 @@ impl WaitingPops {
         }
     }
 
+    /// Pops waiting now.
+    pub fn count(&self) -> usize {
+        self.now.load(Ordering::Relaxed)
+    }
+
     /// A place to wait, or `None` when all are taken.
     pub fn enter(&self) -> Option<WaitSlot<'_>> {
         let mut n = self.now.load(Ordering::Relaxed);

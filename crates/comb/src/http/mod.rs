@@ -20,7 +20,9 @@ mod push;
 pub mod queues;
 /// Sizes, depth and lag of queues, partitions, namespaces and tasks; clearing a queue.
 mod resources;
+mod status;
 mod system;
+mod traces;
 mod transaction;
 
 use std::sync::Arc;
@@ -63,6 +65,8 @@ pub struct App {
     pub durations: Vec<crate::metrics::Durations>,
     /// Maintenance modes as this server last read them.
     pub modes: Arc<crate::admin::modes::Modes>,
+    /// When this server started.
+    pub started: std::time::Instant,
 }
 
 impl App {
@@ -261,6 +265,46 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
             "/api/v1/system/maintenance/pop",
             post(system::set_pop),
         ),
+        (Method::POST, "/api/v1/traces", post(traces::record)),
+        (Method::GET, "/api/v1/traces/names", get(traces::names)),
+        (
+            Method::GET,
+            "/api/v1/traces/by-name/{traceName}",
+            get(traces::by_name),
+        ),
+        (
+            Method::GET,
+            "/api/v1/traces/{partitionId}/{transactionId}",
+            get(traces::of_message),
+        ),
+        (Method::GET, "/api/v1/status", get(status::status)),
+        (Method::GET, "/api/v1/status/queues", get(status::queues)),
+        (
+            Method::GET,
+            "/api/v1/status/queues/{queue}",
+            get(status::queue),
+        ),
+        (
+            Method::GET,
+            "/api/v1/status/analytics",
+            get(status::analytics),
+        ),
+        (
+            Method::GET,
+            "/api/v1/analytics/postgres-stats",
+            get(status::postgres_stats),
+        ),
+        (
+            Method::GET,
+            "/api/v1/analytics/system-metrics",
+            get(status::system_metrics),
+        ),
+        (
+            Method::GET,
+            "/api/v1/analytics/worker-metrics",
+            get(status::worker_metrics),
+        ),
+        (Method::POST, "/api/v1/stats/refresh", post(status::refresh)),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
         (Method::GET, "/metrics", get(metrics::metrics)),

@@ -10,6 +10,7 @@
 //! is asked for with a short `lock_timeout`: maintenance gives way to traffic, never the
 //! reverse.
 
+mod days;
 mod generations;
 mod max_wait;
 mod segments;
@@ -57,6 +58,9 @@ pub struct Report {
     pub generations_dropped: i32,
     /// Cursor states copied into the newest generation from the ones dropped.
     pub states_carried: i64,
+    /// Tables kept by the day (traces, per-minute counters) made ahead and dropped.
+    pub daily_created: i32,
+    pub daily_dropped: i32,
 }
 
 impl Report {
@@ -155,5 +159,7 @@ pub async fn cycle(client: &mut Client, settings: &Settings) -> Result<Report, D
         tracing::debug!(analysed, "statistics of the tables being written refreshed");
     }
     report.dead_lettered += max_wait::dead_letter_overdue(client).await?;
+    report.daily_created = days::make_ahead(client, settings).await?;
+    report.daily_dropped = days::drop_expired(client, settings).await?;
     Ok(report)
 }

@@ -85,3 +85,64 @@ CREATE TABLE comb.system_modes (
     enabled    boolean NOT NULL,
     changed_at timestamptz NOT NULL DEFAULT now()
 );
+
+-- Tables kept by the day: range-partitioned by `day` (UTC), one table per day, made ahead
+-- and dropped whole by maintenance once past their retention (`maintenance::days`). Rows are
+-- only ever inserted, so a held snapshot leaves nothing behind in them, and months of
+-- traffic never pile up.
+
+-- Events consumers record on messages (`POST /api/v1/traces`): one row per (event, name),
+-- or one without a name.
+CREATE TABLE comb.traces (
+    day            date NOT NULL,
+    id             uuid NOT NULL,
+    name           text,
+    partition_id   uuid NOT NULL,
+    transaction_id text NOT NULL,
+    consumer_group text NOT NULL,
+    event_type     text NOT NULL,
+    data           jsonb NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now()
+) PARTITION BY RANGE (day);
+CREATE INDEX traces_message ON comb.traces (partition_id, transaction_id, created_at);
+CREATE INDEX traces_name ON comb.traces (name, created_at);
+
+-- What each server did per minute (its counters' increase), written by the server itself.
+CREATE TABLE comb.server_minutes (
+    day           date NOT NULL,
+    minute        timestamptz NOT NULL,
+    server        text NOT NULL,
+    pushed        bigint NOT NULL,
+    popped        bigint NOT NULL,
+    acked         bigint NOT NULL,
+    failed        bigint NOT NULL,
+    dead_lettered bigint NOT NULL
+) PARTITION BY RANGE (day);
+CREATE INDEX server_minutes_minute ON comb.server_minutes (minute);
+
+-- Each queue's depth and lag once a minute, written by one server per minute.
+CREATE TABLE comb.queue_minutes (
+    day          date NOT NULL,
+    minute       timestamptz NOT NULL,
+    queue_id     uuid NOT NULL,
+    total        bigint NOT NULL,
+    pending      bigint NOT NULL,
+    processing   bigint NOT NULL,
+    dead_letters bigint NOT NULL,
+    lag_seconds  float8 NOT NULL,
+    PRIMARY KEY (day, minute, queue_id)
+) PARTITION BY RANGE (day);
+
+DO $$
+DECLARE
+    t text;
+    d date;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['traces', 'server_minutes', 'queue_minutes'] LOOP
+        FOR i IN 0..2 LOOP
+            d := (now() AT TIME ZONE 'UTC')::date + i;
+            EXECUTE format('CREATE TABLE comb.%I PARTITION OF comb.%I FOR VALUES FROM (%L) TO (%L)',
+                           t || '_' || to_char(d, 'YYYYMMDD'), t, d, d + 1);
+        END LOOP;
+    END LOOP;
+END $$;

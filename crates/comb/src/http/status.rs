@@ -1,0 +1,111 @@
+//! Status and analytics: `/api/v1/status…`, `/api/v1/analytics/…` and `/api/v1/stats/refresh`.
+
+use axum::Json;
+use axum::extract::State as AxState;
+use serde_json::{Value, json};
+
+use super::params::{Params, PathParams, QueryString, query};
+use super::resources::check_queue;
+use super::{Problem, State};
+use crate::admin::status::{self, Range};
+
+fn range(params: &Params) -> Result<Range, Problem> {
+    Ok(Range::new(params.time("from")?, params.time("to")?)?)
+}
+
+/// Overview with throughput over `from`..`to` (default the last hour).
+pub async fn status(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+    let params = query(q)?;
+    Ok(Json(status::status(&app.pool, range(&params)?).await?))
+}
+
+/// A page of queues with their figures.
+pub async fn queues(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+    let page = query(q)?.page()?;
+    Ok(Json(status::queues(&app.pool, page).await?))
+}
+
+/// One queue with its partitions, groups and depth and lag over the range.
+pub async fn queue(
+    AxState(app): AxState<State>,
+    PathParams(queue): PathParams<String>,
+    q: QueryString,
+) -> Result<Json<Value>, Problem> {
+    check_queue(&queue)?;
+    let params = query(q)?;
+    Ok(Json(
+        status::queue(&app.pool, &queue, range(&params)?, params.page()?).await?,
+    ))
+}
+
+/// Throughput, errors, depth and lag per bucket over the range (`queue` narrows depth and
+/// lag).
+pub async fn analytics(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<Value>, Problem> {
+    let params = query(q)?;
+    let queue = params.text("queue")?;
+    if let Some(q) = &queue {
+        check_queue(q)?;
+    }
+    Ok(Json(
+        status::analytics(&app.pool, range(&params)?, queue.as_deref()).await?,
+    ))
+}
+
+/// PostgreSQL's statistics of the database and Comb's tables.
+pub async fn postgres_stats(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    Ok(Json(status::postgres_stats(&app.pool).await?))
+}
+
+/// This server: process, uptime, request pool and requests served.
+pub async fn system_metrics(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    let pool = app.pool.status();
+    let rss_kb = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+        });
+    let requests: u64 = app.durations.iter().map(|d| d.count()).sum();
+    Ok(Json(json!({
+        "server": app.config.listen.to_string(),
+        "pid": std::process::id(),
+        "uptimeSeconds": app.started.elapsed().as_secs_f64(),
+        "memory": {"residentBytes": rss_kb.map(|k| k * 1024)},
+        "database": {
+            "poolSize": pool.size,
+            "poolIdle": pool.available,
+            "poolMax": pool.max_size,
+            "waiting": pool.waiting,
+        },
+        "requests": requests,
+        "waitingPops": app.waiting.count(),
+        "maintenanceLeader": app.metrics.maintenance.leader.get() > 0.0,
+    })))
+}
+
+/// What each server did over the range, from the per-minute counters every server writes.
+pub async fn worker_metrics(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<Value>, Problem> {
+    let params = query(q)?;
+    Ok(Json(status::servers(&app.pool, range(&params)?).await?))
+}
+
+/// Comb's figures are computed when asked, from heads and cursors: nothing to refresh. Answers
+/// when they were computed, for Queen's clients that ask.
+pub async fn refresh(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+    let overview = crate::admin::resources::overview(&app.pool).await?;
+    Ok(Json(json!({
+        "success": true,
+        "refreshed": true,
+        "computedAt": overview["timestamp"],
+        "queues": overview["queues"],
+    })))
+}
