@@ -142,7 +142,8 @@ fn screenshots() -> PathBuf {
 
 #[tokio::test]
 async fn the_overview_and_the_queues_show_a_queue_with_its_depth() {
-    let env = Env::start().await;
+    // Per-minute counters written every 200 ms, so the hour's throughput shows at once.
+    let env = Env::start_with(&["--stats-interval-ms", "200"]).await;
     let items: Vec<Value> = (0..7)
         .map(
             |i| json!({"queue": "orders", "partition": format!("c{}", i % 3), "payload": {"n": i}}),
@@ -160,6 +161,15 @@ async fn the_overview_and_the_queues_show_a_queue_with_its_depth() {
         "{deepest}"
     );
     assert_eq!(browser.text("#queue-count").await, "2");
+    // The server's own counters: it is connected, and the hour saw nine pushes.
+    browser.wait_text("#servers", |t| t == "1").await;
+    browser
+        .wait_text("#hour-totals", |t| t.starts_with("9 pushed"))
+        .await;
+    let bars = browser
+        .eval("return document.querySelectorAll('svg.chart rect.s-in').length")
+        .await;
+    assert!(bars.as_u64().unwrap() >= 1, "a bar for the pushes: {bars}");
     browser.screenshot("overview").await;
 
     // The queues table, sorted by depth and then by name.
@@ -317,8 +327,18 @@ async fn assets_are_served_from_the_binary() {
 #[tokio::test]
 async fn the_tail_shows_new_messages_without_consuming_them_and_opens_a_message() {
     let env = Env::start().await;
-    env.push(json!([{"queue": "events", "partition": "a", "payload": {"kind": "signup"}, "transactionId": "ev-1"}]))
+    let pushed = env
+        .push(json!([{"queue": "events", "partition": "a", "payload": {"kind": "signup"}, "transactionId": "ev-1"}]))
         .await;
+    let (status, body) = env
+        .post(
+            "/api/v1/traces",
+            &json!({"transactionId": "ev-1", "partitionId": pushed[0]["partition_id"],
+                    "consumerGroup": "mailer", "eventType": "info",
+                    "traceNames": ["welcome-mail"], "data": {"step": "rendered"}}),
+        )
+        .await;
+    assert!(status.is_success(), "{status} {body}");
     let browser = Browser::start().await;
     browser.open(&env.url("/queues/events/tail")).await;
     let first = browser.text("#tail tbody tr:first-child").await;

@@ -39,6 +39,7 @@ struct ErrorRow {
 struct TraceRow {
     at: String,
     name: String,
+    event: String,
     group: String,
     data: String,
 }
@@ -111,12 +112,14 @@ pub(crate) async fn detail(
             .list(&["traces"])
             .iter()
             .map(|t| TraceRow {
-                at: t
-                    .text(&["createdAt", "at", "timestamp"])
-                    .unwrap_or_default(),
+                at: t.text(&["createdAt"]).unwrap_or_default(),
                 name: t
-                    .text(&["traceName", "name", "traceNames.0"])
-                    .unwrap_or_default(),
+                    .list(&["traceNames"])
+                    .iter()
+                    .filter_map(|n| n.0.as_str().map(str::to_string))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                event: t.text(&["eventType"]).unwrap_or_default(),
                 group: t.text(&["consumerGroup"]).unwrap_or_default(),
                 data: t.at("data").to_string(),
             })

@@ -8,7 +8,7 @@ use axum::response::Response;
 use chrono::{Duration, Utc};
 
 use super::chart::{self, Series};
-use super::{AdminApi, Json, figures, respond, unavailable};
+use super::{AdminApi, Json, enc, figures, respond, unavailable};
 use crate::http::State;
 
 #[derive(Template)]
@@ -42,22 +42,24 @@ struct QueueLine {
 pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap) -> Response {
     let api = AdminApi::new(&state, &headers);
     let now = Utc::now();
-    let from = (now - Duration::hours(1)).to_rfc3339();
-    let to = now.to_rfc3339();
-    let analytics_path = format!(
-        "/api/v1/status/analytics?from={}&to={}&interval=minute",
-        super::enc(&from),
-        super::enc(&to)
-    );
-    let (overview, analytics, status, queues) = tokio::join!(
-        api.get("/api/v1/resources/overview"),
-        api.get(&analytics_path),
-        api.get("/api/v1/status"),
+    let hour_ago = now - Duration::hours(1);
+    let recent = now - Duration::minutes(2);
+    let (status, workers, queues) = tokio::join!(
+        api.get(format!(
+            "/api/v1/status?from={}&to={}",
+            enc(&hour_ago.to_rfc3339()),
+            enc(&now.to_rfc3339())
+        )),
+        api.get(format!(
+            "/api/v1/analytics/worker-metrics?from={}",
+            enc(&recent.to_rfc3339())
+        )),
         api.get("/api/v1/resources/queues?limit=1000"),
     );
     let mut notes = Vec::new();
-
-    let overview = overview.unwrap_or_else(|e| {
+    let mut throughput_note = None;
+    let status = status.unwrap_or_else(|e| {
+        throughput_note = Some(unavailable("Throughput", &e));
         notes.push(unavailable("Totals", &e));
         Json::default()
     });
@@ -65,49 +67,33 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
         notes.push(unavailable("Queues", &e));
         Vec::new()
     });
-    let depth_total = overview.count(DEPTH);
-    let oldest = oldest_pending(&overview);
-    let dead = overview.count(DEAD);
-    let queue_count = overview.count(&["queues"]);
-    let servers = status
-        .as_ref()
-        .ok()
-        .and_then(|s| {
-            s.num(&["servers.connected", "servers", "workers.connected"])
-                .or_else(|| {
-                    let list = s.list(&["servers", "workers"]);
-                    (!list.is_empty()).then_some(list.len() as f64)
-                })
-        })
-        .map(|n| figures::count(n as i64))
-        .unwrap_or_else(|| "—".to_string());
+    let depth_total = status.count(DEPTH);
+    let oldest = oldest_pending(&status);
+    let dead = status.count(DEAD);
+    let queue_count = status.count(&["queues"]);
+    // Servers that wrote their per-minute counters in the last two minutes.
+    let servers = workers
+        .map(|w| figures::count(w.list(&["workers"]).len() as i64))
+        .unwrap_or_else(|_| "—".to_string());
 
-    let buckets = analytics
-        .as_ref()
-        .map(|a| {
-            a.list(&[
-                "throughput.timeSeries",
-                "timeSeries",
-                "throughput",
-                "buckets",
-                "series",
-            ])
-        })
-        .unwrap_or_default();
-    let throughput_note = analytics
-        .as_ref()
-        .err()
-        .map(|e| unavailable("Throughput", e));
-    let pushed: Vec<f64> = buckets
-        .iter()
-        .map(|b| b.num(PUSHED).unwrap_or(0.0))
-        .collect();
-    let done: Vec<f64> = buckets.iter().map(|b| b.num(DONE).unwrap_or(0.0)).collect();
-    let errors: Vec<f64> = buckets
-        .iter()
-        .map(|b| b.num(ERRORS).unwrap_or(0.0))
-        .collect();
-    let minutes = buckets.len().max(1) as f64;
+    // Sixty one-minute slots ending now; the API lists only minutes that saw something.
+    let mut pushed = vec![0.0; 60];
+    let mut done = vec![0.0; 60];
+    let mut errors = vec![0.0; 60];
+    for b in status.list(&["throughput"]) {
+        let Some(at) = b
+            .text(&["timestamp"])
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
+        else {
+            continue;
+        };
+        let slot = (at.with_timezone(&Utc) - hour_ago).num_minutes();
+        if let Ok(slot @ 0..60) = usize::try_from(slot) {
+            pushed[slot] += b.num(&["pushed"]).unwrap_or(0.0);
+            done[slot] += b.num(&["acked"]).unwrap_or(0.0);
+            errors[slot] += b.num(&["failed"]).unwrap_or(0.0);
+        }
+    }
     let chart = chart::bars(
         "Messages per minute over the last hour",
         &[
@@ -131,11 +117,11 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     );
     let sum = |v: &[f64]| v.iter().sum::<f64>();
     let totals = format!(
-        "{} pushed · {} completed · {} errors in the last hour ({} pushed per second)",
+        "{} pushed · {} completed · {} errors in the last hour ({} pushed on average)",
         figures::count(sum(&pushed) as i64),
         figures::count(sum(&done) as i64),
         figures::count(sum(&errors) as i64),
-        figures::rate(sum(&pushed) / (minutes * 60.0)),
+        figures::rate(sum(&pushed) / 3600.0),
     );
 
     let mut deepest: Vec<&Json> = queues.iter().collect();
@@ -209,10 +195,6 @@ pub(crate) fn oldest_pending(q: &Json) -> Option<f64> {
     }
     q.num(&["oldestPendingAgeSeconds"])
 }
-pub(crate) const PUSHED: &[&str] = &["ingested", "pushed", "messagesIn", "in"];
-pub(crate) const DONE: &[&str] = &["processed", "completed", "acked", "messagesOut", "out"];
-pub(crate) const ERRORS: &[&str] = &["failed", "errors", "deadLettered", "dlq"];
-
 /// A queue's pending messages.
 pub(crate) fn queue_depth(q: &Json) -> i64 {
     q.count(DEPTH)

@@ -69,36 +69,34 @@ pub(crate) async fn list(
     Query(sort): Query<Sort>,
 ) -> Response {
     let api = AdminApi::new(&state, &headers);
-    let (queues, stats) = tokio::join!(
-        api.get("/api/v1/resources/queues?limit=1000"),
-        api.get("/api/v1/status/queues"),
-    );
     let mut note = None;
-    let queues = queues.map(|q| q.list(&["queues"])).unwrap_or_else(|e| {
-        note = Some(unavailable("Queues", &e));
-        Vec::new()
-    });
-    // Throughput per queue, from the status answer when it has one.
-    let throughput: BTreeMap<String, (f64, Vec<f64>)> = stats
-        .map(|s| s.list(&["queues"]))
-        .unwrap_or_default()
+    let queues = match api.get("/api/v1/resources/queues?limit=1000").await {
+        Ok(q) => q.list(&["queues"]),
+        Err(e) => {
+            note = Some(unavailable("Queues", &e));
+            Vec::new()
+        }
+    };
+    // Throughput per queue over the last hour, from each queue's per-minute figures: the
+    // growth of its stored total. One call per queue, for the first THROUGHPUT_QUEUES.
+    let to = chrono::Utc::now();
+    let from = enc(&(to - chrono::Duration::hours(1)).to_rfc3339());
+    let names: Vec<String> = queues
         .iter()
-        .filter_map(|s| {
-            let name = s.text(&["name", "queue"])?;
-            let series: Vec<f64> = s
-                .list(&["throughput.timeSeries", "timeSeries", "series"])
-                .iter()
-                .map(|b| b.num(super::overview::PUSHED).unwrap_or(0.0))
-                .collect();
-            let per_second = s
-                .num(&[
-                    "throughput.ingestedPerSecond",
-                    "ingestedPerSecond",
-                    "pushedPerSecond",
-                ])
-                .unwrap_or_else(|| series.iter().sum::<f64>() / 3600.0);
-            Some((name, (per_second, series)))
-        })
+        .take(THROUGHPUT_QUEUES)
+        .filter_map(|q| q.text(&["name"]))
+        .collect();
+    let series = futures_util::future::join_all(names.iter().map(|n| {
+        api.get(format!(
+            "/api/v1/status/analytics?queue={}&from={from}",
+            enc(n)
+        ))
+    }))
+    .await;
+    let throughput: BTreeMap<String, (f64, Vec<f64>)> = names
+        .into_iter()
+        .zip(series)
+        .filter_map(|(name, s)| Some((name, pushed_per_minute(&s.ok()?))))
         .collect();
 
     let key = sort.sort.as_deref().unwrap_or("depth");
@@ -200,6 +198,33 @@ pub(crate) async fn list(
 }
 
 const PARTITIONS: &[&str] = &["partitions"];
+
+/// Queues whose throughput the list shows (one analytics call each).
+const THROUGHPUT_QUEUES: usize = 100;
+
+/// From a queue's analytics: messages pushed per second over the series, and per bucket (the
+/// growth of its stored total between consecutive buckets).
+fn pushed_per_minute(analytics: &Json) -> (f64, Vec<f64>) {
+    let points: Vec<(chrono::DateTime<chrono::FixedOffset>, f64)> = analytics
+        .list(&["timeSeries"])
+        .iter()
+        .filter_map(|b| {
+            let at = chrono::DateTime::parse_from_rfc3339(&b.text(&["timestamp"])?).ok()?;
+            Some((at, b.num(&["messages"])?))
+        })
+        .collect();
+    let growth: Vec<f64> = points
+        .windows(2)
+        .map(|w| (w[1].1 - w[0].1).max(0.0))
+        .collect();
+    let rate = match (points.first(), points.last()) {
+        (Some(a), Some(b)) if b.0 > a.0 => {
+            growth.iter().sum::<f64>() / (b.0 - a.0).num_seconds().max(1) as f64
+        }
+        _ => 0.0,
+    };
+    (rate, growth)
+}
 
 #[derive(Template)]
 #[template(path = "dashboard/queue.html")]
