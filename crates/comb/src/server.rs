@@ -83,7 +83,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     );
     tracing::info!(addr = %app.config.listen, "comb is serving");
     let stopper = app.clone();
-    axum::serve(listener, http::router(app.clone()))
+    // The JSON API and, on the same port, the dashboard's pages (kept out of the API's
+    // route list and its OpenAPI document).
+    let service = http::router(app.clone()).merge(crate::dashboard::router(app.clone()));
+    axum::serve(listener, service)
         .with_graceful_shutdown(async move {
             stop_requested().await;
             tracing::info!("stopping: finishing in-flight requests");

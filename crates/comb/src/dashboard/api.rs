@@ -72,7 +72,7 @@ impl AdminApi {
             status: StatusCode::BAD_REQUEST,
             detail: format!("bad request: {e}"),
         })?;
-        let response = crate::http::api_router(self.state.clone())
+        let response = crate::http::router(self.state.clone())
             .oneshot(request)
             .await
             .unwrap_or_else(|never| match never {});

@@ -26,8 +26,8 @@ pub(crate) use access::Viewer;
 pub(crate) use api::{AdminApi, ApiError, Json};
 
 /// The dashboard's routes. They are kept out of [`crate::http::routes`] and `openapi.json`,
-/// which describe the JSON API, and merged into the same router and port.
-pub fn router() -> Router<State> {
+/// which describe the JSON API; `server` merges them with the API's router on the same port.
+pub fn router(state: State) -> Router {
     Router::new()
         .route("/", get(overview::page))
         .route("/queues", get(queues::list))
@@ -45,6 +45,7 @@ pub fn router() -> Router<State> {
         )
         .route("/assets/{file}", get(assets::serve))
         .layer(axum::middleware::from_fn(server_timing))
+        .with_state(state)
 }
 
 /// Adds `Server-Timing: page;dur=…` (milliseconds) to every dashboard answer: how long the

@@ -317,13 +317,8 @@ pub fn route_durations() -> Vec<crate::metrics::Durations> {
     routes().iter().map(|_| Default::default()).collect()
 }
 
-/// The application router: the API of [`routes`] and the dashboard's pages on the same port.
+/// The application router. Each route records how long its requests took.
 pub fn router(state: State) -> Router {
-    api_router(state.clone()).merge(crate::dashboard::router().with_state(state))
-}
-
-/// The API alone. Each route records how long its requests took.
-pub fn api_router(state: State) -> Router {
     let mut router = Router::new();
     for (i, (_, path, handler)) in routes().into_iter().enumerate() {
         let app = state.clone();
