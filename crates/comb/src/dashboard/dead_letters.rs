@@ -243,9 +243,13 @@ pub(crate) async fn confirm(headers: HeaderMap, Query(c): Query<Confirm>) -> Res
         "requeue" => ConfirmPanel {
             action: "/dead-letters/requeue",
             verb: "Requeue",
-            question: format!(
-                "Requeue {what}? The messages go back to their partitions in their original order, with attempts reset."
-            ),
+            question: if f.one() {
+                format!("Requeue {what}? It goes back to its partition, with attempts reset.")
+            } else {
+                format!(
+                    "Requeue {what}? The messages go back to their partitions in their original order, with attempts reset."
+                )
+            },
             vals: f.vals(),
             danger: false,
         },
@@ -355,4 +359,49 @@ fn done(verb: &str, n: i64, remaining: i64) -> Response {
         ));
     }
     Notice { ok: true, text }.respond(StatusCode::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(can_modify: bool) -> String {
+        let one = Filter {
+            queue: "q".into(),
+            partition_id: "p".into(),
+            transaction_id: "t".into(),
+            ..Filter::default()
+        };
+        DeadLettersPage {
+            filter: Filter::default(),
+            queues: vec!["q".into()],
+            rows: vec![Row {
+                queue: "q".into(),
+                partition: "Default".into(),
+                group: QUEUE_MODE_GROUP.into(),
+                error: "<b>boom</b>".into(),
+                retries: "3".into(),
+                moved_at: String::new(),
+                payload: "{}".into(),
+                href: "/messages/p/t".into(),
+                vals: one.vals(),
+            }],
+            total: "1".into(),
+            viewer: Viewer { can_modify },
+            note: None,
+            vals: Filter::default().vals(),
+        }
+        .render()
+        .unwrap()
+    }
+
+    #[test]
+    fn a_read_only_viewer_sees_no_destructive_buttons() {
+        let full = page(true);
+        assert!(full.contains("class=\"requeue\"") && full.contains("purge-all"));
+        let read_only = page(false);
+        assert!(!read_only.contains("Requeue") && !read_only.contains("Purge"));
+        // What an entry says is escaped, never markup.
+        assert!(read_only.contains("&#60;b&#62;boom") || read_only.contains("&lt;b&gt;boom"));
+    }
 }
