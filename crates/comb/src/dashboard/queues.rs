@@ -8,6 +8,7 @@ use askama::Template;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::HeaderMap;
 use axum::response::Response;
+use futures_util::StreamExt;
 use serde::Deserialize;
 
 use super::overview::{DEAD, DEPTH, IN_FLIGHT, oldest_pending, queue_depth};
@@ -251,6 +252,9 @@ struct PartitionRow {
 /// Partitions one admin call answers at most.
 const PAGE: usize = 1000;
 
+/// Pages of partitions asked for at once.
+const PAGES_AT_ONCE: usize = 4;
+
 /// `GET /queues/{queue}`.
 pub(crate) async fn detail(
     AxumState(state): AxumState<State>,
@@ -267,19 +271,21 @@ pub(crate) async fn detail(
             notes.push(unavailable("This queue", &e));
             Json::default()
         });
-    // Every partition, a page at a time.
+    // Every partition: the pages after the first, a few at a time, in order.
     let total = detail.count(&["partitions"]).max(0) as usize;
     let mut partitions = detail.list(&["partitionList"]);
-    while partitions.len() < total {
-        let path = format!(
-            "/api/v1/resources/partitions?queue={q}&limit={PAGE}&offset={}",
-            partitions.len()
-        );
-        match api.get(path).await {
-            Ok(page) if !page.list(&["partitions"]).is_empty() => {
-                partitions.extend(page.list(&["partitions"]))
-            }
-            Ok(_) => break,
+    let offsets: Vec<usize> = (partitions.len()..total).step_by(PAGE).collect();
+    let pages: Vec<_> = futures_util::stream::iter(offsets.into_iter().map(|offset| {
+        api.get(format!(
+            "/api/v1/resources/partitions?queue={q}&limit={PAGE}&offset={offset}"
+        ))
+    }))
+    .buffered(PAGES_AT_ONCE)
+    .collect()
+    .await;
+    for page in pages {
+        match page {
+            Ok(page) => partitions.extend(page.list(&["partitions"])),
             Err(e) => {
                 notes.push(unavailable("Partitions", &e));
                 break;
