@@ -222,7 +222,7 @@ const CATEGORIES: &[(&str, &[&str])] = &[
     ),
     (
         "    name resolution (catalog)",
-        &["comb::http::push::resolve", "comb::catalog::"],
+        &["comb::push::Pusher::resolve", "comb::catalog::"],
     ),
     ("    message ids (UUIDv7)", &["now_v7"]),
     (

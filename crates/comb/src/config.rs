@@ -24,6 +24,8 @@ pub enum Command {
     Serve(ServeConfig),
     /// Apply pending schema migrations and exit.
     Migrate(DatabaseConfig),
+    #[command(flatten)]
+    Client(crate::cli::ClientCommand),
 }
 
 /// Where the database is. Shared by every subcommand.

@@ -7,9 +7,8 @@
 //! more requests arrive while a batch is in flight and the larger the next one is.
 //!
 //! A fuser is either *shared* (several workers drain one queue) or *keyed* (one queue and
-//! one worker per shard, jobs routed by a key). Pushes are keyed by partition, so two batches
-//! in flight never wait for each other's partition row locks; pops by (queue, group), so two
-//! claims' walks never race for the same cursors.
+//! one worker per shard, jobs routed by a key). Each use case chooses its keys and says why
+//! where it does (`push::store::shard_key`, `pop::PopShape::lane`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,13 +17,19 @@ use std::time::Instant;
 
 use tokio::sync::{Mutex, mpsc};
 
+use crate::db::DbError;
 use crate::metrics::Stage;
+use crate::refusal::Refusal;
+
+/// The channel a fused job answers on: its own result, or the batch's database failure.
+pub(crate) type Reply<T> = tokio::sync::oneshot::Sender<Result<T, Arc<DbError>>>;
 
 /// Runs one fused batch.
-pub type Runner<J> = Arc<dyn Fn(Vec<J>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+pub(crate) type Runner<J> =
+    Arc<dyn Fn(Vec<J>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// The queues in front of one kind of worker.
-pub struct Fuser<J> {
+pub(crate) struct Fuser<J> {
     /// Each job with the moment it was queued.
     shards: Vec<mpsc::Sender<(Instant, J)>>,
 }
@@ -39,12 +44,12 @@ impl<J> Clone for Fuser<J> {
 
 /// The fuser stopped (the server is shutting down).
 #[derive(Debug)]
-pub struct Closed;
+pub(crate) struct Closed;
 
 impl<J: Send + 'static> Fuser<J> {
     /// Starts `workers` workers on one shared queue; a batch stops growing once its jobs weigh
     /// `max_weight`. `stage` records the jobs' waits and the batches' turns.
-    pub fn start(
+    pub(crate) fn start(
         workers: usize,
         max_weight: usize,
         weight: fn(&J) -> usize,
@@ -57,7 +62,7 @@ impl<J: Send + 'static> Fuser<J> {
     }
 
     /// Starts `shards` queues with one worker each; [`Fuser::submit_keyed`] routes jobs.
-    pub fn start_keyed(
+    pub(crate) fn start_keyed(
         shards: usize,
         max_weight: usize,
         weight: fn(&J) -> usize,
@@ -117,13 +122,23 @@ impl<J: Send + 'static> Fuser<J> {
         tx
     }
 
-    /// Queues a job; its own reply channel carries the result.
-    pub async fn submit(&self, job: J) -> Result<(), Closed> {
-        self.submit_keyed(0, job).await
+    /// Hands a job to the shard of `key` and waits for its answer: what a use case calls.
+    pub(crate) async fn ask<T>(
+        &self,
+        key: u64,
+        job: impl FnOnce(Reply<T>) -> J,
+    ) -> Result<T, Refusal> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.submit_keyed(key, job(reply))
+            .await
+            .map_err(|_| Refusal::shutting_down())?;
+        rx.await
+            .map_err(|_| Refusal::shutting_down())?
+            .map_err(|e| Refusal::from(&*e))
     }
 
     /// Queues a job on the shard its key maps to: jobs with equal keys go to the same worker.
-    pub async fn submit_keyed(&self, key: u64, job: J) -> Result<(), Closed> {
+    pub(crate) async fn submit_keyed(&self, key: u64, job: J) -> Result<(), Closed> {
         let shard = &self.shards[(key % self.shards.len() as u64) as usize];
         shard.send((Instant::now(), job)).await.map_err(|_| Closed)
     }
@@ -160,12 +175,12 @@ mod tests {
         });
         let fuser = Fuser::start(1, 100, |_| 1, run, Arc::default());
         let (tx, first) = oneshot::channel();
-        fuser.submit((1, tx)).await.unwrap();
+        fuser.submit_keyed(0, (1, tx)).await.unwrap();
         tokio::task::yield_now().await;
         let mut rest = Vec::new();
         for i in 2..=6 {
             let (tx, rx) = oneshot::channel();
-            fuser.submit((i, tx)).await.unwrap();
+            fuser.submit_keyed(0, (i, tx)).await.unwrap();
             rest.push(rx);
         }
         gate.add_permits(1);
@@ -223,7 +238,7 @@ mod tests {
         // Submit while the worker cannot run: a current-thread runtime only runs it when we yield.
         for _ in 0..7 {
             let (tx, rx) = oneshot::channel();
-            fuser.submit(tx).await.unwrap();
+            fuser.submit_keyed(0, tx).await.unwrap();
             waits.push(rx);
         }
         for w in waits {

@@ -1,24 +1,45 @@
 //! Comb: a partitioned message queue on PostgreSQL with an HTTP API.
 //!
-//! Start with `ARCHITECTURE.md` at the repository root for the map. In short: [`http`] is the
-//! edge (validation, problem+json); [`push`], [`pop`] and [`ack`] are the hot paths, each fed
-//! by a [`fusion`] queue that turns concurrent requests into one statement; [`catalog`] names
-//! queues, partitions and subscriptions; [`schema`] owns the tables.
+//! Start with `ARCHITECTURE.md` at the repository root for the map. In short: `http` is the
+//! edge (decode, validate, problem+json) and calls one use case per route: `push`, `pop`,
+//! `ack`, `lease`, `transaction`, `catalog`. Each fused use case hands its work to a `fusion`
+//! queue that turns concurrent requests into one database round trip; `schema` owns the
+//! tables. Only what the binary and the test suite need is public.
 
-pub mod ack;
-pub mod admin;
-pub mod catalog;
+// The command-line client: talks to a server over HTTP only.
+pub mod cli;
+
+// The bottom: imports nothing from the modules above it.
 pub mod config;
-pub mod dashboard;
-pub mod db;
-pub mod fusion;
-pub mod http;
-pub mod lease;
-pub mod maintenance;
-pub mod metrics;
+mod cursor;
+mod db;
+mod fusion;
+mod metrics;
+mod queue;
+mod refusal;
+mod schema;
+
+// Notification of pushes and catalog changes between servers.
+mod wake;
+
+// Names, options and subscriptions; what is pending and behind.
+mod backlog;
+mod catalog;
+
+// The use cases. `ack` and `pop` are public only for the statements whose plans the test
+// suite checks (`tests/claim_plans.rs`); everything else in them is crate-private.
+pub mod ack;
+mod admin;
+mod lease;
+mod maintenance;
 pub mod pop;
-pub mod push;
-pub mod queue;
-pub mod schema;
+mod push;
+mod transaction;
+
+// The edge and the wiring; the dashboard's pages are a client of the edge, in process.
+mod dashboard;
+mod http;
 pub mod server;
-pub mod wake;
+
+#[cfg(test)]
+mod layering;

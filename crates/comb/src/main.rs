@@ -1,4 +1,4 @@
-//! The `comb` binary: `comb serve` and `comb migrate`.
+//! The `comb` binary: `comb serve`, `comb migrate`, and the client commands of `comb::cli`.
 
 use clap::Parser;
 use comb::config::{Cli, Command};
@@ -15,6 +15,7 @@ async fn main() {
     let result = match cli.command {
         Command::Serve(config) => comb::server::serve(config).await,
         Command::Migrate(db) => comb::server::migrate(&db.database_url).await.map(|_| ()),
+        Command::Client(command) => std::process::exit(comb::cli::run(command).await),
     };
     if let Err(e) = result {
         eprintln!("comb: {e}");

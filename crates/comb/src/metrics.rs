@@ -11,51 +11,51 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::ack::{AckOutcome, AckStatus};
-use crate::maintenance::Report;
-use crate::pop::Claim;
-use crate::push::Stored;
-
 /// A value that only grows (until the process restarts).
 #[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+pub(crate) struct Counter(AtomicU64);
 
 impl Counter {
-    pub fn add(&self, n: u64) {
+    /// A counter at zero (usable in a `static`).
+    pub(crate) const fn new() -> Counter {
+        Counter(AtomicU64::new(0))
+    }
+
+    pub(crate) fn add(&self, n: u64) {
         if n > 0 {
             self.0.fetch_add(n, Ordering::Relaxed);
         }
     }
 
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
 
 /// A value that is set, not added to; an `f64` kept as its bits so it needs no lock.
 #[derive(Debug, Default)]
-pub struct Gauge(AtomicU64);
+pub(crate) struct Gauge(AtomicU64);
 
 impl Gauge {
-    pub fn set(&self, v: f64) {
+    pub(crate) fn set(&self, v: f64) {
         self.0.store(v.to_bits(), Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> f64 {
+    pub(crate) fn get(&self) -> f64 {
         f64::from_bits(self.0.load(Ordering::Relaxed))
     }
 }
 
 /// Upper bounds, in seconds, of the request duration buckets: from a fused push's commit
 /// (about a millisecond) to a long poll's wait (up to its timeout).
-pub const DURATION_BUCKETS: [f64; 15] = [
+pub(crate) const DURATION_BUCKETS: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 /// How long one route's requests took, from routing to the response's head: a histogram
 /// kept as one counter per bucket, so recording is two relaxed adds and never blocks.
 #[derive(Debug, Default)]
-pub struct Durations {
+pub(crate) struct Durations {
     /// Requests per bucket, not cumulative; the last counts those beyond every bound.
     buckets: [Counter; DURATION_BUCKETS.len() + 1],
     sum_us: Counter,
@@ -63,12 +63,12 @@ pub struct Durations {
 
 impl Durations {
     /// Requests counted so far.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.buckets.iter().map(Counter::get).sum()
     }
 
     /// Counts one request that took `took`.
-    pub fn observe(&self, took: Duration) {
+    pub(crate) fn observe(&self, took: Duration) {
         let secs = took.as_secs_f64();
         let i = DURATION_BUCKETS
             .iter()
@@ -85,140 +85,113 @@ impl Durations {
 /// work plus the HTTP exchange, so these tell a queue in front of the database from a slow
 /// database; their counts give the requests per batch.
 #[derive(Debug, Default)]
-pub struct Stage {
+pub(crate) struct Stage {
     /// Per request: from joining its kind's queue until a worker took it into a batch.
-    pub waited: Durations,
+    pub(crate) waited: Durations,
     /// Per batch: how long its worker was busy with it. A pop lane is free again once its
     /// claims hold their cursors, so for pops this ends before the claims read and commit.
-    pub ran: Durations,
+    pub(crate) ran: Durations,
 }
 
 /// The stages of the three kinds of fused requests, shared with their workers.
 #[derive(Debug, Default)]
-pub struct Fusion {
-    pub push: Arc<Stage>,
-    pub pop: Arc<Stage>,
-    pub ack: Arc<Stage>,
+pub(crate) struct Fusion {
+    pub(crate) push: Arc<Stage>,
+    pub(crate) pop: Arc<Stage>,
+    pub(crate) ack: Arc<Stage>,
 }
 
 /// Messages through this server's edge. Counted after the database answered, from the
 /// outcomes each request was given, so a refused or failed request counts nothing.
 #[derive(Debug, Default)]
-pub struct Messages {
+pub(crate) struct Messages {
     /// Newly stored by pushes (duplicates of a stored `transactionId` excluded).
-    pub pushed: Counter,
+    pub(crate) pushed: Counter,
     /// Pushes answered `duplicate`: already stored, nothing written.
-    pub duplicates: Counter,
+    pub(crate) duplicates: Counter,
     /// Handed out by pops, leased or auto-acked.
-    pub popped: Counter,
+    pub(crate) popped: Counter,
     /// Acks with status `completed` that were accepted.
-    pub acked: Counter,
+    pub(crate) acked: Counter,
     /// Acks with status `failed` that were accepted (retried later or dead-lettered).
-    pub failed: Counter,
+    pub(crate) failed: Counter,
     /// Acks with status `retry` that were accepted.
-    pub retried: Counter,
+    pub(crate) retried: Counter,
     /// Accepted acks that put their message in the dead-letter queue.
-    pub dead_lettered: Counter,
+    pub(crate) dead_lettered: Counter,
 }
 
 impl Messages {
-    /// Counts a committed push by what became of each message.
-    pub fn stored(&self, stored: &[Stored]) {
-        let queued = stored
-            .iter()
-            .filter(|s| matches!(s, Stored::Queued(_)))
-            .count();
-        let duplicates = stored
-            .iter()
-            .filter(|s| matches!(s, Stored::Duplicate(_)))
-            .count();
-        self.pushed.add(queued as u64);
-        self.duplicates.add(duplicates as u64);
+    /// Counts a committed push: messages stored now, and those answered `duplicate`.
+    pub(crate) fn stored(&self, queued: u64, duplicates: u64) {
+        self.pushed.add(queued);
+        self.duplicates.add(duplicates);
     }
 
     /// Counts the messages a pop hands out.
-    pub fn delivered(&self, claims: &[Claim]) {
-        let n: usize = claims.iter().map(|c| c.messages.len()).sum();
-        self.popped.add(n as u64);
+    pub(crate) fn delivered(&self, n: u64) {
+        self.popped.add(n);
     }
 
-    /// Counts the accepted acks of one request; `statuses` are the statuses asked for, in the
-    /// order of `outcomes`.
-    pub fn settled(&self, statuses: &[AckStatus], outcomes: &[AckOutcome]) {
-        let (mut acked, mut failed, mut retried, mut dead) = (0, 0, 0, 0);
-        for (status, o) in statuses.iter().zip(outcomes) {
-            if o.result.is_err() {
-                continue;
-            }
-            match status {
-                AckStatus::Completed => acked += 1,
-                AckStatus::Failed => failed += 1,
-                AckStatus::Retry => retried += 1,
-                AckStatus::Dlq => {}
-            }
-            dead += u64::from(o.dlq);
-        }
-        self.acked.add(acked);
-        self.failed.add(failed);
-        self.retried.add(retried);
-        self.dead_lettered.add(dead);
+    /// Counts the accepted acks of one request.
+    pub(crate) fn settled(&self, tally: &Settled) {
+        self.acked.add(tally.acked);
+        self.failed.add(tally.failed);
+        self.retried.add(tally.retried);
+        self.dead_lettered.add(tally.dead_lettered);
     }
 }
+
+/// Accepted acks of one request by what they asked for, counted by the ack module (which
+/// knows the statuses) for [`Messages::settled`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Settled {
+    pub(crate) acked: u64,
+    pub(crate) failed: u64,
+    pub(crate) retried: u64,
+    pub(crate) dead_lettered: u64,
+}
+
+/// Messages this process dead-lettered when leases expired unsettled. A process-wide
+/// counter: expiry runs inside a claim's fused batch, which reports no counters of its own.
+pub(crate) static LEASE_DEAD_LETTERED: Counter = Counter::new();
 
 /// What this server's maintenance loop did; everything stays at zero while it is not leader.
 #[derive(Debug, Default)]
-pub struct Maintenance {
-    pub leader: Gauge,
-    pub cycles: Counter,
-    pub failures: Counter,
-    pub cycle_seconds: Gauge,
-    pub segments_created: Counter,
-    pub segments_rolled: Counter,
-    pub segments_summarized: Counter,
-    pub segments_dropped: Counter,
-    pub drop_retries: Counter,
-    pub dead_lettered: Counter,
-    pub generations_created: Counter,
-    pub generations_dropped: Counter,
-    pub states_carried: Counter,
+pub(crate) struct Maintenance {
+    pub(crate) leader: Gauge,
+    pub(crate) cycles: Counter,
+    pub(crate) failures: Counter,
+    pub(crate) cycle_seconds: Gauge,
+    pub(crate) segments_created: Counter,
+    pub(crate) segments_rolled: Counter,
+    pub(crate) segments_summarized: Counter,
+    pub(crate) segments_dropped: Counter,
+    pub(crate) drop_retries: Counter,
+    pub(crate) dead_lettered: Counter,
+    pub(crate) generations_created: Counter,
+    pub(crate) generations_dropped: Counter,
+    pub(crate) states_carried: Counter,
 }
 
 impl Maintenance {
-    /// Adds one finished cycle.
-    pub fn record(&self, report: &Report, took: Duration) {
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        self.cycles.add(1);
-        self.cycle_seconds.set(took.as_secs_f64());
-        self.segments_created.add(n(report.created.into()));
-        self.segments_rolled.add(n(report.rolled.into()));
-        self.segments_summarized.add(n(report.summarized.into()));
-        self.segments_dropped.add(n(report.dropped.into()));
-        self.drop_retries.add(n(report.drop_retries.into()));
-        self.dead_lettered.add(n(report.dead_lettered));
-        self.generations_created
-            .add(n(report.generations_created.into()));
-        self.generations_dropped
-            .add(n(report.generations_dropped.into()));
-        self.states_carried.add(n(report.states_carried));
-    }
-
     /// Marks whether this server holds the leader lock.
-    pub fn set_leader(&self, leader: bool) {
+    pub(crate) fn set_leader(&self, leader: bool) {
         self.leader.set(if leader { 1.0 } else { 0.0 });
     }
 }
 
 /// Every metric this process keeps in memory; shared by the handlers and maintenance.
 #[derive(Debug, Default)]
-pub struct Metrics {
-    pub messages: Messages,
-    pub maintenance: Maintenance,
-    pub fusion: Fusion,
+pub(crate) struct Metrics {
+    pub(crate) messages: Messages,
+    pub(crate) maintenance: Maintenance,
+    pub(crate) fusion: Fusion,
 }
 
 impl Metrics {
     /// Appends every metric family kept here to `out`.
-    pub fn render(&self, out: &mut Text) {
+    pub(crate) fn render(&self, out: &mut Text) {
         let m = &self.messages;
         out.counter(
             "comb_messages_pushed_total",
@@ -252,8 +225,8 @@ impl Metrics {
         );
         out.counter(
             "comb_messages_dead_lettered_total",
-            "Messages dead-lettered by acks answered by this server (status dlq, or failed past retryLimit).",
-            m.dead_lettered.get(),
+            "Messages dead-lettered by this server: by acks (status dlq, or failed past retryLimit) and by leases that expired unsettled past retryLimit.",
+            m.dead_lettered.get() + LEASE_DEAD_LETTERED.get(),
         );
 
         let mt = &self.maintenance;
@@ -351,24 +324,29 @@ impl Metrics {
 
 /// The exposition text being written: `# HELP` and `# TYPE` before each family's samples.
 #[derive(Debug, Default)]
-pub struct Text(String);
+pub(crate) struct Text(String);
 
 /// The `Content-Type` of the text format, version 0.0.4.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 impl Text {
-    pub fn counter(&mut self, name: &str, help: &str, value: u64) {
+    pub(crate) fn counter(&mut self, name: &str, help: &str, value: u64) {
         self.family(name, help, "counter");
         let _ = writeln!(self.0, "{name} {value}");
     }
 
-    pub fn gauge(&mut self, name: &str, help: &str, value: f64) {
+    pub(crate) fn gauge(&mut self, name: &str, help: &str, value: f64) {
         self.family(name, help, "gauge");
         self.sample(name, &[], value);
     }
 
     /// A gauge with one sample per label set, such as connections by state.
-    pub fn gauge_labelled(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) {
+    pub(crate) fn gauge_labelled(
+        &mut self,
+        name: &str,
+        help: &str,
+        samples: &[(&[(&str, &str)], f64)],
+    ) {
         self.family(name, help, "gauge");
         for (labels, value) in samples {
             self.sample(name, labels, *value);
@@ -376,7 +354,12 @@ impl Text {
     }
 
     /// A histogram with one series per label set (cumulative buckets, `+Inf`, sum, count).
-    pub fn histogram(&mut self, name: &str, help: &str, series: &[(&[(&str, &str)], &Durations)]) {
+    pub(crate) fn histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: &[(&[(&str, &str)], &Durations)],
+    ) {
         self.family(name, help, "histogram");
         let bucket = format!("{name}_bucket");
         for (labels, d) in series {
@@ -395,7 +378,7 @@ impl Text {
         }
     }
 
-    pub fn finish(self) -> String {
+    pub(crate) fn finish(self) -> String {
         self.0
     }
 
@@ -450,14 +433,10 @@ mod tests {
         let m = Metrics::default();
         m.messages.pushed.add(3);
         m.maintenance.set_leader(true);
-        m.maintenance.record(
-            &Report {
-                dropped: 2,
-                states_carried: 7,
-                ..Report::default()
-            },
-            Duration::from_millis(250),
-        );
+        m.maintenance.segments_dropped.add(2);
+        m.maintenance.states_carried.add(7);
+        m.maintenance.cycles.add(1);
+        m.maintenance.cycle_seconds.set(0.25);
         let mut t = Text::default();
         m.render(&mut t);
         t.gauge_labelled(
@@ -532,18 +511,5 @@ mod tests {
             text.contains("comb_h_seconds_count{route=\"/r\"} 4\n"),
             "{text}"
         );
-    }
-
-    #[test]
-    fn negative_report_fields_do_not_wrap() {
-        let m = Maintenance::default();
-        m.record(
-            &Report {
-                created: -1,
-                ..Report::default()
-            },
-            Duration::ZERO,
-        );
-        assert_eq!(m.segments_created.get(), 0);
     }
 }

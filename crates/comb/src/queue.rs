@@ -3,16 +3,16 @@
 use serde::{Deserialize, Serialize};
 
 /// Partition used when a producer names none.
-pub const DEFAULT_PARTITION: &str = "Default";
+pub(crate) const DEFAULT_PARTITION: &str = "Default";
 
 /// The consumer group shared by consumers that name none: classic competing consumers.
-pub const QUEUE_MODE_GROUP: &str = "__QUEUE_MODE__";
+pub(crate) const QUEUE_MODE_GROUP: &str = "__QUEUE_MODE__";
 
 /// Longest queue, partition or group name.
-pub const MAX_NAME_LEN: usize = 255;
+pub(crate) const MAX_NAME_LEN: usize = 255;
 
 /// A queue name is 1–255 characters of `[A-Za-z0-9._:-]`, so it is safe in URLs, logs and metrics.
-pub fn validate_queue_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_queue_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(format!(
             "queue name must be 1-{MAX_NAME_LEN} characters, got {}",
@@ -32,12 +32,12 @@ pub fn validate_queue_name(name: &str) -> Result<(), String> {
 
 /// A partition is named by the producer after its own keys (customer, chat, device), so any
 /// printable text of 1–255 bytes is accepted; control characters are refused.
-pub fn validate_partition_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_partition_name(name: &str) -> Result<(), String> {
     validate_free_name("partition", name)
 }
 
 /// Consumer group names follow the partition rule, which admits the reserved `__QUEUE_MODE__`.
-pub fn validate_group_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_group_name(name: &str) -> Result<(), String> {
     validate_free_name("consumer group", name)
 }
 
@@ -58,31 +58,31 @@ fn validate_free_name(what: &str, name: &str) -> Result<(), String> {
 /// defaults in [`QueueOptions::from_set`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct OptionsSet {
+pub(crate) struct OptionsSet {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease_time: Option<u32>,
+    pub(crate) lease_time: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_limit: Option<u32>,
+    pub(crate) retry_limit: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_delay: Option<u64>,
+    pub(crate) retry_delay: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub delayed_processing: Option<u32>,
+    pub(crate) delayed_processing: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub window_buffer: Option<u32>,
+    pub(crate) window_buffer: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub retention_seconds: Option<u64>,
+    pub(crate) retention_seconds: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub completed_retention_seconds: Option<u64>,
+    pub(crate) completed_retention_seconds: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_wait_time_seconds: Option<u64>,
+    pub(crate) max_wait_time_seconds: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_size: Option<u64>,
+    pub(crate) max_size: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub encryption_enabled: Option<bool>,
+    pub(crate) encryption_enabled: Option<bool>,
 }
 
 /// The option names a queue accepts, as they appear in JSON.
-pub const OPTION_NAMES: &[&str] = &[
+pub(crate) const OPTION_NAMES: &[&str] = &[
     "leaseTime",
     "retryLimit",
     "retryDelay",
@@ -96,30 +96,11 @@ pub const OPTION_NAMES: &[&str] = &[
 ];
 
 /// Longest lease a pop may take: one week.
-pub const MAX_LEASE_SECONDS: u32 = 7 * 24 * 3600;
+pub(crate) const MAX_LEASE_SECONDS: u32 = 7 * 24 * 3600;
 
 impl OptionsSet {
-    /// Overlays `newer` on `self`: fields `newer` sets win, the rest stay.
-    pub fn merged(&self, newer: &OptionsSet) -> OptionsSet {
-        macro_rules! pick {
-            ($($f:ident),*) => { OptionsSet { $($f: newer.$f.or(self.$f)),* } };
-        }
-        pick!(
-            lease_time,
-            retry_limit,
-            retry_delay,
-            delayed_processing,
-            window_buffer,
-            retention_seconds,
-            completed_retention_seconds,
-            max_wait_time_seconds,
-            max_size,
-            encryption_enabled
-        )
-    }
-
     /// Checks ranges that the types alone do not.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if let Some(t) = self.lease_time
             && !(1..=MAX_LEASE_SECONDS).contains(&t)
         {
@@ -144,27 +125,27 @@ impl OptionsSet {
 /// Effective options of a queue: what it does now, defaults filled in.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct QueueOptions {
+pub(crate) struct QueueOptions {
     /// Lease length for a pop, in seconds.
-    pub lease_time: u32,
+    pub(crate) lease_time: u32,
     /// Failed attempts before a message goes to the dead-letter queue.
-    pub retry_limit: u32,
+    pub(crate) retry_limit: u32,
     /// Wait before a failed message is handed out again, in milliseconds.
-    pub retry_delay: u64,
+    pub(crate) retry_delay: u64,
     /// A message becomes visible this many seconds after its push.
-    pub delayed_processing: u32,
+    pub(crate) delayed_processing: u32,
     /// A partition is served only after it has been quiet this many seconds.
-    pub window_buffer: u32,
+    pub(crate) window_buffer: u32,
     /// Messages older than this many seconds are reclaimed (0 keeps them).
-    pub retention_seconds: u64,
+    pub(crate) retention_seconds: u64,
     /// Messages every group has passed are reclaimed after this many seconds (0 keeps them).
-    pub completed_retention_seconds: u64,
+    pub(crate) completed_retention_seconds: u64,
     /// Messages pending longer than this many seconds are dead-lettered (0 is off).
-    pub max_wait_time_seconds: u64,
+    pub(crate) max_wait_time_seconds: u64,
     /// Pushes beyond this many pending messages are refused (0 is off).
-    pub max_size: u64,
+    pub(crate) max_size: u64,
     /// Payloads encrypted at rest.
-    pub encryption_enabled: bool,
+    pub(crate) encryption_enabled: bool,
 }
 
 impl Default for QueueOptions {
@@ -186,7 +167,7 @@ impl Default for QueueOptions {
 
 impl QueueOptions {
     /// Effective options from what the user set.
-    pub fn from_set(set: &OptionsSet) -> QueueOptions {
+    pub(crate) fn from_set(set: &OptionsSet) -> QueueOptions {
         let d = QueueOptions::default();
         QueueOptions {
             lease_time: set.lease_time.unwrap_or(d.lease_time),
@@ -209,6 +190,60 @@ impl QueueOptions {
 mod tests {
     use super::*;
 
+    /// Statements that read an option from a queue's stored JSON fill in its default
+    /// themselves (`coalesce((options->>'name')::type, default)`); each must be Rust's.
+    #[test]
+    fn defaults_written_in_sql_are_the_rust_defaults() {
+        let rust = serde_json::to_value(QueueOptions::default()).unwrap();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut stack = vec![dir];
+        let mut seen = 0;
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                if !path.extension().is_some_and(|e| e == "rs" || e == "sql") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let needle = "options->>'";
+                let mut rest = text.as_str();
+                while let Some(at) = rest.find(needle) {
+                    rest = &rest[at + needle.len()..];
+                    let name = &rest[..rest.find('\'').unwrap()];
+                    // Only defaults written as literals: `)::type, 0)`.
+                    let after = &rest[name.len() + 1..];
+                    let Some(cast_end) = after.find(')') else {
+                        continue;
+                    };
+                    let tail = &after[cast_end + 1..];
+                    let Some(lit) = tail
+                        .strip_prefix("::float8, ")
+                        .or(tail.strip_prefix("::bigint, "))
+                    else {
+                        continue;
+                    };
+                    let lit = &lit[..lit.find(')').unwrap()];
+                    let Ok(sql) = lit.trim().parse::<f64>() else {
+                        continue;
+                    };
+                    let want = rust[name].as_f64().unwrap_or_else(|| {
+                        panic!(
+                            "{}: option {name} has no numeric Rust default",
+                            path.display()
+                        )
+                    });
+                    assert_eq!(sql, want, "{}: default of {name}", path.display());
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 5, "found only {seen} defaults written in SQL");
+    }
+
     #[test]
     fn queue_names() {
         assert!(validate_queue_name("orders").is_ok());
@@ -228,24 +263,6 @@ mod tests {
         assert!(validate_partition_name("a\nb").is_err());
         assert!(validate_partition_name("").is_err());
         assert!(validate_group_name(QUEUE_MODE_GROUP).is_ok());
-    }
-
-    #[test]
-    fn merge_keeps_what_is_not_set() {
-        let first = OptionsSet {
-            lease_time: Some(10),
-            retry_limit: Some(5),
-            ..Default::default()
-        };
-        let second = OptionsSet {
-            retry_limit: Some(7),
-            ..Default::default()
-        };
-        let m = first.merged(&second);
-        assert_eq!(m.lease_time, Some(10));
-        assert_eq!(m.retry_limit, Some(7));
-        let eff = QueueOptions::from_set(&m);
-        assert_eq!(eff.retry_delay, 1000);
     }
 
     #[test]

@@ -6,13 +6,17 @@ use std::sync::atomic::AtomicBool;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::ack::Acker;
 use crate::catalog::Catalog;
 use crate::config::ServeConfig;
 use crate::http::{self, App};
 use crate::metrics::Metrics;
+use crate::pop::{self, Popper};
+use crate::push::Pusher;
 use crate::queue::QueueOptions;
+use crate::transaction::Transactions;
 use crate::wake::Wake;
-use crate::{ack, db, maintenance, pop, push, schema};
+use crate::{db, maintenance, schema};
 
 /// Runs `comb serve` until SIGTERM or SIGINT.
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
@@ -41,37 +45,50 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     tokio::spawn(crate::wake::relay(
         config.database.database_url.clone(),
         wake.clone(),
-        catalog.clone(),
+        catalog.on_stale(),
     ));
     let default_lease = QueueOptions::default().lease_time as f64;
     crate::wake::start_broadcast(&wake, pool.clone());
+    let (stop_signal, stopping) = watch::channel(false);
+    let pusher = Arc::new(Pusher::start(
+        pool.clone(),
+        catalog.clone(),
+        wake.clone(),
+        metrics.clone(),
+        config.push_workers,
+        config.fuse_max_items,
+    ));
+    let acker = Arc::new(Acker::start(
+        pool.clone(),
+        metrics.clone(),
+        config.ack_workers,
+        config.fuse_max_items,
+    ));
+    let popper = Popper::start(
+        pool.clone(),
+        catalog.clone(),
+        wake.clone(),
+        metrics.clone(),
+        config.pop_workers,
+        default_lease,
+        pop::Waits {
+            max_waiting: config.max_waiting_pops,
+            poll_fallback: std::time::Duration::from_millis(config.poll_fallback_ms),
+            stopping,
+        },
+    );
+    let transactions = Transactions::new(pool.clone(), pusher.clone(), acker.clone(), wake.clone());
     let app = Arc::new(App {
-        push: push::start(
-            pool.clone(),
-            wake.clone(),
-            config.push_workers,
-            config.fuse_max_items,
-            metrics.fusion.push.clone(),
-        ),
-        pop: pop::start(
-            pool.clone(),
-            config.pop_workers,
-            default_lease,
-            metrics.fusion.pop.clone(),
-        ),
-        ack: ack::start(
-            pool.clone(),
-            config.ack_workers,
-            config.fuse_max_items,
-            metrics.fusion.ack.clone(),
-        ),
+        pusher,
+        popper,
+        acker,
+        transactions,
         catalog,
         wake,
         pool,
         metrics,
         stopping: AtomicBool::new(false),
-        stop_signal: watch::channel(false).0,
-        waiting: http::limits::WaitingPops::new(config.max_waiting_pops),
+        stop_signal,
         durations: http::route_durations(),
         modes: Default::default(),
         started: std::time::Instant::now(),

@@ -19,20 +19,42 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
 
-use crate::catalog::Catalog;
-
 /// Channel push notifications are sent on.
-pub const NOTIFY_CHANNEL: &str = "comb_push";
+pub(crate) const NOTIFY_CHANNEL: &str = "comb_push";
+
+/// Channel on which servers tell each other that catalog entries changed (a queue deleted).
+pub(crate) const CATALOG_CHANNEL: &str = "comb_catalog";
+
+/// Tells every server, when `tx` commits, that `queue` was deleted: they forget its ids.
+pub(crate) async fn announce_queue_deleted(
+    tx: &deadpool_postgres::Transaction<'_>,
+    queue: &str,
+) -> Result<(), tokio_postgres::Error> {
+    tx.execute("SELECT pg_notify($1, $2)", &[&CATALOG_CHANNEL, &queue])
+        .await
+        .map(|_| ())
+}
+
+/// What the relay tells the catalog: ids it holds may be stale.
+pub(crate) enum Stale<'a> {
+    /// This queue was deleted through some server.
+    Queue(&'a str),
+    /// Notifications may have been missed (the relay reconnected): trust no cached id.
+    All,
+}
+
+/// Called by the relay with each catalog change; the catalog forgets what it names.
+pub(crate) type OnStale = Arc<dyn Fn(Stale<'_>) + Send + Sync>;
 
 /// Longest a push waits before other servers hear of it (besides the send itself).
-pub const BROADCAST_EVERY: Duration = Duration::from_millis(10);
+pub(crate) const BROADCAST_EVERY: Duration = Duration::from_millis(10);
 
 /// Largest notification payload PostgreSQL accepts is 8000 bytes; beyond this, wake all.
 const NOTIFY_MAX: usize = 7_900;
 
 /// The wake-up registry of one server.
 #[derive(Default)]
-pub struct Wake {
+pub(crate) struct Wake {
     queues: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Queue names to announce to other servers (see [`broadcast`]).
     outbox: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<String>>,
@@ -40,7 +62,7 @@ pub struct Wake {
 
 impl Wake {
     /// A receiver whose `changed()` fires on the next push to `queue`.
-    pub fn listen(&self, queue: &str) -> watch::Receiver<u64> {
+    pub(crate) fn listen(&self, queue: &str) -> watch::Receiver<u64> {
         let mut map = self.queues.lock().expect("wake registry poisoned");
         let tx = map
             .entry(queue.to_string())
@@ -51,7 +73,7 @@ impl Wake {
     }
 
     /// A push to `queue` committed: wake its pops here now, and on other servers soon.
-    pub fn pushed(&self, queue: &str) {
+    pub(crate) fn pushed(&self, queue: &str) {
         self.notify(queue);
         if let Some(outbox) = self.outbox.get() {
             let _ = outbox.send(queue.to_string());
@@ -59,7 +81,7 @@ impl Wake {
     }
 
     /// Wakes every pop waiting on `queue`. Cheap when nobody waits.
-    pub fn notify(&self, queue: &str) {
+    pub(crate) fn notify(&self, queue: &str) {
         let mut map = self.queues.lock().expect("wake registry poisoned");
         if let Some(tx) = map.get(queue) {
             if tx.receiver_count() == 0 {
@@ -71,7 +93,7 @@ impl Wake {
     }
 
     /// Wakes every waiting pop (used at shutdown so that they answer at once).
-    pub fn notify_all(&self) {
+    pub(crate) fn notify_all(&self) {
         let map = self.queues.lock().expect("wake registry poisoned");
         for tx in map.values() {
             tx.send_modify(|v| *v += 1);
@@ -82,7 +104,7 @@ impl Wake {
 /// Announces pushed queues to other servers: one `NOTIFY` per [`BROADCAST_EVERY`] at most,
 /// outside any push transaction. A failed send is not retried: the waiting pops elsewhere
 /// fall back to re-checking on their own timer.
-pub fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
+pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     if wake.outbox.set(tx).is_err() {
         return;
@@ -127,15 +149,15 @@ pub fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
 ///
 /// The same connection carries catalog changes (a queue deleted through another server), so
 /// that this server forgets ids that no longer exist.
-pub async fn relay(database_url: String, wake: Arc<Wake>, catalog: Arc<Catalog>) {
+pub(crate) async fn relay(database_url: String, wake: Arc<Wake>, on_stale: OnStale) {
     loop {
-        if let Err(e) = relay_once(&database_url, &wake, &catalog).await {
+        if let Err(e) = relay_once(&database_url, &wake, &on_stale).await {
             tracing::warn!(error = %e, "push notification relay lost its connection; reconnecting");
         }
         // Whatever was missed while disconnected: let every waiting pop look again, and
         // trust no cached id.
         wake.notify_all();
-        catalog.forget_all();
+        on_stale(Stale::All);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -143,16 +165,12 @@ pub async fn relay(database_url: String, wake: Arc<Wake>, catalog: Arc<Catalog>)
 async fn relay_once(
     database_url: &str,
     wake: &Wake,
-    catalog: &Catalog,
+    on_stale: &OnStale,
 ) -> Result<(), tokio_postgres::Error> {
     let (client, mut conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
     let messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
     futures_util::pin_mut!(messages);
-    let sql = format!(
-        "LISTEN {}; LISTEN {}",
-        NOTIFY_CHANNEL,
-        crate::http::queues::CATALOG_CHANNEL
-    );
+    let sql = format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {CATALOG_CHANNEL}");
     let listen = client.batch_execute(&sql);
     futures_util::pin_mut!(listen);
     // Drive the connection while LISTEN completes, then forward notifications.
@@ -169,8 +187,8 @@ async fn relay_once(
     tracing::debug!("listening for pushes made through other servers");
     while let Some(m) = messages.next().await {
         if let AsyncMessage::Notification(n) = m? {
-            if n.channel() == crate::http::queues::CATALOG_CHANNEL {
-                catalog.forget_queue(n.payload());
+            if n.channel() == CATALOG_CHANNEL {
+                on_stale(Stale::Queue(n.payload()));
             } else if n.payload() == "*" {
                 wake.notify_all();
             } else {

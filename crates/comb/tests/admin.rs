@@ -972,3 +972,65 @@ async fn administration_under_a_held_snapshot_leaves_no_dead_rows() {
     assert_eq!(dead_tuples(&env), before, "no row was updated or deleted");
     holder.batch_execute("COMMIT").await.unwrap();
 }
+
+fn metric(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_show_oldest_pending_age_dead_letters_from_expired_leases_and_lag_seconds() {
+    let env = Env::start().await;
+    env.configure("x", json!({"retryLimit": 1, "leaseTime": 1}))
+        .await;
+    env.push(items("x", "p", 0, 2)).await;
+    let pop = env.pop("/api/v1/pop/queue/x?batch=1").await.unwrap();
+    assert_eq!(numbers(&pop), vec![0]);
+    // The lease ends unsettled; the next claim dead-letters the message (retryLimit 1).
+    let mut dead = false;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let _ = env.pop("/api/v1/pop/queue/x?batch=1&autoAck=true").await;
+        if env.sql("SELECT count(*) FROM comb.dead_letters") == "1" {
+            dead = true;
+            break;
+        }
+    }
+    assert!(dead, "the expired lease dead-lettered its message");
+    let text = env
+        .http
+        .get(env.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&text, "comb_messages_dead_lettered_total "),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "comb_dead_letters{queue=\"x\",group=\"__QUEUE_MODE__\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        metric(&text, "comb_queue_oldest_pending_seconds{queue=\"x\"}").is_some(),
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            "comb_group_lag_seconds{queue=\"x\",group=\"__QUEUE_MODE__\"}"
+        )
+        .is_some(),
+        "{text}"
+    );
+}

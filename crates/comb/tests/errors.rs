@@ -628,28 +628,6 @@ async fn deleting_a_queue_with_a_bad_or_unknown_name() {
     assert_eq!(env.message_count(), 1);
 }
 
-/// A statement the client itself refuses (a parameter of the wrong type) is a defect of the
-/// server, answered 500 — not an outage of the database, which would make clients retry.
-#[tokio::test]
-async fn a_parameter_the_client_cannot_encode_is_not_a_database_outage() {
-    let pg = comb_harness::Postgres::shared();
-    let url = pg.create_database("encode").unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let e = client
-        .query_one("SELECT $1::int4", &[&1_i64])
-        .await
-        .expect_err("an i64 for an int4 parameter");
-    let e = comb::db::DbError::from(e);
-    assert!(matches!(e, comb::db::DbError::Postgres(_)), "{e}");
-    assert_eq!(
-        comb::http::Problem::from(&e).status,
-        axum::http::StatusCode::INTERNAL_SERVER_ERROR
-    );
-}
-
 /// A stored payload that is no longer JSON (changed behind Comb's back) fails the pop with a
 /// problem naming it, instead of an answer that is not JSON.
 #[tokio::test]

@@ -53,8 +53,16 @@ async fn the_readme_session_is_what_a_newcomer_sees() {
     let dir = tempfile::tempdir().unwrap();
     for (i, (cmd, expected)) in steps.iter().enumerate() {
         let cmd = cmd.replace("http://127.0.0.1:6632", &env.server.base_url());
+        let bin_dir = common::comb_bin().parent().unwrap().to_path_buf();
+        let path = format!(
+            "{}:{}",
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
         let out = Command::new("bash")
             .args(["-o", "pipefail", "-c", &cmd])
+            .env("PATH", path)
+            .env("COMB_URL", env.server.base_url())
             .current_dir(dir.path())
             .output()
             .expect("bash runs");

@@ -32,6 +32,20 @@ pub struct Selection {
     pub to: Option<DateTime<Utc>>,
 }
 
+impl Selection {
+    /// The parameters of [`SELECTED`], in its order.
+    fn args(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 6] {
+        [
+            &self.queue_id,
+            &self.group,
+            &self.ids,
+            &self.partition,
+            &self.from,
+            &self.to,
+        ]
+    }
+}
+
 const SELECTED: &str = "d.queue_id = $1 AND ($2::text IS NULL OR d.consumer_group = $2)
   AND ($3::uuid[] IS NULL OR d.id = ANY ($3))
   AND ($4::uuid IS NULL OR d.partition_id = $4)
@@ -89,14 +103,7 @@ FROM placed pl";
 pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Failure> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
-        &selection.queue_id,
-        &selection.group,
-        &selection.ids,
-        &selection.partition,
-        &selection.from,
-        &selection.to,
-    ];
+    let args = selection.args();
     // Entries another request is requeueing now are skipped, not waited for.
     let rows = tx
         .query(
@@ -199,14 +206,7 @@ pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Fai
 pub async fn purge(pool: &Pool, selection: &Selection) -> Result<u64, Failure> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
-        &selection.queue_id,
-        &selection.group,
-        &selection.ids,
-        &selection.partition,
-        &selection.from,
-        &selection.to,
-    ];
+    let args = selection.args();
     let ids: Vec<Uuid> = tx
         .query(
             &format!("DELETE FROM comb.dead_letters d WHERE {SELECTED} RETURNING d.id"),

@@ -13,7 +13,6 @@ use uuid::Uuid;
 use super::cursors::{self, Selection, Target};
 use super::{Failure, MAX_LIMIT};
 use crate::catalog::{Catalog, StartFrom};
-use crate::http::queues::CATALOG_CHANNEL;
 
 /// Lag of one (queue, group) summed over its cursors, as columns of a lateral named `l`.
 const GROUP_LAG: &str = "
@@ -176,8 +175,7 @@ pub async fn delete_for_queue(
         )
         .await?;
         // Every server forgets the queue's cached subscriptions.
-        tx.execute("SELECT pg_notify($1, $2)", &[&CATALOG_CHANNEL, &queue])
-            .await?;
+        crate::wake::announce_queue_deleted(&tx, queue).await?;
         n
     } else {
         let mode: String = sub.get(0);
@@ -274,11 +272,7 @@ pub async fn seek(
     target: Target,
 ) -> Result<Value, Failure> {
     let mut client = pool.get().await?;
-    let id = super::queue_id(&**client, queue).await?;
-    let partition_id = match partition {
-        Some(p) => Some(super::partition_id(&**client, id, queue, p).await?),
-        None => None,
-    };
+    let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     catalog
         .ensure_subscription(pool, id, group, StartFrom::All)
         .await?;

@@ -161,12 +161,17 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Fai
         )
         .await?
         .get(0);
-    Ok(json!({
-        "messages": list,
+    Ok(listing(list, group, page))
+}
+
+/// A listing's answer.
+fn listing(messages: Value, group: &str, page: Page) -> Value {
+    json!({
+        "messages": messages,
         "consumerGroup": group,
         "limit": page.limit,
         "offset": page.offset,
-    }))
+    })
 }
 
 /// Dead-lettered messages of the listing, from the dead letters' own copies.
@@ -210,12 +215,7 @@ async fn dead_lettered(
         )
         .await?
         .get(0);
-    Ok(json!({
-        "messages": list,
-        "consumerGroup": group,
-        "limit": page.limit,
-        "offset": page.offset,
-    }))
+    Ok(listing(list, group, page))
 }
 
 /// The newest message of a partition with this transaction id: (position, queue id, queue

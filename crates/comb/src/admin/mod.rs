@@ -120,3 +120,17 @@ pub(crate) async fn partition_id(
             )
         })
 }
+
+/// The ids of a queue and, if named, one of its partitions; [`Failure::NotFound`] otherwise.
+pub(crate) async fn queue_and_partition(
+    client: &impl tokio_postgres::GenericClient,
+    queue: &str,
+    partition: Option<&str>,
+) -> Result<(uuid::Uuid, Option<uuid::Uuid>), Failure> {
+    let id = queue_id(client, queue).await?;
+    let partition_id = match partition {
+        Some(p) => Some(partition_id(client, id, queue, p).await?),
+        None => None,
+    };
+    Ok((id, partition_id))
+}

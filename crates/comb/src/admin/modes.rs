@@ -15,6 +15,7 @@ use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
 use crate::db::DbError;
+use crate::refusal::{Kind, Refusal};
 
 /// How long a server trusts the modes it read.
 pub const TTL: Duration = Duration::from_secs(1);
@@ -89,6 +90,19 @@ impl Modes {
             });
         }
         self.flag(mode).load(Ordering::Acquire)
+    }
+
+    /// Refuses pushes while push maintenance mode is on (503 with `Retry-After` at the edge):
+    /// nothing is stored, so producers retry later and nothing is lost.
+    pub async fn admit_push(self: &Arc<Self>, pool: &Pool) -> Result<(), Refusal> {
+        if self.is_on(pool, Mode::Push).await {
+            return Err(Refusal::new(
+                Kind::Unavailable,
+                "maintenance_mode",
+                "pushes are paused by maintenance mode; retry later",
+            ));
+        }
+        Ok(())
     }
 
     async fn refresh(&self, pool: &Pool) -> Result<(), DbError> {

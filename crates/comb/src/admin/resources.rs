@@ -229,11 +229,7 @@ pub async fn clear(
     partition: Option<&str>,
 ) -> Result<Value, Failure> {
     let mut client = pool.get().await?;
-    let id = super::queue_id(&**client, queue).await?;
-    let partition_id = match partition {
-        Some(p) => Some(super::partition_id(&**client, id, queue, p).await?),
-        None => None,
-    };
+    let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     let subscribed: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM comb.subscriptions WHERE queue_id = $1)",

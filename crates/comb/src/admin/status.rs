@@ -284,7 +284,9 @@ pub async fn record(pool: Pool, metrics: Arc<Metrics>, server: String, interval:
             m.popped.get(),
             m.acked.get(),
             m.failed.get(),
-            m.dead_lettered.get() + metrics.maintenance.dead_lettered.get(),
+            m.dead_lettered.get()
+                + crate::metrics::LEASE_DEAD_LETTERED.get()
+                + metrics.maintenance.dead_lettered.get(),
         ];
         let delta: Vec<i64> = now
             .iter()

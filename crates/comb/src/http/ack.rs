@@ -7,13 +7,13 @@ use uuid::Uuid;
 
 use super::body::JsonBody;
 use super::{Problem, State};
-use crate::ack::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus};
+use crate::ack::{AckItem, AckOutcome, AckStatus};
 use crate::queue::{QUEUE_MODE_GROUP, validate_group_name};
 
 /// One acknowledgement as sent by a consumer.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AckIn {
+pub(crate) struct AckIn {
     transaction_id: String,
     partition_id: String,
     status: String,
@@ -24,14 +24,14 @@ pub struct AckIn {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AckBatchIn {
+pub(crate) struct AckBatchIn {
     acknowledgments: Vec<AckIn>,
     consumer_group: Option<String>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AckOut {
+pub(crate) struct AckOut {
     index: usize,
     transaction_id: String,
     success: bool,
@@ -46,24 +46,26 @@ pub struct AckOut {
 const MAX_ERROR_LEN: usize = 8192;
 
 /// One ack; a refused ack is a problem answer with the refusal's code.
-pub async fn ack_one(
+pub(crate) async fn ack_one(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<AckIn>,
 ) -> Result<axum::Json<Vec<AckOut>>, Problem> {
     let item = validate(body, None, "")?;
     let txid = item.transaction_id.clone();
-    let outcome = settle(&app, vec![item])
+    let outcome = app
+        .acker
+        .settle(vec![item])
         .await?
         .pop()
         .expect("one outcome per item");
     if let Err(refusal) = outcome.result {
-        return Err(refused(refusal, ""));
+        return Err(refusal.refusal("").into());
     }
     Ok(axum::Json(vec![out(0, txid, outcome)]))
 }
 
 /// Many acks; each item succeeds or fails on its own.
-pub async fn ack_batch(
+pub(crate) async fn ack_batch(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<AckBatchIn>,
 ) -> Result<axum::Json<Vec<AckOut>>, Problem> {
@@ -98,7 +100,7 @@ pub async fn ack_batch(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let txids: Vec<String> = items.iter().map(|i| i.transaction_id.clone()).collect();
-    let outcomes = settle(&app, items).await?;
+    let outcomes = app.acker.settle(items).await?;
     Ok(axum::Json(
         outcomes
             .into_iter()
@@ -179,22 +181,6 @@ pub(super) fn validate(
         lease_id,
         error,
     })
-}
-
-/// The problem answer for a refused ack; `at` names the item in a larger request.
-pub(super) fn refused(refusal: AckRefusal, at: &str) -> Problem {
-    let status = match refusal {
-        AckRefusal::MessageNotFound | AckRefusal::NotConsumed => StatusCode::NOT_FOUND,
-        AckRefusal::LeaseInvalid | AckRefusal::NotDelivered => StatusCode::CONFLICT,
-    };
-    Problem::new(status, refusal.code(), format!("{at}{}", refusal.message()))
-}
-
-async fn settle(app: &State, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Problem> {
-    let statuses: Vec<AckStatus> = items.iter().map(|i| i.status).collect();
-    let outcomes = super::ask(&app.ack, |reply| AckJob { items, reply }).await?;
-    app.metrics.messages.settled(&statuses, &outcomes);
-    Ok(outcomes)
 }
 
 /// The answer for one ack, in the shape Queen's clients read.

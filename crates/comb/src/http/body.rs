@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use super::{Problem, State};
 
 /// A JSON body decoded into `T`, or a problem explaining what was wrong with it.
-pub struct JsonBody<T>(pub T);
+pub(crate) struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<State> for JsonBody<T> {
     type Rejection = Problem;
@@ -23,7 +23,7 @@ impl<T: DeserializeOwned> FromRequest<State> for JsonBody<T> {
 
 /// A body read whole under the size limit, for handlers that decode it with [`parse_json`]
 /// into types borrowing from it (pushes keep their payloads as slices of these bytes).
-pub struct LimitedBody(pub Bytes);
+pub(crate) struct LimitedBody(pub Bytes);
 
 impl FromRequest<State> for LimitedBody {
     type Rejection = Problem;
@@ -43,7 +43,7 @@ impl FromRequest<State> for LimitedBody {
 }
 
 /// Reads a whole body, refusing more than `limit` bytes.
-pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, Problem> {
+pub(crate) async fn read_limited(body: Body, limit: usize) -> Result<Bytes, Problem> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         if e.to_string().contains("length limit") {
             too_large(limit)
@@ -54,7 +54,7 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes, Problem> {
 }
 
 /// Decodes JSON, telling syntax errors (`json_invalid`) from shape errors (`field_invalid`).
-pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Problem> {
+pub(crate) fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Problem> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Problem::bad_request(
             "body_missing",

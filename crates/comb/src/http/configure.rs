@@ -2,14 +2,13 @@
 
 use axum::extract::State as AxState;
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 use super::body::JsonBody;
 use super::{Problem, State};
 use crate::queue::{OPTION_NAMES, OptionsSet, QueueOptions, validate_queue_name};
 
 #[derive(Deserialize)]
-pub struct ConfigureIn {
+pub(crate) struct ConfigureIn {
     queue: String,
     namespace: Option<String>,
     task: Option<String>,
@@ -17,7 +16,7 @@ pub struct ConfigureIn {
 }
 
 #[derive(Serialize)]
-pub struct ConfigureOut {
+pub(crate) struct ConfigureOut {
     configured: bool,
     queue: String,
     namespace: Option<String>,
@@ -26,7 +25,7 @@ pub struct ConfigureOut {
 }
 
 /// Creates the queue if needed and merges the given options into those already set.
-pub async fn configure(
+pub(crate) async fn configure(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<ConfigureIn>,
 ) -> Result<axum::Json<ConfigureOut>, Problem> {
@@ -61,34 +60,21 @@ pub async fn configure(
             "encryptionEnabled needs an encryption key in the server configuration, and this server has none",
         ));
     }
-    let patch = serde_json::to_value(&set).expect("options serialize");
-    let client = app.pool.get().await.map_err(crate::db::DbError::from)?;
-    let row = client
-        .query_one(
-            "INSERT INTO comb.queues (id, name, namespace, task, options)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (name) DO UPDATE SET
-                 options = comb.queues.options || EXCLUDED.options,
-                 namespace = coalesce(EXCLUDED.namespace, comb.queues.namespace),
-                 task = coalesce(EXCLUDED.task, comb.queues.task)
-             RETURNING options, namespace, task",
-            &[
-                &Uuid::now_v7(),
-                &body.queue,
-                &body.namespace,
-                &body.task,
-                &patch,
-            ],
+    let configured = app
+        .catalog
+        .configure(
+            &app.pool,
+            &body.queue,
+            body.namespace.as_deref(),
+            body.task.as_deref(),
+            &set,
         )
-        .await
-        .map_err(crate::db::DbError::from)?;
-    let stored: serde_json::Value = row.get(0);
-    let stored: OptionsSet = serde_json::from_value(stored).unwrap_or_default();
+        .await?;
     Ok(axum::Json(ConfigureOut {
         configured: true,
         queue: body.queue,
-        namespace: row.get(1),
-        task: row.get(2),
-        options: QueueOptions::from_set(&stored),
+        namespace: configured.namespace,
+        task: configured.task,
+        options: configured.options,
     }))
 }

@@ -13,18 +13,11 @@ use super::State;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 async fn database_answers(app: &State) -> bool {
-    let probe = async {
-        let client = app.pool.get().await.ok()?;
-        client.query_one("SELECT 1", &[]).await.ok()
-    };
-    matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, probe).await,
-        Ok(Some(_))
-    )
+    crate::db::answers(&app.pool, PROBE_TIMEOUT).await
 }
 
 /// Liveness: the process answers and so does its database.
-pub async fn health(AxState(app): AxState<State>) -> Response {
+pub(crate) async fn health(AxState(app): AxState<State>) -> Response {
     if database_answers(&app).await {
         (
             StatusCode::OK,
@@ -41,7 +34,7 @@ pub async fn health(AxState(app): AxState<State>) -> Response {
 }
 
 /// Readiness: accepting work (not stopping, database reachable); load balancers route on it.
-pub async fn ready(AxState(app): AxState<State>) -> Response {
+pub(crate) async fn ready(AxState(app): AxState<State>) -> Response {
     let stopping = app.is_stopping();
     let db = !stopping && database_answers(&app).await;
     let status = if db {

@@ -16,7 +16,7 @@ use crate::queue::MAX_LEASE_SECONDS;
 /// The extension request body.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ExtendIn {
+pub(crate) struct ExtendIn {
     /// New remaining length of the lease, from now.
     seconds: u32,
     /// The lease's partition, when known: finds the lease without a scan.
@@ -24,7 +24,7 @@ pub struct ExtendIn {
 }
 
 /// Moves a live lease's end to `seconds` from now.
-pub async fn extend(
+pub(crate) async fn extend(
     AxState(app): AxState<State>,
     PathParams(lease_id): PathParams<String>,
     JsonBody(body): JsonBody<ExtendIn>,

@@ -1,10 +1,9 @@
-//! Resource limits at the edge: a cap on open connections and on waiting pops, so that a flood
-//! of clients meets a clear 503 or 429 instead of growing the server's memory without bound.
+//! Resource limits at the edge: a cap on open connections, so that a flood of clients meets a
+//! clear 503 instead of growing the server's memory without bound.
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::serve::Listener;
 use tokio::io::AsyncWriteExt;
@@ -13,14 +12,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A TCP listener that holds at most `max` connections open. A connection beyond the cap is
 /// answered `503` with `Retry-After` and closed, without reading its request.
-pub struct LimitedListener {
+pub(crate) struct LimitedListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
 }
 
 impl LimitedListener {
     /// Wraps `inner`, admitting at most `max` connections at once.
-    pub fn new(inner: TcpListener, max: usize) -> LimitedListener {
+    pub(crate) fn new(inner: TcpListener, max: usize) -> LimitedListener {
         LimitedListener {
             inner,
             permits: Arc::new(Semaphore::new(max)),
@@ -29,7 +28,7 @@ impl LimitedListener {
 }
 
 /// An admitted connection; its slot is freed when it closes.
-pub struct Admitted {
+pub(crate) struct Admitted {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
 }
@@ -130,67 +129,5 @@ impl tokio::io::AsyncWrite for Admitted {
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
-    }
-}
-
-/// Counts pops that are waiting for messages, up to a cap.
-pub struct WaitingPops {
-    now: AtomicUsize,
-    max: usize,
-}
-
-/// One waiting pop's place; given back when dropped.
-pub struct WaitSlot<'a>(&'a WaitingPops);
-
-impl WaitingPops {
-    /// A counter admitting at most `max` waiting pops.
-    pub fn new(max: usize) -> WaitingPops {
-        WaitingPops {
-            now: AtomicUsize::new(0),
-            max,
-        }
-    }
-
-    /// Pops waiting now.
-    pub fn count(&self) -> usize {
-        self.now.load(Ordering::Relaxed)
-    }
-
-    /// A place to wait, or `None` when all are taken.
-    pub fn enter(&self) -> Option<WaitSlot<'_>> {
-        let mut n = self.now.load(Ordering::Relaxed);
-        loop {
-            if n >= self.max {
-                return None;
-            }
-            match self
-                .now
-                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => return Some(WaitSlot(self)),
-                Err(seen) => n = seen,
-            }
-        }
-    }
-}
-
-impl Drop for WaitSlot<'_> {
-    fn drop(&mut self) {
-        self.0.now.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn waiting_pops_are_capped_and_places_come_back() {
-        let w = WaitingPops::new(2);
-        let a = w.enter().unwrap();
-        let _b = w.enter().unwrap();
-        assert!(w.enter().is_none());
-        drop(a);
-        assert!(w.enter().is_some());
     }
 }

@@ -4,75 +4,16 @@
 //! still served, with `comb_queue_stats_success` 0, so a scrape shows a struggling database
 //! rather than failing with it.
 
-use std::time::Duration;
-
 use axum::extract::State as AxState;
 use axum::http::header;
 use axum::response::IntoResponse;
 
 use super::State;
-use crate::db::DbError;
+use crate::backlog;
 use crate::metrics::{CONTENT_TYPE, Durations, Text};
 
-/// How long the depth and lag statement may run; a scrape must stay cheap.
-const STATS_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Pending messages per queue (what `maxSize` limits: not yet passed by the slowest group),
-/// then unsettled messages per (queue, group), in one round trip. Heads and cursor states are
-/// index probes per partition and cursor; no message is read.
-const STATS: &str = "
-WITH heads AS (
-    SELECT p.id, p.queue_id, h.pos
-    FROM comb.partitions p CROSS JOIN LATERAL comb.partition_head(p.id) h
-), cursors AS (
-    SELECT c.queue_id, c.partition_id, c.consumer_group, c.cursor_pos,
-           cardinality(c.settled) AS settled
-    FROM comb.cursors_now c
-)
-SELECT q.name, NULL::text,
-       coalesce(sum(h.pos - coalesce((SELECT min(c.cursor_pos) FROM cursors c
-                                      WHERE c.partition_id = h.id), 0)), 0)::bigint
-FROM comb.queues q LEFT JOIN heads h ON h.queue_id = q.id
-GROUP BY q.name
-UNION ALL
-SELECT q.name, c.consumer_group, sum(greatest(h.pos - c.cursor_pos - c.settled, 0))::bigint
-FROM cursors c JOIN heads h ON h.id = c.partition_id JOIN comb.queues q ON q.id = c.queue_id
-GROUP BY q.name, c.consumer_group
-ORDER BY 1, 2 NULLS FIRST";
-
-/// Depth per queue and lag per (queue, group).
-struct Stats {
-    depth: Vec<(String, f64)>,
-    lag: Vec<(String, String, f64)>,
-}
-
-async fn stats(app: &State) -> Result<Stats, DbError> {
-    let mut client = app.pool.get().await?;
-    let tx = client.transaction().await?;
-    tx.batch_execute(&format!(
-        "SET LOCAL statement_timeout = {}",
-        STATS_TIMEOUT.as_millis()
-    ))
-    .await?;
-    let rows = tx.query(STATS, &[]).await?;
-    tx.commit().await?;
-    let mut out = Stats {
-        depth: Vec::new(),
-        lag: Vec::new(),
-    };
-    for row in rows {
-        let queue: String = row.get(0);
-        let value = row.get::<_, i64>(2).max(0) as f64;
-        match row.get::<_, Option<String>>(1) {
-            None => out.depth.push((queue, value)),
-            Some(group) => out.lag.push((queue, group, value)),
-        }
-    }
-    Ok(out)
-}
-
 /// Renders every metric at the moment of the scrape.
-pub async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
+pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     let mut out = Text::default();
     app.metrics.render(&mut out);
     let routes = super::routes();
@@ -112,7 +53,7 @@ pub async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     );
     // The pool refuses at once while the database is known to be down; the timeout covers
     // a database that stops answering mid-statement.
-    let stats = tokio::time::timeout(STATS_TIMEOUT + Duration::from_secs(1), stats(&app)).await;
+    let stats = tokio::time::timeout(backlog::TIMEOUT, backlog::measure(&app.pool)).await;
     let stats = match stats {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {
@@ -132,7 +73,53 @@ pub async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], out.finish())
 }
 
-fn render_stats(out: &mut Text, stats: &Stats) {
+fn by_queue(out: &mut Text, name: &str, help: &str, values: &[(String, f64)]) {
+    if values.is_empty() {
+        return;
+    }
+    let samples: Vec<([(&str, &str); 1], f64)> = values
+        .iter()
+        .map(|(q, v)| ([("queue", q.as_str())], *v))
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    out.gauge_labelled(name, help, &samples);
+}
+
+fn by_group(out: &mut Text, name: &str, help: &str, values: &[(String, String, f64)]) {
+    if values.is_empty() {
+        return;
+    }
+    let samples: Vec<([(&str, &str); 2], f64)> = values
+        .iter()
+        .map(|(q, g, v)| ([("queue", q.as_str()), ("group", g.as_str())], *v))
+        .collect();
+    let samples: Vec<(&[(&str, &str)], f64)> = samples.iter().map(|(l, v)| (&l[..], *v)).collect();
+    out.gauge_labelled(name, help, &samples);
+}
+
+fn render_operator_stats(out: &mut Text, stats: &backlog::Backlog) {
+    by_queue(
+        out,
+        "comb_queue_oldest_pending_seconds",
+        "Age of the oldest message of the queue its slowest consumer group has not passed (0 when none). Database-wide.",
+        &stats.oldest,
+    );
+    by_group(
+        out,
+        "comb_dead_letters",
+        "Dead letters of the consumer group in the queue, not requeued: from acks, expired leases, maxWaitTimeSeconds and operators. Database-wide.",
+        &stats.dead,
+    );
+    by_group(
+        out,
+        "comb_group_lag_seconds",
+        "Age of the oldest message the consumer group has not settled in the queue (0 when none). Database-wide.",
+        &stats.lag_seconds,
+    );
+}
+
+fn render_stats(out: &mut Text, stats: &backlog::Backlog) {
+    render_operator_stats(out, stats);
     if !stats.depth.is_empty() {
         let samples: Vec<([(&str, &str); 1], f64)> = stats
             .depth

@@ -8,7 +8,7 @@ mod groups;
 mod health;
 mod lease;
 /// Caps on connections and waiting pops.
-pub mod limits;
+pub(crate) mod limits;
 mod messages;
 mod metrics;
 mod openapi;
@@ -17,7 +17,7 @@ mod pop;
 mod problem;
 mod push;
 /// Queue resources (deletion) and the catalog notification channel.
-pub mod queues;
+pub(crate) mod queues;
 /// Sizes, depth and lag of queues, partitions, namespaces and tasks; clearing a queue.
 mod resources;
 mod status;
@@ -34,89 +34,61 @@ use axum::routing::{MethodRouter, delete, get, post};
 use deadpool_postgres::Pool;
 use tokio::sync::watch;
 
-pub use problem::Problem;
+pub(crate) use problem::Problem;
 
-use crate::ack::AckJob;
+use crate::ack::Acker;
 use crate::catalog::Catalog;
 use crate::config::ServeConfig;
-use crate::fusion::Fuser;
-use crate::pop::PopJob;
-use crate::push::PushJob;
+use crate::pop::Popper;
+use crate::push::Pusher;
+use crate::transaction::Transactions;
 use crate::wake::Wake;
 
 /// Everything a handler needs, shared by all requests.
-pub struct App {
-    pub config: ServeConfig,
-    pub pool: Pool,
-    pub catalog: Arc<Catalog>,
-    pub wake: Arc<Wake>,
-    pub push: Fuser<PushJob>,
-    pub pop: Fuser<PopJob>,
-    pub ack: Fuser<AckJob>,
+pub(crate) struct App {
+    pub(crate) config: ServeConfig,
+    pub(crate) pool: Pool,
+    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) wake: Arc<Wake>,
+    /// The use cases: each owns its whole story, handlers call them.
+    pub(crate) pusher: Arc<Pusher>,
+    pub(crate) popper: Popper,
+    pub(crate) acker: Arc<Acker>,
+    pub(crate) transactions: Transactions,
     /// This process's counters, served by `GET /metrics`.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Set once SIGTERM arrived: `/ready` answers 503 and waiting pops answer 204.
-    pub stopping: AtomicBool,
+    pub(crate) stopping: AtomicBool,
     /// Fires when `stopping` is set, to wake waiting pops.
-    pub stop_signal: watch::Sender<bool>,
-    /// Pops waiting for messages, capped.
-    pub waiting: limits::WaitingPops,
+    pub(crate) stop_signal: watch::Sender<bool>,
     /// How long requests took, one histogram per entry of [`routes`], in its order.
-    pub durations: Vec<crate::metrics::Durations>,
+    pub(crate) durations: Vec<crate::metrics::Durations>,
     /// Maintenance modes as this server last read them.
-    pub modes: Arc<crate::admin::modes::Modes>,
+    pub(crate) modes: Arc<crate::admin::modes::Modes>,
     /// When this server started.
-    pub started: std::time::Instant,
+    pub(crate) started: std::time::Instant,
 }
 
 impl App {
     /// Begins a graceful stop: no new waits, waiting pops answer now.
-    pub fn begin_stop(&self) {
+    pub(crate) fn begin_stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = self.stop_signal.send(true);
         self.wake.notify_all();
     }
 
     /// Whether a graceful stop has begun.
-    pub fn is_stopping(&self) -> bool {
+    pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
 }
 
 /// Handler state.
-pub type State = Arc<App>;
-
-/// The reply channel a fused job answers on.
-pub type Reply<T> = tokio::sync::oneshot::Sender<Result<T, Arc<crate::db::DbError>>>;
-
-/// Hands a job to a fuser and waits for its answer, as a problem if it failed.
-pub async fn ask<J: Send + 'static, T>(
-    fuser: &Fuser<J>,
-    job: impl FnOnce(Reply<T>) -> J,
-) -> Result<T, Problem> {
-    ask_keyed(fuser, 0, job).await
-}
-
-/// Like [`ask`], on the shard of `key` of a keyed fuser.
-pub async fn ask_keyed<J: Send + 'static, T>(
-    fuser: &Fuser<J>,
-    key: u64,
-    job: impl FnOnce(Reply<T>) -> J,
-) -> Result<T, Problem> {
-    let closed = || Problem::unavailable("shutting_down", "the server is shutting down");
-    let (reply, rx) = tokio::sync::oneshot::channel();
-    fuser
-        .submit_keyed(key, job(reply))
-        .await
-        .map_err(|_| closed())?;
-    rx.await
-        .map_err(|_| closed())?
-        .map_err(|e| Problem::from(&*e))
-}
+pub(crate) type State = Arc<App>;
 
 /// Every route: method, path (OpenAPI syntax) and handler. The router and the OpenAPI
 /// document are both checked against this one list, so they cannot drift apart.
-pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
+pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
     vec![
         (Method::POST, "/api/v1/push", post(push::push)),
         (
@@ -313,12 +285,12 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
 }
 
 /// One empty duration histogram per route, for [`App::durations`].
-pub fn route_durations() -> Vec<crate::metrics::Durations> {
+pub(crate) fn route_durations() -> Vec<crate::metrics::Durations> {
     routes().iter().map(|_| Default::default()).collect()
 }
 
 /// The application router. Each route records how long its requests took.
-pub fn router(state: State) -> Router {
+pub(crate) fn router(state: State) -> Router {
     let mut router = Router::new();
     for (i, (_, path, handler)) in routes().into_iter().enumerate() {
         let app = state.clone();

@@ -4,10 +4,10 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 /// The document, kept beside this file.
-pub const DOCUMENT: &str = include_str!("openapi.json");
+pub(crate) const DOCUMENT: &str = include_str!("openapi.json");
 
 /// Serves the document as JSON.
-pub async fn openapi() -> impl IntoResponse {
+pub(crate) async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], DOCUMENT)
 }
 

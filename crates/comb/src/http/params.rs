@@ -11,7 +11,7 @@ use super::Problem;
 
 /// Path parameters; a path that cannot be decoded (not UTF-8, say) is answered as
 /// problem+json like every other bad input, instead of the framework's plain text.
-pub struct PathParams<T>(pub T);
+pub(crate) struct PathParams<T>(pub T);
 
 impl<T, S> FromRequestParts<S> for PathParams<T>
 where
@@ -29,7 +29,7 @@ where
 }
 
 /// Named request options, from the query string or a JSON object.
-pub enum Params {
+pub(crate) enum Params {
     Query(HashMap<String, String>),
     Json(serde_json::Map<String, Value>),
 }
@@ -43,7 +43,7 @@ fn invalid(name: &str, expected: &str) -> Problem {
 
 impl Params {
     /// A text option.
-    pub fn text(&self, name: &str) -> Result<Option<String>, Problem> {
+    pub(crate) fn text(&self, name: &str) -> Result<Option<String>, Problem> {
         match self {
             Params::Query(q) => Ok(q.get(name).cloned()),
             Params::Json(j) => match j.get(name) {
@@ -55,7 +55,7 @@ impl Params {
     }
 
     /// A non-negative integer option.
-    pub fn uint(&self, name: &str) -> Result<Option<u64>, Problem> {
+    pub(crate) fn uint(&self, name: &str) -> Result<Option<u64>, Problem> {
         let expected = "a non-negative integer";
         match self {
             Params::Query(q) => q
@@ -78,7 +78,7 @@ impl Params {
     }
 
     /// A boolean option (`true`/`false`, `1`/`0`).
-    pub fn flag(&self, name: &str) -> Result<Option<bool>, Problem> {
+    pub(crate) fn flag(&self, name: &str) -> Result<Option<bool>, Problem> {
         let parse = |s: &str| match s.trim() {
             "true" | "1" => Ok(true),
             "false" | "0" => Ok(false),

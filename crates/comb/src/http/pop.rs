@@ -9,14 +9,13 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::body::JsonBody;
 use super::params::{Params, PathParams};
 use super::{Problem, State};
 use crate::catalog::StartFrom;
-use crate::pop::{Claim, PopJob, PopShape};
+use crate::pop::Claim;
 use crate::queue::{
     QUEUE_MODE_GROUP, validate_group_name, validate_partition_name, validate_queue_name,
 };
@@ -25,20 +24,10 @@ use crate::queue::{
 const MAX_PARTITIONS_PER_POP: u64 = 100;
 
 /// A pop request after validation.
-struct PopRequest {
-    queue: String,
-    partition: Option<String>,
-    group: String,
-    batch: i32,
-    partitions: usize,
-    wait: bool,
-    timeout: Duration,
-    auto_ack: bool,
-    start: StartFrom,
-}
+type PopRequest = crate::pop::Request;
 
 /// Pop from any partition of a queue that has messages for the group.
-pub async fn pop_queue(
+pub(crate) async fn pop_queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
@@ -49,7 +38,7 @@ pub async fn pop_queue(
 }
 
 /// Pop from one named partition.
-pub async fn pop_partition(
+pub(crate) async fn pop_partition(
     AxState(app): AxState<State>,
     PathParams((queue, partition)): PathParams<(String, String)>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
@@ -60,7 +49,7 @@ pub async fn pop_partition(
 }
 
 /// Pop with options in a JSON body, for clients that must not send state-changing GETs.
-pub async fn pop_body(
+pub(crate) async fn pop_body(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Response, Problem> {
@@ -155,99 +144,20 @@ fn parse(
     })
 }
 
-/// Claims, and when asked to wait, waits for a push to this queue and claims again.
+/// Pops through the pop use case: the messages claimed, or 204 when none came in time.
 async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
-    let deadline = Instant::now()
-        + if req.wait {
-            req.timeout
-        } else {
-            Duration::ZERO
-        };
-    let mut stop = app.stop_signal.subscribe();
-    let mut slot = None;
-    loop {
-        // While pop maintenance mode is on, nothing is handed out.
-        if app
-            .modes
-            .is_on(&app.pool, crate::admin::modes::Mode::Pop)
-            .await
-        {
-            return Ok(StatusCode::NO_CONTENT.into_response());
-        }
-        // Listen before looking, so a push that commits after the look still wakes us.
-        let mut woken = app.wake.listen(&req.queue);
-        if let Some(resp) = attempt(app, &req).await? {
-            return Ok(resp);
-        }
-        let now = Instant::now();
-        if now >= deadline || app.is_stopping() {
-            return Ok(StatusCode::NO_CONTENT.into_response());
-        }
-        if slot.is_none() {
-            slot = Some(app.waiting.enter().ok_or_else(|| Problem {
-                retry_after: Some(1),
-                ..Problem::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "waiting_pops_exhausted",
-                    "the server holds its maximum number of waiting pops; retry shortly or pop without wait",
-                )
-            })?);
-        }
-        let fallback = Duration::from_millis(app.config.poll_fallback_ms);
-        let until = deadline.min(now + fallback);
-        tokio::select! {
-            _ = woken.changed() => {}
-            _ = tokio::time::sleep_until(until) => {}
-            _ = stop.changed() => {}
-        }
+    // While pop maintenance mode is on, nothing is handed out.
+    if app
+        .modes
+        .is_on(&app.pool, crate::admin::modes::Mode::Pop)
+        .await
+    {
+        return Ok(StatusCode::NO_CONTENT.into_response());
     }
-}
-
-/// One look: `Some(response)` when messages were claimed or the request is refused.
-async fn attempt(app: &State, req: &PopRequest) -> Result<Option<Response>, Problem> {
-    let Some(queue_id) = app.catalog.find_queue(&app.pool, &req.queue).await? else {
-        if req.partition.is_some() {
-            return Err(Problem::not_found(
-                "queue_not_found",
-                format!("queue `{}` does not exist", req.queue),
-            ));
-        }
-        return Ok(None);
-    };
-    let partition_id = match &req.partition {
-        Some(name) => match app
-            .catalog
-            .find_partition(&app.pool, queue_id, name)
-            .await?
-        {
-            Some(id) => Some(id),
-            None => return Ok(None),
-        },
-        None => None,
-    };
-    app.catalog
-        .ensure_subscription(&app.pool, queue_id, &req.group, req.start)
-        .await?;
-    let shape = PopShape {
-        queue_id,
-        group: req.group.clone(),
-        partition_id,
-        batch: req.batch,
-        auto_ack: req.auto_ack,
-    };
-    let partitions = req.partitions;
-    let lane = shape.lane();
-    let claims = super::ask_keyed(&app.pop, lane, |reply| PopJob {
-        shape,
-        partitions,
-        reply,
-    })
-    .await?;
-    if claims.is_empty() {
-        return Ok(None);
+    match app.popper.pop(&req).await? {
+        Some(claims) => respond(&req, claims),
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
     }
-    app.metrics.messages.delivered(&claims);
-    Ok(Some(respond(req, claims)?))
 }
 
 #[derive(Serialize)]

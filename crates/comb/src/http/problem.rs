@@ -7,24 +7,29 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::db::DbError;
+use crate::refusal::{Kind, Refusal};
 
 /// An error answer.
 #[derive(Debug)]
-pub struct Problem {
-    pub status: StatusCode,
+pub(crate) struct Problem {
+    pub(crate) status: StatusCode,
     /// Stable, documented, machine-readable.
-    pub code: &'static str,
-    pub detail: String,
+    pub(crate) code: &'static str,
+    pub(crate) detail: String,
     /// Seconds, sent as `Retry-After` on 429 and 503.
-    pub retry_after: Option<u64>,
+    pub(crate) retry_after: Option<u64>,
     /// Sent with `Connection: close`: the request was answered before its body was read
     /// whole, so the connection cannot carry another request.
-    pub closes_connection: bool,
+    pub(crate) closes_connection: bool,
 }
 
 impl Problem {
     /// A problem with any status.
-    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn new(
+        status: StatusCode,
+        code: &'static str,
+        detail: impl Into<String>,
+    ) -> Problem {
         Problem {
             status,
             code,
@@ -35,50 +40,46 @@ impl Problem {
     }
 
     /// 400: the request itself is wrong.
-    pub fn bad_request(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn bad_request(code: &'static str, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::BAD_REQUEST, code, detail)
     }
 
     /// 404: the thing named does not exist.
-    pub fn not_found(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn not_found(code: &'static str, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::NOT_FOUND, code, detail)
     }
 
     /// 409: the request conflicts with current state (a stale lease, say).
-    pub fn conflict(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn conflict(code: &'static str, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::CONFLICT, code, detail)
     }
+}
 
-    /// 503 with `Retry-After`: try again shortly.
-    pub fn unavailable(code: &'static str, detail: impl Into<String>) -> Problem {
+impl From<Refusal> for Problem {
+    fn from(r: Refusal) -> Problem {
+        let status = match r.kind {
+            Kind::NotFound => StatusCode::NOT_FOUND,
+            Kind::Conflict => StatusCode::CONFLICT,
+            Kind::Full => StatusCode::TOO_MANY_REQUESTS,
+            Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
         Problem {
-            retry_after: Some(1),
-            ..Problem::new(StatusCode::SERVICE_UNAVAILABLE, code, detail)
+            retry_after: r.retry_after,
+            ..Problem::new(status, r.code, r.detail)
         }
     }
 }
 
 impl From<DbError> for Problem {
     fn from(e: DbError) -> Problem {
-        Problem::from(&e)
+        Problem::from(Refusal::from(&e))
     }
 }
 
 impl From<&DbError> for Problem {
     fn from(e: &DbError) -> Problem {
-        match e {
-            DbError::Unavailable(m) => {
-                Problem::unavailable("database_unavailable", format!("database unavailable: {m}"))
-            }
-            DbError::Postgres(pg) => {
-                tracing::error!(error = %pg, "database error");
-                let detail = match pg.as_db_error() {
-                    Some(db) => format!("database error: {}", db.message()),
-                    None => format!("database error: {pg}"),
-                };
-                Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "database_error", detail)
-            }
-        }
+        Problem::from(Refusal::from(e))
     }
 }
 

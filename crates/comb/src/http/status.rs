@@ -84,7 +84,6 @@ pub async fn system_metrics(AxState(app): AxState<State>) -> Result<Json<Value>,
             "waiting": pool.waiting,
         },
         "requests": requests,
-        "waitingPops": app.waiting.count(),
         "maintenanceLeader": app.metrics.maintenance.leader.get() > 0.0,
     })))
 }

@@ -1,8 +1,5 @@
-//! `POST /api/v1/transaction`: acks and pushes committed together, or not at all.
-//!
-//! This is what makes exactly-once pipelines possible: a consumer acks what it read and pushes
-//! what it produced in one PostgreSQL transaction. Every ack must be under the live lease of
-//! its partition (named or not); one refused ack fails the whole transaction.
+//! `POST /api/v1/transaction`: decode and check the operations, commit them through
+//! [`crate::transaction`], answer per operation.
 
 use axum::extract::State as AxState;
 use axum::http::StatusCode;
@@ -10,24 +7,22 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-use super::ack::{AckIn, AckOut, out, refused};
+use super::ack::{AckIn, AckOut, out};
 use super::body::{LimitedBody, parse_json};
-use super::push::{PushItem, PushResult, check_capacity, resolve, results};
+use super::push::{PushItem, PushResult, into_items, results};
 use super::{Problem, State};
-use crate::ack::{AckItem, settle_in};
-use crate::db::DbError;
-use crate::push::{NewMessage, Stored, store_in};
+use crate::ack::AckItem;
 
 /// The transaction request body. Operations are kept raw until their `type` is known:
 /// push payloads are captured verbatim, which serde's tagged-enum buffering cannot do.
 #[derive(Deserialize)]
-pub struct TransactionIn<'a> {
+pub(crate) struct TransactionIn<'a> {
     #[serde(borrow)]
     operations: Vec<&'a RawValue>,
 }
 
 /// One operation of a transaction; pushed items borrow from the request body.
-pub enum Operation<'a> {
+pub(crate) enum Operation<'a> {
     Ack(AckIn),
     Push { items: Vec<PushItem<'a>> },
 }
@@ -67,7 +62,7 @@ impl<'a> Operation<'a> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TransactionOut<'a> {
+pub(crate) struct TransactionOut<'a> {
     transaction_id: Uuid,
     success: bool,
     results: Vec<OperationOut<'a>>,
@@ -87,7 +82,7 @@ enum Slot {
 }
 
 /// Validates every operation, then runs them all in one PostgreSQL transaction.
-pub async fn transaction(
+pub(crate) async fn transaction(
     AxState(app): AxState<State>,
     LimitedBody(bytes): LimitedBody,
 ) -> Result<axum::response::Response, Problem> {
@@ -132,20 +127,16 @@ pub async fn transaction(
             format!("a transaction may hold at most {max} acks and messages together"),
         ));
     }
-    let messages = if push_items.is_empty() {
-        Vec::new()
-    } else {
+    if !push_items.is_empty() {
         super::push::validate(&push_items, max)?;
-        super::push::refuse_in_maintenance(&app).await?;
-        check_capacity(&app, &push_items).await?;
-        resolve(&app, push_items, &bytes).await?
-    };
-
-    let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
-    let (ack_outcomes, stored) = run(&app, &acks, &messages).await?;
-    for q in messages.iter().map(|m| &*m.queue) {
-        app.wake.pushed(q);
+        app.modes.admit_push(&app.pool).await?;
     }
+    let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
+    let committed = app
+        .transactions
+        .commit(&acks, into_items(push_items), &bytes)
+        .await?;
+    let (ack_outcomes, messages, stored) = (committed.acks, committed.messages, committed.stored);
 
     let mut ack_outcomes = ack_outcomes.into_iter().map(Some).collect::<Vec<_>>();
     let results = slots
@@ -169,49 +160,4 @@ pub async fn transaction(
     Ok(axum::response::IntoResponse::into_response(axum::Json(
         body,
     )))
-}
-
-/// Runs acks, then pushes, in one transaction; any refusal rolls everything back.
-async fn run(
-    app: &State,
-    acks: &[AckItem],
-    messages: &[NewMessage],
-) -> Result<(Vec<crate::ack::AckOutcome>, Vec<Stored>), Problem> {
-    let mut client = app.pool.get().await.map_err(DbError::from)?;
-    let tx = client.transaction().await.map_err(DbError::from)?;
-    let ack_refs: Vec<&AckItem> = acks.iter().collect();
-    let outcomes = if acks.is_empty() {
-        Vec::new()
-    } else {
-        settle_in(&tx, &ack_refs, true).await?
-    };
-    if let Some((i, refusal)) = outcomes
-        .iter()
-        .enumerate()
-        .find_map(|(i, o)| o.result.err().map(|r| (i, r)))
-    {
-        // Dropping the transaction rolls it back: nothing of this request happened.
-        return Err(refused(refusal, &format!("ack {i}: ")));
-    }
-    let msg_refs: Vec<&NewMessage> = messages.iter().collect();
-    let stored = if messages.is_empty() {
-        Vec::new()
-    } else {
-        store_in(&tx, &msg_refs).await?
-    };
-    if let Some(i) = stored.iter().position(|s| *s == Stored::PartitionGone) {
-        app.catalog.forget_queue(&messages[i].queue);
-        return Err(Problem::conflict(
-            "queue_deleted",
-            format!(
-                "queue `{}` was deleted while the transaction was in flight; retry it",
-                messages[i].queue
-            ),
-        ));
-    }
-    tx.commit().await.map_err(DbError::from)?;
-    let statuses: Vec<_> = acks.iter().map(|a| a.status).collect();
-    app.metrics.messages.settled(&statuses, &outcomes);
-    app.metrics.messages.stored(&stored);
-    Ok((outcomes, stored))
 }

@@ -6,24 +6,24 @@ use chrono::{Days, NaiveDate, Utc};
 use deadpool_postgres::Client;
 
 use super::Settings;
-use super::segments::{give_way, lock_timeout_sql};
+use super::locks::{give_way, lock_timeout_sql};
 use crate::db::DbError;
 
 /// The tables kept by the day.
-pub const TABLES: &[&str] = &["traces", "server_minutes", "queue_minutes"];
+pub(super) const TABLES: &[&str] = &["traces", "server_minutes", "queue_minutes"];
 
 /// Days made ahead of the current one.
 const AHEAD: u64 = 2;
 
 /// How many days a daily table is kept, today included.
-pub const RETENTION_DAYS: u64 = 7;
+pub(super) const RETENTION_DAYS: u64 = 7;
 
 fn leaf(table: &str, day: NaiveDate) -> String {
     format!("comb.{table}_{}", day.format("%Y%m%d"))
 }
 
 /// Makes the tables of today and the next days that are missing; returns how many.
-pub async fn make_ahead(client: &Client, settings: &Settings) -> Result<i32, DbError> {
+pub(super) async fn make_ahead(client: &Client, settings: &Settings) -> Result<i32, DbError> {
     let today = Utc::now().date_naive();
     let mut made = 0;
     for table in TABLES {
@@ -58,7 +58,7 @@ pub async fn make_ahead(client: &Client, settings: &Settings) -> Result<i32, DbE
 }
 
 /// Drops the daily tables older than [`RETENTION_DAYS`]; returns how many.
-pub async fn drop_expired(client: &Client, settings: &Settings) -> Result<i32, DbError> {
+pub(super) async fn drop_expired(client: &Client, settings: &Settings) -> Result<i32, DbError> {
     let oldest_kept = Utc::now().date_naive() - Days::new(RETENTION_DAYS - 1);
     let mut dropped = 0;
     for table in TABLES {

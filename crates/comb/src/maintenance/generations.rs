@@ -13,7 +13,7 @@
 
 use deadpool_postgres::Client;
 
-use super::segments::{give_way, give_way_counting, lock_timeout_sql};
+use super::locks::{give_way, give_way_counting, lock_timeout_sql};
 use super::statistics::PARTITIONS_PER_GENERATION;
 use super::{Report, Settings};
 use crate::db::DbError;
@@ -42,7 +42,7 @@ async fn generations(client: &Client) -> Result<(Vec<i32>, f64), DbError> {
 /// the ATTACH for as long as it keeps its lock on `comb.cursor_states` — a statement that
 /// took its snapshot just after a combined ATTACH and switch, or a transaction already
 /// holding the lock, would pick a generation it has no partition for.
-pub async fn make_ahead(
+pub(crate) async fn make_ahead(
     client: &Client,
     settings: &Settings,
     report: &mut Report,
@@ -87,7 +87,7 @@ pub async fn make_ahead(
 /// Sends writers to the next generation once the newest is `generation_seconds` old and the
 /// next one's table exists. Writers pick the newest generation inside their own statements,
 /// so the switch is the commit of its `cursor_gens` row.
-pub async fn rotate(client: &Client, settings: &Settings) -> Result<(), DbError> {
+pub(crate) async fn rotate(client: &Client, settings: &Settings) -> Result<(), DbError> {
     let (gens, age) = generations(client).await?;
     let Some(&newest) = gens.last() else {
         return Ok(());
@@ -114,7 +114,7 @@ pub async fn rotate(client: &Client, settings: &Settings) -> Result<(), DbError>
 
 /// Carries the latest state of every live cursor out of each generation older than the
 /// newest, then drops that generation's table.
-pub async fn carry_forward_and_drop(
+pub(crate) async fn carry_forward_and_drop(
     client: &Client,
     settings: &Settings,
     report: &mut Report,

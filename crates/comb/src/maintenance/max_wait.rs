@@ -35,7 +35,7 @@ ORDER BY m.pos
 LIMIT 10000";
 
 /// Dead-letters overdue messages; returns how many.
-pub async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbError> {
+pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbError> {
     let tx = client.transaction().await?;
     let overdue = tx.query(OVERDUE_CURSORS_SQL, &[]).await?;
     if overdue.is_empty() {

@@ -12,6 +12,7 @@
 
 mod days;
 mod generations;
+mod locks;
 mod max_wait;
 mod segments;
 mod statistics;
@@ -29,49 +30,69 @@ const LEADER_LOCK: i64 = 0x636f_6d62_0002;
 
 /// How maintenance runs; from the server configuration.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// How long pushes write into one segment before the next takes over.
-    pub segment_seconds: u64,
+    pub(crate) segment_seconds: u64,
     /// How long cursor state versions go into one generation before the next takes over.
-    pub generation_seconds: u64,
+    pub(crate) generation_seconds: u64,
     /// Pause between cycles.
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// How long a drop or summary may wait for a lock before it gives up until next cycle.
-    pub lock_timeout: Duration,
+    pub(crate) lock_timeout: Duration,
     /// Name of this server in logs and `comb.maintenance_runs`.
-    pub server: String,
+    pub(crate) server: String,
 }
 
 /// What one cycle did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Report {
-    pub created: i32,
-    pub rolled: i32,
-    pub summarized: i32,
-    pub dropped: i32,
+pub(crate) struct Report {
+    pub(crate) created: i32,
+    pub(crate) rolled: i32,
+    pub(crate) summarized: i32,
+    pub(crate) dropped: i32,
     /// Drops (of segments or generations) that could not get their lock in time and wait
     /// for the next cycle.
-    pub drop_retries: i32,
-    pub dead_lettered: i64,
+    pub(crate) drop_retries: i32,
+    pub(crate) dead_lettered: i64,
     /// Generation tables made (ahead of their use).
-    pub generations_created: i32,
-    pub generations_dropped: i32,
+    pub(crate) generations_created: i32,
+    pub(crate) generations_dropped: i32,
     /// Cursor states copied into the newest generation from the ones dropped.
-    pub states_carried: i64,
+    pub(crate) states_carried: i64,
     /// Tables kept by the day (traces, per-minute counters) made ahead and dropped.
-    pub daily_created: i32,
-    pub daily_dropped: i32,
+    pub(crate) daily_created: i32,
+    pub(crate) daily_dropped: i32,
 }
 
 impl Report {
     fn did_anything(&self) -> bool {
         *self != Report::default()
     }
+
+    /// Adds this finished cycle to the maintenance metrics.
+    fn record(&self, metrics: &crate::metrics::Maintenance, took: std::time::Duration) {
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        metrics.cycles.add(1);
+        metrics.cycle_seconds.set(took.as_secs_f64());
+        metrics.segments_created.add(n(self.created.into()));
+        metrics.segments_rolled.add(n(self.rolled.into()));
+        metrics.segments_summarized.add(n(self.summarized.into()));
+        metrics.segments_dropped.add(n(self.dropped.into()));
+        metrics.drop_retries.add(n(self.drop_retries.into()));
+        metrics.dead_lettered.add(n(self.dead_lettered));
+        metrics
+            .generations_created
+            .add(n(self.generations_created.into()));
+        metrics
+            .generations_dropped
+            .add(n(self.generations_dropped.into()));
+        metrics.states_carried.add(n(self.states_carried));
+    }
 }
 
 /// Runs maintenance forever on a connection of its own (reconnecting as needed): the leader
 /// lock lives and dies with that connection. What it does is added to `metrics`.
-pub async fn run(database_url: String, settings: Settings, metrics: Arc<Metrics>) {
+pub(crate) async fn run(database_url: String, settings: Settings, metrics: Arc<Metrics>) {
     let pool = match crate::db::pool(&database_url, 1) {
         Ok(p) => p,
         Err(e) => {
@@ -111,7 +132,7 @@ async fn lead(client: &mut Client, settings: &Settings, metrics: &Metrics) -> Re
             let started = chrono::Utc::now();
             let clock = Instant::now();
             let report = cycle(client, settings).await?;
-            metrics.maintenance.record(&report, clock.elapsed());
+            report.record(&metrics.maintenance, clock.elapsed());
             if report.did_anything() {
                 tracing::info!(?report, "maintenance");
                 client
@@ -142,7 +163,7 @@ async fn lead(client: &mut Client, settings: &Settings, metrics: &Metrics) -> Re
 }
 
 /// One pass over everything maintenance looks after.
-pub async fn cycle(client: &mut Client, settings: &Settings) -> Result<Report, DbError> {
+pub(crate) async fn cycle(client: &mut Client, settings: &Settings) -> Result<Report, DbError> {
     let mut report = Report::default();
     segments::make_ahead(client, settings, &mut report).await?;
     segments::roll_over(client, settings, &mut report).await?;
@@ -162,4 +183,23 @@ pub async fn cycle(client: &mut Client, settings: &Settings) -> Result<Report, D
     report.daily_created = days::make_ahead(client, settings).await?;
     report.daily_dropped = days::drop_expired(client, settings).await?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negative_report_fields_do_not_wrap() {
+        let m = crate::metrics::Maintenance::default();
+        Report::record(
+            &Report {
+                created: -1,
+                ..Report::default()
+            },
+            &m,
+            std::time::Duration::ZERO,
+        );
+        assert_eq!(m.segments_created.get(), 0);
+    }
 }

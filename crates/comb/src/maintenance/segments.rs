@@ -13,6 +13,7 @@
 
 use deadpool_postgres::Client;
 
+use super::locks::{give_way, lock_timeout_sql};
 use super::statistics::PARTITIONS_PER_SEGMENT;
 use super::{Report, Settings};
 use crate::db::DbError;
@@ -23,52 +24,6 @@ const SUMMARY_GRACE_SECONDS: f64 = 2.0;
 
 fn table(seg: i32) -> String {
     format!("comb.messages_{seg}")
-}
-
-pub(super) fn lock_timeout_sql(settings: &Settings) -> String {
-    format!(
-        "SET LOCAL lock_timeout = '{}ms'",
-        settings.lock_timeout.as_millis().max(1)
-    )
-}
-
-/// Is this error a lock wait that timed out (to be retried next cycle)?
-fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
-    e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
-}
-
-/// Runs a transaction script whose locks are asked for with the lock timeout. `Ok(false)`
-/// when a lock could not be had in time: it rolled back and is tried again next cycle.
-pub(super) async fn give_way(client: &Client, script: &str) -> Result<bool, DbError> {
-    Ok(give_way_counting(client, script).await?.is_some())
-}
-
-/// [`give_way`] for scripts whose row counts matter: one count per statement, in script
-/// order (0 for statements that touch no rows, such as `BEGIN` or `LOCK`). `None` when a lock
-/// could not be had in time.
-pub(super) async fn give_way_counting(
-    client: &Client,
-    script: &str,
-) -> Result<Option<Vec<u64>>, DbError> {
-    match client.simple_query(script).await {
-        Ok(messages) => Ok(Some(
-            messages
-                .iter()
-                .filter_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::CommandComplete(n) => Some(*n),
-                    _ => None,
-                })
-                .collect(),
-        )),
-        Err(e) => {
-            crate::db::roll_back(client).await;
-            if is_lock_timeout(&e) {
-                Ok(None)
-            } else {
-                Err(e.into())
-            }
-        }
-    }
 }
 
 async fn active(client: &Client) -> Result<(i32, f64), DbError> {
@@ -83,7 +38,7 @@ async fn active(client: &Client) -> Result<(i32, f64), DbError> {
 }
 
 /// Makes sure the table after the active segment exists.
-pub async fn make_ahead(
+pub(crate) async fn make_ahead(
     client: &Client,
     settings: &Settings,
     report: &mut Report,
@@ -122,7 +77,7 @@ pub async fn make_ahead(
 
 /// Starts the next segment once the active one is `segment_seconds` old and its successor
 /// table exists.
-pub async fn roll_over(
+pub(crate) async fn roll_over(
     client: &Client,
     settings: &Settings,
     report: &mut Report,
@@ -151,7 +106,7 @@ pub async fn roll_over(
 }
 
 /// Summarises closed segments once no push can still be writing into them.
-pub async fn summarize(
+pub(crate) async fn summarize(
     client: &Client,
     settings: &Settings,
     report: &mut Report,
@@ -230,7 +185,7 @@ WHERE sp.seg <> ALL (ARRAY(SELECT seg FROM comb.segments))
        OR NOT EXISTS (SELECT 1 FROM comb.partitions p WHERE p.id = sp.partition_id))";
 
 /// Drops every reclaimable segment whose lock can be had within the lock timeout.
-pub async fn drop_reclaimable(
+pub(crate) async fn drop_reclaimable(
     client: &Client,
     settings: &Settings,
     report: &mut Report,

@@ -15,17 +15,17 @@
 use deadpool_postgres::Client;
 
 use super::Settings;
-use super::segments::{give_way, lock_timeout_sql};
+use super::locks::{give_way, lock_timeout_sql};
 use crate::db::DbError;
 
 /// How many partitions the planner assumes a segment holds (schema version 5): every
 /// partition looks deep, so reads of one partition in position order take the primary key.
-pub const PARTITIONS_PER_SEGMENT: u32 = 100;
+pub(crate) const PARTITIONS_PER_SEGMENT: u32 = 100;
 
 /// How many partitions the planner assumes a generation of cursor state holds (schema
 /// version 6): one, so that any cursor may own the whole generation, which is what a busy
 /// cursor does.
-pub const PARTITIONS_PER_GENERATION: u32 = 1;
+pub(crate) const PARTITIONS_PER_GENERATION: u32 = 1;
 
 /// Rows ANALYZE samples from a table being written: 300 × this target, a tenth of the
 /// default's 30,000. The plans that matter are fixed in shape (distinct partition ids are
@@ -39,7 +39,7 @@ const SAMPLE_TARGET: u32 = 10;
 /// last statistics, and the newest generation once it doubled (and at least 1,000 rows):
 /// its row count is taken from its size as it grows, only the rows per cursor need a sample.
 /// Returns how many tables it analysed.
-pub async fn refresh(client: &Client, settings: &Settings) -> Result<u32, DbError> {
+pub(crate) async fn refresh(client: &Client, settings: &Settings) -> Result<u32, DbError> {
     let due = client
         .query(
             "SELECT c.oid::regclass::text

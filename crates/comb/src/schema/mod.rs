@@ -7,17 +7,17 @@
 use tokio_postgres::Client;
 
 /// One schema change, identified by a version that only grows.
-pub struct Migration {
+pub(crate) struct Migration {
     /// Monotonic version number; also the file's numeric prefix.
-    pub version: i32,
+    pub(crate) version: i32,
     /// Short name, recorded with the version.
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// The SQL, run in one transaction.
-    pub sql: &'static str,
+    pub(crate) sql: &'static str,
 }
 
 /// Every migration this binary knows, oldest first.
-pub const MIGRATIONS: &[Migration] = &[
+pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "init",
@@ -65,7 +65,7 @@ const MIGRATION_LOCK: i64 = 0x636f_6d62_0001;
 
 /// Why the schema could not be brought up to date.
 #[derive(Debug)]
-pub enum MigrateError {
+pub(crate) enum MigrateError {
     /// The database holds a schema version this binary does not know.
     TooNew { database: i32, known: i32 },
     /// The database refused a statement.
@@ -93,12 +93,12 @@ impl From<tokio_postgres::Error> for MigrateError {
 }
 
 /// The newest schema version this binary knows.
-pub fn latest_version() -> i32 {
+pub(crate) fn latest_version() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
 /// Applies every pending migration and returns the versions applied (empty when up to date).
-pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
+pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
@@ -134,22 +134,6 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
     }
     tx.commit().await?;
     Ok(applied)
-}
-
-/// Checks, without changing anything, that the database schema is exactly the one this binary knows.
-pub async fn check(client: &Client) -> Result<(), MigrateError> {
-    let row = client
-        .query_one("SELECT coalesce(max(version), 0) FROM comb.migrations", &[])
-        .await?;
-    let current: i32 = row.get(0);
-    let known = latest_version();
-    if current > known {
-        return Err(MigrateError::TooNew {
-            database: current,
-            known,
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Push: store messages durably, in order, once.
+//! Storing pushed messages: durably, in order, once.
 //!
 //! Concurrent push requests are fused into one transaction per batch:
 //!
@@ -38,25 +38,25 @@ use crate::wake::Wake;
 
 /// One message ready to store: names resolved, payload validated.
 #[derive(Debug, Clone)]
-pub struct NewMessage {
-    pub queue: Arc<str>,
-    pub queue_id: Uuid,
+pub(crate) struct NewMessage {
+    pub(crate) queue: Arc<str>,
+    pub(crate) queue_id: Uuid,
     /// Partition name, to resolve again if the partition vanished (shared by the request's
     /// messages to that partition).
-    pub partition: Arc<str>,
-    pub partition_id: Uuid,
+    pub(crate) partition: Arc<str>,
+    pub(crate) partition_id: Uuid,
     /// The producer's transaction id, if it gave one: only those can be duplicates. Without
     /// one the message id stands in (see [`NewMessage::transaction_id`]).
-    pub client_transaction_id: Option<String>,
-    pub message_id: Uuid,
-    pub trace_id: Option<String>,
+    pub(crate) client_transaction_id: Option<String>,
+    pub(crate) message_id: Uuid,
+    pub(crate) trace_id: Option<String>,
     /// The payload's JSON text: a slice of the request body, never copied on the way in.
-    pub payload: Bytes,
+    pub(crate) payload: Bytes,
 }
 
 impl NewMessage {
     /// The transaction id stored with the message: the producer's, or else the message id.
-    pub fn transaction_id(&self) -> TransactionId<'_> {
+    pub(crate) fn transaction_id(&self) -> TransactionId<'_> {
         match &self.client_transaction_id {
             Some(t) => TransactionId::Client(t),
             None => TransactionId::Own(self.message_id),
@@ -67,7 +67,7 @@ impl NewMessage {
 /// A message's transaction id as stored and answered. The broker's own ids are the message
 /// id's text, written out where it is needed instead of kept as a string per message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransactionId<'a> {
+pub(crate) enum TransactionId<'a> {
     /// Given by the producer.
     Client(&'a str),
     /// The message id, in its hyphenated lower-case form.
@@ -76,7 +76,7 @@ pub enum TransactionId<'a> {
 
 impl TransactionId<'_> {
     /// Calls `f` with the id's text (no allocation either way).
-    pub fn with_str<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+    pub(crate) fn with_str<R>(&self, f: impl FnOnce(&str) -> R) -> R {
         match self {
             TransactionId::Client(t) => f(t),
             TransactionId::Own(id) => f(id.hyphenated().encode_lower(&mut Uuid::encode_buffer())),
@@ -106,7 +106,7 @@ impl ToSql for TransactionId<'_> {
 
 /// What became of one pushed message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stored {
+pub(crate) enum Stored {
     /// Stored now under this message id.
     Queued(Uuid),
     /// The partition already held this transaction id; the first message's id.
@@ -116,10 +116,10 @@ pub enum Stored {
 }
 
 /// A push request waiting for its batch.
-pub struct PushJob {
+pub(crate) struct PushJob {
     /// Shared with the request handler, which answers from it after the batch.
-    pub messages: Arc<Vec<NewMessage>>,
-    pub reply: oneshot::Sender<Result<Vec<Stored>, Arc<DbError>>>,
+    pub(crate) messages: Arc<Vec<NewMessage>>,
+    pub(crate) reply: oneshot::Sender<Result<Vec<Stored>, Arc<DbError>>>,
 }
 
 /// The newest position stored in partition `$p` (0 if it never held a message), as an SQL
@@ -300,7 +300,7 @@ impl CopyRows {
 const COPY_MIN_ROWS: usize = 64;
 
 /// Starts the push workers.
-pub fn start(
+pub(crate) fn start(
     pool: Pool,
     wake: Arc<Wake>,
     workers: usize,
@@ -328,7 +328,7 @@ pub fn start(
 /// partition id, so pushes to one partition share a worker and batches in flight at once
 /// rarely wait for each other's partition locks. A push spanning partitions stays one
 /// transaction (and may then wait, briefly, for another worker).
-pub fn shard_key(messages: &[NewMessage]) -> u64 {
+pub(crate) fn shard_key(messages: &[NewMessage]) -> u64 {
     if messages.len() < COPY_MIN_ROWS {
         return 0;
     }
@@ -394,7 +394,7 @@ async fn store(pool: &Pool, plan: &Plan<'_>) -> Result<Vec<Stored>, DbError> {
 
 /// Stores messages inside the caller's transaction (used by `/transaction`); the caller
 /// announces the pushed queues once it has committed.
-pub async fn store_in(
+pub(crate) async fn store_in(
     tx: &deadpool_postgres::Transaction<'_>,
     all: &[&NewMessage],
 ) -> Result<Vec<Stored>, DbError> {
@@ -427,7 +427,7 @@ impl Statements {
 
 /// A batch ready for the database: repeats within the batch folded onto their first
 /// occurrence, columns laid out as arrays.
-pub struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     all: &'a [&'a NewMessage],
     /// Indexes (into `all`) of first occurrences, the ones sent.
     sent: Vec<usize>,
@@ -435,13 +435,13 @@ pub struct Plan<'a> {
     repeat_of: Vec<Option<usize>>,
     lock_ids: Vec<Uuid>,
     /// Distinct queue names, sorted.
-    pub queues: Vec<&'a str>,
+    pub(crate) queues: Vec<&'a str>,
 }
 
 impl<'a> Plan<'a> {
     /// Folds in-batch repeats of (partition, transaction id). Only producers' ids can repeat:
     /// an id the broker made is the message's own fresh id.
-    pub fn new(all: &'a [&'a NewMessage]) -> Plan<'a> {
+    pub(crate) fn new(all: &'a [&'a NewMessage]) -> Plan<'a> {
         let mut first_of: HashMap<(Uuid, &str), usize> = HashMap::new();
         let mut sent = Vec::with_capacity(all.len());
         let mut repeat_of = Vec::with_capacity(all.len());
@@ -659,5 +659,67 @@ impl<'a> Plan<'a> {
                 },
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The head written inline for the push statements answers what `comb.partition_head`
+    /// answers: from live messages, from a closed segment's summary, and 0 for a partition
+    /// that never held a message.
+    #[tokio::test]
+    async fn the_inline_head_is_the_functions() {
+        let url = tokio::task::spawn_blocking(|| {
+            comb_harness::Postgres::shared()
+                .create_database("heads")
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        crate::schema::migrate(&mut client).await.unwrap();
+        client
+            .batch_execute(
+                "INSERT INTO comb.queues (id, name) VALUES (gen_random_uuid(), 'q');
+                 INSERT INTO comb.partitions (id, queue_id, name)
+                 SELECT gen_random_uuid(), id, n FROM comb.queues, unnest('{live,summary,both,empty}'::text[]) n;
+                 -- Segment 1 is closed and summarised; segment 2 is written now.
+                 UPDATE comb.segments SET summarized = true WHERE seg = 1;
+                 INSERT INTO comb.segments (seg) VALUES (2);
+                 CREATE TABLE comb.messages_2 PARTITION OF comb.messages FOR VALUES FROM (2) TO (3);
+                 INSERT INTO comb.segment_partitions (seg, partition_id, max_pos, max_created_at)
+                 SELECT 1, id, 7, now() FROM comb.partitions WHERE name IN ('summary', 'both');
+                 INSERT INTO comb.messages
+                     (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
+                 SELECT p.id, x, 2, gen_random_uuid(), x::text, '1'::bytea, now()
+                 FROM comb.partitions p, generate_series(1, 3) x WHERE p.name = 'live'
+                 UNION ALL
+                 SELECT p.id, x, 2, gen_random_uuid(), x::text, '1'::bytea, now()
+                 FROM comb.partitions p, generate_series(8, 9) x WHERE p.name = 'both';",
+            )
+            .await
+            .unwrap();
+        let sql = concat!(
+            "SELECT p.name, ",
+            head_pos!("p.id"),
+            ", (SELECT h.pos FROM comb.partition_head(p.id) h) FROM comb.partitions p ORDER BY p.name"
+        );
+        let rows = client.query(sql, &[]).await.unwrap();
+        let heads: Vec<(String, i64, i64)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        assert_eq!(
+            heads,
+            vec![
+                ("both".to_string(), 9, 9),
+                ("empty".to_string(), 0, 0),
+                ("live".to_string(), 3, 3),
+                ("summary".to_string(), 7, 7),
+            ]
+        );
     }
 }

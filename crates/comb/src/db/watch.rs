@@ -1,4 +1,4 @@
-//! The connection pool and the errors that come back from the database.
+//! Watched connections: noticing a database that stops answering.
 //!
 //! PostgreSQL can fail in two ways. When it stops or crashes, its sockets close and every
 //! waiting query fails at once. When it hangs or the network to it goes silent (a stopped
@@ -19,162 +19,33 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
 
-/// Planner settings for the consumer path's transactions (claims and acks), as statements
-/// to run right after `BEGIN`.
-///
-/// Their statements take arrays (the partitions of a fused batch). Planned for the array at
-/// hand, each custom plan looks cheaper than the generic one, so PostgreSQL would plan them
-/// again on every execution (about a millisecond of CPU per claim, more than running it):
-/// generic plans are forced. A generic plan is kept until something invalidates it, and one
-/// made from the statistics of young tables (a generation or segment a few pages long, a
-/// queue's first hundred cursors) reads them whole: sequentially, or through a bitmap and a
-/// sort, which becomes thousands of rows per cursor as the tables fill. Every read of these
-/// statements wants a few entries of an index in index order, so both are priced out.
-macro_rules! consumer_plans {
-    () => {
-        "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
-         SET LOCAL enable_bitmapscan = off"
-    };
-}
-pub(crate) use consumer_plans;
-
 /// How long a request may wait for the first byte of its answer before the database is
 /// probed. Short, because the probe (not this) decides whether to give up.
-pub const SILENCE: Duration = Duration::from_secs(1);
+pub(crate) const SILENCE: Duration = Duration::from_secs(1);
 
 /// How long the liveness probe waits for the server to answer a fresh connection.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a probe's verdict is reused by other connections before probing again.
 const PROBE_REUSE: Duration = Duration::from_millis(500);
 
 /// How long opening a TCP connection to the database may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Why a database operation did not complete.
-#[derive(Debug)]
-pub enum DbError {
-    /// No connection could be had (database down, unreachable, or pool closed).
-    Unavailable(String),
-    /// The database answered with an error.
-    Postgres(tokio_postgres::Error),
-}
-
-impl std::fmt::Display for DbError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DbError::Unavailable(m) => write!(f, "database unavailable: {m}"),
-            DbError::Postgres(e) => write!(f, "database error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for DbError {}
-
-impl From<tokio_postgres::Error> for DbError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        // A closed connection or an I/O error means the database went away, and so do the
-        // SQLSTATEs of a server that is starting, stopping or full; anything else the server
-        // answered with a SQLSTATE is a real error of the statement. So is what the client
-        // refuses before anything reaches the server (a parameter it cannot encode, a column
-        // it cannot decode: an error with a cause that is not I/O): a bug, not an outage.
-        let client_side =
-            std::error::Error::source(&e).is_some_and(|cause| !cause.is::<std::io::Error>());
-        if e.is_closed()
-            || e.as_db_error().is_none() && e.code().is_none() && !client_side
-            || e.code().is_some_and(means_unavailable)
-        {
-            DbError::Unavailable(e.to_string())
-        } else {
-            DbError::Postgres(e)
-        }
-    }
-}
-
-/// SQLSTATEs that say the database cannot serve now, not that the statement was wrong:
-/// connection exceptions (class 08), the server shutting down or crashed (57P01, 57P02),
-/// starting up or in recovery (57P03), a session ended by the server (57P05), and no free
-/// connection slot (53300). They come with a 503 and `Retry-After`, like a refused
-/// connection, and the client retries.
-pub fn means_unavailable(code: &tokio_postgres::error::SqlState) -> bool {
-    let c = code.code();
-    c.starts_with("08") || c.starts_with("57P0") || c == "53300"
-}
-
-impl From<deadpool_postgres::PoolError> for DbError {
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        match e {
-            deadpool_postgres::PoolError::Backend(e) => DbError::from(e),
-            other => DbError::Unavailable(other.to_string()),
-        }
-    }
-}
-
-/// Builds the pool every worker and handler draws from. Its connections fail promptly when
-/// the database stops answering (see the module documentation).
-pub fn pool(database_url: &str, size: usize) -> Result<Pool, String> {
-    let pg: tokio_postgres::Config = database_url
-        .parse()
-        .map_err(|e| format!("invalid database URL: {e}"))?;
-    let targets = targets(&pg);
-    if targets.is_empty() {
-        return Err("the database URL names no host".into());
-    }
-    let connect = WatchedConnect {
-        targets,
-        liveness: Arc::new(Liveness::default()),
-    };
-    let mgr = Manager::from_connect(
-        pg,
-        connect,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(mgr)
-        .max_size(size)
-        .wait_timeout(Some(std::time::Duration::from_secs(10)))
-        .create_timeout(Some(std::time::Duration::from_secs(5)))
-        .runtime(deadpool_postgres::Runtime::Tokio1)
-        .build()
-        .map_err(|e| e.to_string())
-}
-
-/// Ends a transaction that failed before its COMMIT was sent, so that the connection goes
-/// back to the pool outside any transaction. (A COMMIT pipelined behind a failed statement
-/// rolls back by itself and needs no help.)
-pub async fn roll_back(pg: &tokio_postgres::Client) {
-    if !pg.is_closed() {
-        let _ = pg.batch_execute("ROLLBACK").await;
-    }
-}
-
-/// A client connected outside the pool, for migrations at start.
-pub async fn connect(database_url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::warn!(error = %e, "migration connection ended");
-        }
-    });
-    Ok(client)
-}
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where a server may be reached: a TCP host and port, or a Unix socket path.
 #[derive(Debug, Clone)]
-enum Target {
+pub(super) enum Target {
     Tcp(String, u16),
     Unix(std::path::PathBuf),
 }
 
 /// The places the URL names, in the order libpq would try them.
-fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
+pub(super) fn targets(pg: &tokio_postgres::Config) -> Vec<Target> {
     let ports = pg.get_ports();
     let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
     let addrs = pg.get_hostaddrs();
@@ -294,7 +165,7 @@ impl AsyncWrite for Socket {
 
 /// What the pool knows about whether the database answers, shared by all its connections.
 #[derive(Default)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     /// Set when a probe found the server silent; cleared when one finds it answering.
     down: AtomicBool,
     /// The last probe's time and verdict; the lock makes concurrent probes share one.
@@ -352,9 +223,9 @@ impl Liveness {
 }
 
 /// Opens pooled connections over [`Watched`] streams.
-struct WatchedConnect {
-    targets: Vec<Target>,
-    liveness: Arc<Liveness>,
+pub(super) struct WatchedConnect {
+    pub(super) targets: Vec<Target>,
+    pub(super) liveness: Arc<Liveness>,
 }
 
 fn io_error(e: io::Error) -> BoxFuture<'static, Result<tokio_postgres::Error, ()>> {
@@ -450,7 +321,7 @@ impl AsyncWrite for Failing {
 /// of interest: requests that the server answers with a ReadyForQuery (Sync and Query,
 /// plus the startup message), or ReadyForQuery itself.
 #[derive(Debug)]
-pub struct Framing {
+pub(crate) struct Framing {
     /// The first frontend message (startup) has no type byte.
     untyped_first: bool,
     header: [u8; 5],
@@ -461,7 +332,7 @@ pub struct Framing {
 
 impl Framing {
     /// Framing of what the client sends (starts with the untyped startup message).
-    pub fn frontend() -> Framing {
+    pub(crate) fn frontend() -> Framing {
         Framing {
             untyped_first: true,
             header: [0; 5],
@@ -471,7 +342,7 @@ impl Framing {
     }
 
     /// Framing of what the server sends.
-    pub fn backend() -> Framing {
+    pub(crate) fn backend() -> Framing {
         Framing {
             untyped_first: false,
             ..Framing::frontend()
@@ -480,7 +351,7 @@ impl Framing {
 
     /// Feeds bytes; returns how many complete messages had a type in `types` (the untyped
     /// startup message counts as type 0).
-    pub fn feed(&mut self, mut bytes: &[u8], types: &[u8]) -> usize {
+    pub(crate) fn feed(&mut self, mut bytes: &[u8], types: &[u8]) -> usize {
         let mut counted = 0;
         while !bytes.is_empty() {
             if self.body_left > 0 {
@@ -651,6 +522,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::{DbError, means_unavailable, pool};
 
     #[test]
     fn unavailability_is_told_from_statement_errors() {

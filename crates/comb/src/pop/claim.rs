@@ -1,4 +1,4 @@
-//! Pop: lease partitions to a consumer group and hand out their next messages.
+//! Claims: lease partitions to a group and read their next messages.
 //!
 //! A claim takes two round trips in one transaction. The first walks the group's cursors of
 //! the queue round robin (from just after the partition this server claimed last), takes
@@ -24,26 +24,26 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::db::{self, DbError};
-use crate::fusion::{Fuser, Runner};
+use crate::fusion::{Fuser, Reply, Runner};
 use crate::metrics::Stage;
 
 /// The shape of a pop; pops with the same shape are claimed together.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PopShape {
-    pub queue_id: Uuid,
-    pub group: String,
+pub(crate) struct PopShape {
+    pub(crate) queue_id: Uuid,
+    pub(crate) group: String,
     /// Only this partition, when the consumer named one.
-    pub partition_id: Option<Uuid>,
+    pub(crate) partition_id: Option<Uuid>,
     /// Most messages per partition.
-    pub batch: i32,
+    pub(crate) batch: i32,
     /// Advance the cursor inside the pop instead of leasing.
-    pub auto_ack: bool,
+    pub(crate) auto_ack: bool,
 }
 
 impl PopShape {
     /// The lane of this shape's claims: one per (queue, group), so that a server's walks over
     /// the same cursors run one after another instead of racing for them.
-    pub fn lane(&self) -> u64 {
+    pub(crate) fn lane(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.queue_id.hash(&mut h);
@@ -53,35 +53,34 @@ impl PopShape {
 }
 
 /// A pop request waiting for its batch.
-pub struct PopJob {
-    pub shape: PopShape,
+pub(crate) struct PopJob {
+    pub(crate) shape: PopShape,
     /// How many partitions this pop may lease.
-    pub partitions: usize,
-    pub reply: oneshot::Sender<Result<Vec<Claim>, Arc<DbError>>>,
+    pub(crate) partitions: usize,
+    pub(crate) reply: Reply<Vec<Claim>>,
 }
 
 /// One leased partition and the messages handed out with it.
 #[derive(Debug, Clone)]
-pub struct Claim {
-    pub partition_id: Uuid,
-    pub partition: String,
+pub(crate) struct Claim {
+    pub(crate) partition_id: Uuid,
+    pub(crate) partition: String,
     /// `None` with auto-ack: nothing is leased.
-    pub lease_id: Option<Uuid>,
-    pub lease_expires_at: Option<DateTime<Utc>>,
-    pub messages: Vec<Delivered>,
+    pub(crate) lease_id: Option<Uuid>,
+    pub(crate) messages: Vec<Delivered>,
 }
 
 /// A message as handed to a consumer.
 #[derive(Debug, Clone)]
-pub struct Delivered {
-    pub pos: i64,
-    pub message_id: Uuid,
-    pub transaction_id: String,
-    pub trace_id: Option<String>,
-    pub payload: Vec<u8>,
-    pub created_at: DateTime<Utc>,
+pub(crate) struct Delivered {
+    pub(crate) pos: i64,
+    pub(crate) message_id: Uuid,
+    pub(crate) transaction_id: String,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) created_at: DateTime<Utc>,
     /// 1 for the first delivery, then one more per failed attempt.
-    pub attempt: i32,
+    pub(crate) attempt: i32,
 }
 
 /// Options of the queue a claim reads, with the server's defaults filled in.
@@ -94,7 +93,7 @@ const QUEUE_OPTIONS: &str = "
 
 /// First half of a claim: the group's cursors of the queue with messages to hand out and no
 /// lease, locked with `SKIP LOCKED` so concurrent claims never wait on each other; and the
-/// cursors whose lease ended unsettled (not locked: `ack::expire_leases` locks them). One row
+/// cursors whose lease ended unsettled (not locked: `lease::expire_leases` locks them). One row
 /// per cursor: its partition, whether the walk had wrapped around, and what it is —
 /// 0 locked to claim, 1 lease ended, 2 free but passed over (locked by another claim, or
 /// beyond what was wanted).
@@ -214,9 +213,7 @@ span AS (
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
-    INSERT INTO comb.cursor_states
-        (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-         attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    {insert_state}
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -239,7 +236,8 @@ leased AS MATERIALIZED (
 SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt
 FROM msgs m
-JOIN leased l ON l.partition_id = m.partition_id"
+JOIN leased l ON l.partition_id = m.partition_id",
+        insert_state = crate::cursor::insert_state!(),
     )
 });
 
@@ -274,7 +272,7 @@ impl Rovers {
 const LANES_PER_WORKER: usize = 4;
 
 /// Starts the pop workers.
-pub fn start(
+pub(crate) fn start(
     pool: Pool,
     workers: usize,
     default_lease_seconds: f64,
@@ -400,7 +398,7 @@ impl Claiming<'_> {
             .await?;
             claims.extend(walk.claims);
             if !walk.expired.is_empty() {
-                crate::ack::expire_leases(self.pool, &self.shape.group, &walk.expired).await?;
+                crate::lease::expire_leases(self.pool, &self.shape.group, &walk.expired).await?;
             }
             if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
                 break;
@@ -534,7 +532,6 @@ fn claims_from_rows(rows: &[tokio_postgres::Row]) -> Vec<Claim> {
             partition_id,
             partition: r.get(1),
             lease_id: r.get(2),
-            lease_expires_at: r.get(3),
             messages: Vec::new(),
         });
         claim.messages.push(Delivered {

@@ -1,4 +1,5 @@
-//! Lease extension: a consumer still working keeps its partition for longer.
+//! Leases: a consumer still working keeps its partition for longer ([`extend`]); a lease
+//! that ended unsettled is counted against its messages ([`expiry`]).
 //!
 //! A lease lives in its cursor's latest state version, so extending it appends a version with
 //! the new end, under the cursor's row lock like every other writer. An ended lease is never
@@ -9,7 +10,12 @@ use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
+use crate::cursor;
 use crate::db::DbError;
+
+mod expiry;
+
+pub(crate) use expiry::expire_leases;
 
 /// The cursors a lease id was ever written to (any version holds it).
 const FIND_SQL: &str = "
@@ -21,20 +27,21 @@ SELECT 1 FROM comb.cursors WHERE partition_id = $1 AND consumer_group = $2
 FOR NO KEY UPDATE";
 
 /// Appends the version with the new end, if the lease is still the cursor's and still live.
-const EXTEND_SQL: &str = "
-INSERT INTO comb.cursor_states
-    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+const EXTEND_SQL: &str = concat!(
+    "\n",
+    cursor::insert_state!(),
+    "
 SELECT s.partition_id, s.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
        s.cursor_pos, s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
        now() + make_interval(secs => $4::float8), s.lease_upto, s.available_at,
        s.last_claimed_at
 FROM comb.cursor_state($1, $2) s
 WHERE s.lease_id = $3 AND s.lease_expires_at > now()
-RETURNING lease_expires_at";
+RETURNING lease_expires_at"
+);
 
 /// Moves the end of a live lease to `seconds` from now; `None` when no live lease has this id.
-pub async fn extend(
+pub(crate) async fn extend(
     pool: &Pool,
     lease: Uuid,
     seconds: f64,

@@ -5,8 +5,10 @@
 //! Creating a partition and subscribing a group both lock the queue row, so that every
 //! (partition, group) pair gets its cursor row exactly once, whichever comes first.
 
+mod queues;
+
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
@@ -14,13 +16,14 @@ use uuid::Uuid;
 
 use crate::db::DbError;
 use crate::queue::{OptionsSet, QueueOptions};
+use crate::wake::{OnStale, Stale};
 
 /// Entries beyond which a cache is emptied rather than grown.
 const CACHE_LIMIT: usize = 1_000_000;
 
 /// Where a consumer group starts reading partitions that exist when it first appears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartFrom {
+pub(crate) enum StartFrom {
     /// From the first retained message.
     All,
     /// After the newest message at subscription time.
@@ -35,7 +38,7 @@ const OPTIONS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Cached name → id mappings.
 #[derive(Default)]
-pub struct Catalog {
+pub(crate) struct Catalog {
     options: Mutex<HashMap<Uuid, (std::time::Instant, QueueOptions)>>,
     queues: Mutex<HashMap<String, Uuid>>,
     partitions: Mutex<HashMap<(Uuid, String), Uuid>>,
@@ -44,7 +47,11 @@ pub struct Catalog {
 
 impl Catalog {
     /// The id of a queue, if it exists (never creates it).
-    pub async fn find_queue(&self, pool: &Pool, name: &str) -> Result<Option<Uuid>, DbError> {
+    pub(crate) async fn find_queue(
+        &self,
+        pool: &Pool,
+        name: &str,
+    ) -> Result<Option<Uuid>, DbError> {
         if let Some(id) = self.queues.lock().unwrap().get(name) {
             return Ok(Some(*id));
         }
@@ -60,7 +67,7 @@ impl Catalog {
     }
 
     /// The id of a partition, if it exists (never creates it).
-    pub async fn find_partition(
+    pub(crate) async fn find_partition(
         &self,
         pool: &Pool,
         queue_id: Uuid,
@@ -85,7 +92,7 @@ impl Catalog {
     }
 
     /// Ids of queues by name, creating the missing ones.
-    pub async fn ensure_queues(
+    pub(crate) async fn ensure_queues(
         &self,
         pool: &Pool,
         names: &[&str],
@@ -134,7 +141,7 @@ impl Catalog {
 
     /// Ids of partitions by (queue id, name), creating the missing ones together with a cursor
     /// for every consumer group already subscribed to their queue.
-    pub async fn ensure_partitions(
+    pub(crate) async fn ensure_partitions(
         &self,
         pool: &Pool,
         wanted: &[(Uuid, &str)],
@@ -211,7 +218,7 @@ impl Catalog {
 
     /// Makes sure `group` reads `queue_id`: on the group's first appearance, creates its cursor
     /// in every partition, starting where `start` says.
-    pub async fn ensure_subscription(
+    pub(crate) async fn ensure_subscription(
         &self,
         pool: &Pool,
         queue_id: Uuid,
@@ -281,7 +288,11 @@ impl Catalog {
     }
 
     /// Effective options of a queue, at most [`OPTIONS_TTL`] old.
-    pub async fn options(&self, pool: &Pool, queue_id: Uuid) -> Result<QueueOptions, DbError> {
+    pub(crate) async fn options(
+        &self,
+        pool: &Pool,
+        queue_id: Uuid,
+    ) -> Result<QueueOptions, DbError> {
         if let Some((at, o)) = self.options.lock().unwrap().get(&queue_id)
             && at.elapsed() < OPTIONS_TTL
         {
@@ -308,7 +319,7 @@ impl Catalog {
 
     /// Messages of a queue not yet passed by its slowest consumer group (all retained
     /// messages while no group reads it).
-    pub async fn pending(&self, pool: &Pool, queue_id: Uuid) -> Result<u64, DbError> {
+    pub(crate) async fn pending(&self, pool: &Pool, queue_id: Uuid) -> Result<u64, DbError> {
         let client = pool.get().await?;
         let row = client
             .query_one(
@@ -327,7 +338,7 @@ impl Catalog {
     }
 
     /// Forgets everything cached about a queue (after it was deleted or a stale id was seen).
-    pub fn forget_queue(&self, name: &str) {
+    pub(crate) fn forget_queue(&self, name: &str) {
         if let Some(id) = self.queues.lock().unwrap().remove(name) {
             self.partitions.lock().unwrap().retain(|k, _| k.0 != id);
             self.subscriptions.lock().unwrap().retain(|k| k.0 != id);
@@ -335,8 +346,17 @@ impl Catalog {
         }
     }
 
+    /// What the wake relay calls with catalog changes made through other servers.
+    pub(crate) fn on_stale(self: &Arc<Self>) -> OnStale {
+        let catalog = self.clone();
+        Arc::new(move |stale| match stale {
+            Stale::Queue(name) => catalog.forget_queue(name),
+            Stale::All => catalog.forget_all(),
+        })
+    }
+
     /// Forgets every cached id (after notifications may have been missed).
-    pub fn forget_all(&self) {
+    pub(crate) fn forget_all(&self) {
         self.queues.lock().unwrap().clear();
         self.partitions.lock().unwrap().clear();
         self.subscriptions.lock().unwrap().clear();

@@ -1,258 +1,20 @@
-//! Ack: settle leased messages and move the group's position.
-//!
-//! The rules live in [`Cursor::apply`], a pure function over one (partition, group) cursor:
-//! acks may arrive in any order; the position moves over the longest run of settled messages;
-//! a failure ends the lease and counts an attempt for that message only; at the retry limit
-//! the message is dead-lettered, which settles it for the group so the partition moves on.
-//!
-//! Fused acks run as one transaction in two round trips: look up the messages, lock their
-//! cursor rows (in a stable order) and read the cursors' latest state after the lock; then
-//! append each changed cursor's next state version and the dead letters, and commit.
+//! The ack transaction's SQL: lock cursors, read their state with what they handed out,
+//! append their next versions and the dead letters.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
-use tokio::sync::oneshot;
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
+use super::{AckItem, AckJob, AckOutcome, AckRefusal, Cursor};
+use crate::cursor;
 use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
 use crate::metrics::Stage;
 use crate::queue::QueueOptions;
-
-/// What the consumer says of a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AckStatus {
-    /// Done: settle it.
-    Completed,
-    /// Processing failed: count an attempt, hand it out again after `retryDelay`.
-    Failed,
-    /// Give it back without counting an attempt.
-    Retry,
-    /// Dead-letter it now.
-    Dlq,
-}
-
-/// One ack, validated.
-#[derive(Debug, Clone)]
-pub struct AckItem {
-    pub partition_id: Uuid,
-    pub transaction_id: String,
-    pub group: String,
-    pub status: AckStatus,
-    pub lease_id: Option<Uuid>,
-    pub error: Option<String>,
-}
-
-/// Why an ack was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AckRefusal {
-    /// No message with that transaction id in that partition.
-    MessageNotFound,
-    /// The group never read that partition.
-    NotConsumed,
-    /// The lease named is not the live lease of the partition.
-    LeaseInvalid,
-    /// The message was never handed out to the group.
-    NotDelivered,
-}
-
-impl AckRefusal {
-    /// Stable machine code.
-    pub fn code(self) -> &'static str {
-        match self {
-            AckRefusal::MessageNotFound => "message_not_found",
-            AckRefusal::NotConsumed => "consumer_group_not_found",
-            AckRefusal::LeaseInvalid => "lease_invalid",
-            AckRefusal::NotDelivered => "message_not_delivered",
-        }
-    }
-
-    /// Human text.
-    pub fn message(self) -> &'static str {
-        match self {
-            AckRefusal::MessageNotFound => "no message with this transactionId in this partition",
-            AckRefusal::NotConsumed => "the consumer group has not consumed this partition",
-            AckRefusal::LeaseInvalid => "the lease is not the current lease of this partition",
-            AckRefusal::NotDelivered => "the message has not been delivered to this group",
-        }
-    }
-}
-
-/// What became of one ack.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AckOutcome {
-    pub result: Result<(), AckRefusal>,
-    pub queue_name: Option<String>,
-    pub partition_name: Option<String>,
-    pub lease_released: bool,
-    pub dlq: bool,
-}
-
-/// The state of one (partition, group) cursor, as the ack rules see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cursor {
-    pub cursor_pos: i64,
-    pub cursor_seg: i32,
-    /// Settled positions above `cursor_pos`, sorted.
-    pub settled: Vec<i64>,
-    /// (position, failed attempts) above `cursor_pos`, sorted by position.
-    pub attempts: Vec<(i64, i32)>,
-    pub lease_id: Option<Uuid>,
-    /// The lease has not expired.
-    pub lease_live: bool,
-    /// The lease acks of this request are judged against: the live lease as the request found
-    /// it. A failure in the middle of a batch ends the lease for later requests, not for the
-    /// rest of its own batch.
-    pub request_lease: Option<Uuid>,
-    pub lease_upto: i64,
-    /// Set when a failure asks for the partition to rest this many milliseconds.
-    pub rest_ms: Option<u64>,
-}
-
-/// What applying one ack did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Applied {
-    pub lease_released: bool,
-    /// The message must be copied to the dead letters, after this many failed attempts.
-    pub dead_letter: Option<i32>,
-}
-
-impl Cursor {
-    /// Applies one ack of the message at `pos` (in segment `seg`).
-    /// With `strict`, the message must be under the live lease even when no lease id is
-    /// given, and acking a settled message is refused: exactly-once pipelines rely on it.
-    pub fn apply(
-        &mut self,
-        pos: i64,
-        seg: i32,
-        status: AckStatus,
-        lease_id: Option<Uuid>,
-        opts: &QueueOptions,
-        strict: bool,
-    ) -> Result<Applied, AckRefusal> {
-        let settled = pos <= self.cursor_pos || self.settled.binary_search(&pos).is_ok();
-        if settled && !strict {
-            // Already settled: acking again changes nothing and is not an error.
-            return Ok(Applied::default());
-        }
-        let under_live_lease = self.request_lease.is_some() && pos <= self.lease_upto;
-        match lease_id {
-            Some(l) if self.request_lease != Some(l) || settled => {
-                return Err(AckRefusal::LeaseInvalid);
-            }
-            None if strict && (settled || !under_live_lease) => {
-                return Err(AckRefusal::LeaseInvalid);
-            }
-            _ if pos > self.lease_upto => return Err(AckRefusal::NotDelivered),
-            _ => {}
-        }
-        let mut applied = Applied::default();
-        match status {
-            AckStatus::Completed => self.settle(pos, seg),
-            AckStatus::Retry => self.end_lease(&mut applied),
-            AckStatus::Dlq => {
-                applied.dead_letter = Some(self.attempts_of(pos));
-                self.settle(pos, seg);
-            }
-            AckStatus::Failed => {
-                let attempts = self.attempts_of(pos) + 1;
-                if attempts as i64 >= opts.retry_limit as i64 {
-                    applied.dead_letter = Some(attempts);
-                    self.settle(pos, seg);
-                } else {
-                    self.set_attempts(pos, attempts);
-                    self.rest_ms = Some(opts.retry_delay);
-                }
-                self.end_lease(&mut applied);
-            }
-        }
-        if self.lease_id.is_some() && self.cursor_pos >= self.lease_upto {
-            self.end_lease(&mut applied);
-        }
-        Ok(applied)
-    }
-
-    /// Starts judging a new request's acks against the lease as it is now.
-    pub fn begin_request(&mut self) {
-        self.request_lease = self.lease_id.filter(|_| self.lease_live);
-    }
-
-    /// Ends an expired lease: every message it handed out and nobody settled counts an
-    /// attempt; those at the retry limit are dead-lettered (returned with their attempts).
-    pub fn expire(&mut self, opts: &QueueOptions) -> Vec<(i64, i32)> {
-        let mut dead = Vec::new();
-        for pos in (self.cursor_pos + 1)..=self.lease_upto {
-            if pos <= self.cursor_pos || self.settled.binary_search(&pos).is_ok() {
-                continue;
-            }
-            let attempts = self.attempts_of(pos) + 1;
-            if attempts as i64 >= opts.retry_limit as i64 {
-                dead.push((pos, attempts));
-                self.settle(pos, self.cursor_seg);
-            } else {
-                self.set_attempts(pos, attempts);
-            }
-        }
-        self.lease_id = None;
-        self.lease_live = false;
-        dead
-    }
-
-    /// Failed attempts recorded for `pos`.
-    pub fn attempts_of(&self, pos: i64) -> i32 {
-        match self.attempts.binary_search_by_key(&pos, |a| a.0) {
-            Ok(i) => self.attempts[i].1,
-            Err(_) => 0,
-        }
-    }
-
-    fn set_attempts(&mut self, pos: i64, n: i32) {
-        match self.attempts.binary_search_by_key(&pos, |a| a.0) {
-            Ok(i) => self.attempts[i].1 = n,
-            Err(i) => self.attempts.insert(i, (pos, n)),
-        }
-    }
-
-    fn end_lease(&mut self, applied: &mut Applied) {
-        if self.lease_id.is_some() {
-            applied.lease_released = true;
-        }
-        self.lease_id = None;
-        self.lease_live = false;
-    }
-
-    /// Marks `pos` settled and moves the position over the settled run.
-    pub(crate) fn settle(&mut self, pos: i64, seg: i32) {
-        if let Err(i) = self.settled.binary_search(&pos) {
-            self.settled.insert(i, pos);
-        }
-        let run = self
-            .settled
-            .iter()
-            .enumerate()
-            .take_while(|(i, p)| **p == self.cursor_pos + 1 + *i as i64)
-            .count();
-        if run > 0 {
-            self.cursor_pos += run as i64;
-            self.settled.drain(..run);
-            if pos <= self.cursor_pos {
-                self.cursor_seg = self.cursor_seg.max(seg);
-            }
-            let cut = self.cursor_pos;
-            self.attempts.retain(|a| a.0 > cut);
-        }
-    }
-}
-
-/// An ack request (one or many items) waiting for its batch.
-pub struct AckJob {
-    pub items: Vec<AckItem>,
-    pub reply: oneshot::Sender<Result<Vec<AckOutcome>, Arc<DbError>>>,
-}
 
 /// Positions of acked messages, found by transaction id: one descent of the transaction id
 /// index per message. Acks read positions from their cursor's delivered range instead
@@ -277,15 +39,6 @@ SELECT c.partition_id FROM comb.cursors c
 WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
 ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c";
-
-/// Like [`LOCK_SQL`] for the cursors of one group whose lease ended, skipping busy ones.
-const EXPIRED_LOCK_SQL: &str = "
-SELECT c.partition_id FROM comb.cursors c
-CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
-  AND s.lease_id IS NOT NULL AND s.lease_expires_at <= now()
-ORDER BY c.partition_id
-FOR NO KEY UPDATE OF c SKIP LOCKED";
 
 /// The columns [`locked_cursors`] reads, of a cursor's state `s` and its queue `q`, shared
 /// by the statements that read locked cursors.
@@ -349,10 +102,10 @@ WHERE p.id = ANY($1)";
 
 /// Appends the next version of changed cursors. What the rules do not decide (lease expiry,
 /// last claim) is carried over from the version it follows.
-const WRITE_SQL: &str = "
-INSERT INTO comb.cursor_states
-    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+const WRITE_SQL: &str = concat!(
+    "\n",
+    cursor::insert_state!(),
+    "
 SELECT u.partition_id, u.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
        u.cursor_pos, u.cursor_seg, u.settled::bigint[], u.attempt_pos::bigint[],
        u.attempt_cnt::integer[], u.lease_id,
@@ -365,7 +118,8 @@ FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::integer[], $5::text[], $6:
             $7::text[], $8::uuid[], $9::bigint[])
     AS u(partition_id, consumer_group, cursor_pos, cursor_seg, settled, attempt_pos,
          attempt_cnt, lease_id, rest_ms)
-CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s";
+CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
+);
 
 const DEAD_LETTER_SQL: &str = "
 INSERT INTO comb.dead_letters
@@ -378,7 +132,12 @@ FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::in
 JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos";
 
 /// Starts the ack workers.
-pub fn start(pool: Pool, workers: usize, max_items: usize, stage: Arc<Stage>) -> Fuser<AckJob> {
+pub(crate) fn start(
+    pool: Pool,
+    workers: usize,
+    max_items: usize,
+    stage: Arc<Stage>,
+) -> Fuser<AckJob> {
     let run: Runner<AckJob> = Arc::new(move |jobs| {
         let pool = pool.clone();
         Box::pin(async move {
@@ -457,7 +216,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
 /// Applies acks inside the caller's transaction; one outcome per item, in order.
 /// Refused items change nothing; the caller decides whether to commit the rest. The rest
 /// of the transaction runs with the consumer path's plans ([`db::consumer_plans`]).
-pub async fn settle_in(
+pub(crate) async fn settle_in(
     tx: &Transaction<'_>,
     items: &[&AckItem],
     strict: bool,
@@ -641,49 +400,6 @@ async fn positions<C: GenericClient>(
     Ok(position)
 }
 
-/// Ends the expired leases of `group` on these partitions: counts the attempts of their
-/// unsettled messages and dead-letters those at the retry limit. Cursors another claim or
-/// ack holds right now are skipped; they are seen again on a later pop.
-pub async fn expire_leases(pool: &Pool, group: &str, partitions: &[Uuid]) -> Result<(), DbError> {
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    tx.batch_execute(db::consumer_plans!()).await?;
-    let stmt = tx.prepare_cached(EXPIRED_LOCK_SQL).await?;
-    let state = tx.prepare_cached(STATE_SQL).await?;
-    let locked: Vec<Uuid> = tx
-        .query(&stmt, &[&partitions, &group])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    if locked.is_empty() {
-        return Ok(());
-    }
-    let groups: Vec<&str> = locked.iter().map(|_| group).collect();
-    let rows = tx.query(&state, &[&locked, &groups]).await?;
-    let mut cursors = locked_cursors(&rows);
-    // Read again under the lock: only leases still ended are expired.
-    cursors.retain(|_, l| l.cursor.lease_id.is_some() && !l.cursor.lease_live);
-    let mut dead = Vec::new();
-    for ((partition_id, group), state) in cursors.iter_mut() {
-        state.changed = true;
-        for (pos, attempts) in state.cursor.expire(&state.options) {
-            dead.push(DeadLetter {
-                queue_id: state.queue_id,
-                partition_id: *partition_id,
-                group: group.clone(),
-                pos,
-                attempts,
-                error: Some("lease expired without an ack".into()),
-            });
-        }
-    }
-    let writes = WriteStatements::prepare(&tx).await?;
-    write_back(&tx, &writes, &cursors, &dead).await?;
-    tx.commit().await?;
-    Ok(())
-}
-
 /// Cursors as read by [`STATE_SQL`].
 pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
     let mut cursors = HashMap::new();
@@ -805,218 +521,6 @@ fn array_literal<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn leased(upto: i64) -> (Cursor, Uuid) {
-        let lease = Uuid::new_v4();
-        (
-            Cursor {
-                cursor_pos: 0,
-                cursor_seg: 1,
-                settled: vec![],
-                attempts: vec![],
-                lease_id: Some(lease),
-                lease_live: true,
-                request_lease: Some(lease),
-                lease_upto: upto,
-                rest_ms: None,
-            },
-            lease,
-        )
-    }
-
-    fn opts() -> QueueOptions {
-        QueueOptions::default()
-    }
-
-    #[test]
-    fn out_of_order_acks_move_the_position_over_the_settled_run() {
-        let (mut c, l) = leased(3);
-        c.apply(2, 1, AckStatus::Completed, Some(l), &opts(), false)
-            .unwrap();
-        assert_eq!(c.cursor_pos, 0);
-        assert_eq!(c.settled, vec![2]);
-        c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), false)
-            .unwrap();
-        assert_eq!(c.cursor_pos, 2);
-        assert!(c.settled.is_empty());
-        let a = c
-            .apply(3, 1, AckStatus::Completed, Some(l), &opts(), false)
-            .unwrap();
-        assert_eq!(c.cursor_pos, 3);
-        assert!(a.lease_released, "the whole batch is settled");
-        assert_eq!(c.lease_id, None);
-    }
-
-    #[test]
-    fn failed_between_completed_does_not_move_past_the_failure() {
-        let (mut c, l) = leased(3);
-        c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), false)
-            .unwrap();
-        let f = c
-            .apply(2, 1, AckStatus::Failed, Some(l), &opts(), false)
-            .unwrap();
-        assert!(f.lease_released);
-        assert_eq!(c.cursor_pos, 1);
-        assert_eq!(c.attempts_of(2), 1);
-        assert_eq!(c.rest_ms, Some(1000));
-        // The rest of the same request still counts against the lease it found…
-        c.apply(3, 1, AckStatus::Completed, Some(l), &opts(), false)
-            .unwrap();
-        assert_eq!(c.cursor_pos, 1, "message 2 still pending");
-        assert_eq!(c.settled, vec![3]);
-        // …but in a later request the ended lease is no longer valid.
-        c.begin_request();
-        assert_eq!(
-            c.apply(3, 1, AckStatus::Failed, Some(l), &opts(), false),
-            Ok(Applied::default()),
-            "settled already: a no-op"
-        );
-        let (mut c, l) = leased(3);
-        c.apply(1, 1, AckStatus::Failed, Some(l), &opts(), false)
-            .unwrap();
-        c.begin_request();
-        assert_eq!(
-            c.apply(2, 1, AckStatus::Completed, Some(l), &opts(), false),
-            Err(AckRefusal::LeaseInvalid)
-        );
-        // An ack without a lease id still settles a delivered message.
-        c.apply(2, 1, AckStatus::Completed, None, &opts(), false)
-            .unwrap();
-        assert_eq!(c.settled, vec![2]);
-    }
-
-    #[test]
-    fn retry_limit_dead_letters_and_moves_on() {
-        let o = QueueOptions {
-            retry_limit: 2,
-            ..opts()
-        };
-        let (mut c, l) = leased(2);
-        let a = c
-            .apply(1, 1, AckStatus::Failed, Some(l), &o, false)
-            .unwrap();
-        assert_eq!(a.dead_letter, None);
-        c.lease_id = Some(l);
-        c.lease_live = true;
-        let a = c
-            .apply(1, 1, AckStatus::Failed, Some(l), &o, false)
-            .unwrap();
-        assert_eq!(a.dead_letter, Some(2));
-        assert_eq!(c.cursor_pos, 1);
-        assert!(c.attempts.is_empty());
-    }
-
-    #[test]
-    fn retry_does_not_count() {
-        let (mut c, l) = leased(1);
-        let a = c
-            .apply(1, 1, AckStatus::Retry, Some(l), &opts(), false)
-            .unwrap();
-        assert!(a.lease_released);
-        assert_eq!(c.attempts_of(1), 0);
-        assert_eq!(c.rest_ms, None);
-        assert_eq!(c.cursor_pos, 0);
-    }
-
-    #[test]
-    fn dlq_settles_at_once() {
-        let (mut c, l) = leased(2);
-        let a = c
-            .apply(1, 1, AckStatus::Dlq, Some(l), &opts(), false)
-            .unwrap();
-        assert_eq!(a.dead_letter, Some(0));
-        assert_eq!(c.cursor_pos, 1);
-        assert!(!a.lease_released, "message 2 is still leased");
-    }
-
-    #[test]
-    fn wrong_or_expired_lease_is_refused() {
-        let (mut c, _) = leased(1);
-        assert_eq!(
-            c.apply(
-                1,
-                1,
-                AckStatus::Completed,
-                Some(Uuid::new_v4()),
-                &opts(),
-                false
-            ),
-            Err(AckRefusal::LeaseInvalid)
-        );
-        let (mut c, l) = leased(1);
-        c.lease_live = false;
-        c.begin_request();
-        assert_eq!(
-            c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), false),
-            Err(AckRefusal::LeaseInvalid)
-        );
-    }
-
-    #[test]
-    fn undelivered_message_is_refused_and_settled_one_is_a_no_op() {
-        let (mut c, l) = leased(1);
-        assert_eq!(
-            c.apply(5, 1, AckStatus::Completed, None, &opts(), false),
-            Err(AckRefusal::NotDelivered)
-        );
-        c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), false)
-            .unwrap();
-        assert_eq!(
-            c.apply(
-                1,
-                1,
-                AckStatus::Completed,
-                Some(Uuid::new_v4()),
-                &opts(),
-                false
-            ),
-            Ok(Applied::default())
-        );
-    }
-
-    #[test]
-    fn an_expired_lease_counts_an_attempt_for_each_unsettled_message() {
-        let o = QueueOptions {
-            retry_limit: 2,
-            ..opts()
-        };
-        let (mut c, l) = leased(3);
-        c.apply(2, 1, AckStatus::Completed, Some(l), &o, false)
-            .unwrap();
-        assert!(c.expire(&o).is_empty());
-        assert_eq!(
-            (c.attempts_of(1), c.attempts_of(2), c.attempts_of(3)),
-            (1, 0, 1)
-        );
-        assert_eq!(c.lease_id, None);
-        // Second expiry reaches the limit: 1 and 3 are dead-lettered, the position moves on.
-        c.lease_id = Some(l);
-        let dead = c.expire(&o);
-        assert_eq!(dead, vec![(1, 2), (3, 2)]);
-        assert_eq!(c.cursor_pos, 3);
-        assert!(c.settled.is_empty() && c.attempts.is_empty());
-    }
-
-    #[test]
-    fn strict_acks_need_the_live_lease() {
-        let (mut c, l) = leased(2);
-        assert_eq!(
-            c.apply(1, 1, AckStatus::Completed, None, &opts(), true),
-            Ok(Applied::default())
-        );
-        assert_eq!(c.cursor_pos, 1);
-        // Settled already: a transaction may not count it twice.
-        assert_eq!(
-            c.apply(1, 1, AckStatus::Completed, Some(l), &opts(), true),
-            Err(AckRefusal::LeaseInvalid)
-        );
-        c.lease_live = false;
-        c.begin_request();
-        assert_eq!(
-            c.apply(2, 1, AckStatus::Completed, None, &opts(), true),
-            Err(AckRefusal::LeaseInvalid)
-        );
-    }
 
     #[test]
     fn array_literals() {

@@ -1,0 +1,165 @@
+//! Ack: settle leased messages and move the group's position.
+//!
+//! The rules live in [`cursor`]: [`Cursor::apply`], a pure function over one (partition,
+//! group) cursor:
+//! acks may arrive in any order; the position moves over the longest run of settled messages;
+//! a failure ends the lease and counts an attempt for that message only; at the retry limit
+//! the message is dead-lettered, which settles it for the group so the partition moves on.
+//!
+//! [`store`] holds the SQL. Fused acks run as one transaction in two round trips: look up the messages, lock their
+//! cursor rows (in a stable order) and read the cursors' latest state after the lock; then
+//! append each changed cursor's next state version and the dead letters, and commit.
+
+mod cursor;
+mod store;
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use uuid::Uuid;
+
+use crate::fusion::{Fuser, Reply};
+use crate::metrics::{Metrics, Settled};
+use crate::refusal::{Kind, Refusal};
+
+pub(crate) use cursor::Cursor;
+/// The ack path's statements, public for the test suite's plan checks.
+pub use store::{ACK_STATE_SQL, BEGIN, LOCK_SQL, LOOKUP_SQL, STATE_SQL};
+pub(crate) use store::{DeadLetter, WriteStatements, locked_cursors, settle_in, write_back};
+
+/// What the consumer says of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AckStatus {
+    /// Done: settle it.
+    Completed,
+    /// Processing failed: count an attempt, hand it out again after `retryDelay`.
+    Failed,
+    /// Give it back without counting an attempt.
+    Retry,
+    /// Dead-letter it now.
+    Dlq,
+}
+
+/// One ack, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct AckItem {
+    pub(crate) partition_id: Uuid,
+    pub(crate) transaction_id: String,
+    pub(crate) group: String,
+    pub(crate) status: AckStatus,
+    pub(crate) lease_id: Option<Uuid>,
+    pub(crate) error: Option<String>,
+}
+
+/// Why an ack was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AckRefusal {
+    /// No message with that transaction id in that partition.
+    MessageNotFound,
+    /// The group never read that partition.
+    NotConsumed,
+    /// The lease named is not the live lease of the partition.
+    LeaseInvalid,
+    /// The message was never handed out to the group.
+    NotDelivered,
+}
+
+impl AckRefusal {
+    /// Stable machine code.
+    pub(crate) fn code(self) -> &'static str {
+        match self {
+            AckRefusal::MessageNotFound => "message_not_found",
+            AckRefusal::NotConsumed => "consumer_group_not_found",
+            AckRefusal::LeaseInvalid => "lease_invalid",
+            AckRefusal::NotDelivered => "message_not_delivered",
+        }
+    }
+
+    /// Human text.
+    pub(crate) fn message(self) -> &'static str {
+        match self {
+            AckRefusal::MessageNotFound => "no message with this transactionId in this partition",
+            AckRefusal::NotConsumed => "the consumer group has not consumed this partition",
+            AckRefusal::LeaseInvalid => "the lease is not the current lease of this partition",
+            AckRefusal::NotDelivered => "the message has not been delivered to this group",
+        }
+    }
+}
+
+/// What became of one ack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AckOutcome {
+    pub(crate) result: Result<(), AckRefusal>,
+    pub(crate) queue_name: Option<String>,
+    pub(crate) partition_name: Option<String>,
+    pub(crate) lease_released: bool,
+    pub(crate) dlq: bool,
+}
+
+/// An ack request (one or many items) waiting for its batch.
+pub(crate) struct AckJob {
+    pub(crate) items: Vec<AckItem>,
+    pub(crate) reply: Reply<Vec<AckOutcome>>,
+}
+
+impl AckRefusal {
+    /// The refusal answered for this ack; `at` names the item in a larger request.
+    pub(crate) fn refusal(self, at: &str) -> Refusal {
+        let kind = match self {
+            AckRefusal::MessageNotFound | AckRefusal::NotConsumed => Kind::NotFound,
+            AckRefusal::LeaseInvalid | AckRefusal::NotDelivered => Kind::Conflict,
+        };
+        Refusal::new(kind, self.code(), format!("{at}{}", self.message()))
+    }
+}
+
+/// Accepted acks counted by what they asked for, for this server's metrics.
+pub(crate) fn tally(statuses: &[AckStatus], outcomes: &[AckOutcome]) -> Settled {
+    let mut t = Settled::default();
+    for (status, o) in statuses.iter().zip(outcomes) {
+        if o.result.is_err() {
+            continue;
+        }
+        match status {
+            AckStatus::Completed => t.acked += 1,
+            AckStatus::Failed => t.failed += 1,
+            AckStatus::Retry => t.retried += 1,
+            AckStatus::Dlq => {}
+        }
+        t.dead_lettered += u64::from(o.dlq);
+    }
+    t
+}
+
+/// The handle every route that acks goes through.
+pub(crate) struct Acker {
+    fuser: Fuser<AckJob>,
+    metrics: Arc<Metrics>,
+}
+
+impl Acker {
+    /// Starts the ack workers and returns the handle in front of them.
+    pub(crate) fn start(
+        pool: Pool,
+        metrics: Arc<Metrics>,
+        workers: usize,
+        max_items: usize,
+    ) -> Acker {
+        let fuser = store::start(pool, workers, max_items, metrics.fusion.ack.clone());
+        Acker { fuser, metrics }
+    }
+
+    /// Settles acks in the next fused ack transaction; one outcome per item, in order.
+    /// Each item succeeds or fails on its own.
+    pub(crate) async fn settle(&self, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Refusal> {
+        let statuses: Vec<AckStatus> = items.iter().map(|i| i.status).collect();
+        let outcomes = self.fuser.ask(0, |reply| AckJob { items, reply }).await?;
+        self.record(&statuses, &outcomes);
+        Ok(outcomes)
+    }
+
+    /// Counts accepted acks in this server's metrics.
+    pub(crate) fn record(&self, statuses: &[AckStatus], outcomes: &[AckOutcome]) {
+        self.metrics.messages.settled(&tally(statuses, outcomes));
+    }
+}

@@ -1,0 +1,270 @@
+//! Push: the whole story of storing messages, from names to a committed answer.
+//!
+//! [`Pusher::push`] checks queue capacity, resolves queue and partition names (creating what
+//! a first push creates), hands the messages to the push fuser ([`store`]) and, when a queue
+//! was deleted under the push, resolves it again and retries. The HTTP edge only decodes and
+//! validates the request and writes the answer; `/transaction` and anything else that pushes
+//! uses the same handle.
+
+mod store;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use deadpool_postgres::Pool;
+use uuid::Uuid;
+
+use crate::catalog::Catalog;
+use crate::fusion::Fuser;
+use crate::metrics::Metrics;
+use crate::queue::DEFAULT_PARTITION;
+use crate::refusal::{Kind, Refusal};
+use crate::wake::Wake;
+
+pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, store_in};
+
+/// One message to push, as the edge decoded and validated it. Strings borrow from the
+/// request where they can; `payload` is JSON text inside the request's bytes.
+pub(crate) struct Item<'a> {
+    pub(crate) queue: Cow<'a, str>,
+    pub(crate) partition: Option<Cow<'a, str>>,
+    pub(crate) payload: &'a str,
+    pub(crate) transaction_id: Option<Cow<'a, str>>,
+    pub(crate) trace_id: Option<Cow<'a, str>>,
+}
+
+impl Item<'_> {
+    /// The partition the item names, or the default one.
+    fn partition(&self) -> &str {
+        self.partition.as_deref().unwrap_or(DEFAULT_PARTITION)
+    }
+}
+
+/// What a push stored: the messages as resolved, and what became of each, in order.
+pub(crate) struct Pushed {
+    pub(crate) messages: Arc<Vec<NewMessage>>,
+    pub(crate) stored: Vec<Stored>,
+}
+
+/// The handle every route that pushes goes through.
+pub(crate) struct Pusher {
+    pool: Pool,
+    catalog: Arc<Catalog>,
+    fuser: Fuser<PushJob>,
+    metrics: Arc<Metrics>,
+}
+
+impl Pusher {
+    /// Starts the push workers and returns the handle in front of them.
+    pub(crate) fn start(
+        pool: Pool,
+        catalog: Arc<Catalog>,
+        wake: Arc<Wake>,
+        metrics: Arc<Metrics>,
+        workers: usize,
+        max_items: usize,
+    ) -> Pusher {
+        let stage = metrics.fusion.push.clone();
+        let fuser = store::start(pool.clone(), wake, workers, max_items, stage);
+        Pusher {
+            pool,
+            catalog,
+            fuser,
+            metrics,
+        }
+    }
+
+    /// Stores `items` and answers only after they are committed. `body` holds the bytes the
+    /// items were decoded from: payloads stay slices of it.
+    pub(crate) async fn push(&self, items: Vec<Item<'_>>, body: &Bytes) -> Result<Pushed, Refusal> {
+        self.check_capacity(&items).await?;
+        let messages = self.resolve(items, body).await?;
+        let pushed = self.store(messages).await?;
+        self.record(&pushed.stored);
+        Ok(pushed)
+    }
+
+    /// Counts a committed push in this server's metrics.
+    pub(crate) fn record(&self, stored: &[Stored]) {
+        let queued = stored
+            .iter()
+            .filter(|s| matches!(s, Stored::Queued(_)))
+            .count();
+        let duplicates = stored
+            .iter()
+            .filter(|s| matches!(s, Stored::Duplicate(_)))
+            .count();
+        self.metrics
+            .messages
+            .stored(queued as u64, duplicates as u64);
+    }
+
+    /// Refuses a push that would take a queue with `maxSize` past that many pending messages
+    /// (pending: not yet passed by its slowest consumer group). Checked before anything is
+    /// created, so a refused push leaves no trace; a queue that does not exist yet has no
+    /// limit. The count is taken before the push, so concurrent pushes may overshoot by what
+    /// they carry.
+    pub(crate) async fn check_capacity(&self, items: &[Item<'_>]) -> Result<(), Refusal> {
+        let mut incoming: HashMap<&str, u64> = HashMap::new();
+        for item in items {
+            *incoming.entry(&item.queue).or_default() += 1;
+        }
+        for (queue, n) in incoming {
+            let Some(queue_id) = self.catalog.find_queue(&self.pool, queue).await? else {
+                continue;
+            };
+            let max = self.catalog.options(&self.pool, queue_id).await?.max_size;
+            if max == 0 {
+                continue;
+            }
+            let pending = self.catalog.pending(&self.pool, queue_id).await?;
+            if pending + n > max {
+                return Err(Refusal::new(
+                    Kind::Full,
+                    "queue_full",
+                    format!(
+                        "queue `{queue}` holds {pending} pending messages; its maxSize is {max}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns queue and partition names into ids, creating what does not exist yet. Each
+    /// distinct (queue, partition) of the request is resolved once: a batch usually names a
+    /// few partitions many times, and every look-up of the catalog hashes and copies its
+    /// names. Payloads stay slices of `body`, the bytes the items were decoded from.
+    pub(crate) async fn resolve(
+        &self,
+        items: Vec<Item<'_>>,
+        body: &Bytes,
+    ) -> Result<Vec<NewMessage>, Refusal> {
+        let mut target_of: HashMap<(&str, &str), usize> = HashMap::new();
+        let mut targets: Vec<(&str, &str)> = Vec::new();
+        let slots: Vec<usize> = items
+            .iter()
+            .map(|i| {
+                *target_of
+                    .entry((&i.queue, i.partition()))
+                    .or_insert_with_key(|&key| {
+                        targets.push(key);
+                        targets.len() - 1
+                    })
+            })
+            .collect();
+        let mut names: Vec<&str> = targets.iter().map(|t| t.0).collect();
+        names.sort_unstable();
+        names.dedup();
+        let queues = self.catalog.ensure_queues(&self.pool, &names).await?;
+        let wanted: Vec<(Uuid, &str)> = targets.iter().map(|t| (queues[t.0], t.1)).collect();
+        let partitions = self.catalog.ensure_partitions(&self.pool, &wanted).await?;
+        let mut queue_names: HashMap<&str, Arc<str>> = HashMap::new();
+        let resolved: Vec<(Arc<str>, Uuid, Uuid)> = targets
+            .iter()
+            .zip(&wanted)
+            .map(|(&(queue, partition), &(queue_id, _))| {
+                let name = queue_names.entry(queue).or_insert_with(|| Arc::from(queue));
+                let partition_id = partitions[&(queue_id, partition.to_string())];
+                (name.clone(), queue_id, partition_id)
+            })
+            .collect();
+        let partition_names: Vec<Arc<str>> = targets.iter().map(|t| Arc::from(t.1)).collect();
+        let mut out = Vec::with_capacity(items.len());
+        for (item, slot) in items.into_iter().zip(slots) {
+            let (queue, queue_id, partition_id) = &resolved[slot];
+            out.push(NewMessage {
+                queue: queue.clone(),
+                queue_id: *queue_id,
+                partition: partition_names[slot].clone(),
+                partition_id: *partition_id,
+                client_transaction_id: item.transaction_id.map(Cow::into_owned),
+                message_id: Uuid::now_v7(),
+                trace_id: item.trace_id.map(Cow::into_owned),
+                payload: slice_of(body, item.payload),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Stores messages through the push fuser. Messages whose partition vanished meanwhile
+    /// (its queue was deleted through any server) are resolved again — which creates the
+    /// queue anew, as a first push does — and stored in a second round; nothing is stored
+    /// twice.
+    async fn store(&self, messages: Vec<NewMessage>) -> Result<Pushed, Refusal> {
+        let messages = Arc::new(messages);
+        let stored = self.submit(messages.clone()).await?;
+        let gone: Vec<usize> = (0..stored.len())
+            .filter(|&i| stored[i] == Stored::PartitionGone)
+            .collect();
+        if gone.is_empty() {
+            return Ok(Pushed { messages, stored });
+        }
+        let mut messages = Arc::try_unwrap(messages).unwrap_or_else(|m| (*m).clone());
+        let mut stored = stored;
+        for &i in &gone {
+            self.catalog.forget_queue(&messages[i].queue);
+        }
+        let names: Vec<&str> = gone.iter().map(|&i| &*messages[i].queue).collect();
+        let queues = self.catalog.ensure_queues(&self.pool, &names).await?;
+        let wanted: Vec<(Uuid, &str)> = gone
+            .iter()
+            .map(|&i| (queues[&*messages[i].queue], &*messages[i].partition))
+            .collect();
+        let partitions = self.catalog.ensure_partitions(&self.pool, &wanted).await?;
+        let retry: Vec<NewMessage> = gone
+            .iter()
+            .map(|&i| {
+                let mut m = messages[i].clone();
+                m.queue_id = queues[&*m.queue];
+                m.partition_id = partitions[&(m.queue_id, m.partition.to_string())];
+                m
+            })
+            .collect();
+        let again = self.submit(Arc::new(retry.clone())).await?;
+        for ((&i, m), s) in gone.iter().zip(retry).zip(again) {
+            if s == Stored::PartitionGone {
+                return Err(queue_deleted(&m.queue));
+            }
+            messages[i] = m;
+            stored[i] = s;
+        }
+        Ok(Pushed {
+            messages: Arc::new(messages),
+            stored,
+        })
+    }
+
+    async fn submit(&self, messages: Arc<Vec<NewMessage>>) -> Result<Vec<Stored>, Refusal> {
+        let key = store::shard_key(&messages);
+        self.fuser
+            .ask(key, |reply| PushJob { messages, reply })
+            .await
+    }
+
+    /// Forgets a queue found deleted under a push, so its next push resolves it anew.
+    pub(crate) fn forget_queue(&self, name: &str) {
+        self.catalog.forget_queue(name);
+    }
+}
+
+/// The refusal of a push whose queue was deleted and recreated under it twice.
+pub(crate) fn queue_deleted(queue: &str) -> Refusal {
+    Refusal::conflict(
+        "queue_deleted",
+        format!("queue `{queue}` is being deleted and recreated; retry the push"),
+    )
+}
+
+/// `text` as a slice of `body` when it lies inside it (no copy), else a copy of it.
+fn slice_of(body: &Bytes, text: &str) -> Bytes {
+    let range = body.as_ptr_range();
+    let inside = range.start <= text.as_ptr() && text.as_bytes().as_ptr_range().end <= range.end;
+    if inside {
+        body.slice_ref(text.as_bytes())
+    } else {
+        Bytes::copy_from_slice(text.as_bytes())
+    }
+}

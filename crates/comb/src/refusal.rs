@@ -1,0 +1,133 @@
+//! Why the broker refused a request, said once by the use case that refused it.
+//!
+//! Use cases (push, pop, ack, the catalog…) answer with a [`Refusal`]: what kind of refusal it
+//! is, a stable machine code and a sentence for people. The HTTP edge turns the kind into a
+//! status code; nothing below the edge knows about HTTP.
+
+use crate::db::DbError;
+
+/// What kind of refusal, which the edge maps to a status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The thing named does not exist (404).
+    NotFound,
+    /// The request conflicts with current state, such as a stale lease (409).
+    Conflict,
+    /// The queue or the server is full for now; retry later (429).
+    Full,
+    /// The database or the server cannot take work now; retry shortly (503).
+    Unavailable,
+    /// Something broke that the client cannot fix (500).
+    Internal,
+}
+
+/// A refused request: kind, stable code, and what to tell the client.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) kind: Kind,
+    /// Stable, documented, machine-readable.
+    pub(crate) code: &'static str,
+    pub(crate) detail: String,
+    /// Seconds after which a retry may succeed (for `Full` and `Unavailable`).
+    pub(crate) retry_after: Option<u64>,
+}
+
+impl Refusal {
+    /// A refusal of any kind.
+    pub(crate) fn new(kind: Kind, code: &'static str, detail: impl Into<String>) -> Refusal {
+        let retry_after = matches!(kind, Kind::Full | Kind::Unavailable).then_some(1);
+        Refusal {
+            kind,
+            code,
+            detail: detail.into(),
+            retry_after,
+        }
+    }
+
+    /// The thing named does not exist.
+    pub(crate) fn not_found(code: &'static str, detail: impl Into<String>) -> Refusal {
+        Refusal::new(Kind::NotFound, code, detail)
+    }
+
+    /// The request conflicts with current state.
+    pub(crate) fn conflict(code: &'static str, detail: impl Into<String>) -> Refusal {
+        Refusal::new(Kind::Conflict, code, detail)
+    }
+
+    /// The server is stopping: fused work is no longer taken.
+    pub(crate) fn shutting_down() -> Refusal {
+        Refusal::new(
+            Kind::Unavailable,
+            "shutting_down",
+            "the server is shutting down",
+        )
+    }
+}
+
+impl From<&DbError> for Refusal {
+    fn from(e: &DbError) -> Refusal {
+        match e {
+            DbError::Unavailable(m) => Refusal::new(
+                Kind::Unavailable,
+                "database_unavailable",
+                format!("database unavailable: {m}"),
+            ),
+            DbError::Postgres(pg) => {
+                tracing::error!(error = %pg, "database error");
+                let detail = match pg.as_db_error() {
+                    Some(db) => format!("database error: {}", db.message()),
+                    None => format!("database error: {pg}"),
+                };
+                Refusal::new(Kind::Internal, "database_error", detail)
+            }
+        }
+    }
+}
+
+impl From<DbError> for Refusal {
+    fn from(e: DbError) -> Refusal {
+        Refusal::from(&e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A statement the client itself refuses (a parameter of the wrong type) is a defect of
+    /// the server, answered as an internal error — not an outage of the database, which
+    /// would make clients retry.
+    #[tokio::test]
+    async fn a_parameter_the_client_cannot_encode_is_not_a_database_outage() {
+        let url = tokio::task::spawn_blocking(|| {
+            comb_harness::Postgres::shared()
+                .create_database("encode")
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let e = client
+            .query_one("SELECT $1::int4", &[&1_i64])
+            .await
+            .expect_err("an i64 for an int4 parameter");
+        let e = DbError::from(e);
+        assert!(matches!(e, DbError::Postgres(_)), "{e}");
+        let r = Refusal::from(&e);
+        assert_eq!((r.kind, r.code), (Kind::Internal, "database_error"));
+    }
+
+    #[test]
+    fn only_refusals_worth_retrying_say_when() {
+        assert_eq!(Refusal::shutting_down().retry_after, Some(1));
+        assert_eq!(
+            Refusal::new(Kind::Full, "queue_full", "").retry_after,
+            Some(1)
+        );
+        assert_eq!(Refusal::not_found("queue_not_found", "").retry_after, None);
+        assert_eq!(Refusal::conflict("lease_invalid", "").retry_after, None);
+    }
+}
