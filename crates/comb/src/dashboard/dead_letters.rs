@@ -278,7 +278,7 @@ pub(crate) async fn requeue(
     headers: HeaderMap,
     Form(filter): Form<Filter>,
 ) -> Response {
-    if let Err(refusal) = check(&headers, &filter) {
+    if let Some(refusal) = refusal(&headers, &filter) {
         return refusal;
     }
     let api = AdminApi::new(&state, &headers);
@@ -301,7 +301,7 @@ pub(crate) async fn purge(
     headers: HeaderMap,
     Form(filter): Form<Filter>,
 ) -> Response {
-    if let Err(refusal) = check(&headers, &filter) {
+    if let Some(refusal) = refusal(&headers, &filter) {
         return refusal;
     }
     let api = AdminApi::new(&state, &headers);
@@ -332,17 +332,18 @@ pub(crate) async fn purge(
     }
 }
 
-/// The CSRF and role checks, and a queue to act on.
-fn check(headers: &HeaderMap, filter: &Filter) -> Result<(), Response> {
-    access::check_action(headers).map_err(Notice::refused)?;
-    if filter.queue.is_empty() {
-        return Err(Notice {
+/// The answer refusing an action: it failed the CSRF or role checks, or names no queue.
+fn refusal(headers: &HeaderMap, filter: &Filter) -> Option<Response> {
+    if let Err(refusal) = access::check_action(headers) {
+        return Some(Notice::refused(refusal));
+    }
+    filter.queue.is_empty().then(|| {
+        Notice {
             ok: false,
             text: "choose a queue first".into(),
         }
-        .respond(StatusCode::BAD_REQUEST));
-    }
-    Ok(())
+        .respond(StatusCode::BAD_REQUEST)
+    })
 }
 
 /// The notice of a done action.
