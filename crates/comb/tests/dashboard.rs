@@ -67,17 +67,19 @@ impl Browser {
         self.client.goto(url).await.expect("page opens");
     }
 
-    /// The text of the first element matching `css`, waiting up to 10 s for one.
-    async fn text(&self, css: &str) -> String {
+    /// The first element matching `css`, waiting up to 10 s for one.
+    async fn find(&self, css: &str) -> fantoccini::elements::Element {
         self.client
             .wait()
             .at_most(Duration::from_secs(10))
             .for_element(Locator::Css(css))
             .await
             .unwrap_or_else(|e| panic!("no {css}: {e}"))
-            .text()
-            .await
-            .unwrap()
+    }
+
+    /// The text of the first element matching `css`.
+    async fn text(&self, css: &str) -> String {
+        self.find(css).await.text().await.unwrap()
     }
 
     /// Waits up to 15 s for the text of `css` to satisfy `ok`; returns the last text seen.
@@ -99,12 +101,8 @@ impl Browser {
     }
 
     async fn click(&self, css: &str) {
-        self.client
-            .wait()
-            .at_most(Duration::from_secs(10))
-            .for_element(Locator::Css(css))
+        self.find(css)
             .await
-            .unwrap_or_else(|e| panic!("no {css}: {e}"))
             .click()
             .await
             .unwrap_or_else(|e| panic!("click {css}: {e}"));
