@@ -99,30 +99,28 @@ fuzz:
 
 # Comb and the SKIP LOCKED table side by side at a fixed rate through a clean phase, a held
 # REPEATABLE READ snapshot in each database and its release (about 17 minutes); records the
-# "Held snapshot" section of docs/benchmarks.md and bench/results/xmin.json.
+# "Held snapshot" section of docs/long-runs.md and bench/results/xmin.json.
 # `make bench-xmin BENCH_ARGS=--smoke` is a 1.5-minute run that proves the tool works and
 # writes nothing.
 .PHONY: bench-xmin
 
 bench-xmin:
 	scripts/install-postgres.sh
-	cargo build --release -p comb
-	cargo build --release -p comb-bench --bin comb-bench-xmin
-	target/release/comb-bench-xmin --command "make bench-xmin" \
-		--json bench/results/xmin.json --doc docs/benchmarks.md $(BENCH_ARGS)
+	cargo build --release -p comb -p comb-bench
+	target/release/comb-bench xmin --command "make bench-xmin" \
+		--json bench/results/xmin.json --doc docs/long-runs.md $(BENCH_ARGS)
 
 # A 30-minute soak (about 35 minutes in all): the peak delivered rate measured first, then
 # fixed-rate pushes at 70 % of it with explicit-ack consumers, 2-minute segments and a queue
 # with retentionSeconds 300 and completedRetentionSeconds 120; size, dead tuples and segment
 # tables every 10 s and the slope of the total size. Records the "Soak" section of
-# docs/benchmarks.md and bench/results/soak.json. Not part of `make bench`.
+# docs/long-runs.md and bench/results/soak.json. Not part of `make bench`.
 # `make bench-soak BENCH_ARGS=--smoke` is a 2-minute run that proves the tool works and writes
 # nothing.
 .PHONY: bench-soak
 
 bench-soak:
 	scripts/install-postgres.sh
-	cargo build --release -p comb
-	cargo build --release -p comb-bench --bin comb-bench-soak
-	target/release/comb-bench-soak --command "make bench-soak" \
-		--json bench/results/soak.json --doc docs/benchmarks.md $(BENCH_ARGS)
+	cargo build --release -p comb -p comb-bench
+	target/release/comb-bench soak --command "make bench-soak" \
+		--json bench/results/soak.json --doc docs/long-runs.md $(BENCH_ARGS)

@@ -10,8 +10,8 @@
 //! Two builds or configurations are compared by running them in turns on one cluster
 //! ([`compare`]).
 //!
-//! The long runs (`comb-bench-xmin`, `comb-bench-soak`) reuse the same load and accounting
-//! over many minutes, sampling as they go ([`long`], [`tables`]).
+//! The long runs (`comb-bench xmin`, `comb-bench soak`) reuse the same load and accounting
+//! over many minutes on one shared skeleton, sampling as they go ([`long`], [`tables`]).
 
 #![warn(missing_docs)]
 

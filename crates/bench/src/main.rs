@@ -1,10 +1,12 @@
-//! `comb-bench`: runs the benchmark suite (see `docs/benchmarks.md`).
+//! `comb-bench`: runs the benchmark suite, or with a subcommand one of the long runs
+//! (`comb-bench xmin`, `comb-bench soak`); see `docs/benchmarks.md`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use comb_bench::long::{soak, xmin};
 use comb_bench::profile::Profile;
 use comb_bench::report;
 use comb_bench::run::{Options, PG_SETTINGS, Runner};
@@ -12,8 +14,11 @@ use comb_bench::{cells, compare};
 
 /// Runs Comb's benchmark cells and their peers against one PostgreSQL and prints one table.
 #[derive(Debug, Parser)]
-#[command(name = "comb-bench")]
+#[command(name = "comb-bench", args_conflicts_with_subcommands = true)]
 struct Args {
+    /// A long run instead of the cells.
+    #[command(subcommand)]
+    long: Option<Long>,
     /// Cells to run, comma-separated (empty: all). `--list` shows them.
     #[arg(long, env = "CELLS", default_value = "")]
     cells: String,
@@ -85,6 +90,17 @@ struct Args {
     rounds: u16,
 }
 
+/// The long runs: many minutes of load, sampled as they go.
+#[derive(Debug, clap::Subcommand)]
+enum Long {
+    /// Comb and the SKIP LOCKED table side by side through a clean phase, a held
+    /// `REPEATABLE READ` snapshot and its release (`make bench-xmin`).
+    Xmin(xmin::Args),
+    /// The peak delivered rate, then a fixed-rate soak at a share of it with retention on,
+    /// judging whether storage stays flat (`make bench-soak`).
+    Soak(soak::Args),
+}
+
 impl Args {
     /// Whether this run compares two variants.
     fn compares(&self) -> bool {
@@ -93,9 +109,14 @@ impl Args {
 }
 
 fn main() {
-    let args = Args::parse();
-    if let Err(e) = run(args) {
-        eprintln!("comb-bench: {e}");
+    let mut args = Args::parse();
+    let (name, result) = match args.long.take() {
+        Some(Long::Xmin(a)) => ("comb-bench xmin", xmin::run(a)),
+        Some(Long::Soak(a)) => ("comb-bench soak", soak::run(a)),
+        None => ("comb-bench", run(args)),
+    };
+    if let Err(e) = result {
+        eprintln!("{name}: {e}");
         std::process::exit(1);
     }
 }
@@ -359,6 +380,18 @@ mod tests {
             );
         }
         assert_eq!(parse(&[]).unwrap().rounds, 2);
+    }
+
+    #[test]
+    fn the_long_runs_are_subcommands_with_their_own_flags() {
+        let args = Args::try_parse_from(["comb-bench", "xmin", "--smoke", "--rate", "50"]).unwrap();
+        assert!(matches!(args.long, Some(super::Long::Xmin(_))));
+        let args = Args::try_parse_from(["comb-bench", "soak", "--comb-arg=--push-workers=2"]);
+        assert!(matches!(args.unwrap().long, Some(super::Long::Soak(_))));
+        // The suite's flags do not mix with a long run's.
+        assert!(Args::try_parse_from(["comb-bench", "--cells", "push1", "soak"]).is_err());
+        assert!(Args::try_parse_from(["comb-bench", "xmin", "--cells", "push1"]).is_err());
+        assert!(Args::try_parse_from(["comb-bench"]).unwrap().long.is_none());
     }
 
     #[test]

@@ -134,9 +134,11 @@ CREATE TABLE sl_queue (
 );
 CREATE INDEX sl_queue_time ON sl_queue (time);";
 
-const ENQUEUE_SQL: &str = "INSERT INTO sl_queue (payload) VALUES ($1::text::jsonb)";
+/// One message into the SKIP LOCKED queue (its payload as text).
+pub const ENQUEUE_SQL: &str = "INSERT INTO sl_queue (payload) VALUES ($1::text::jsonb)";
 
-const DEQUEUE_SQL: &str = "DELETE FROM sl_queue WHERE id = (
+/// One message out of the SKIP LOCKED queue, in one transaction; returns its send time (µs).
+pub const DEQUEUE_SQL: &str = "DELETE FROM sl_queue WHERE id = (
     SELECT id FROM sl_queue ORDER BY time FOR UPDATE SKIP LOCKED LIMIT 1
 ) RETURNING (payload->>'t')::int8";
 

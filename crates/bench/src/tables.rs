@@ -1,7 +1,7 @@
 //! Per-table counters and sizes of one schema, read from `pg_stat_user_tables` and the size
 //! functions.
 //!
-//! The long runs (`comb-bench-xmin`, `comb-bench-soak`) judge storage by what PostgreSQL itself
+//! The long runs (`comb-bench xmin`, `comb-bench soak`) judge storage by what PostgreSQL itself
 //! reports for every table of a system, message segments included, so that bloat or growth
 //! anywhere in the schema shows, not only in the tables a run expects to grow.
 

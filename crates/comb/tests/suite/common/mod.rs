@@ -1,0 +1,375 @@
+//! Shared test support: one PostgreSQL per test binary, one database and one `comb serve`
+//! process per test, and a small HTTP client speaking the API.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use comb_harness::{Postgres, Server};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A server on its own fresh database.
+pub struct Env {
+    pub server: Server,
+    pub db_url: String,
+    pub db_name: String,
+    pub http: reqwest::Client,
+}
+
+/// Path of the server binary built for these tests.
+pub fn comb_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_comb"))
+}
+
+impl Env {
+    /// A fresh database and a server on it.
+    pub async fn start() -> Env {
+        Env::start_with(&[]).await
+    }
+
+    /// Same, with extra `comb serve` flags.
+    pub async fn start_with(args: &[&str]) -> Env {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let pg = Postgres::shared();
+            let db_url = pg.create_database("t").expect("create database");
+            let db_name = db_url.rsplit('/').next().unwrap().to_string();
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let server = Server::start(comb_bin(), &db_url, &argv).expect("server starts");
+            Env {
+                server,
+                db_url,
+                db_name,
+                http: client(),
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Another server on the same database.
+    pub async fn second_server(&self) -> Server {
+        let url = self.db_url.clone();
+        tokio::task::spawn_blocking(move || Server::start(comb_bin(), &url, &[]).unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// Another server on the same database, with extra `comb serve` flags.
+    pub async fn second_server_with(&self, args: &[&str]) -> Server {
+        let url = self.db_url.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            Server::start(comb_bin(), &url, &argv).unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Configures a queue's options and asserts 200; returns the answer.
+    pub async fn configure(&self, queue: &str, options: Value) -> Value {
+        let (s, body) = self
+            .post(
+                "/api/v1/configure",
+                &json!({"queue": queue, "options": options}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "configure {queue}: {body}");
+        body
+    }
+
+    /// Pops until the answer is 204 and returns every message handed out, in order. Meant
+    /// for auto-ack pops; a leased pop would stop at the first leased partition.
+    pub async fn drain(&self, path_and_query: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Some(pop) = self.pop(path_and_query).await {
+            let messages = pop["messages"].as_array().unwrap();
+            assert!(!messages.is_empty(), "200 without messages: {pop}");
+            out.extend(messages.iter().cloned());
+        }
+        out
+    }
+
+    /// Acks one message (as found in a pop answer) through `POST /api/v1/ack`.
+    pub async fn ack(
+        &self,
+        message: &Value,
+        status: &str,
+        group: Option<&str>,
+        error: Option<&str>,
+    ) -> (StatusCode, Value) {
+        self.post(
+            "/api/v1/ack",
+            &json!({
+                "transactionId": message["transactionId"],
+                "partitionId": message["partitionId"],
+                "leaseId": message["leaseId"],
+                "status": status,
+                "consumerGroup": group,
+                "error": error,
+            }),
+        )
+        .await
+    }
+
+    /// Acks one message, asserts that the ack succeeded, and returns its result.
+    pub async fn ack_ok(
+        &self,
+        message: &Value,
+        status: &str,
+        group: Option<&str>,
+        error: Option<&str>,
+    ) -> Value {
+        let (s, body) = self.ack(message, status, group, error).await;
+        assert_eq!(s, StatusCode::OK, "ack {status}: {body}");
+        assert_eq!(body[0]["success"], true, "ack {status}: {body}");
+        body[0].clone()
+    }
+
+    /// Like [`Env::post`], also returning the answer's headers.
+    pub async fn post_full(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let headers = r.headers().clone();
+        let (status, body) = read(r).await;
+        (status, headers, body)
+    }
+
+    /// Number of message rows stored.
+    pub fn message_count(&self) -> i64 {
+        self.sql("SELECT count(*) FROM comb.messages")
+            .parse()
+            .unwrap()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.server.base_url(), path)
+    }
+
+    /// Runs SQL on this test's database and returns psql's unaligned output.
+    pub fn sql(&self, sql: &str) -> String {
+        Postgres::shared()
+            .psql(&self.db_name, sql)
+            .expect("psql")
+            .trim()
+            .to_string()
+    }
+
+    /// The column options of `partition_id` on every child table of `parent`, distinct and
+    /// comma-separated (`none` for a table without any).
+    pub fn partition_id_options(&self, parent: &str) -> String {
+        self.sql(&format!(
+            "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none'), ',') \
+             FROM pg_inherits h JOIN pg_attribute a \
+               ON a.attrelid = h.inhrelid AND a.attname = 'partition_id' \
+             WHERE h.inhparent = '{parent}'::regclass"
+        ))
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        read(r).await
+    }
+
+    /// Deletes a queue through the API; the status it answered.
+    pub async fn delete_queue(&self, queue: &str) -> StatusCode {
+        self.http
+            .delete(self.url(&format!("/api/v1/resources/queues/{queue}")))
+            .send()
+            .await
+            .expect("request")
+            .status()
+    }
+
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        read(r).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .delete(self.url(path))
+            .send()
+            .await
+            .expect("request");
+        read(r).await
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let r = self.http.get(self.url(path)).send().await.expect("request");
+        read(r).await
+    }
+
+    /// Pushes items and asserts 201.
+    pub async fn push(&self, items: Value) -> Vec<Value> {
+        let (status, body) = self.post("/api/v1/push", &json!({ "items": items })).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body.as_array().expect("array").clone()
+    }
+
+    /// Pops (GET form) and returns the body, or None on 204.
+    pub async fn pop(&self, path_and_query: &str) -> Option<Value> {
+        let (status, body) = self.get(path_and_query).await;
+        match status {
+            StatusCode::OK => Some(body),
+            StatusCode::NO_CONTENT => None,
+            other => panic!("pop {path_and_query}: {other} {body}"),
+        }
+    }
+
+    /// Acks messages from a pop response with one status, through the batch route.
+    pub async fn ack_all(&self, pop: &Value, status: &str, group: Option<&str>) -> Vec<Value> {
+        let acks: Vec<Value> = pop["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                json!({
+                    "transactionId": m["transactionId"],
+                    "partitionId": m["partitionId"],
+                    "leaseId": m["leaseId"],
+                    "status": status,
+                    "consumerGroup": group,
+                })
+            })
+            .collect();
+        let (s, body) = self
+            .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        body.as_array().unwrap().clone()
+    }
+}
+
+/// Sends a request head (and no body) over a raw socket and reads the answer: the status and
+/// the body. For answers given from the head alone, such as a too-large `Content-Length`.
+pub fn raw_head_only(addr: std::net::SocketAddr, head: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status: u16 = text.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// `GET` of a full URL (any server) with the same answer checks as [`Env::get`].
+pub async fn get_url(http: &reqwest::Client, url: &str) -> (StatusCode, Value) {
+    let r = http.get(url).send().await.expect("request");
+    read(r).await
+}
+
+/// An HTTP client with its own connection pool.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+async fn read(r: reqwest::Response) -> (StatusCode, Value) {
+    let status = r.status();
+    let is_problem = r.headers().get("content-type").is_some_and(|v| {
+        v.to_str()
+            .unwrap_or("")
+            .starts_with("application/problem+json")
+    });
+    let bytes = r.bytes().await.expect("body");
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+    };
+    if status.is_client_error() || status.is_server_error() {
+        assert!(is_problem, "error without problem+json: {status} {body}");
+        assert_eq!(body["status"], status.as_u16(), "{body}");
+        assert_eq!(body["error"], body["detail"], "{body}");
+    }
+    (status, body)
+}
+
+/// The only message of a pop response (asserts there is exactly one).
+pub fn one(pop: &Value) -> &Value {
+    let messages = pop["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "{pop}");
+    &messages[0]
+}
+
+/// Waits until `check` holds, looking every 200 ms; fails the test after `limit`.
+pub async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The next number of a xorshift sequence: cheap, seeded, repeatable load shapes.
+pub fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+/// Payload numbers of a pop response's messages, in order (`data.n`).
+pub fn numbers(pop: &Value) -> Vec<i64> {
+    pop["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["data"]["n"].as_i64().unwrap())
+        .collect()
+}
+
+/// Checks an `EXPLAIN ANALYZE` plan of a read that wants a few rows in index order: nothing
+/// was sorted, and no scan returned more than `rows` rows.
+pub fn assert_ordered_read(what: &str, plan: &str, rows: u32) {
+    assert!(!plan.contains("Sort Method"), "{what} sorted:\n{plan}");
+    assert_scans_return_at_most(what, plan, rows);
+}
+
+/// Checks that no scan of an `EXPLAIN ANALYZE` plan returned more than `rows` rows.
+pub fn assert_scans_return_at_most(what: &str, plan: &str, rows: u32) {
+    let scans = plan
+        .lines()
+        .filter(|l| l.contains("Scan") && !l.contains("(never executed)"));
+    for line in scans {
+        let read: u32 = line
+            .split("actual rows=")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no row count in {line}"));
+        assert!(read <= rows, "{what} read {read} rows:\n{plan}");
+    }
+}

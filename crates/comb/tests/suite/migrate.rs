@@ -1,0 +1,212 @@
+//! Schema migrations: `comb migrate` applies them once; a server refuses a database whose
+//! schema is newer than it knows.
+
+use std::process::Command;
+
+use crate::common::comb_bin;
+use comb_harness::Postgres;
+
+fn comb(args: &[&str], database_url: &str) -> std::process::Output {
+    Command::new(comb_bin())
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .env("COMB_LISTEN", "127.0.0.1:0")
+        .output()
+        .expect("comb runs")
+}
+
+#[test]
+fn migrate_applies_every_version_once() {
+    let pg = Postgres::shared();
+    let url = pg.create_database("m").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    migrate(&url);
+    let versions = pg
+        .psql(
+            &db,
+            "SELECT string_agg(version::text, ',' ORDER BY version) FROM comb.migrations",
+        )
+        .unwrap();
+    assert_eq!(versions.trim(), "1,2,3,4,5,6,7");
+    // Running it again changes nothing.
+    let out = comb(&["migrate"], &url);
+    assert!(out.status.success());
+    assert_eq!(
+        pg.psql(&db, "SELECT count(*) FROM comb.migrations")
+            .unwrap()
+            .trim(),
+        "7"
+    );
+    assert_eq!(
+        pg.psql(&db, "SELECT count(*) FROM comb.segments")
+            .unwrap()
+            .trim(),
+        "1"
+    );
+}
+
+#[test]
+fn a_server_refuses_a_schema_newer_than_it_knows() {
+    let pg = Postgres::shared();
+    let url = pg.create_database("m").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    assert!(comb(&["migrate"], &url).status.success());
+    pg.psql(
+        &db,
+        "INSERT INTO comb.migrations (version, name) VALUES (999, 'from the future')",
+    )
+    .unwrap();
+    for args in [&["migrate"][..], &["serve"][..]] {
+        let out = comb(args, &url);
+        assert!(!out.status.success(), "{args:?} must refuse");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("newer than this server knows"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A database at version 2 keeps every head and position through the move to insert-only
+/// state: the next message of a partition takes the position after its old head, and a
+/// group resumes where it was.
+#[test]
+fn upgrade_to_insert_only_state_keeps_heads_and_positions() {
+    let pg = Postgres::shared();
+    let url = pg.create_database("m_up").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    let v12 = schema_through_v2();
+    pg.psql(
+        &db,
+        &format!(
+            "{v12}
+         INSERT INTO comb.migrations (version, name) VALUES (1, 'init'), (2, 'segments');
+         INSERT INTO comb.queues (id, name) VALUES ('00000000-0000-0000-0000-000000000001', 'q');
+         -- Partition p held 7 messages, whose segment is gone; group g settled 5 of them.
+         INSERT INTO comb.partitions (id, queue_id, name, head_pos, last_push_at)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', '00000000-0000-0000-0000-000000000001',
+                 'p', 7, now());
+         INSERT INTO comb.subscriptions (queue_id, consumer_group, mode)
+         VALUES ('00000000-0000-0000-0000-000000000001', 'g', 'all');
+         INSERT INTO comb.cursors (partition_id, consumer_group, queue_id, cursor_pos, settled)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', 'g',
+                 '00000000-0000-0000-0000-000000000001', 5, '{{7}}');"
+        ),
+    )
+    .unwrap();
+    migrate(&url);
+    let got = pg
+        .psql(
+            &db,
+            "SELECT (SELECT pos FROM comb.partition_head('00000000-0000-0000-0000-0000000000a1')),
+                    c.cursor_pos, c.settled::text, c.ver
+             FROM comb.cursors_now c",
+        )
+        .unwrap();
+    assert_eq!(got.trim(), "7|5|{7}|1");
+}
+
+/// Schema versions 5 and 6 on a database that holds messages and cursor states: every
+/// segment and generation table gets its planner setting, the tables holding rows are
+/// analysed with it, and a cursor's state is still its highest version.
+#[test]
+fn planner_settings_reach_tables_that_hold_rows() {
+    let pg = Postgres::shared();
+    let url = pg.create_database("m_stats").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    pg.psql(
+        &db,
+        &format!(
+            "{v12}
+         INSERT INTO comb.queues (id, name) VALUES ('00000000-0000-0000-0000-000000000001', 'q');
+         INSERT INTO comb.partitions (id, queue_id, name, head_pos, last_push_at)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', '00000000-0000-0000-0000-000000000001',
+                 'p', 7, now());
+         INSERT INTO comb.messages
+             (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
+         SELECT '00000000-0000-0000-0000-0000000000a1', n, 1, gen_random_uuid(), 't' || n,
+                '{{}}', now()
+         FROM generate_series(1, 7) n;
+         INSERT INTO comb.subscriptions (queue_id, consumer_group, mode)
+         VALUES ('00000000-0000-0000-0000-000000000001', 'g', 'all');
+         INSERT INTO comb.cursors (partition_id, consumer_group, queue_id, cursor_pos)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', 'g',
+                 '00000000-0000-0000-0000-000000000001', 5);
+         {v3}
+         {v4}
+         {v5}
+         INSERT INTO comb.cursor_states (partition_id, consumer_group, gen, ver, cursor_pos)
+         VALUES ('00000000-0000-0000-0000-0000000000a1', 'g', 1, 2, 6);
+         INSERT INTO comb.migrations (version, name) VALUES (1, 'init'), (2, 'segments'),
+             (3, 'insert_only_state'), (4, 'transaction_index'), (5, 'partition_depth');",
+            v12 = schema_through_v2(),
+            v3 = migration_sql("0003_insert_only_state.sql"),
+            v4 = migration_sql("0004_transaction_index.sql"),
+            v5 = migration_sql("0005_partition_depth.sql"),
+        ),
+    )
+    .unwrap();
+    migrate(&url);
+    let options = |parent: &str| {
+        pg.psql(
+            &db,
+            &format!(
+                "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none')
+                                   || ' analysed ' || EXISTS (
+                                       SELECT 1 FROM pg_statistic st WHERE st.starelid = c.oid),
+                                   ',')
+                 FROM pg_inherits h
+                 JOIN pg_class c ON c.oid = h.inhrelid
+                 JOIN pg_attribute a ON a.attrelid = h.inhrelid AND a.attname = 'partition_id'
+                 WHERE h.inhparent = '{parent}'::regclass"
+            ),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        options("comb.messages").trim(),
+        "{n_distinct=100} analysed true"
+    );
+    assert_eq!(
+        options("comb.cursor_states").trim(),
+        "{n_distinct=1} analysed true"
+    );
+    let state = pg
+        .psql(
+            &db,
+            "SELECT ver, cursor_pos FROM comb.cursor_state(
+                 '00000000-0000-0000-0000-0000000000a1', 'g')",
+        )
+        .unwrap();
+    assert_eq!(state.trim(), "2|6");
+}
+
+/// The SQL that brings an empty database to schema version 2 the way the migrate command
+/// did, without recording the versions (tests add data, then record them).
+fn schema_through_v2() -> String {
+    format!(
+        "CREATE SCHEMA comb;
+         CREATE TABLE comb.migrations (version integer PRIMARY KEY, name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());
+         {}
+         {}",
+        migration_sql("0001_init.sql"),
+        migration_sql("0002_segments.sql")
+    )
+}
+
+/// One migration file's SQL.
+fn migration_sql(file: &str) -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/migrations");
+    std::fs::read_to_string(format!("{dir}/{file}")).unwrap()
+}
+
+/// Runs `comb migrate` against `url` and expects it to succeed.
+fn migrate(url: &str) {
+    let out = comb(&["migrate"], url);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

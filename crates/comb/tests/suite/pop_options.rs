@@ -1,0 +1,324 @@
+//! Pop options and the queue options that shape what a pop may take: one pop leasing several
+//! partitions, fair partition selection under load, `delayedProcessing`, `windowBuffer`, and
+//! `maxSize` back-pressure.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::common::{Env, client, get_url, numbers, xorshift};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
+    let env = Env::start().await;
+    let mut items = Vec::new();
+    for p in 0..5 {
+        for k in 0..2 {
+            items.push(
+                json!({"queue": "q", "partition": format!("p{p}"), "payload": {"n": p * 10 + k}}),
+            );
+        }
+    }
+    env.push(Value::Array(items)).await;
+
+    let pop = env
+        .pop("/api/v1/pop/queue/q?partitions=3&batch=10")
+        .await
+        .unwrap();
+    assert_eq!(pop["partitionsClaimed"], 3, "{pop}");
+    let messages = pop["messages"].as_array().unwrap();
+    assert_eq!(
+        messages.len(),
+        6,
+        "both messages of each of 3 partitions: {pop}"
+    );
+    let mut lease_of: HashMap<String, String> = HashMap::new();
+    for m in messages {
+        let partition = m["partition"].as_str().unwrap().to_string();
+        let lease = m["leaseId"]
+            .as_str()
+            .expect("every message carries its lease")
+            .to_string();
+        let known = lease_of.entry(partition.clone()).or_insert(lease.clone());
+        assert_eq!(*known, lease, "one lease per partition: {pop}");
+    }
+    assert_eq!(lease_of.len(), 3, "3 distinct partitions: {pop}");
+    let leases: HashSet<&String> = lease_of.values().collect();
+    assert_eq!(leases.len(), 3, "each partition has its own lease: {pop}");
+    // Messages of one partition keep their order.
+    for p in lease_of.keys() {
+        let ns: Vec<i64> = messages
+            .iter()
+            .filter(|m| m["partition"] == p.as_str())
+            .map(|m| m["data"]["n"].as_i64().unwrap())
+            .collect();
+        assert!(ns.is_sorted() && ns.len() == 2, "{p}: {ns:?}");
+    }
+
+    // Each message acks with its own partition's lease.
+    let results = env.ack_all(&pop, "completed", None).await;
+    assert!(results.iter().all(|r| r["success"] == true), "{results:?}");
+
+    // The other two partitions are what is left.
+    let rest = env
+        .pop("/api/v1/pop/queue/q?partitions=3&batch=10")
+        .await
+        .unwrap();
+    assert_eq!(rest["partitionsClaimed"], 2, "{rest}");
+    let rest_partitions: BTreeSet<&str> = rest["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["partition"].as_str().unwrap())
+        .collect();
+    assert!(rest_partitions.iter().all(|p| !lease_of.contains_key(*p)));
+    assert_eq!(rest_partitions.len(), 2);
+}
+
+const FAIR_PARTITIONS: usize = 200;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_steady_load_every_partition_is_served() {
+    let env = Arc::new(Env::start().await);
+    let items: Vec<Value> = (0..FAIR_PARTITIONS)
+        .map(|p| json!({"queue": "fair", "partition": format!("p{p:03}"), "payload": {"n": p}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    // Keeps pushing one message at a time to random partitions, so some partitions always
+    // have more waiting and would be picked again and again by an unfair selection.
+    let pusher = {
+        let env = env.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let http = client();
+            let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+            let mut pushed = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let p = xorshift(&mut seed) % FAIR_PARTITIONS as u64;
+                let r = http
+                    .post(env.url("/api/v1/push"))
+                    .json(&json!({"items": [{"queue": "fair", "partition": format!("p{p:03}"), "payload": {"n": 1000 + p}}]}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), StatusCode::CREATED);
+                pushed += 1;
+            }
+            pushed
+        })
+    };
+
+    // Claims walk the partitions round robin, so every partition with pending messages is
+    // served within one round over all partitions plus the claims in flight.
+    // 2 × 200 pops leaves a round's worth of slack for that.
+    let bound = 2 * FAIR_PARTITIONS;
+    let pops = Arc::new(AtomicUsize::new(0));
+    let served: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(HashSet::new()));
+    let mut consumers = Vec::new();
+    for _ in 0..4 {
+        let env = env.clone();
+        let pops = pops.clone();
+        let served = served.clone();
+        consumers.push(tokio::spawn(async move {
+            let http = client();
+            let url = env.url("/api/v1/pop/queue/fair?partitions=1&batch=1&autoAck=true");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if served.lock().unwrap().len() == FAIR_PARTITIONS
+                    || pops.load(Ordering::SeqCst) >= bound
+                {
+                    break;
+                }
+                let (s, b) = get_url(&http, &url).await;
+                if s == StatusCode::NO_CONTENT {
+                    continue;
+                }
+                assert_eq!(s, StatusCode::OK, "{b}");
+                if pops.fetch_add(1, Ordering::SeqCst) < bound {
+                    served
+                        .lock()
+                        .unwrap()
+                        .insert(b["partition"].as_str().unwrap().to_string());
+                }
+            }
+        }));
+    }
+    for c in consumers {
+        c.await.unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let pushed = pusher.await.unwrap();
+
+    let served = served.lock().unwrap();
+    let missing: Vec<String> = (0..FAIR_PARTITIONS)
+        .map(|p| format!("p{p:03}"))
+        .filter(|p| !served.contains(p))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {FAIR_PARTITIONS} partitions not served within {bound} pops \
+         ({} pops made, {pushed} extra messages pushed meanwhile); first: {:?}",
+        missing.len(),
+        pops.load(Ordering::SeqCst),
+        &missing[..missing.len().min(10)]
+    );
+}
+
+/// Pops arriving together for one group each get a partition while there are enough: a
+/// server's claims of one group never race each other for the same cursors, however little
+/// beyond what it wants a claim's walk looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pops_arriving_together_each_get_a_partition() {
+    const POPS: usize = 60;
+    let env = Env::start().await;
+    let items: Vec<Value> = (0..POPS)
+        .map(|p| json!({"queue": "together", "partition": format!("p{p:02}"), "payload": {"n": p}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    // Subscribe the group first, so that every pop below is a claim.
+    assert!(
+        env.pop("/api/v1/pop/queue/together?batch=1")
+            .await
+            .is_some()
+    );
+    let http = client();
+    let url = env.url("/api/v1/pop/queue/together?batch=1");
+    let answers = futures_util::future::join_all((1..POPS).map(|_| get_url(&http, &url))).await;
+    let mut partitions = BTreeSet::new();
+    for (s, b) in &answers {
+        assert_eq!(
+            *s,
+            StatusCode::OK,
+            "a pop got nothing while partitions were free: {b}"
+        );
+        partitions.insert(b["partition"].as_str().unwrap().to_string());
+    }
+    assert_eq!(partitions.len(), POPS - 1, "each pop its own partition");
+}
+
+#[tokio::test]
+async fn delayed_processing_hides_a_message_until_its_delay_has_passed() {
+    let env = Env::start().await;
+    env.configure("late", json!({"delayedProcessing": 1})).await;
+    let before_push = Instant::now();
+    env.push(json!([{"queue": "late", "payload": {"n": 1}}]))
+        .await;
+    assert!(
+        env.pop("/api/v1/pop/queue/late").await.is_none(),
+        "delivered right after its push"
+    );
+    let pop = env
+        .pop("/api/v1/pop/queue/late?wait=true&timeout=5000")
+        .await
+        .expect("delivered once the delay has passed");
+    let waited = before_push.elapsed();
+    assert_eq!(numbers(&pop), vec![1]);
+    assert!(
+        waited >= Duration::from_secs(1),
+        "delivered {waited:?} after the push, before delayedProcessing = 1 s"
+    );
+}
+
+#[tokio::test]
+async fn window_buffer_serves_a_partition_only_after_it_has_been_quiet() {
+    let env = Env::start().await;
+    env.configure("win", json!({"windowBuffer": 1})).await;
+    env.push(json!([{"queue": "win", "partition": "quiet", "payload": {"n": 0}}]))
+        .await;
+
+    // "busy" gets a message every 300 ms for about 2.4 s; it is never quiet for 1 s.
+    let mut delivered_while_busy: Vec<Value> = Vec::new();
+    // Taken before each push is sent, so it is no later than the moment the push committed.
+    let mut last_push = Instant::now();
+    for k in 1..=8 {
+        last_push = Instant::now();
+        env.push(json!([{"queue": "win", "partition": "busy", "payload": {"n": k}}]))
+            .await;
+        let step_end = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < step_end {
+            if let Some(pop) = env
+                .pop("/api/v1/pop/queue/win?autoAck=true&batch=100")
+                .await
+            {
+                delivered_while_busy.extend(pop["messages"].as_array().unwrap().iter().cloned());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let busy_early: Vec<&Value> = delivered_while_busy
+        .iter()
+        .filter(|m| m["partition"] == "busy")
+        .collect();
+    assert!(
+        busy_early.is_empty(),
+        "a partition receiving a push every 300 ms was served under windowBuffer = 1 s: {busy_early:?}"
+    );
+    // The quiet partition was served meanwhile.
+    let quiet: Vec<i64> = delivered_while_busy
+        .iter()
+        .map(|m| m["data"]["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        quiet,
+        vec![0],
+        "the quiet partition is served after its window"
+    );
+
+    // Once the pushes stop, the busy partition is served with everything it holds.
+    let pop = env
+        .pop("/api/v1/pop/queue/win?autoAck=true&batch=100&wait=true&timeout=5000")
+        .await
+        .expect("served once quiet");
+    assert_eq!(pop["partition"], "busy");
+    assert_eq!(numbers(&pop), (1..=8).collect::<Vec<i64>>());
+    assert!(
+        last_push.elapsed() >= Duration::from_secs(1),
+        "served {:?} after its last push, inside windowBuffer = 1 s",
+        last_push.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn max_size_refuses_pushes_beyond_the_pending_limit_until_messages_are_consumed() {
+    let env = Env::start().await;
+    env.configure("small", json!({"maxSize": 5})).await;
+    for n in 1..=5 {
+        env.push(json!([{"queue": "small", "payload": {"n": n}}]))
+            .await;
+    }
+    let sixth = json!({"items": [{"queue": "small", "payload": {"n": 6}}]});
+    let (s, headers, b) = env.post_full("/api/v1/push", &sixth).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{b}");
+    assert_eq!(b["code"], "queue_full", "{b}");
+    let retry_after = headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(
+        retry_after.is_some(),
+        "429 without a Retry-After header: {headers:?}"
+    );
+    assert_eq!(env.message_count(), 5, "the refused message was not stored");
+
+    // Consuming two makes room for two.
+    let pop = env.pop("/api/v1/pop/queue/small?batch=2").await.unwrap();
+    assert_eq!(numbers(&pop), vec![1, 2]);
+    env.ack_all(&pop, "completed", None).await;
+    env.push(json!([{"queue": "small", "payload": {"n": 6}}]))
+        .await;
+    env.push(json!([{"queue": "small", "payload": {"n": 7}}]))
+        .await;
+    let (s, _, b) = env
+        .post_full(
+            "/api/v1/push",
+            &json!({"items": [{"queue": "small", "payload": {"n": 8}}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{b}");
+    assert_eq!(b["code"], "queue_full", "{b}");
+}

@@ -1,0 +1,103 @@
+//! Graceful stop: on SIGTERM the server answers its waiting pops with 204 at once, finishes
+//! the requests in flight, and exits with status 0; every push it answered 201 is stored.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::common::{Env, client};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_answers_waiting_pops_finishes_pushes_and_exits_cleanly() {
+    let mut env = Env::start().await;
+    env.push(json!([{"queue": "busy", "payload": 0}])).await;
+
+    // A pop that would wait 30 s on a queue nobody pushes to.
+    let pop_url = env.url("/api/v1/pop/queue/idle?wait=true&timeout=30000");
+    let waiting_pop = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = client().get(pop_url).send().await;
+        (r.map(|r| r.status()), started.elapsed())
+    });
+
+    // Pushes one after another until the server stops answering; records what was answered 201.
+    let stopped = Arc::new(AtomicBool::new(false));
+    let push_url = env.url("/api/v1/push");
+    let pusher = {
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            let http = client();
+            let mut acknowledged: Vec<String> = Vec::new();
+            for round in 0.. {
+                let items: Vec<Value> = (0..50)
+                    .map(|i| json!({"queue": "busy", "transactionId": format!("t{round}-{i}"), "payload": i}))
+                    .collect();
+                match http
+                    .post(&push_url)
+                    .json(&json!({"items": items}))
+                    .send()
+                    .await
+                {
+                    Ok(r) if r.status() == StatusCode::CREATED => {
+                        acknowledged.extend((0..50).map(|i| format!("t{round}-{i}")));
+                    }
+                    // Refused while stopping (503) or the connection closed: the server is done.
+                    _ if stopped.load(Ordering::SeqCst) => break,
+                    Ok(r) => panic!("push answered {} before the stop", r.status()),
+                    Err(e) => panic!("push failed before the stop: {e}"),
+                }
+            }
+            acknowledged
+        })
+    };
+
+    // Let the pop start waiting and the pushes get going.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting_pop.is_finished(),
+        "the pop should still be waiting"
+    );
+
+    stopped.store(true, Ordering::SeqCst);
+    let status = tokio::task::block_in_place(|| env.server.terminate(Duration::from_secs(20)));
+
+    let (pop_status, waited) = waiting_pop.await.unwrap();
+    assert_eq!(
+        pop_status.expect("the waiting pop got an answer"),
+        StatusCode::NO_CONTENT
+    );
+    assert!(
+        waited < Duration::from_secs(15),
+        "the waiting pop was answered only after {waited:?} (its timeout is 30 s)"
+    );
+    let status = status.expect("the server exits within 20 s of SIGTERM");
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        env.server.log_tail(20)
+    );
+
+    let acknowledged = pusher.await.unwrap();
+    assert!(
+        !acknowledged.is_empty(),
+        "some pushes were answered before the stop"
+    );
+    let stored: HashSet<String> = env
+        .sql("SELECT transaction_id FROM comb.messages")
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let lost: Vec<&String> = acknowledged
+        .iter()
+        .filter(|t| !stored.contains(*t))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} messages answered 201 are not stored, first: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+}
