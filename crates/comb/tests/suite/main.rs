@@ -17,6 +17,7 @@ mod audit;
 mod claim_plans;
 mod cli;
 mod consumer_groups;
+mod dashboard;
 mod errors;
 mod fuzz;
 mod generations;

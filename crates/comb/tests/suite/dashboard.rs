@@ -2,13 +2,11 @@
 //! `chromium-driver`, installed by `make test`) driven over WebDriver against a real
 //! `comb serve` on a real PostgreSQL. Screenshots go to `target/screenshots/`.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Env;
+use crate::common::Env;
 use fantoccini::{Client, ClientBuilder, Locator};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
