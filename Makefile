@@ -10,6 +10,7 @@ export COMB_LISTEN
 
 help:
 	@echo "make run    start the development PostgreSQL (unless DATABASE_URL is set) and Comb on $(COMB_LISTEN)"
+	@echo "            (with a development encryption key, made in .data/encryption.key on first use)"
 	@echo "make stop   stop the development PostgreSQL"
 	@echo "make test   formatting, lints and the full test suite (what CI runs)"
 	@echo "make lint   check formatting and run clippy"
@@ -20,8 +21,9 @@ run:
 	@if [ -z "$${DATABASE_URL:-}" ]; then scripts/dev-postgres.sh start; fi
 	cargo build --release -p comb
 	@url="$${DATABASE_URL:-$$(scripts/dev-postgres.sh url)}"; \
+	key="$${COMB_ENCRYPTION_KEY:-$${QUEEN_ENCRYPTION_KEY:-$$(scripts/dev-key.sh)}}"; \
 	echo "Comb is serving on http://$(COMB_LISTEN) (database: $$url)"; \
-	DATABASE_URL="$$url" exec target/release/comb serve
+	DATABASE_URL="$$url" COMB_ENCRYPTION_KEY="$$key" exec target/release/comb serve
 
 stop:
 	scripts/dev-postgres.sh stop
@@ -30,6 +32,7 @@ test:
 	scripts/install-postgres.sh
 	scripts/install-tools.sh
 	scripts/install-chromium.sh
+	scripts/install-queen-clients.sh
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace

@@ -178,7 +178,7 @@ pub struct ConsumerSpec {
     pub group: Option<String>,
     /// Connections (each pops, then acks what it got, then pops again).
     pub conns: usize,
-    /// `batch` of each pop.
+    /// Messages per partition of each pop (a pop asks for `batch` × `partitions` in all).
     pub batch: usize,
     /// `partitions` of each pop: how many partitions one pop may lease.
     pub partitions: usize,
@@ -232,9 +232,12 @@ pub async fn consume(
         .as_ref()
         .map(|g| format!("&consumerGroup={g}"))
         .unwrap_or_default();
+    // `batch` caps a pop over all its partitions (Queen's contract); the cells' batch is per
+    // partition, so a pop of several partitions asks for that many times more.
     let pop_path: Arc<str> = format!(
         "/api/v1/pop/queue/{QUEUE}?batch={}&partitions={}&wait=true&timeout=500{group_param}",
-        spec.batch, spec.partitions
+        spec.batch * spec.partitions.max(1),
+        spec.partitions
     )
     .into();
     let ack_group: Arc<str> = spec

@@ -18,7 +18,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "foundation: configuration, database access, counters, names and options, schema",
         &[
-            "config", "cursor", "db", "metrics", "queue", "refusal", "schema", "fusion",
+            "config",
+            "cursor",
+            "db",
+            "encryption",
+            "metrics",
+            "queue",
+            "refusal",
+            "schema",
+            "fusion",
         ],
     ),
     ("notification between servers", &["wake"]),
@@ -31,6 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "ack",
             "admin",
+            "dead_letter",
             "lease",
             "pop",
             "push",

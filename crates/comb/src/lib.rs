@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 mod cursor;
 mod db;
+mod encryption;
 mod fusion;
 mod metrics;
 mod queue;
@@ -30,6 +31,7 @@ mod catalog;
 // suite checks (`tests/claim_plans.rs`); everything else in them is crate-private.
 pub mod ack;
 mod admin;
+mod dead_letter;
 mod lease;
 mod maintenance;
 pub mod pop;

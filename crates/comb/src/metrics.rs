@@ -119,6 +119,10 @@ pub(crate) struct Messages {
     pub(crate) retried: Counter,
     /// Accepted acks that put their message in the dead-letter queue.
     pub(crate) dead_lettered: Counter,
+    /// Messages that exhausted `retryLimit` in queues keeping no dead letters for that
+    /// (`deadLetterQueue` or `dlqAfterMaxRetries` false): skipped, by a failed ack or by the
+    /// expiry of a lease (noticed by a pop).
+    pub(crate) discarded: Counter,
 }
 
 impl Messages {
@@ -139,6 +143,7 @@ impl Messages {
         self.failed.add(tally.failed);
         self.retried.add(tally.retried);
         self.dead_lettered.add(tally.dead_lettered);
+        self.discarded.add(tally.discarded);
     }
 }
 
@@ -150,6 +155,7 @@ pub(crate) struct Settled {
     pub(crate) failed: u64,
     pub(crate) retried: u64,
     pub(crate) dead_lettered: u64,
+    pub(crate) discarded: u64,
 }
 
 /// Messages this process dead-lettered when leases expired unsettled. A process-wide
@@ -227,6 +233,11 @@ impl Metrics {
             "comb_messages_dead_lettered_total",
             "Messages dead-lettered by this server: by acks (status dlq, or failed past retryLimit) and by leases that expired unsettled past retryLimit.",
             m.dead_lettered.get() + LEASE_DEAD_LETTERED.get(),
+        );
+        out.counter(
+            "comb_messages_discarded_total",
+            "Messages that exhausted retryLimit in queues keeping no dead letters for that (deadLetterQueue or dlqAfterMaxRetries false), skipped by this server.",
+            m.discarded.get(),
         );
 
         let mt = &self.maintenance;

@@ -79,6 +79,16 @@ pub(crate) struct OptionsSet {
     pub(crate) max_size: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) encryption_enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) priority: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ttl: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) dead_letter_queue: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) dlq_after_max_retries: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) retention_enabled: Option<bool>,
 }
 
 /// The option names a queue accepts, as they appear in JSON.
@@ -93,6 +103,11 @@ pub(crate) const OPTION_NAMES: &[&str] = &[
     "maxWaitTimeSeconds",
     "maxSize",
     "encryptionEnabled",
+    "priority",
+    "ttl",
+    "deadLetterQueue",
+    "dlqAfterMaxRetries",
+    "retentionEnabled",
 ];
 
 /// Longest lease a pop may take: one week.
@@ -146,6 +161,20 @@ pub(crate) struct QueueOptions {
     pub(crate) max_size: u64,
     /// Payloads encrypted at rest.
     pub(crate) encryption_enabled: bool,
+    /// Queen's queue priority: stored and echoed. Comb serves one queue per pop, so it orders
+    /// nothing (a consumer of several queues would be served by it).
+    pub(crate) priority: i32,
+    /// A message not consumed this many seconds after its push expires, like
+    /// `retentionSeconds` (0 is off; the shorter of the two applies).
+    pub(crate) ttl: u64,
+    /// Queen's switch for the dead-letter queue. With this or `dlqAfterMaxRetries` false, a
+    /// message that exhausts `retryLimit` is skipped and counted instead of dead-lettered.
+    pub(crate) dead_letter_queue: bool,
+    /// See `dead_letter_queue`.
+    pub(crate) dlq_after_max_retries: bool,
+    /// With false, the time-based retention options (`retentionSeconds`,
+    /// `completedRetentionSeconds`, `ttl`) are kept but do nothing.
+    pub(crate) retention_enabled: bool,
 }
 
 impl Default for QueueOptions {
@@ -161,6 +190,11 @@ impl Default for QueueOptions {
             max_wait_time_seconds: 0,
             max_size: 0,
             encryption_enabled: false,
+            priority: 0,
+            ttl: 0,
+            dead_letter_queue: true,
+            dlq_after_max_retries: true,
+            retention_enabled: true,
         }
     }
 }
@@ -182,7 +216,19 @@ impl QueueOptions {
             max_wait_time_seconds: set.max_wait_time_seconds.unwrap_or(d.max_wait_time_seconds),
             max_size: set.max_size.unwrap_or(d.max_size),
             encryption_enabled: set.encryption_enabled.unwrap_or(d.encryption_enabled),
+            priority: set.priority.unwrap_or(d.priority),
+            ttl: set.ttl.unwrap_or(d.ttl),
+            dead_letter_queue: set.dead_letter_queue.unwrap_or(d.dead_letter_queue),
+            dlq_after_max_retries: set.dlq_after_max_retries.unwrap_or(d.dlq_after_max_retries),
+            retention_enabled: set.retention_enabled.unwrap_or(d.retention_enabled),
         }
+    }
+
+    /// Whether a message that exhausts `retryLimit` goes to the dead-letter queue (else it is
+    /// skipped and counted). An explicit `dlq` ack and `maxWaitTimeSeconds` dead-letter
+    /// regardless.
+    pub(crate) fn dead_letters_exhausted(&self) -> bool {
+        self.dead_letter_queue && self.dlq_after_max_retries
     }
 }
 
@@ -267,8 +313,10 @@ mod tests {
 
     #[test]
     fn unknown_option_is_refused() {
-        let r: Result<OptionsSet, _> = serde_json::from_str(r#"{"priority": 3}"#);
+        let r: Result<OptionsSet, _> = serde_json::from_str(r#"{"priorty": 3}"#);
         assert!(r.is_err());
+        let r: Result<OptionsSet, _> = serde_json::from_str(r#"{"priority": 3}"#);
+        assert_eq!(r.unwrap().priority, Some(3));
     }
 
     #[test]
@@ -284,6 +332,11 @@ mod tests {
             max_wait_time_seconds: Some(1),
             max_size: Some(1),
             encryption_enabled: Some(true),
+            priority: Some(1),
+            ttl: Some(1),
+            dead_letter_queue: Some(true),
+            dlq_after_max_retries: Some(true),
+            retention_enabled: Some(true),
         };
         let v = serde_json::to_value(&all).unwrap();
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();

@@ -20,6 +20,7 @@ use crate::{db, maintenance, schema};
 
 /// Runs `comb serve` until SIGTERM or SIGINT.
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
+    let keys = Arc::new(crate::encryption::Keys::from_env()?);
     migrate(&config.database.database_url).await?;
     let pool = db::pool(&config.database.database_url, config.pool_size())?;
     let metrics = Arc::new(Metrics::default());
@@ -55,6 +56,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         catalog.clone(),
         wake.clone(),
         metrics.clone(),
+        keys.clone(),
         config.push_workers,
         config.fuse_max_items,
     ));
@@ -92,6 +94,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         durations: http::route_durations(),
         modes: Default::default(),
         started: std::time::Instant::now(),
+        keys,
         config,
     });
     let listener = http::limits::LimitedListener::new(

@@ -454,10 +454,9 @@ impl Server {
             // Settings from the caller's shell would make runs differ between machines;
             // tests pass what they need explicitly. COMB_LOG (the log filter) is kept.
             for (name, _) in std::env::vars_os() {
-                if name
-                    .to_str()
-                    .is_some_and(|n| n.starts_with("COMB_") && n != "COMB_LOG")
-                {
+                if name.to_str().is_some_and(|n| {
+                    (n.starts_with("COMB_") && n != "COMB_LOG") || n == "QUEEN_ENCRYPTION_KEY"
+                }) {
                     cmd.env_remove(name);
                 }
             }

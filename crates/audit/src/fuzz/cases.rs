@@ -66,11 +66,18 @@ pub fn edge_cases(max_body: usize, ctx: &Context) -> Vec<Case> {
             ("nested 200 deep", nested(200)),
             ("nested 100000 deep", nested(100_000)),
         ] {
+            // A lease extension may come without a body (Queen's clients send none): for
+            // this unknown lease that is a 409, not a 400.
+            let expected = if what == "empty body" && route.contains("/lease/") {
+                409
+            } else {
+                400
+            };
             out.push(post(
                 &format!("{route}: {what}"),
                 route,
                 Body::Sized(body),
-                Some(400),
+                Some(expected),
             ));
         }
         {
@@ -257,7 +264,7 @@ pub fn edge_cases(max_body: usize, ctx: &Context) -> Vec<Case> {
     out.push(post(
         "configure with an unknown option",
         "/api/v1/configure",
-        Body::Sized(br#"{"queue":"fuzz-edge","options":{"priority":1}}"#.to_vec()),
+        Body::Sized(br#"{"queue":"fuzz-edge","options":{"priorty":1}}"#.to_vec()),
         Some(400),
     ));
     out.push(post(

@@ -32,6 +32,9 @@ pub(crate) struct Applied {
     pub(crate) lease_released: bool,
     /// The message must be copied to the dead letters, after this many failed attempts.
     pub(crate) dead_letter: Option<i32>,
+    /// The message exhausted `retryLimit` and the queue keeps no dead letters for that: it was
+    /// settled without a copy.
+    pub(crate) discarded: bool,
 }
 
 impl Cursor {
@@ -74,7 +77,11 @@ impl Cursor {
             AckStatus::Failed => {
                 let attempts = self.attempts_of(pos) + 1;
                 if attempts as i64 >= opts.retry_limit as i64 {
-                    applied.dead_letter = Some(attempts);
+                    if opts.dead_letters_exhausted() {
+                        applied.dead_letter = Some(attempts);
+                    } else {
+                        applied.discarded = true;
+                    }
                     self.settle(pos, seg);
                 } else {
                     self.set_attempts(pos, attempts);

@@ -94,6 +94,9 @@ pub(crate) struct AckOutcome {
     pub(crate) partition_name: Option<String>,
     pub(crate) lease_released: bool,
     pub(crate) dlq: bool,
+    /// The message exhausted `retryLimit` in a queue that keeps no dead letters for that
+    /// (`deadLetterQueue` or `dlqAfterMaxRetries` false): skipped and counted.
+    pub(crate) discarded: bool,
 }
 
 /// An ack request (one or many items) waiting for its batch.
@@ -127,6 +130,7 @@ pub(crate) fn tally(statuses: &[AckStatus], outcomes: &[AckOutcome]) -> Settled 
             AckStatus::Dlq => {}
         }
         t.dead_lettered += u64::from(o.dlq);
+        t.discarded += u64::from(o.discarded);
     }
     t
 }

@@ -308,6 +308,7 @@ async fn judge<C: GenericClient>(
             partition_name: names.map(|n| n.0.clone()),
             lease_released: false,
             dlq: false,
+            discarded: false,
         };
         let Some((pos, seg)) = position[k] else {
             outcome.result = Err(AckRefusal::MessageNotFound);
@@ -326,6 +327,7 @@ async fn judge<C: GenericClient>(
             Ok(applied) => {
                 state.changed = true;
                 outcome.lease_released = applied.lease_released;
+                outcome.discarded = applied.discarded;
                 if let Some(attempts) = applied.dead_letter {
                     outcome.dlq = true;
                     dead.push(DeadLetter {

@@ -1,7 +1,7 @@
 //! Consumer groups: their lag per queue and partition, leases, deletion, subscription
 //! changes and seeks.
 //!
-//! Lag comes from `comb.cursor_lag` (schema version 8): each cursor's latest state, its
+//! Lag comes from `comb.cursor_lag` (schema version 9): each cursor's latest state, its
 //! partition's head and the first unsettled message's time, all index probes.
 
 use chrono::{DateTime, Utc};
@@ -135,6 +135,7 @@ pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Value, Failure> {
 /// without, it keeps its subscription and starts again where it first subscribed.
 pub async fn delete_for_queue(
     pool: &Pool,
+    catalog: &Catalog,
     group: &str,
     queue: &str,
     delete_metadata: bool,
@@ -200,6 +201,10 @@ pub async fn delete_for_queue(
         moved.cursors
     };
     tx.commit().await?;
+    if delete_metadata {
+        // This server forgets at once; the others when the announcement reaches them.
+        catalog.forget_queue(queue);
+    }
     Ok(json!({
         "success": true,
         "consumerGroup": group,

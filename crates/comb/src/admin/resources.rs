@@ -1,7 +1,7 @@
 //! Resources: queues, partitions, namespaces and tasks with their depth, and clearing what a
 //! queue holds pending.
 //!
-//! Each figure comes from `comb.partition_stats` (schema version 8): the partition's head,
+//! Each figure comes from `comb.partition_stats` (schema version 9): the partition's head,
 //! its cursors' latest states and the one message after the slowest cursor, all index
 //! probes. A listing pages over catalog rows first and computes figures for that page only.
 

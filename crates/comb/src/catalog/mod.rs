@@ -317,6 +317,11 @@ impl Catalog {
         Ok(opts)
     }
 
+    /// Drops the cached options of a queue (after it was configured here).
+    pub(crate) fn forget_options(&self, queue_id: Uuid) {
+        self.options.lock().unwrap().remove(&queue_id);
+    }
+
     /// Messages of a queue not yet passed by its slowest consumer group (all retained
     /// messages while no group reads it).
     pub(crate) async fn pending(&self, pool: &Pool, queue_id: Uuid) -> Result<u64, DbError> {

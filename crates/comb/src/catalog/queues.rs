@@ -40,11 +40,13 @@ impl Catalog {
                      options = comb.queues.options || EXCLUDED.options,
                      namespace = coalesce(EXCLUDED.namespace, comb.queues.namespace),
                      task = coalesce(EXCLUDED.task, comb.queues.task)
-                 RETURNING options, namespace, task",
+                 RETURNING options, namespace, task, id",
                 &[&Uuid::now_v7(), &queue, &namespace, &task, &patch],
             )
             .await
             .map_err(DbError::from)?;
+        // This server's next push sees the new options at once (others within a second).
+        self.forget_options(row.get(3));
         let stored: serde_json::Value = row.get(0);
         let stored: OptionsSet = serde_json::from_value(stored).unwrap_or_default();
         Ok(Configured {

@@ -70,10 +70,8 @@ pub(crate) async fn ack_batch(
     JsonBody(body): JsonBody<AckBatchIn>,
 ) -> Result<axum::Json<Vec<AckOut>>, Problem> {
     if body.acknowledgments.is_empty() {
-        return Err(Problem::bad_request(
-            "items_empty",
-            "`acknowledgments` must hold at least one item",
-        ));
+        // Queen accepts an empty list and acks nothing.
+        return Ok(axum::Json(Vec::new()));
     }
     let max = app.config.max_batch;
     if body.acknowledgments.len() > max {

@@ -50,11 +50,18 @@ pub(crate) async fn configure(
             ),
         ));
     }
+    // Each option alone first, so a bad value is reported with its name.
+    for (name, value) in &raw {
+        let one = serde_json::Map::from_iter([(name.clone(), value.clone())]);
+        serde_json::from_value::<OptionsSet>(serde_json::Value::Object(one)).map_err(|e| {
+            Problem::bad_request("option_invalid", format!("invalid option {name}: {e}"))
+        })?;
+    }
     let set: OptionsSet = serde_json::from_value(serde_json::Value::Object(raw))
         .map_err(|e| Problem::bad_request("option_invalid", format!("invalid option: {e}")))?;
     set.validate()
         .map_err(|e| Problem::bad_request("option_invalid", e))?;
-    if set.encryption_enabled == Some(true) {
+    if set.encryption_enabled == Some(true) && !app.keys.can_seal() {
         return Err(Problem::bad_request(
             "encryption_unavailable",
             "encryptionEnabled needs an encryption key in the server configuration, and this server has none",

@@ -47,7 +47,7 @@ pub async fn delete_for_queue(
     check_queue(&queue)?;
     let delete_metadata = query(q)?.flag("deleteMetadata")?.unwrap_or(true);
     Ok(Json(
-        groups::delete_for_queue(&app.pool, &group, &queue, delete_metadata).await?,
+        groups::delete_for_queue(&app.pool, &app.catalog, &group, &queue, delete_metadata).await?,
     ))
 }
 

@@ -9,16 +9,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::body::JsonBody;
+use super::body::{LimitedBody, parse_json};
 use super::{Problem, State};
 use crate::queue::MAX_LEASE_SECONDS;
 
-/// The extension request body.
-#[derive(Deserialize)]
+/// The extension request body; Queen's clients send none (or `{}`).
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ExtendIn {
-    /// New remaining length of the lease, from now.
-    seconds: u32,
+    /// New remaining length of the lease, from now; the queue's `leaseTime` when absent.
+    seconds: Option<u32>,
     /// The lease's partition, when known: finds the lease without a scan.
     partition_id: Option<Uuid>,
 }
@@ -27,22 +27,35 @@ pub(crate) struct ExtendIn {
 pub(crate) async fn extend(
     AxState(app): AxState<State>,
     PathParams(lease_id): PathParams<String>,
-    JsonBody(body): JsonBody<ExtendIn>,
+    LimitedBody(bytes): LimitedBody,
 ) -> Result<axum::Json<Value>, Problem> {
+    let body: ExtendIn = if bytes.iter().all(u8::is_ascii_whitespace) {
+        ExtendIn::default()
+    } else {
+        parse_json(&bytes)?
+    };
     let lease = Uuid::parse_str(&lease_id).map_err(|_| {
         Problem::bad_request(
             "lease_id_invalid",
             format!("leaseId must be a UUID, got {lease_id:?}"),
         )
     })?;
-    if !(1..=MAX_LEASE_SECONDS).contains(&body.seconds) {
+    if body
+        .seconds
+        .is_some_and(|s| !(1..=MAX_LEASE_SECONDS).contains(&s))
+    {
         return Err(Problem::bad_request(
             "field_invalid",
             format!("seconds must be between 1 and {MAX_LEASE_SECONDS}"),
         ));
     }
-    let expires =
-        crate::lease::extend(&app.pool, lease, body.seconds as f64, body.partition_id).await?;
+    let expires = crate::lease::extend(
+        &app.pool,
+        lease,
+        body.seconds.map(f64::from),
+        body.partition_id,
+    )
+    .await?;
     let Some(expires) = expires else {
         return Err(Problem::conflict(
             "lease_invalid",

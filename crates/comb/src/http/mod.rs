@@ -4,6 +4,7 @@ mod ack;
 mod body;
 mod configure;
 mod dead_letters;
+mod dlq;
 mod groups;
 mod health;
 mod lease;
@@ -67,6 +68,8 @@ pub(crate) struct App {
     pub(crate) modes: Arc<crate::admin::modes::Modes>,
     /// When this server started.
     pub(crate) started: std::time::Instant,
+    /// Keys that open the payloads of queues with `encryptionEnabled` (pushes seal them).
+    pub(crate) keys: Arc<crate::encryption::Keys>,
 }
 
 impl App {
@@ -277,6 +280,7 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
             get(status::worker_metrics),
         ),
         (Method::POST, "/api/v1/stats/refresh", post(status::refresh)),
+        (Method::GET, "/api/v1/dlq", get(dlq::list)),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
         (Method::GET, "/metrics", get(metrics::metrics)),

@@ -17,7 +17,8 @@ use super::{Problem, State};
 use crate::catalog::StartFrom;
 use crate::pop::Claim;
 use crate::queue::{
-    QUEUE_MODE_GROUP, validate_group_name, validate_partition_name, validate_queue_name,
+    MAX_NAME_LEN, QUEUE_MODE_GROUP, validate_group_name, validate_partition_name,
+    validate_queue_name,
 };
 
 /// Most partitions one pop may lease.
@@ -120,15 +121,19 @@ fn parse(
                 .with_timezone(&Utc),
         ),
         (None, None) => StartFrom::All,
+        // As Queen reads it: `new` and `new-only` start at the end, anything else (`all`,
+        // `from_beginning`, …) at the start.
+        (None, Some(mode)) if mode.len() > MAX_NAME_LEN || mode.chars().any(char::is_control) => {
+            return Err(Problem::bad_request(
+                "subscription_mode_invalid",
+                format!(
+                    "subscriptionMode must be at most {MAX_NAME_LEN} bytes without control characters"
+                ),
+            ));
+        }
         (None, Some(mode)) => match mode.as_str() {
-            "all" => StartFrom::All,
-            "new" => StartFrom::New,
-            other => {
-                return Err(Problem::bad_request(
-                    "subscription_mode_invalid",
-                    format!("subscriptionMode must be `all` or `new`, got {other:?}"),
-                ));
-            }
+            "new" | "new-only" => StartFrom::New,
+            _ => StartFrom::All,
         },
     };
     Ok(PopRequest {
@@ -155,7 +160,7 @@ async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     match app.popper.pop(&req).await? {
-        Some(claims) => respond(&req, claims),
+        Some(claims) => respond(app, &req, claims),
         None => Ok(StatusCode::NO_CONTENT.into_response()),
     }
 }
@@ -188,17 +193,19 @@ struct MessageOut<'a> {
     attempt: i32,
 }
 
-fn respond(req: &PopRequest, claims: Vec<Claim>) -> Result<Response, Problem> {
+fn respond(app: &State, req: &PopRequest, claims: Vec<Claim>) -> Result<Response, Problem> {
     let first = &claims[0];
     let mut messages = Vec::new();
     for c in &claims {
         for m in &c.messages {
-            let text = String::from_utf8(m.payload.clone()).map_err(|_| stored_corrupt())?;
             messages.push(MessageOut {
                 id: m.message_id,
                 transaction_id: &m.transaction_id,
                 trace_id: m.trace_id.as_deref(),
-                data: RawValue::from_string(text).map_err(|_| stored_corrupt())?,
+                data: app
+                    .keys
+                    .open_json(&m.payload)
+                    .map_err(|_| stored_corrupt())?,
                 created_at: m.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
                 partition_id: c.partition_id,
                 partition: &c.partition,
@@ -225,6 +232,6 @@ fn stored_corrupt() -> Problem {
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "payload_corrupt",
-        "a stored payload is not valid JSON",
+        "a stored payload could not be read back: not valid JSON, or sealed with a key this server does not have",
     )
 }

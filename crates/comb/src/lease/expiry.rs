@@ -16,13 +16,14 @@ ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED";
 
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
-/// unsettled messages and dead-letters those at the retry limit. Cursors another claim or
+/// unsettled messages and dead-letters those at the retry limit (or, in queues that keep no
+/// dead letters for that, skips them: their number is returned). Cursors another claim or
 /// ack holds right now are skipped; they are seen again on a later pop.
 pub(crate) async fn expire_leases(
     pool: &Pool,
     group: &str,
     partitions: &[Uuid],
-) -> Result<(), DbError> {
+) -> Result<u64, DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.batch_execute(db::consumer_plans!()).await?;
@@ -35,7 +36,7 @@ pub(crate) async fn expire_leases(
         .map(|r| r.get(0))
         .collect();
     if locked.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let groups: Vec<&str> = locked.iter().map(|_| group).collect();
     let rows = tx.query(&state, &[&locked, &groups]).await?;
@@ -43,9 +44,14 @@ pub(crate) async fn expire_leases(
     // Read again under the lock: only leases still ended are expired.
     cursors.retain(|_, l| l.cursor.lease_id.is_some() && !l.cursor.lease_live);
     let mut dead = Vec::new();
+    let mut discarded = 0;
     for ((partition_id, group), state) in cursors.iter_mut() {
         state.changed = true;
         for (pos, attempts) in state.cursor.expire(&state.options) {
+            if !state.options.dead_letters_exhausted() {
+                discarded += 1;
+                continue;
+            }
             dead.push(DeadLetter {
                 queue_id: state.queue_id,
                 partition_id: *partition_id,
@@ -60,5 +66,5 @@ pub(crate) async fn expire_leases(
     write_back(&tx, &writes, &cursors, &dead).await?;
     tx.commit().await?;
     crate::metrics::LEASE_DEAD_LETTERED.add(dead.len() as u64);
-    Ok(())
+    Ok(discarded)
 }

@@ -33,23 +33,31 @@ const EXTEND_SQL: &str = concat!(
     "
 SELECT s.partition_id, s.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
        s.cursor_pos, s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
-       now() + make_interval(secs => $4::float8), s.lease_upto, s.available_at,
-       s.last_claimed_at
+       now() + make_interval(secs => coalesce($4::float8,
+           (SELECT coalesce((q.options->>'leaseTime')::float8, 300)
+            FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+            WHERE p.id = s.partition_id), 300)),
+       s.lease_upto, s.available_at, s.last_claimed_at
 FROM comb.cursor_state($1, $2) s
 WHERE s.lease_id = $3 AND s.lease_expires_at > now()
 RETURNING lease_expires_at"
 );
 
-/// Moves the end of a live lease to `seconds` from now; `None` when no live lease has this id.
+/// Moves the end of a live lease to `seconds` from now (by default, the queue's `leaseTime`),
+/// on every partition it holds (a multi-partition pop leases them all under one id); `None`
+/// when no live lease has this id.
 pub(crate) async fn extend(
     pool: &Pool,
     lease: Uuid,
-    seconds: f64,
+    seconds: Option<f64>,
     partition: Option<Uuid>,
 ) -> Result<Option<DateTime<Utc>>, DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let found = tx.query(FIND_SQL, &[&lease, &partition]).await?;
+    let mut found = tx.query(FIND_SQL, &[&lease, &partition]).await?;
+    // Locked in a stable order, like every other writer of several cursors.
+    found.sort_by_key(|r| (r.get::<_, Uuid>(0), r.get::<_, String>(1)));
+    let mut latest: Option<DateTime<Utc>> = None;
     for r in found {
         let (pid, group): (Uuid, String) = (r.get(0), r.get(1));
         let lock = tx.prepare_cached(LOCK_SQL).await?;
@@ -61,12 +69,18 @@ pub(crate) async fn extend(
             tx.query(&lock, &lock_params),
             tx.query_opt(&extend, &extend_params),
         );
-        locked?;
+        // A cursor whose queue was deleted meanwhile has no row left to lock: its lease is
+        // gone with it.
+        if locked?.is_empty() {
+            continue;
+        }
         if let Some(row) = extended? {
             let expires: DateTime<Utc> = row.get(0);
-            tx.commit().await?;
-            return Ok(Some(expires));
+            latest = latest.max(Some(expires));
         }
     }
-    Ok(None)
+    if latest.is_some() {
+        tx.commit().await?;
+    }
+    Ok(latest)
 }

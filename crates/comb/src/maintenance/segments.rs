@@ -152,8 +152,8 @@ WHERE s.summarized
       JOIN comb.partitions p ON p.id = sp.partition_id
       JOIN comb.queues q ON q.id = p.queue_id
       CROSS JOIN LATERAL (
-          SELECT coalesce((q.options->>'retentionSeconds')::float8, 0) AS retention,
-                 coalesce((q.options->>'completedRetentionSeconds')::float8, 0) AS completed
+          SELECT comb.retention_secs(q.options) AS retention,
+                 comb.completed_retention_secs(q.options) AS completed
       ) o
       WHERE sp.seg = s.seg
         AND NOT (

@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Reply, Runner};
-use crate::metrics::Stage;
+use crate::metrics::{Metrics, Stage};
 
 /// The shape of a pop; pops with the same shape are claimed together.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -38,6 +38,10 @@ pub(crate) struct PopShape {
     pub(crate) batch: i32,
     /// Advance the cursor inside the pop instead of leasing.
     pub(crate) auto_ack: bool,
+    /// Queen's multi-partition pop (`partitions` > 1): every partition the pop claims is
+    /// leased under one lease id, and `batch` caps the messages over all of them. Such pops
+    /// are claimed one at a time, each with its own lease.
+    pub(crate) shared_lease: bool,
 }
 
 impl PopShape {
@@ -88,7 +92,7 @@ const QUEUE_OPTIONS: &str = "
     SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
-           coalesce((options->>'retentionSeconds')::float8, 0) AS retention_secs
+           comb.retention_secs(options) AS retention_secs
     FROM comb.queues WHERE id = $1";
 
 /// First half of a claim: the group's cursors of the queue with messages to hand out and no
@@ -176,7 +180,31 @@ WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = 
 /// particular order ([`claims_from_rows`] groups them): sorting the handed-out payloads
 /// again, and looking up a partition's name for each of them, cost a third of the
 /// statement.
-pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(false));
+
+/// [`CLAIM_SQL`] for a pop whose partitions share one lease (`$7`, a uuid) and whose `batch`
+/// caps the messages over all of them (`$8`): the next messages of every partition are
+/// ranked in the walk's order of the partitions (`$3`), then by position, and only the first
+/// `$8` are handed out, so each partition still hands out a prefix of what it holds. A
+/// partition left without messages by the cap is not leased (its lock ends with the claim).
+pub static SHARED_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(true));
+
+fn claim_sql(shared: bool) -> String {
+    let (picked, capped, lease) = if shared {
+        (
+            "picked",
+            "msgs AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT p.*, row_number() OVER (
+                   ORDER BY array_position($3::uuid[], p.partition_id), p.pos) AS rank
+        FROM picked p) r
+    WHERE rank <= $8
+),",
+            "$7::uuid",
+        )
+    } else {
+        ("msgs", "", "gen_random_uuid()")
+    };
     format!(
         "
 WITH q AS ({QUEUE_OPTIONS}),
@@ -186,7 +214,7 @@ st AS MATERIALIZED (
     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, $2) s
     WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
-msgs AS MATERIALIZED (
+{picked} AS MATERIALIZED (
     SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
            m.created_at,
            1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
@@ -205,6 +233,7 @@ msgs AS MATERIALIZED (
         LIMIT $4
     ) m
 ),
+{capped}
 span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
@@ -220,7 +249,7 @@ claimed AS (
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
            ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
                  WHERE a > span.cut),
-           CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
+           CASE WHEN $6 THEN NULL ELSE {lease} END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp()
     FROM st
@@ -239,7 +268,7 @@ FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id",
         insert_state = crate::cursor::insert_state!(),
     )
-});
+}
 
 /// Where the next claim of each (queue, group) starts its walk over the partitions: just
 /// after the last partition this server claimed. Only a hint for fairness (another server
@@ -276,6 +305,7 @@ pub(crate) fn start(
     pool: Pool,
     workers: usize,
     default_lease_seconds: f64,
+    metrics: Arc<Metrics>,
     stage: Arc<Stage>,
 ) -> Fuser<PopJob> {
     let rovers = Arc::new(Rovers::default());
@@ -284,7 +314,10 @@ pub(crate) fn start(
         let pool = pool.clone();
         let rovers = rovers.clone();
         let running = running.clone();
-        Box::pin(async move { run_batch(pool, running, rovers, default_lease_seconds, jobs).await })
+        let metrics = metrics.clone();
+        Box::pin(async move {
+            run_batch(pool, running, rovers, default_lease_seconds, metrics, jobs).await
+        })
     });
     Fuser::start_keyed(workers.max(1) * LANES_PER_WORKER, 256, |_| 1, run, stage)
 }
@@ -298,6 +331,7 @@ async fn run_batch(
     running: Arc<Semaphore>,
     rovers: Arc<Rovers>,
     default_lease_seconds: f64,
+    metrics: Arc<Metrics>,
     jobs: Vec<PopJob>,
 ) {
     let mut by_shape: HashMap<PopShape, Vec<PopJob>> = HashMap::new();
@@ -310,22 +344,36 @@ async fn run_batch(
         let (walk_done, walk_seen) = oneshot::channel();
         walked.push(walk_seen);
         let (pool, running, rovers) = (pool.clone(), running.clone(), rovers.clone());
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
             let _turn = running.acquire().await.expect("never closed");
             let mut walk_done = Some(walk_done);
-            let result = match pool.get().await {
-                Ok(client) => {
-                    let claim = Claiming {
-                        pool: &pool,
-                        rovers: &rovers,
-                        shape: &shape,
-                        default_lease_seconds,
-                    };
-                    claim.run(&client, wanted, &mut walk_done).await
-                }
-                Err(e) => Err(DbError::from(e)),
+            let client = match pool.get().await {
+                Ok(client) => client,
+                Err(e) => return answer(jobs, Err(DbError::from(e))),
             };
+            let claim = |lease| Claiming {
+                pool: &pool,
+                rovers: &rovers,
+                shape: &shape,
+                default_lease_seconds,
+                metrics: &metrics,
+                lease,
+            };
+            if shape.shared_lease {
+                // One claim per pop, each under a lease of its own; the lane goes on once
+                // the last of them walked.
+                let mut jobs = jobs.into_iter().peekable();
+                while let Some(job) = jobs.next() {
+                    let mut done = jobs.peek().is_none().then(|| walk_done.take()).flatten();
+                    let lease = (!shape.auto_ack).then(Uuid::now_v7);
+                    let result = claim(lease).run(&client, job.partitions, &mut done).await;
+                    answer(vec![job], result);
+                }
+                return;
+            }
+            let result = claim(None).run(&client, wanted, &mut walk_done).await;
             drop(walk_done);
             answer(jobs, result);
         });
@@ -361,6 +409,9 @@ struct Claiming<'a> {
     rovers: &'a Rovers,
     shape: &'a PopShape,
     default_lease_seconds: f64,
+    metrics: &'a Metrics,
+    /// The lease every partition of a shared-lease pop is claimed under.
+    lease: Option<Uuid>,
 }
 
 impl Claiming<'_> {
@@ -378,6 +429,8 @@ impl Claiming<'_> {
         // walk then starts past them and looks further ahead. Three walks at most: a pop
         // never spins.
         let mut lookahead = LOOKAHEAD;
+        // A shared-lease pop's batch is a cap over all its partitions.
+        let mut left = self.shape.shared_lease.then_some(self.shape.batch as i64);
         for round in 0..3 {
             let walk = claim_once(
                 client,
@@ -386,6 +439,10 @@ impl Claiming<'_> {
                 partitions - claims.len(),
                 lookahead,
                 self.default_lease_seconds,
+                Shared {
+                    lease: self.lease,
+                    cap: left,
+                },
                 |locked, expired, passed_held| {
                     let last = round == 2
                         || claims.len() + locked >= partitions
@@ -396,9 +453,22 @@ impl Claiming<'_> {
                 },
             )
             .await?;
+            if let Some(left) = &mut left {
+                *left -= walk
+                    .claims
+                    .iter()
+                    .map(|c| c.messages.len() as i64)
+                    .sum::<i64>();
+            }
             claims.extend(walk.claims);
+            if left.is_some_and(|l| l <= 0) {
+                break;
+            }
             if !walk.expired.is_empty() {
-                crate::lease::expire_leases(self.pool, &self.shape.group, &walk.expired).await?;
+                let skipped =
+                    crate::lease::expire_leases(self.pool, &self.shape.group, &walk.expired)
+                        .await?;
+                self.metrics.messages.discarded.add(skipped);
             }
             if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
                 break;
@@ -441,8 +511,16 @@ pub fn begin_claim(auto_ack: bool) -> &'static str {
     }
 }
 
+/// The lease and the cap of a shared-lease pop's claim (see [`SHARED_CLAIM_SQL`]).
+struct Shared {
+    lease: Option<Uuid>,
+    /// Messages still to hand out; `None` for other pops.
+    cap: Option<i64>,
+}
+
 /// One claim: candidates locked and ended leases found in one round trip, then the claim
 /// and its commit in a second.
+#[allow(clippy::too_many_arguments)]
 async fn claim_once(
     client: &deadpool_postgres::Client,
     rovers: &Rovers,
@@ -450,10 +528,15 @@ async fn claim_once(
     partitions: usize,
     lookahead: i64,
     default_lease_seconds: f64,
+    shared: Shared,
     walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
     let candidates = client.prepare_cached(&CANDIDATES_SQL).await?;
-    let stmt = client.prepare_cached(&CLAIM_SQL).await?;
+    let stmt = if shared.cap.is_some() {
+        client.prepare_cached(&SHARED_CLAIM_SQL).await?
+    } else {
+        client.prepare_cached(&CLAIM_SQL).await?
+    };
     let pg: &tokio_postgres::Client = client;
     let limit = partitions as i64;
     let batch = shape.batch as i64;
@@ -503,15 +586,24 @@ async fn claim_once(
             passed_held,
         });
     }
-    let claim_params: [&(dyn ToSql + Sync); 6] = [
+    let cap = shared.cap.unwrap_or(0);
+    let claim_params: [&(dyn ToSql + Sync); 8] = [
         &shape.queue_id,
         &shape.group,
         &locked,
         &batch,
         &default_lease_seconds,
         &shape.auto_ack,
+        &shared.lease,
+        &cap,
     ];
-    let (rows, commit) = tokio::join!(pg.query(&stmt, &claim_params), pg.batch_execute("COMMIT"));
+    // The plain claim has no $7 and $8.
+    let params = if shared.cap.is_some() {
+        &claim_params[..]
+    } else {
+        &claim_params[..6]
+    };
+    let (rows, commit) = tokio::join!(pg.query(&stmt, params), pg.batch_execute("COMMIT"));
     // A failed claim makes the pipelined COMMIT roll back.
     let rows = rows?;
     commit?;

@@ -22,7 +22,7 @@ use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
 /// The claim's statements, public for the test suite's plan checks.
-pub use claim::{CANDIDATES_SQL, CLAIM_SQL, begin_claim};
+pub use claim::{CANDIDATES_SQL, CLAIM_SQL, SHARED_CLAIM_SQL, begin_claim};
 pub(crate) use claim::{Claim, PopJob, PopShape};
 use waiting::WaitingPops;
 
@@ -32,9 +32,9 @@ pub(crate) struct Request {
     /// Only this partition, when the consumer named one.
     pub(crate) partition: Option<String>,
     pub(crate) group: String,
-    /// Most messages per partition.
+    /// Most messages: per partition, or over all of them when `partitions` > 1.
     pub(crate) batch: i32,
-    /// Most partitions one pop may lease.
+    /// Most partitions one pop may lease (all under one lease).
     pub(crate) partitions: usize,
     /// Wait for messages until `timeout` when none are there.
     pub(crate) wait: bool,
@@ -78,7 +78,13 @@ impl Popper {
         waits: Waits,
     ) -> Popper {
         let stage = metrics.fusion.pop.clone();
-        let fuser = claim::start(pool.clone(), workers, default_lease_seconds, stage);
+        let fuser = claim::start(
+            pool.clone(),
+            workers,
+            default_lease_seconds,
+            metrics.clone(),
+            stage,
+        );
         Popper {
             pool,
             catalog,
@@ -161,6 +167,7 @@ impl Popper {
             partition_id,
             batch: req.batch,
             auto_ack: req.auto_ack,
+            shared_lease: req.partitions > 1,
         };
         let partitions = req.partitions;
         let lane = shape.lane();

@@ -17,6 +17,7 @@ use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use crate::catalog::Catalog;
+use crate::encryption::Keys;
 use crate::fusion::Fuser;
 use crate::metrics::Metrics;
 use crate::queue::DEFAULT_PARTITION;
@@ -54,6 +55,8 @@ pub(crate) struct Pusher {
     catalog: Arc<Catalog>,
     fuser: Fuser<PushJob>,
     metrics: Arc<Metrics>,
+    /// Seals the payloads of queues with `encryptionEnabled`.
+    keys: Arc<Keys>,
 }
 
 impl Pusher {
@@ -63,6 +66,7 @@ impl Pusher {
         catalog: Arc<Catalog>,
         wake: Arc<Wake>,
         metrics: Arc<Metrics>,
+        keys: Arc<Keys>,
         workers: usize,
         max_items: usize,
     ) -> Pusher {
@@ -73,6 +77,7 @@ impl Pusher {
             catalog,
             fuser,
             metrics,
+            keys,
         }
     }
 
@@ -172,9 +177,35 @@ impl Pusher {
             })
             .collect();
         let partition_names: Vec<Arc<str>> = targets.iter().map(|t| Arc::from(t.1)).collect();
+        // Queues that encrypt (options are cached: one look-up per queue of the request).
+        let mut sealing: HashMap<Uuid, bool> = HashMap::new();
+        for queue_id in queues.values() {
+            let encrypts = self
+                .catalog
+                .options(&self.pool, *queue_id)
+                .await?
+                .encryption_enabled;
+            if encrypts && !self.keys.can_seal() {
+                return Err(Refusal::new(
+                    Kind::Unavailable,
+                    "encryption_unavailable",
+                    "this queue encrypts its payloads, and this server has no encryption key (COMB_ENCRYPTION_KEY); nothing was stored",
+                ));
+            }
+            sealing.insert(*queue_id, encrypts);
+        }
         let mut out = Vec::with_capacity(items.len());
         for (item, slot) in items.into_iter().zip(slots) {
             let (queue, queue_id, partition_id) = &resolved[slot];
+            let payload = if sealing[queue_id] {
+                Bytes::from(
+                    self.keys
+                        .seal(item.payload.as_bytes())
+                        .expect("checked above"),
+                )
+            } else {
+                slice_of(body, item.payload)
+            };
             out.push(NewMessage {
                 queue: queue.clone(),
                 queue_id: *queue_id,
@@ -183,7 +214,7 @@ impl Pusher {
                 client_transaction_id: item.transaction_id.map(Cow::into_owned),
                 message_id: Uuid::now_v7(),
                 trace_id: item.trace_id.map(Cow::into_owned),
-                payload: slice_of(body, item.payload),
+                payload,
             });
         }
         Ok(out)

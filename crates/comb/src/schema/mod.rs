@@ -55,8 +55,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 8,
+        name: "queen_options",
+        sql: include_str!("migrations/0008_queen_options.sql"),
+    },
+    Migration {
+        version: 9,
         name: "administration",
-        sql: include_str!("migrations/0008_administration.sql"),
+        sql: include_str!("migrations/0009_administration.sql"),
     },
 ];
 

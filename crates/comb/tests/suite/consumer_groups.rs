@@ -210,7 +210,10 @@ async fn an_invalid_subscription_is_refused_and_subscribes_nothing() {
         assert_eq!(b["code"], "subscription_from_invalid", "{bad}: {b}");
     }
     let (s, b) = env
-        .get("/api/v1/pop/queue/q?consumerGroup=g&subscriptionMode=sometimes")
+        .get(&format!(
+            "/api/v1/pop/queue/q?consumerGroup=g&subscriptionMode={}",
+            "x".repeat(300)
+        ))
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
     assert_eq!(b["code"], "subscription_mode_invalid", "{b}");

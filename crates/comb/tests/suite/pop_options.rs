@@ -1,5 +1,5 @@
 //! Pop options and the queue options that shape what a pop may take: one pop leasing several
-//! partitions, fair partition selection under load, `delayedProcessing`, `windowBuffer`, and
+//! partitions (under one lease), fair partition selection under load, `delayedProcessing`, `windowBuffer`, and
 //! `maxSize` back-pressure.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 #[tokio::test]
-async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
+async fn one_pop_leases_several_partitions_under_one_lease() {
     let env = Env::start().await;
     let mut items = Vec::new();
     for p in 0..5 {
@@ -46,8 +46,13 @@ async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
         assert_eq!(*known, lease, "one lease per partition: {pop}");
     }
     assert_eq!(lease_of.len(), 3, "3 distinct partitions: {pop}");
+    // Queen's contract: every partition of the pop under the pop's one lease.
     let leases: HashSet<&String> = lease_of.values().collect();
-    assert_eq!(leases.len(), 3, "each partition has its own lease: {pop}");
+    assert_eq!(leases.len(), 1, "one lease for the whole pop: {pop}");
+    assert_eq!(
+        pop["leaseId"].as_str(),
+        leases.iter().next().map(|l| l.as_str())
+    );
     // Messages of one partition keep their order.
     for p in lease_of.keys() {
         let ns: Vec<i64> = messages
@@ -58,7 +63,7 @@ async fn one_pop_leases_several_partitions_each_under_its_own_lease() {
         assert!(ns.is_sorted() && ns.len() == 2, "{p}: {ns:?}");
     }
 
-    // Each message acks with its own partition's lease.
+    // Each message acks under the shared lease.
     let results = env.ack_all(&pop, "completed", None).await;
     assert!(results.iter().all(|r| r["success"] == true), "{results:?}");
 

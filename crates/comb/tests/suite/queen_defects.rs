@@ -346,8 +346,9 @@ async fn defect_06_configure_keeps_omitted_options_and_unknown_options_are_refus
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(b["options"]["retryDelay"], 600, "{b}");
 
-    // Options Queen stored without effect are refused here, and change nothing.
-    for unknown in ["priority", "ttl", "deadLetterQueue"] {
+    // A name no Queen version knows (a typo of one Queen stored without effect) is refused
+    // and changes nothing; the real names act (see queen_compat.rs).
+    for unknown in ["priorty", "ttll", "deadLetterQueu"] {
         let (s, b) = env
             .post(
                 "/api/v1/configure",

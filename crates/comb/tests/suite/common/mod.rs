@@ -30,13 +30,25 @@ impl Env {
 
     /// Same, with extra `comb serve` flags.
     pub async fn start_with(args: &[&str]) -> Env {
+        Env::start_with_env(args, &[]).await
+    }
+
+    /// Same, with extra `comb serve` flags and environment variables (for configuration read
+    /// only from the environment, such as encryption keys).
+    pub async fn start_with_env(args: &[&str], vars: &[(&str, &str)]) -> Env {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         tokio::task::spawn_blocking(move || {
             let pg = Postgres::shared();
             let db_url = pg.create_database("t").expect("create database");
             let db_name = db_url.rsplit('/').next().unwrap().to_string();
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-            let server = Server::start(comb_bin(), &db_url, &argv).expect("server starts");
+            let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (&**k, &**v)).collect();
+            let server =
+                Server::start_with_env(comb_bin(), &db_url, &argv, &env).expect("server starts");
             Env {
                 server,
                 db_url,
@@ -54,6 +66,21 @@ impl Env {
         tokio::task::spawn_blocking(move || Server::start(comb_bin(), &url, &[]).unwrap())
             .await
             .unwrap()
+    }
+
+    /// Another server on the same database, with extra environment variables.
+    pub async fn second_server_with_env(&self, vars: &[(&str, &str)]) -> Server {
+        let url = self.db_url.clone();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (&**k, &**v)).collect();
+            Server::start_with_env(comb_bin(), &url, &[], &env).unwrap()
+        })
+        .await
+        .unwrap()
     }
 
     /// Another server on the same database, with extra `comb serve` flags.

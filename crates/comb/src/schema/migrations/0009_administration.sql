@@ -1,4 +1,4 @@
--- Comb schema, version 8: administration.
+-- Comb schema, version 9: administration.
 --
 -- What operators read (depth, lag, oldest pending message) is computed from heads and cursor
 -- states by index probes per partition and cursor, never by reading message storage. What

@@ -1,0 +1,153 @@
+//! Dead letters: the messages a consumer group gave up on (retries exhausted, `dlq` acks,
+//! `maxWaitTimeSeconds`), kept as copies in `comb.dead_letters`. This module reads them back;
+//! acks and maintenance write them.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use crate::db::DbError;
+
+/// Most dead letters one listing returns.
+pub(crate) const MAX_LIMIT: i64 = 1000;
+/// Deepest offset a listing may start at: pages are read through an index, and an offset
+/// costs a step per row skipped.
+pub(crate) const MAX_OFFSET: i64 = 100_000;
+/// A listing's `total` counts at most this many rows (more are reported as this number), so
+/// the count stays a bounded walk of an index.
+pub(crate) const MAX_TOTAL: i64 = 10_000;
+
+/// What to list: one queue's dead letters, optionally of one group or partition and within a
+/// time range of their dead-lettering, newest first.
+#[derive(Debug, Clone)]
+pub(crate) struct Filter {
+    pub(crate) queue: String,
+    pub(crate) group: Option<String>,
+    pub(crate) partition: Option<String>,
+    pub(crate) from: Option<DateTime<Utc>>,
+    pub(crate) to: Option<DateTime<Utc>>,
+    pub(crate) limit: i64,
+    pub(crate) offset: i64,
+}
+
+/// One dead letter, with its original message.
+#[derive(Debug, Clone)]
+pub(crate) struct DeadLetter {
+    pub(crate) id: Uuid,
+    pub(crate) message_id: Uuid,
+    pub(crate) partition_id: Uuid,
+    pub(crate) partition: String,
+    pub(crate) transaction_id: String,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) group: String,
+    pub(crate) error: Option<String>,
+    pub(crate) attempts: i32,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) dead_at: DateTime<Utc>,
+    /// The payload as stored (sealed when its queue encrypts).
+    pub(crate) payload: Vec<u8>,
+}
+
+/// A page of dead letters and how many match in all (up to [`MAX_TOTAL`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Page {
+    pub(crate) namespace: Option<String>,
+    pub(crate) task: Option<String>,
+    pub(crate) letters: Vec<DeadLetter>,
+    pub(crate) total: i64,
+}
+
+/// The rows' conditions. With a group, the (queue_id, consumer_group, dead_at) index serves
+/// the order; without, (queue_id, dead_at, id). The partition and time filters narrow what
+/// those ordered scans return.
+fn conditions(with_group: bool) -> &'static str {
+    if with_group {
+        "d.queue_id = $1 AND d.consumer_group = $2
+         AND ($3::text IS NULL OR d.partition_id IN
+              (SELECT p.id FROM comb.partitions p WHERE p.queue_id = $1 AND p.name = $3))
+         AND ($4::timestamptz IS NULL OR d.dead_at >= $4)
+         AND ($5::timestamptz IS NULL OR d.dead_at <= $5)"
+    } else {
+        "d.queue_id = $1 AND $2::text IS NULL
+         AND ($3::text IS NULL OR d.partition_id IN
+              (SELECT p.id FROM comb.partitions p WHERE p.queue_id = $1 AND p.name = $3))
+         AND ($4::timestamptz IS NULL OR d.dead_at >= $4)
+         AND ($5::timestamptz IS NULL OR d.dead_at <= $5)"
+    }
+}
+
+fn list_sql(with_group: bool) -> String {
+    format!(
+        "SELECT d.id, d.message_id, d.partition_id,
+                (SELECT p.name FROM comb.partitions p WHERE p.id = d.partition_id),
+                d.transaction_id, d.trace_id, d.consumer_group, d.error, d.attempts,
+                d.created_at, d.dead_at, d.payload
+         FROM comb.dead_letters d
+         WHERE {}
+         ORDER BY d.dead_at DESC, d.id DESC
+         LIMIT $6 OFFSET $7",
+        conditions(with_group)
+    )
+}
+
+fn count_sql(with_group: bool) -> String {
+    format!(
+        "SELECT count(*) FROM (SELECT 1 FROM comb.dead_letters d WHERE {} LIMIT {MAX_TOTAL}) t",
+        conditions(with_group)
+    )
+}
+
+/// Lists dead letters; `None` when the queue does not exist.
+pub(crate) async fn list(pool: &Pool, filter: &Filter) -> Result<Option<Page>, DbError> {
+    let client = pool.get().await?;
+    let Some(queue) = client
+        .query_opt(
+            "SELECT id, namespace, task FROM comb.queues WHERE name = $1",
+            &[&filter.queue],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let queue_id: Uuid = queue.get(0);
+    let with_group = filter.group.is_some();
+    let params: [&(dyn ToSql + Sync); 7] = [
+        &queue_id,
+        &filter.group,
+        &filter.partition,
+        &filter.from,
+        &filter.to,
+        &filter.limit,
+        &filter.offset,
+    ];
+    let list = client.prepare_cached(&list_sql(with_group)).await?;
+    let count = client.prepare_cached(&count_sql(with_group)).await?;
+    let (rows, total) = tokio::join!(
+        client.query(&list, &params),
+        client.query_one(&count, &params[..5])
+    );
+    let letters = rows?
+        .iter()
+        .map(|r| DeadLetter {
+            id: r.get(0),
+            message_id: r.get(1),
+            partition_id: r.get(2),
+            partition: r.get::<_, Option<String>>(3).unwrap_or_default(),
+            transaction_id: r.get(4),
+            trace_id: r.get(5),
+            group: r.get(6),
+            error: r.get(7),
+            attempts: r.get(8),
+            created_at: r.get(9),
+            dead_at: r.get(10),
+            payload: r.get(11),
+        })
+        .collect();
+    Ok(Some(Page {
+        namespace: queue.get(1),
+        task: queue.get(2),
+        letters,
+        total: total?.get(0),
+    }))
+}

@@ -1,0 +1,122 @@
+//! `GET /api/v1/dlq`: a queue's dead letters, in Queen's shape.
+
+use std::collections::HashMap;
+
+use axum::extract::{Query, State as AxState};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{Value, json};
+
+use super::params::Params;
+use super::{Problem, State};
+use crate::dead_letter::{self, Filter, MAX_LIMIT, MAX_OFFSET};
+use crate::queue::{validate_group_name, validate_partition_name, validate_queue_name};
+
+/// Lists dead letters of a queue, newest first: `queue` (required), `consumerGroup`,
+/// `partition`, `from`, `to` (RFC 3339), `limit` (100), `offset` (0).
+pub async fn list(
+    AxState(app): AxState<State>,
+    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<Value>, Problem> {
+    let params = Params::Query(
+        query
+            .map(|q| q.0)
+            .map_err(|e| Problem::bad_request("parameter_invalid", e.body_text()))?,
+    );
+    let queue = params
+        .text("queue")?
+        .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
+    validate_queue_name(&queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
+    let group = params.text("consumerGroup")?.filter(|g| !g.is_empty());
+    if let Some(g) = &group {
+        validate_group_name(g).map_err(|e| Problem::bad_request("consumer_group_invalid", e))?;
+    }
+    let partition = params.text("partition")?.filter(|p| !p.is_empty());
+    if let Some(p) = &partition {
+        validate_partition_name(p)
+            .map_err(|e| Problem::bad_request("partition_name_invalid", e))?;
+    }
+    let limit = params.uint("limit")?.unwrap_or(100) as i64;
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(Problem::bad_request(
+            "parameter_invalid",
+            format!("parameter `limit` must be between 1 and {MAX_LIMIT}"),
+        ));
+    }
+    let offset = params.uint("offset")?.unwrap_or(0) as i64;
+    if offset > MAX_OFFSET {
+        return Err(Problem::bad_request(
+            "parameter_invalid",
+            format!("parameter `offset` must be at most {MAX_OFFSET}"),
+        ));
+    }
+    let filter = Filter {
+        queue,
+        group,
+        partition,
+        from: time(&params, "from")?,
+        to: time(&params, "to")?,
+        limit,
+        offset,
+    };
+    let Some(page) = dead_letter::list(&app.pool, &filter).await? else {
+        return Err(Problem::not_found(
+            "queue_not_found",
+            format!("queue `{}` does not exist", filter.queue),
+        ));
+    };
+    let ms = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
+    let mut messages = Vec::with_capacity(page.letters.len());
+    for d in &page.letters {
+        let data = app.keys.open_json(&d.payload).map_err(|_| {
+            Problem::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "payload_corrupt",
+                "a stored payload could not be read back (not valid JSON, or sealed with a key this server does not have)",
+            )
+        })?;
+        messages.push(json!({
+            "id": d.id,
+            "messageId": d.message_id,
+            "partitionId": d.partition_id,
+            "transactionId": d.transaction_id,
+            "consumerGroup": d.group,
+            "errorMessage": d.error,
+            "retryCount": d.attempts,
+            "originalCreatedAt": ms(d.created_at),
+            "movedToDlqAt": ms(d.dead_at),
+            "messageCreatedAt": ms(d.created_at),
+            "queueName": filter.queue,
+            "namespace": page.namespace,
+            "task": page.task,
+            "partitionName": d.partition,
+            "data": data,
+            "traceId": d.trace_id,
+        }));
+    }
+    Ok(axum::Json(json!({
+        "messages": messages,
+        "total": page.total,
+        "limit": filter.limit,
+        "offset": filter.offset,
+    })))
+}
+
+fn time(params: &Params, name: &str) -> Result<Option<DateTime<Utc>>, Problem> {
+    let Some(text) = params.text(name)?.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let parsed = DateTime::parse_from_rfc3339(&text)
+        .map(|t| t.with_timezone(&Utc))
+        .or_else(|_| {
+            // Queen's examples use plain dates (`2024-01-31`): the day's start, UTC.
+            chrono::NaiveDate::parse_from_str(&text, "%Y-%m-%d")
+                .map(|d| d.and_hms_opt(0, 0, 0).expect("midnight").and_utc())
+        })
+        .map_err(|_| {
+            Problem::bad_request(
+                "parameter_invalid",
+                format!("parameter `{name}` must be an RFC 3339 time or a date, got {text:?}"),
+            )
+        })?;
+    Ok(Some(parsed))
+}
