@@ -31,6 +31,7 @@ stop:
 test:
 	scripts/install-postgres.sh
 	scripts/install-tools.sh
+	scripts/install-chromium.sh
 	scripts/install-queen-clients.sh
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings

@@ -49,7 +49,10 @@ const LAYERS: &[(&str, &[&str])] = &[
             "maintenance",
         ],
     ),
-    ("the edge and the wiring", &["http", "server", "layering"]),
+    (
+        "the edge and the wiring",
+        &["http", "dashboard", "server", "layering"],
+    ),
 ];
 
 fn src() -> PathBuf {

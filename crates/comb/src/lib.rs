@@ -30,7 +30,7 @@ mod backlog;
 mod catalog;
 
 // The use cases. `ack` and `pop` are public only for the statements whose plans the test
-// suite checks (`tests/claim_plans.rs`); everything else in them is crate-private.
+// suite checks (`tests/suite/claim_plans.rs`); everything else in them is crate-private.
 pub mod ack;
 mod admin;
 mod dead_letter;
@@ -40,7 +40,8 @@ pub mod pop;
 mod push;
 mod transaction;
 
-// The edge and the wiring.
+// The edge and the wiring; the dashboard's pages are a client of the edge, in process.
+mod dashboard;
 mod http;
 pub mod server;
 

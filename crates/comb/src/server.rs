@@ -132,7 +132,10 @@ where
     L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     let stopper = app.clone();
-    axum::serve(listener, http::router(app))
+    // The JSON API and, on the same port, the dashboard's pages (kept out of the API's
+    // route list and its OpenAPI document).
+    let service = http::router(app.clone()).merge(crate::dashboard::router(app.clone()));
+    axum::serve(listener, service)
         .with_graceful_shutdown(async move {
             stop_requested().await;
             tracing::info!("stopping: finishing in-flight requests");

@@ -19,6 +19,7 @@ mod auth;
 mod claim_plans;
 mod cli;
 mod consumer_groups;
+mod dashboard;
 mod errors;
 mod failover;
 mod fuzz;

@@ -1,0 +1,201 @@
+//! `/`: how the system is doing — throughput and errors over the last hour, total depth, the
+//! oldest pending message, the servers connected.
+
+use askama::Template;
+use axum::extract::State as AxumState;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use chrono::{Duration, Utc};
+
+use super::chart::{self, Series};
+use super::{AdminApi, Json, enc, figures, respond, unavailable};
+use crate::http::State;
+
+#[derive(Template)]
+#[template(path = "dashboard/overview.html")]
+struct Overview {
+    cards: Vec<Card>,
+    chart: String,
+    totals: String,
+    /// Why there is no chart, when there is none.
+    throughput_note: Option<String>,
+    queues: Vec<QueueLine>,
+    notes: Vec<String>,
+}
+
+/// A headline number.
+struct Card {
+    label: &'static str,
+    value: String,
+    id: &'static str,
+    warn: bool,
+}
+
+/// The deepest queues, linked.
+struct QueueLine {
+    name: String,
+    depth: String,
+    oldest: String,
+}
+
+/// `GET /`.
+pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap) -> Response {
+    let api = AdminApi::new(&state, &headers);
+    let now = Utc::now();
+    let hour_ago = now - Duration::hours(1);
+    let recent = now - Duration::minutes(2);
+    let (status, workers, queues) = tokio::join!(
+        api.get(format!(
+            "/api/v1/status?from={}&to={}",
+            enc(&hour_ago.to_rfc3339()),
+            enc(&now.to_rfc3339())
+        )),
+        api.get(format!(
+            "/api/v1/analytics/worker-metrics?from={}",
+            enc(&recent.to_rfc3339())
+        )),
+        api.get("/api/v1/resources/queues?limit=1000"),
+    );
+    let mut notes = Vec::new();
+    let mut throughput_note = None;
+    let status = status.unwrap_or_else(|e| {
+        throughput_note = Some(unavailable("Throughput", &e));
+        notes.push(unavailable("Totals", &e));
+        Json::default()
+    });
+    let queues = queues.map(|q| q.list(&["queues"])).unwrap_or_else(|e| {
+        notes.push(unavailable("Queues", &e));
+        Vec::new()
+    });
+    let depth_total = status.count(DEPTH);
+    let oldest = oldest_pending(&status);
+    let dead = status.count(DEAD);
+    let queue_count = status.count(&["queues"]);
+    // Servers that wrote their per-minute counters in the last two minutes.
+    let servers = workers
+        .map(|w| figures::count(w.list(&["workers"]).len() as i64))
+        .unwrap_or_else(|_| "—".to_string());
+
+    // Sixty one-minute slots ending now; the API lists only minutes that saw something.
+    let mut pushed = vec![0.0; 60];
+    let mut done = vec![0.0; 60];
+    let mut errors = vec![0.0; 60];
+    for b in status.list(&["throughput"]) {
+        let Some(at) = b
+            .text(&["timestamp"])
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
+        else {
+            continue;
+        };
+        let slot = (at.with_timezone(&Utc) - hour_ago).num_minutes();
+        if let Ok(slot @ 0..60) = usize::try_from(slot) {
+            pushed[slot] += b.num(&["pushed"]).unwrap_or(0.0);
+            done[slot] += b.num(&["acked"]).unwrap_or(0.0);
+            errors[slot] += b.num(&["failed"]).unwrap_or(0.0);
+        }
+    }
+    let chart = chart::bars(
+        "Messages per minute over the last hour",
+        &[
+            Series {
+                name: "pushed",
+                class: "s-in",
+                values: &pushed,
+            },
+            Series {
+                name: "completed",
+                class: "s-out",
+                values: &done,
+            },
+            Series {
+                name: "errors",
+                class: "s-err",
+                values: &errors,
+            },
+        ],
+        ["−60 min", "−30 min", "now"],
+    );
+    let sum = |v: &[f64]| v.iter().sum::<f64>();
+    let totals = format!(
+        "{} pushed · {} completed · {} errors in the last hour ({} pushed on average)",
+        figures::count(sum(&pushed) as i64),
+        figures::count(sum(&done) as i64),
+        figures::count(sum(&errors) as i64),
+        figures::rate(sum(&pushed) / 3600.0),
+    );
+
+    let mut deepest: Vec<&Json> = queues.iter().collect();
+    deepest.sort_by_key(|q| std::cmp::Reverse(queue_depth(q)));
+    let page = Overview {
+        cards: vec![
+            Card {
+                label: "Pending messages",
+                value: figures::count(depth_total),
+                id: "total-depth",
+                warn: false,
+            },
+            Card {
+                label: "Oldest pending",
+                value: figures::age(oldest),
+                id: "oldest-pending",
+                warn: oldest.is_some_and(|s| s > 300.0),
+            },
+            Card {
+                label: "Dead letters",
+                value: figures::count(dead),
+                id: "dead-letters",
+                warn: dead > 0,
+            },
+            Card {
+                label: "Queues",
+                value: figures::count(queue_count),
+                id: "queue-count",
+                warn: false,
+            },
+            Card {
+                label: "Servers connected",
+                value: servers,
+                id: "servers",
+                warn: false,
+            },
+        ],
+        chart,
+        totals,
+        throughput_note,
+        queues: deepest
+            .into_iter()
+            .take(10)
+            .map(|q| QueueLine {
+                name: q.text(&["name"]).unwrap_or_default(),
+                depth: figures::count(queue_depth(q)),
+                oldest: figures::age(oldest_pending(q)),
+            })
+            .collect(),
+        notes,
+    };
+    respond(
+        page.render(),
+        "Overview",
+        "overview",
+        Some(("/".into(), 5)),
+        &headers,
+    )
+}
+
+/// Where the administration API's answers hold the figures pages show.
+pub(crate) const DEPTH: &[&str] = &["messages.pending"];
+pub(crate) const IN_FLIGHT: &[&str] = &["messages.processing"];
+pub(crate) const DEAD: &[&str] = &["messages.deadLetters", "deadLetters"];
+
+/// Age of the oldest pending message of a queue, partition or the whole system; none when
+/// nothing is pending.
+pub(crate) fn oldest_pending(q: &Json) -> Option<f64> {
+    if q.at("oldestPendingAt").is_null() {
+        return None;
+    }
+    q.num(&["oldestPendingAgeSeconds"])
+}
+/// A queue's pending messages.
+pub(crate) fn queue_depth(q: &Json) -> i64 {
+    q.count(DEPTH)
+}

@@ -1,0 +1,469 @@
+//! `/queues` (every queue, sortable), `/queues/{queue}` (its partitions, each group's lag per
+//! partition, its options) and `/queues/{queue}/tail` (the newest messages, read without
+//! consuming anything).
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::extract::{Path, Query, State as AxumState};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+use super::overview::{DEAD, DEPTH, IN_FLIGHT, oldest_pending, queue_depth};
+use super::{AdminApi, Json, chart, enc, figures, respond, unavailable};
+use crate::http::State;
+
+#[derive(Template)]
+#[template(path = "dashboard/queues.html")]
+struct QueuesPage {
+    rows: Vec<QueueRow>,
+    headers: Vec<SortHeader>,
+    note: Option<String>,
+}
+
+struct QueueRow {
+    name: String,
+    href: String,
+    depth: String,
+    in_flight: String,
+    dead: String,
+    dead_warn: bool,
+    oldest: String,
+    partitions: String,
+    throughput: String,
+    spark: String,
+}
+
+/// A column header that sorts the table by itself (and flips the direction when it already
+/// does).
+struct SortHeader {
+    label: &'static str,
+    href: String,
+    /// `ascending`, `descending` or `none`, for `aria-sort`.
+    aria: &'static str,
+    numeric: bool,
+}
+
+/// The queues table's sort order, from the query string.
+#[derive(Deserialize)]
+pub(crate) struct Sort {
+    sort: Option<String>,
+    dir: Option<String>,
+}
+
+const COLUMNS: &[(&str, &str, bool)] = &[
+    ("name", "Queue", false),
+    ("depth", "Pending", true),
+    ("inflight", "In flight", true),
+    ("dead", "Dead letters", true),
+    ("oldest", "Oldest pending", true),
+    ("partitions", "Partitions", true),
+    ("throughput", "Pushed/s (1 h)", true),
+];
+
+/// `GET /queues`.
+pub(crate) async fn list(
+    AxumState(state): AxumState<State>,
+    headers: HeaderMap,
+    Query(sort): Query<Sort>,
+) -> Response {
+    let api = AdminApi::new(&state, &headers);
+    let mut note = None;
+    let queues = match api.get("/api/v1/resources/queues?limit=1000").await {
+        Ok(q) => q.list(&["queues"]),
+        Err(e) => {
+            note = Some(unavailable("Queues", &e));
+            Vec::new()
+        }
+    };
+    // Throughput per queue over the last hour, from each queue's per-minute figures: the
+    // growth of its stored total. One call per queue, for the first THROUGHPUT_QUEUES.
+    let to = chrono::Utc::now();
+    let from = enc(&(to - chrono::Duration::hours(1)).to_rfc3339());
+    let names: Vec<String> = queues
+        .iter()
+        .take(THROUGHPUT_QUEUES)
+        .filter_map(|q| q.text(&["name"]))
+        .collect();
+    let series = futures_util::future::join_all(names.iter().map(|n| {
+        api.get(format!(
+            "/api/v1/status/analytics?queue={}&from={from}",
+            enc(n)
+        ))
+    }))
+    .await;
+    let throughput: BTreeMap<String, (f64, Vec<f64>)> = names
+        .into_iter()
+        .zip(series)
+        .filter_map(|(name, s)| Some((name, pushed_per_minute(&s.ok()?))))
+        .collect();
+
+    let key = sort.sort.as_deref().unwrap_or("depth");
+    let key = COLUMNS
+        .iter()
+        .find(|c| c.0 == key)
+        .map(|c| c.0)
+        .unwrap_or("depth");
+    let descending = match sort.dir.as_deref() {
+        Some("asc") => false,
+        Some("desc") => true,
+        _ => key != "name",
+    };
+    let mut rows: Vec<(&Json, f64)> = queues
+        .iter()
+        .map(|q| {
+            let name = q.text(&["name"]).unwrap_or_default();
+            (q, throughput.get(&name).map(|t| t.0).unwrap_or(0.0))
+        })
+        .collect();
+    rows.sort_by(|(a, ta), (b, tb)| {
+        let number = |q: &Json, t: f64| match key {
+            "depth" => queue_depth(q) as f64,
+            "inflight" => q.count(IN_FLIGHT) as f64,
+            "dead" => q.count(DEAD) as f64,
+            "oldest" => oldest_pending(q).unwrap_or(-1.0),
+            "partitions" => q.count(PARTITIONS) as f64,
+            _ => t,
+        };
+        let order = if key == "name" {
+            a.text(&["name"]).cmp(&b.text(&["name"]))
+        } else {
+            number(a, *ta).total_cmp(&number(b, *tb))
+        };
+        if descending { order.reverse() } else { order }
+    });
+
+    let page = QueuesPage {
+        headers: COLUMNS
+            .iter()
+            .map(|(k, label, numeric)| {
+                let active = *k == key;
+                // A new column sorts its natural way (names A→Z, figures largest first);
+                // the current one flips.
+                let next = match (active, descending) {
+                    (true, true) => "asc",
+                    (true, false) => "desc",
+                    (false, _) if *k == "name" => "asc",
+                    (false, _) => "desc",
+                };
+                SortHeader {
+                    label,
+                    href: format!("/queues?sort={k}&dir={next}"),
+                    aria: match (active, descending) {
+                        (false, _) => "none",
+                        (true, true) => "descending",
+                        (true, false) => "ascending",
+                    },
+                    numeric: *numeric,
+                }
+            })
+            .collect(),
+        rows: rows
+            .into_iter()
+            .map(|(q, t)| {
+                let name = q.text(&["name"]).unwrap_or_default();
+                let spark = throughput
+                    .get(&name)
+                    .map(|t| chart::sparkline(&t.1))
+                    .unwrap_or_else(|| chart::sparkline(&[]));
+                let dead = q.count(DEAD);
+                QueueRow {
+                    href: format!("/queues/{}", enc(&name)),
+                    depth: figures::count(queue_depth(q)),
+                    in_flight: figures::count(q.count(IN_FLIGHT)),
+                    dead: figures::count(dead),
+                    dead_warn: dead > 0,
+                    oldest: figures::age(oldest_pending(q)),
+                    partitions: figures::count(q.count(PARTITIONS)),
+                    throughput: figures::rate(t),
+                    spark,
+                    name,
+                }
+            })
+            .collect(),
+        note,
+    };
+    let query = format!(
+        "/queues?sort={key}&dir={}",
+        if descending { "desc" } else { "asc" }
+    );
+    respond(
+        page.render(),
+        "Queues",
+        "queues",
+        Some((query, 5)),
+        &headers,
+    )
+}
+
+const PARTITIONS: &[&str] = &["partitions"];
+
+/// Queues whose throughput the list shows (one analytics call each).
+const THROUGHPUT_QUEUES: usize = 100;
+
+/// From a queue's analytics: messages pushed per second over the series, and per bucket (the
+/// growth of its stored total between consecutive buckets).
+fn pushed_per_minute(analytics: &Json) -> (f64, Vec<f64>) {
+    let points: Vec<(chrono::DateTime<chrono::FixedOffset>, f64)> = analytics
+        .list(&["timeSeries"])
+        .iter()
+        .filter_map(|b| {
+            let at = chrono::DateTime::parse_from_rfc3339(&b.text(&["timestamp"])?).ok()?;
+            Some((at, b.num(&["messages"])?))
+        })
+        .collect();
+    let growth: Vec<f64> = points
+        .windows(2)
+        .map(|w| (w[1].1 - w[0].1).max(0.0))
+        .collect();
+    let rate = match (points.first(), points.last()) {
+        (Some(a), Some(b)) if b.0 > a.0 => {
+            growth.iter().sum::<f64>() / (b.0 - a.0).num_seconds().max(1) as f64
+        }
+        _ => 0.0,
+    };
+    (rate, growth)
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/queue.html")]
+struct QueuePage {
+    name: String,
+    name_enc: String,
+    summary: Vec<(&'static str, String)>,
+    options: Vec<(String, String)>,
+    groups: Vec<String>,
+    partitions: Vec<PartitionRow>,
+    partition_count: usize,
+    notes: Vec<String>,
+}
+
+struct PartitionRow {
+    name: String,
+    depth: String,
+    in_flight: String,
+    oldest: String,
+    /// Lag of each group of `groups`, in its order: messages and age.
+    lags: Vec<(String, String)>,
+}
+
+/// Partitions one admin call answers at most.
+const PAGE: usize = 1000;
+
+/// Pages of partitions asked for at once.
+const PAGES_AT_ONCE: usize = 4;
+
+/// `GET /queues/{queue}`.
+pub(crate) async fn detail(
+    AxumState(state): AxumState<State>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+) -> Response {
+    let api = AdminApi::new(&state, &headers);
+    let q = enc(&queue);
+    let mut notes = Vec::new();
+    let detail = api
+        .get(format!("/api/v1/resources/queues/{q}?limit={PAGE}"))
+        .await
+        .unwrap_or_else(|e| {
+            notes.push(unavailable("This queue", &e));
+            Json::default()
+        });
+    // Every partition: the pages after the first, a few at a time, in order.
+    let total = detail.count(&["partitions"]).max(0) as usize;
+    let mut partitions = detail.list(&["partitionList"]);
+    let offsets: Vec<usize> = (partitions.len()..total).step_by(PAGE).collect();
+    let pages: Vec<_> = futures_util::stream::iter(offsets.into_iter().map(|offset| {
+        api.get(format!(
+            "/api/v1/resources/partitions?queue={q}&limit={PAGE}&offset={offset}"
+        ))
+    }))
+    .buffered(PAGES_AT_ONCE)
+    .collect()
+    .await;
+    for page in pages {
+        match page {
+            Ok(page) => partitions.extend(page.list(&["partitions"])),
+            Err(e) => {
+                notes.push(unavailable("Partitions", &e));
+                break;
+            }
+        }
+    }
+    // Each group's lag per partition of this queue, keyed by (group, partition name).
+    let group_names: Vec<String> = detail
+        .list(&["consumerGroups"])
+        .iter()
+        .filter_map(|g| g.text(&["name"]))
+        .collect();
+    let details = futures_util::future::join_all(
+        group_names
+            .iter()
+            .map(|g| api.get(format!("/api/v1/consumer-groups/{}", enc(g)))),
+    )
+    .await;
+    let mut lag: BTreeMap<(&str, String), (i64, Option<f64>)> = BTreeMap::new();
+    for (g, d) in group_names.iter().zip(details) {
+        let d = match d {
+            Ok(d) => d,
+            Err(e) => {
+                notes.push(unavailable(&format!("Lag of {g}"), &e));
+                continue;
+            }
+        };
+        for gq in d.list(&["queues"]) {
+            if gq.text(&["queue"]).as_deref() != Some(queue.as_str()) {
+                continue;
+            }
+            for p in gq.list(&["partitions"]) {
+                let messages = p.count(&["lag"]);
+                let seconds = (messages > 0).then(|| p.num(&["lagSeconds"])).flatten();
+                lag.insert(
+                    (g.as_str(), p.text(&["partition"]).unwrap_or_default()),
+                    (messages, seconds),
+                );
+            }
+        }
+    }
+
+    let rows: Vec<PartitionRow> = partitions
+        .iter()
+        .map(|p| {
+            let name = p.text(&["name"]).unwrap_or_default();
+            PartitionRow {
+                depth: figures::count(p.count(DEPTH)),
+                in_flight: figures::count(p.count(IN_FLIGHT)),
+                oldest: figures::age(oldest_pending(p)),
+                lags: group_names
+                    .iter()
+                    .map(|g| match lag.get(&(g.as_str(), name.clone())) {
+                        Some((m, s)) => (figures::count(*m), figures::age(*s)),
+                        None => ("—".into(), "—".into()),
+                    })
+                    .collect(),
+                name,
+            }
+        })
+        .collect();
+    let options = match detail.at("options").as_object() {
+        Some(map) => map
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    match v {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    },
+                )
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let page = QueuePage {
+        name_enc: q.clone(),
+        summary: vec![
+            ("Pending", figures::count(detail.count(DEPTH))),
+            ("In flight", figures::count(detail.count(IN_FLIGHT))),
+            ("Dead letters", figures::count(detail.count(DEAD))),
+            ("Oldest pending", figures::age(oldest_pending(&detail))),
+            ("Partitions", figures::count(total as i64)),
+        ],
+        partition_count: rows.len(),
+        partitions: rows,
+        options,
+        groups: group_names,
+        notes,
+        name: queue.clone(),
+    };
+    // A queue of thousands of partitions is not redrawn every few seconds.
+    let refresh = (page.partition_count <= 500).then(|| (format!("/queues/{q}"), 5));
+    respond(page.render(), &queue, "queues", refresh, &headers)
+}
+
+#[derive(Template)]
+#[template(path = "dashboard/tail.html")]
+struct TailPage {
+    name: String,
+    messages: Vec<TailRow>,
+    note: Option<String>,
+}
+
+pub(crate) struct TailRow {
+    pub partition: String,
+    pub status: String,
+    pub created: String,
+    pub href: String,
+    pub transaction_id: String,
+    pub payload: String,
+}
+
+/// Messages of a Queen message listing, for a table.
+pub(crate) fn message_rows(listing: &Json) -> Vec<TailRow> {
+    listing
+        .list(&["messages"])
+        .iter()
+        .map(|m| {
+            let partition_id = m.text(&["partitionId"]).unwrap_or_default();
+            let transaction_id = m.text(&["transactionId"]).unwrap_or_default();
+            let mut payload = m.at("data").to_string();
+            if payload.len() > 200 {
+                let cut = (0..=200)
+                    .rev()
+                    .find(|i| payload.is_char_boundary(*i))
+                    .unwrap_or(0);
+                payload.truncate(cut);
+                payload.push('…');
+            }
+            TailRow {
+                partition: m.text(&["partition"]).unwrap_or_default(),
+                status: m.text(&["status"]).unwrap_or_default(),
+                created: m.text(&["createdAt"]).unwrap_or_default(),
+                href: format!("/messages/{}/{}", enc(&partition_id), enc(&transaction_id)),
+                transaction_id,
+                payload,
+            }
+        })
+        .collect()
+}
+
+/// `GET /queues/{queue}/tail`: the newest 50 messages of the queue, refreshed every two
+/// seconds. Reading a listing moves no cursor: the tail consumes nothing.
+pub(crate) async fn tail(
+    AxumState(state): AxumState<State>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+) -> Response {
+    let api = AdminApi::new(&state, &headers);
+    let mut note = None;
+    let messages = match api
+        .get(&format!("/api/v1/messages?queue={}&limit=50", enc(&queue)))
+        .await
+    {
+        Ok(listing) => {
+            let mut rows = message_rows(&listing);
+            // The listing walks partitions in turn; the tail reads newest first.
+            rows.sort_by(|a, b| b.created.cmp(&a.created));
+            rows
+        }
+        Err(e) => {
+            note = Some(unavailable("Messages", &e));
+            Vec::new()
+        }
+    };
+    let page = TailPage {
+        name: queue.clone(),
+        messages,
+        note,
+    };
+    let href = format!("/queues/{}/tail", enc(&queue));
+    respond(
+        page.render(),
+        &format!("Tail of {queue}"),
+        "queues",
+        Some((href, 2)),
+        &headers,
+    )
+}
