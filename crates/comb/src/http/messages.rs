@@ -6,7 +6,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::params::{PathParams, QueryString, query};
-use super::resources::{check_partition, check_queue};
+use super::resources::{check_partition, optional_queue};
 use super::{Problem, State};
 use crate::admin::messages::{self, Filter, Status};
 
@@ -23,16 +23,13 @@ pub async fn list(AxState(app): AxState<State>, q: QueryString) -> Result<Json<V
         })?),
     };
     let filter = Filter {
-        queue: params.text("queue")?,
+        queue: optional_queue(&params)?,
         partition: params.text("partition")?,
         group: params.text("consumerGroup")?,
         status,
         from: params.time("from")?,
         to: params.time("to")?,
     };
-    if let Some(q) = &filter.queue {
-        check_queue(q)?;
-    }
     if let Some(p) = &filter.partition {
         check_partition(p)?;
     }

@@ -13,6 +13,15 @@ pub(super) fn check_queue(queue: &str) -> Result<(), Problem> {
     validate_queue_name(queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))
 }
 
+/// The optional `queue` parameter of a listing, checked like a queue name in a path.
+pub(super) fn optional_queue(params: &super::params::Params) -> Result<Option<String>, Problem> {
+    let queue = params.text("queue")?;
+    if let Some(q) = &queue {
+        check_queue(q)?;
+    }
+    Ok(queue)
+}
+
 pub(super) fn check_partition(partition: &str) -> Result<(), Problem> {
     validate_partition_name(partition)
         .map_err(|e| Problem::bad_request("partition_name_invalid", e))
@@ -53,10 +62,7 @@ pub async fn partitions(
     q: QueryString,
 ) -> Result<Json<Value>, Problem> {
     let params = query(q)?;
-    let queue = params.text("queue")?;
-    if let Some(q) = &queue {
-        check_queue(q)?;
-    }
+    let queue = optional_queue(&params)?;
     Ok(Json(
         resources::partitions(&app.pool, queue.as_deref(), params.page()?).await?,
     ))

@@ -5,7 +5,7 @@ use axum::extract::State as AxState;
 use serde_json::{Value, json};
 
 use super::params::{Params, PathParams, QueryString, query};
-use super::resources::check_queue;
+use super::resources::{check_queue, optional_queue};
 use super::{Problem, State};
 use crate::admin::status::{self, Range};
 
@@ -45,10 +45,7 @@ pub async fn analytics(
     q: QueryString,
 ) -> Result<Json<Value>, Problem> {
     let params = query(q)?;
-    let queue = params.text("queue")?;
-    if let Some(q) = &queue {
-        check_queue(q)?;
-    }
+    let queue = optional_queue(&params)?;
     Ok(Json(
         status::analytics(&app.pool, range(&params)?, queue.as_deref()).await?,
     ))
