@@ -225,6 +225,12 @@ pub struct AuthConfig {
     /// Require a reader's token on `GET /metrics` too (Queen leaves it open).
     #[arg(long, env = "COMB_JWT_PROTECT_METRICS", num_args = 0..=1, default_missing_value = "true")]
     pub jwt_protect_metrics: Option<bool>,
+
+    /// Comma-separated paths answered without a token (exact paths, any method), beside
+    /// `/health`, `/ready` and `/metrics`. The dashboard's pages always ask for a token.
+    /// Queen: `JWT_SKIP_PATHS`.
+    #[arg(long, env = "COMB_JWT_SKIP_PATHS")]
+    pub jwt_skip_paths: Option<String>,
 }
 
 /// TLS on the listener. Both files are read again on SIGHUP.

@@ -47,6 +47,8 @@ pub(crate) struct DeadLetter {
     pub(crate) dead_at: DateTime<Utc>,
     /// The payload as stored (sealed when its queue encrypts).
     pub(crate) payload: Vec<u8>,
+    /// The subject of the token the message was pushed with (Queen's `producerSub`).
+    pub(crate) producer_sub: Option<String>,
 }
 
 /// A page of dead letters and how many match in all (up to [`MAX_TOTAL`]).
@@ -82,7 +84,7 @@ fn list_sql(with_group: bool) -> String {
         "SELECT d.id, d.message_id, d.partition_id,
                 (SELECT p.name FROM comb.partitions p WHERE p.id = d.partition_id),
                 d.transaction_id, d.trace_id, d.consumer_group, d.error, d.attempts,
-                d.created_at, d.dead_at, d.payload
+                d.created_at, d.dead_at, d.payload, d.producer_sub
          FROM comb.dead_letters d
          WHERE {}
          ORDER BY d.dead_at DESC, d.id DESC
@@ -142,6 +144,7 @@ pub(crate) async fn list(pool: &Pool, filter: &Filter) -> Result<Option<Page>, D
             created_at: r.get(9),
             dead_at: r.get(10),
             payload: r.get(11),
+            producer_sub: r.get(12),
         })
         .collect();
     Ok(Some(Page {

@@ -26,7 +26,9 @@ use crate::wake::Wake;
 pub(crate) use cursor::Cursor;
 /// The ack path's statements, public for the test suite's plan checks.
 pub use store::{ACK_STATE_SQL, BEGIN, LOCK_SQL, LOOKUP_SQL, STATE_SQL};
-pub(crate) use store::{DeadLetter, WriteStatements, locked_cursors, settle_in, write_back};
+pub(crate) use store::{
+    DeadLetter, WriteStatements, locked_cursors, queues_of, settle_in, write_back,
+};
 
 /// What the consumer says of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

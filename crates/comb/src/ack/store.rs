@@ -100,6 +100,19 @@ const NAMES_SQL: &str = "
 SELECT p.id, p.name, q.name FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
 WHERE p.id = ANY($1)";
 
+/// The queues of the partitions that exist among `partitions` (a probe of the partitions'
+/// primary key each): what a token limited to some queues is checked against before it acks.
+pub(crate) async fn queues_of(pool: &Pool, partitions: &[Uuid]) -> Result<Vec<String>, DbError> {
+    let client = pool.get().await?;
+    let names = client.prepare_cached(NAMES_SQL).await?;
+    Ok(client
+        .query(&names, &[&partitions])
+        .await?
+        .iter()
+        .map(|r| r.get(2))
+        .collect())
+}
+
 /// Appends the next version of changed cursors. What the rules do not decide (lease expiry,
 /// last claim) is carried over from the version it follows.
 const WRITE_SQL: &str = concat!(
@@ -124,9 +137,10 @@ CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
 const DEAD_LETTER_SQL: &str = "
 INSERT INTO comb.dead_letters
     (id, queue_id, partition_id, consumer_group, pos, message_id, transaction_id, trace_id,
-     payload, created_at, attempts, error)
+     payload, created_at, attempts, error, producer_sub)
 SELECT d.id, d.queue_id, m.partition_id, d.consumer_group, m.pos, m.message_id,
-       m.transaction_id, m.trace_id, m.payload, m.created_at, d.attempts, d.error
+       m.transaction_id, m.trace_id, m.payload, m.created_at, d.attempts, d.error,
+       m.producer_sub
 FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::integer[], $7::text[])
     AS d(id, queue_id, partition_id, consumer_group, pos, attempts, error)
 JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos";

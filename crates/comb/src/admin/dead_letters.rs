@@ -71,7 +71,7 @@ pub struct Requeued {
 const STORE_SQL: &str = "
 WITH src AS (
     SELECT DISTINCT ON (d.partition_id, d.pos)
-           d.partition_id, d.pos, d.transaction_id, d.trace_id, d.payload
+           d.partition_id, d.pos, d.transaction_id, d.trace_id, d.payload, d.producer_sub
     FROM comb.dead_letters d WHERE d.id = ANY ($1)
     ORDER BY d.partition_id, d.pos
 ), numbered AS (
@@ -84,9 +84,10 @@ WITH src AS (
     SELECT n.*, hd.head + n.rn AS new_pos FROM numbered n JOIN heads hd USING (partition_id)
 ), stored AS (
     INSERT INTO comb.messages
-        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
+        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+         producer_sub)
     SELECT pl.partition_id, pl.new_pos, (SELECT max(seg) FROM comb.segments), gen_random_uuid(),
-           pl.transaction_id, pl.trace_id, pl.payload, statement_timestamp()
+           pl.transaction_id, pl.trace_id, pl.payload, statement_timestamp(), pl.producer_sub
     FROM placed pl
     RETURNING 1
 ), marked AS (

@@ -12,6 +12,7 @@
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use serde_json::{Value, json};
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{Failure, Page};
@@ -78,8 +79,13 @@ const STATUS: &str = "CASE
 const MESSAGE_JSON: &str = "jsonb_build_object(
     'id', m.message_id, 'messageId', m.message_id, 'transactionId', m.transaction_id,
     'partitionId', m.partition_id, 'partition', p.name, 'queue', p.queue,
-    'traceId', m.trace_id, 'data', comb.payload_json(m.payload),
+    'traceId', m.trace_id, 'producerSub', m.producer_sub, 'data', comb.payload_json(m.payload),
     'createdAt', comb.iso(m.created_at), 'position', m.pos)";
+
+/// Joins the partition of message `m` as `p`, with its queue's name: what [`MESSAGE_JSON`]
+/// reads.
+const JOIN_PARTITION: &str = "JOIN (SELECT p.id, p.name, q.name AS queue FROM comb.partitions p
+      JOIN comb.queues q ON q.id = p.queue_id) p ON p.id = m.partition_id";
 
 /// `GET /api/v1/messages`.
 pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Failure> {
@@ -101,8 +107,19 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Fai
         _ => None,
     };
     let group = filter.group.as_deref().unwrap_or(QUEUE_MODE_GROUP);
+    // $1 to $7, shared by both listings; the message listing adds its status and window.
+    let shared: [&(dyn ToSql + Sync); 7] = [
+        &queue_id,
+        &partition_id,
+        &group,
+        &filter.from,
+        &filter.to,
+        &page.limit,
+        &page.offset,
+    ];
     if filter.status == Some(Status::DeadLetter) {
-        return dead_lettered(&client, queue_id, partition_id, group, filter, page).await;
+        let list = one_json(&**client, &dead_lettered_sql(), &shared).await?;
+        return Ok(listing(list, group, page));
     }
     let status = filter.status.map(Status::name);
     // Each partition yields at most a page's worth (offset included) in its window: from the
@@ -124,44 +141,39 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Fai
                 SELECT {MESSAGE_JSON} AS j, {STATUS} AS status, m.created_at
                 FROM (
                     (SELECT * FROM comb.messages m
-                     WHERE m.partition_id = p.id AND $4::text IN ('pending', 'processing')
+                     WHERE m.partition_id = p.id AND $8::text IN ('pending', 'processing')
                        AND m.pos > coalesce(s.cursor_pos, 0) AND m.seg >= coalesce(s.cursor_seg, 0)
-                     ORDER BY m.pos LIMIT $5)
+                     ORDER BY m.pos LIMIT $9)
                     UNION ALL
                     (SELECT * FROM comb.messages m
-                     WHERE m.partition_id = p.id AND $4::text IS DISTINCT FROM 'pending'
-                       AND $4::text IS DISTINCT FROM 'processing'
-                       AND m.pos <= CASE WHEN $4::text = 'completed' THEN greatest(
+                     WHERE m.partition_id = p.id AND $8::text IS DISTINCT FROM 'pending'
+                       AND $8::text IS DISTINCT FROM 'processing'
+                       AND m.pos <= CASE WHEN $8::text = 'completed' THEN greatest(
                                 coalesce(s.cursor_pos, 0),
                                 coalesce((SELECT max(x) FROM unnest(s.settled) x), 0))
                             ELSE 9223372036854775807 END
-                     ORDER BY m.pos DESC LIMIT $5)
+                     ORDER BY m.pos DESC LIMIT $9)
                 ) m
             ) x
-            WHERE ($4::text IS NULL OR x.status = $4)
-              AND ($6::timestamptz IS NULL OR x.created_at >= $6)
-              AND ($7::timestamptz IS NULL OR x.created_at < $7)
-            LIMIT $8 OFFSET $9
+            WHERE ($8::text IS NULL OR x.status = $8)
+              AND ($4::timestamptz IS NULL OR x.created_at >= $4)
+              AND ($5::timestamptz IS NULL OR x.created_at < $5)
+            LIMIT $6 OFFSET $7
          ) r"
     );
-    let list: Value = client
-        .query_one(
-            &sql,
-            &[
-                &queue_id,
-                &partition_id,
-                &group,
-                &status,
-                &window,
-                &filter.from,
-                &filter.to,
-                &page.limit,
-                &page.offset,
-            ],
-        )
-        .await?
-        .get(0);
+    let mut params = shared.to_vec();
+    params.extend_from_slice(&[&status, &window]);
+    let list = one_json(&**client, &sql, &params).await?;
     Ok(listing(list, group, page))
+}
+
+/// Runs a statement whose one row is one JSON value.
+async fn one_json(
+    client: &impl tokio_postgres::GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Value, Failure> {
+    Ok(client.query_one(sql, params).await?.get(0))
 }
 
 /// A listing's answer.
@@ -174,24 +186,16 @@ fn listing(messages: Value, group: &str, page: Page) -> Value {
     })
 }
 
-/// Dead-lettered messages of the listing, from the dead letters' own copies.
-async fn dead_lettered(
-    client: &deadpool_postgres::Client,
-    queue_id: Option<Uuid>,
-    partition_id: Option<Uuid>,
-    group: &str,
-    filter: &Filter,
-    page: Page,
-) -> Result<Value, Failure> {
-    let sql = format!(
+/// Dead-lettered messages of a listing, from the dead letters' own copies, over the listing's
+/// shared parameters.
+fn dead_lettered_sql() -> String {
+    format!(
         "SELECT coalesce(jsonb_agg(r.j ORDER BY r.dead_at DESC, r.pos), '[]') FROM (
             SELECT {MESSAGE_JSON} || jsonb_build_object(
                        'status', 'dead_letter', 'errorMessage', m.error,
                        'retryCount', m.attempts, 'movedToDlqAt', comb.iso(m.dead_at)) AS j,
                    m.dead_at, m.pos
-            FROM comb.dead_letters m
-            JOIN (SELECT p.id, p.name, q.name AS queue FROM comb.partitions p
-                  JOIN comb.queues q ON q.id = p.queue_id) p ON p.id = m.partition_id
+            FROM comb.dead_letters m {JOIN_PARTITION}
             WHERE ($1::uuid IS NULL OR m.queue_id = $1) AND ($2::uuid IS NULL OR m.partition_id = $2)
               AND m.consumer_group = $3
               AND ($4::timestamptz IS NULL OR m.created_at >= $4)
@@ -199,23 +203,7 @@ async fn dead_lettered(
               AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues q WHERE q.dead_letter_id = m.id)
             ORDER BY m.dead_at DESC, m.pos LIMIT $6 OFFSET $7
          ) r"
-    );
-    let list: Value = client
-        .query_one(
-            &sql,
-            &[
-                &queue_id,
-                &partition_id,
-                &group,
-                &filter.from,
-                &filter.to,
-                &page.limit,
-                &page.offset,
-            ],
-        )
-        .await?
-        .get(0);
-    Ok(listing(list, group, page))
+    )
 }
 
 /// The newest message of a partition with this transaction id: (position, queue id, queue
@@ -274,9 +262,7 @@ pub async fn get(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Valu
                     FROM comb.dead_letters d
                     LEFT JOIN comb.dead_letter_requeues r ON r.dead_letter_id = d.id
                     WHERE d.partition_id = m.partition_id AND d.transaction_id = m.transaction_id))
-         FROM comb.messages m
-         JOIN (SELECT p.id, p.name, q.name AS queue FROM comb.partitions p
-               JOIN comb.queues q ON q.id = p.queue_id) p ON p.id = m.partition_id
+         FROM comb.messages m {JOIN_PARTITION}
          WHERE m.transaction_id = $2 AND m.partition_id = $1
          ORDER BY m.pos DESC LIMIT 1",
         status = STATUS.replace("$3", "c.consumer_group"),
@@ -405,10 +391,10 @@ pub async fn dead_letter(
     tx.execute(
         "INSERT INTO comb.dead_letters
              (id, queue_id, partition_id, consumer_group, pos, message_id, transaction_id,
-              trace_id, payload, created_at, attempts, error)
+              trace_id, payload, created_at, attempts, error, producer_sub)
          SELECT gen_random_uuid(), $1, m.partition_id, g.name, m.pos, m.message_id,
                 m.transaction_id, m.trace_id, m.payload, m.created_at, g.attempts,
-                'moved to the dead letters by an operator'
+                'moved to the dead letters by an operator', m.producer_sub
          FROM unnest($4::text[], $5::integer[]) AS g(name, attempts)
          JOIN comb.messages m ON m.partition_id = $2 AND m.pos = $3",
         &[&queue_id, &partition, &pos, &groups, &attempts],

@@ -30,9 +30,17 @@ pub(crate) struct Principal {
     pub(crate) sub: Option<Arc<str>>,
     /// Prefixes of the queues the token may touch; `None`: every queue.
     pub(crate) queues: Option<Arc<[String]>>,
+    /// The most trusted role the token carries.
+    role: Role,
 }
 
 impl Principal {
+    /// Whether the token's role may use `method path` (its queue scope aside): the same
+    /// table the API's routes are guarded by, so pages can show only what would pass.
+    pub(crate) fn may(&self, method: &Method, path: &str) -> bool {
+        self.role.allows(required(method, path, true))
+    }
+
     /// Whether the token may touch queue `name`.
     pub(crate) fn may_use(&self, name: &str) -> bool {
         self.queues
@@ -59,6 +67,32 @@ pub(crate) struct Auth {
     role_names: [(String, Role); 4],
     queues_claim: Option<String>,
     protect_metrics: bool,
+    /// Paths answered without a token, beside the public ones (Queen's `JWT_SKIP_PATHS`).
+    skip_paths: Vec<String>,
+}
+
+/// The paths of a skip list (`/a,/b`): each must be a path; `/metrics` stays protected when
+/// asked to be.
+fn skip_paths(list: Option<String>, protect_metrics: bool) -> Result<Vec<String>, String> {
+    let mut paths = Vec::new();
+    for p in list.iter().flat_map(|l| l.split(',')).map(str::trim) {
+        if p.is_empty() {
+            continue;
+        }
+        if !p.starts_with('/') || p.contains(['?', '#', ' ']) {
+            return Err(format!(
+                "JWT skip path {p:?} is not a path (it must start with `/`, without a query)"
+            ));
+        }
+        if p == "/metrics" && protect_metrics {
+            tracing::warn!(
+                "/metrics is in the skip paths but --jwt-protect-metrics keeps it protected"
+            );
+            continue;
+        }
+        paths.push(p.to_string());
+    }
+    Ok(paths)
 }
 
 /// Queen's variable for a setting, read when neither the flag nor its `COMB_*` variable
@@ -172,6 +206,7 @@ impl Auth {
             validation.validate_aud = true;
             validation.required_spec_claims.insert("aud".into());
         }
+        let protect_metrics = config.jwt_protect_metrics.unwrap_or(false);
         let name = |v: &Option<String>, var: &str, default: &str| {
             queen(v, var).unwrap_or_else(|| default.to_string())
         };
@@ -226,7 +261,11 @@ impl Auth {
                 ),
             ],
             queues_claim: config.jwt_queues_claim.clone().filter(|c| !c.is_empty()),
-            protect_metrics: config.jwt_protect_metrics.unwrap_or(false),
+            protect_metrics,
+            skip_paths: skip_paths(
+                queen(&config.jwt_skip_paths, "JWT_SKIP_PATHS"),
+                protect_metrics,
+            )?,
         })))
     }
 
@@ -329,31 +368,35 @@ pub(crate) enum Denied {
 
 impl Auth {
     /// Whether a request for `method path` with this `Authorization` header may pass, and
-    /// as whom (`None` for public routes).
+    /// as whom (`None` for public routes and skipped paths).
     pub(crate) fn admit(
         &self,
         method: &Method,
         path: &str,
         authorization: Option<&[u8]>,
     ) -> Result<Option<Principal>, Denied> {
-        let access = required(method, path, self.protect_metrics);
-        if access == Access::Public {
+        if required(method, path, self.protect_metrics) == Access::Public
+            || self.skip_paths.iter().any(|p| p == path)
+        {
             return Ok(None);
         }
-        let token = authorization
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| {
-                let (scheme, token) = v.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .ok_or(Denied::MissingToken)?;
-        let claims = self.verify(token).ok_or(Denied::InvalidToken)?;
-        let role = self.role(&claims).ok_or(Denied::NoRole)?;
-        if !role.allows(access) {
+        let token = bearer(authorization).ok_or(Denied::MissingToken)?;
+        self.check(method, path, token).map(Some)
+    }
+
+    /// Whether `token` may use `method path` (which needs a token), and as whom: its role
+    /// must allow the route and its queue scope the queue the path names.
+    pub(crate) fn check(
+        &self,
+        method: &Method,
+        path: &str,
+        token: &str,
+    ) -> Result<Principal, Denied> {
+        let principal = self.identify(token)?;
+        if !principal.may(method, path) {
             return Err(Denied::RoleTooLow);
         }
-        let queues = self.queues(&claims).map_err(|()| Denied::OutOfScope)?;
-        if let Some(prefixes) = &queues {
+        if let Some(prefixes) = &principal.queues {
             let allowed = match queue_of(method, path) {
                 QueueOf::Path(raw) => {
                     let name = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
@@ -366,12 +409,31 @@ impl Auth {
                 return Err(Denied::OutOfScope);
             }
         }
+        Ok(principal)
+    }
+
+    /// Who a valid token speaks for, whatever the route: the dashboard's sign-in asks this
+    /// before keeping a token.
+    pub(crate) fn identify(&self, token: &str) -> Result<Principal, Denied> {
+        let claims = self.verify(token).ok_or(Denied::InvalidToken)?;
+        let role = self.role(&claims).ok_or(Denied::NoRole)?;
+        let queues = self.queues(&claims).map_err(|()| Denied::OutOfScope)?;
         let sub = claims
             .get("sub")
             .and_then(Value::as_str)
             .map(Arc::<str>::from);
-        Ok(Some(Principal { sub, queues }))
+        Ok(Principal { sub, queues, role })
     }
+}
+
+/// The token of an `Authorization: Bearer …` header.
+pub(crate) fn bearer(authorization: Option<&[u8]>) -> Option<&str> {
+    let v = std::str::from_utf8(authorization?).ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
 }
 
 #[cfg(test)]
@@ -394,6 +456,28 @@ mod tests {
                 "{c} required"
             );
         }
+    }
+
+    #[test]
+    fn skip_paths_are_paths_and_never_open_protected_metrics() {
+        let list = Some(" /a , /b/c,,/metrics".to_string());
+        assert_eq!(
+            skip_paths(list.clone(), false).unwrap(),
+            ["/a", "/b/c", "/metrics"]
+        );
+        assert_eq!(skip_paths(list, true).unwrap(), ["/a", "/b/c"]);
+        assert!(skip_paths(Some("health".into()), false).is_err());
+        assert!(skip_paths(Some("/x?y=1".into()), false).is_err());
+        assert!(skip_paths(None, false).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_bearer_header_yields_its_token() {
+        assert_eq!(bearer(Some(b"Bearer abc ")), Some("abc"));
+        assert_eq!(bearer(Some(b"bearer abc")), Some("abc"));
+        assert_eq!(bearer(Some(b"Basic abc")), None);
+        assert_eq!(bearer(Some(b"Bearer ")), None);
+        assert_eq!(bearer(None), None);
     }
 
     #[test]

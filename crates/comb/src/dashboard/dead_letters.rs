@@ -388,7 +388,10 @@ mod tests {
                 vals: one.vals(),
             }],
             total: "1".into(),
-            viewer: Viewer { can_modify },
+            viewer: Viewer {
+                can_modify,
+                signed_in: false,
+            },
             note: None,
             vals: Filter::default().vals(),
         }

@@ -82,6 +82,11 @@ pub(crate) async fn detail(
             m.text(&["traceId"]).unwrap_or_else(|| "—".into()),
         ),
         ("Message id", m.text(&["id"]).unwrap_or_else(|| "—".into())),
+        (
+            "Producer",
+            m.text(&["producerSub"])
+                .unwrap_or_else(|| "— (pushed without a token)".into()),
+        ),
     ];
     // Where each group is with it: status and attempts.
     let groups = m

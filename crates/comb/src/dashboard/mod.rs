@@ -13,6 +13,7 @@ mod groups;
 mod messages;
 mod overview;
 mod queues;
+mod session;
 
 use askama::Template;
 use axum::Router;
@@ -27,6 +28,8 @@ pub(crate) use api::{AdminApi, ApiError, Json};
 
 /// The dashboard's routes. They are kept out of [`crate::http::routes`] and `openapi.json`,
 /// which describe the JSON API; `server` merges them with the API's router on the same port.
+/// When tokens are required, every page but the sign-in page and the assets asks for one
+/// ([`session::guard`]).
 pub fn router(state: State) -> Router {
     Router::new()
         .route("/", get(overview::page))
@@ -44,6 +47,12 @@ pub fn router(state: State) -> Router {
             get(messages::detail),
         )
         .route("/assets/{file}", get(assets::serve))
+        .route("/sign-in", get(session::show).post(session::sign_in))
+        .route("/sign-out", post(session::sign_out))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            session::guard,
+        ))
         .layer(axum::middleware::from_fn(server_timing))
         .with_state(state)
 }
@@ -167,6 +176,14 @@ impl Notice {
             access::Refusal::ReadOnly => {
                 (StatusCode::FORBIDDEN, "refused: your role may only look")
             }
+            access::Refusal::OutOfScope => (
+                StatusCode::FORBIDDEN,
+                "refused: your token may not touch this queue",
+            ),
+            access::Refusal::SignedOut => (
+                StatusCode::UNAUTHORIZED,
+                "refused: sign in first (your token is missing or no longer valid)",
+            ),
         };
         Notice {
             ok: false,

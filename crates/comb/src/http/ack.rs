@@ -1,5 +1,6 @@
 //! `POST /api/v1/ack` and `POST /api/v1/ack/batch`.
 
+use axum::Extension;
 use axum::extract::State as AxState;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -8,6 +9,7 @@ use uuid::Uuid;
 use super::body::JsonBody;
 use super::{Problem, State};
 use crate::ack::{AckItem, AckOutcome, AckStatus};
+use crate::auth::Principal;
 use crate::queue::{QUEUE_MODE_GROUP, validate_group_name};
 
 /// One acknowledgement as sent by a consumer.
@@ -48,9 +50,16 @@ const MAX_ERROR_LEN: usize = 8192;
 /// One ack; a refused ack is a problem answer with the refusal's code.
 pub(crate) async fn ack_one(
     AxState(app): AxState<State>,
+    principal: Option<Extension<Principal>>,
     JsonBody(body): JsonBody<AckIn>,
 ) -> Result<axum::Json<Vec<AckOut>>, Problem> {
     let item = validate(body, None, "")?;
+    super::guard::check_partitions(
+        &app,
+        principal.as_deref(),
+        std::iter::once(item.partition_id),
+    )
+    .await?;
     let txid = item.transaction_id.clone();
     let outcome = app
         .acker
@@ -67,6 +76,7 @@ pub(crate) async fn ack_one(
 /// Many acks; each item succeeds or fails on its own.
 pub(crate) async fn ack_batch(
     AxState(app): AxState<State>,
+    principal: Option<Extension<Principal>>,
     JsonBody(body): JsonBody<AckBatchIn>,
 ) -> Result<axum::Json<Vec<AckOut>>, Problem> {
     if body.acknowledgments.is_empty() {
@@ -97,6 +107,12 @@ pub(crate) async fn ack_batch(
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
+    super::guard::check_partitions(
+        &app,
+        principal.as_deref(),
+        items.iter().map(|i| i.partition_id),
+    )
+    .await?;
     let txids: Vec<String> = items.iter().map(|i| i.transaction_id.clone()).collect();
     let outcomes = app.acker.settle(items).await?;
     Ok(axum::Json(

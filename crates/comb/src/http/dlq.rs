@@ -91,6 +91,7 @@ pub async fn list(
             "partitionName": d.partition,
             "data": data,
             "traceId": d.trace_id,
+            "producerSub": d.producer_sub,
         }));
     }
     Ok(axum::Json(json!({

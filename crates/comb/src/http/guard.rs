@@ -74,7 +74,7 @@ fn refusal(denied: Denied) -> Problem {
 }
 
 /// 403 for a queue outside the token's scope.
-fn out_of_scope() -> Problem {
+pub(super) fn out_of_scope() -> Problem {
     Problem::new(
         StatusCode::FORBIDDEN,
         "queue_forbidden",
@@ -92,4 +92,26 @@ pub(super) fn check_queues<'a>(
         Some(p) if !p.may_use_all(names) => Err(out_of_scope()),
         _ => Ok(()),
     }
+}
+
+/// Refuses unless every partition of `partitions` belongs to a queue within the scope of the
+/// request's token. Acks and lease extensions name partitions by id, not queues by name:
+/// for a token limited to some queues, their queues are looked up by the partitions' primary
+/// key (one statement); other callers cost nothing.
+pub(super) async fn check_partitions(
+    app: &super::App,
+    principal: Option<&Principal>,
+    partitions: impl Iterator<Item = uuid::Uuid>,
+) -> Result<(), Problem> {
+    let Some(principal) = principal.filter(|p| p.queues.is_some()) else {
+        return Ok(());
+    };
+    let mut ids: Vec<uuid::Uuid> = partitions.collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let queues = crate::ack::queues_of(&app.pool, &ids).await?;
+    check_queues(Some(principal), queues.iter().map(String::as_str))
 }

@@ -1,6 +1,7 @@
 //! `POST /api/v1/lease/{leaseId}/extend`: keep a live lease for longer while work goes on.
 //! An ended lease cannot be revived: its partition may already be with another consumer.
 
+use axum::Extension;
 use axum::extract::State as AxState;
 
 use super::params::PathParams;
@@ -11,6 +12,8 @@ use uuid::Uuid;
 
 use super::body::{LimitedBody, parse_json};
 use super::{Problem, State};
+use crate::auth::Principal;
+use crate::lease::Extended;
 use crate::queue::MAX_LEASE_SECONDS;
 
 /// The extension request body; Queen's clients send none (or `{}`).
@@ -26,6 +29,7 @@ pub(crate) struct ExtendIn {
 /// Moves a live lease's end to `seconds` from now.
 pub(crate) async fn extend(
     AxState(app): AxState<State>,
+    principal: Option<Extension<Principal>>,
     PathParams(lease_id): PathParams<String>,
     LimitedBody(bytes): LimitedBody,
 ) -> Result<axum::Json<Value>, Problem> {
@@ -49,18 +53,23 @@ pub(crate) async fn extend(
             format!("seconds must be between 1 and {MAX_LEASE_SECONDS}"),
         ));
     }
-    let expires = crate::lease::extend(
+    let expires = match crate::lease::extend(
         &app.pool,
         lease,
         body.seconds.map(f64::from),
         body.partition_id,
+        principal.as_deref(),
     )
-    .await?;
-    let Some(expires) = expires else {
-        return Err(Problem::conflict(
-            "lease_invalid",
-            "no live lease with this id: it ended, was released, or never existed (an ended lease cannot be revived)",
-        ));
+    .await?
+    {
+        Extended::Until(expires) => expires,
+        Extended::NoLiveLease => {
+            return Err(Problem::conflict(
+                "lease_invalid",
+                "no live lease with this id: it ended, was released, or never existed (an ended lease cannot be revived)",
+            ));
+        }
+        Extended::OutOfScope => return Err(super::guard::out_of_scope()),
     };
     Ok(axum::Json(json!([{
         "leaseId": lease,

@@ -129,6 +129,12 @@ pub(crate) async fn transaction(
             format!("a transaction may hold at most {max} acks and messages together"),
         ));
     }
+    super::guard::check_partitions(
+        &app,
+        principal.as_ref(),
+        acks.iter().map(|a| a.partition_id),
+    )
+    .await?;
     if !push_items.is_empty() {
         super::push::validate(&push_items, max, principal.as_ref())?;
         app.modes.admit_push(&app.pool).await?;

@@ -10,6 +10,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
+use crate::auth::Principal;
 use crate::cursor;
 use crate::db::DbError;
 
@@ -17,10 +18,13 @@ mod expiry;
 
 pub(crate) use expiry::expire_leases;
 
-/// The cursors a lease id was ever written to (any version holds it).
+/// The cursors a lease id was ever written to (any version holds it), with their queues.
 const FIND_SQL: &str = "
-SELECT DISTINCT partition_id, consumer_group FROM comb.cursor_states
-WHERE lease_id = $1 AND ($2::uuid IS NULL OR partition_id = $2)";
+SELECT DISTINCT s.partition_id, s.consumer_group, q.name
+FROM comb.cursor_states s
+JOIN comb.partitions p ON p.id = s.partition_id
+JOIN comb.queues q ON q.id = p.queue_id
+WHERE s.lease_id = $1 AND ($2::uuid IS NULL OR s.partition_id = $2)";
 
 const LOCK_SQL: &str = "
 SELECT 1 FROM comb.cursors WHERE partition_id = $1 AND consumer_group = $2
@@ -43,18 +47,36 @@ WHERE s.lease_id = $3 AND s.lease_expires_at > now()
 RETURNING lease_expires_at"
 );
 
+/// What an extension did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Extended {
+    /// The lease now ends then (the latest end over its partitions).
+    Until(DateTime<Utc>),
+    /// No live lease has this id.
+    NoLiveLease,
+    /// The lease holds a partition of a queue outside the caller's token scope: nothing
+    /// was changed.
+    OutOfScope,
+}
+
 /// Moves the end of a live lease to `seconds` from now (by default, the queue's `leaseTime`),
-/// on every partition it holds (a multi-partition pop leases them all under one id); `None`
-/// when no live lease has this id.
+/// on every partition it holds (a multi-partition pop leases them all under one id), if
+/// `principal` (the caller's token, when tokens are required) may touch all their queues.
 pub(crate) async fn extend(
     pool: &Pool,
     lease: Uuid,
     seconds: Option<f64>,
     partition: Option<Uuid>,
-) -> Result<Option<DateTime<Utc>>, DbError> {
+    principal: Option<&Principal>,
+) -> Result<Extended, DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let mut found = tx.query(FIND_SQL, &[&lease, &partition]).await?;
+    if let Some(p) = principal
+        && !p.may_use_all(found.iter().map(|r| r.get::<_, &str>(2)))
+    {
+        return Ok(Extended::OutOfScope);
+    }
     // Locked in a stable order, like every other writer of several cursors.
     found.sort_by_key(|r| (r.get::<_, Uuid>(0), r.get::<_, String>(1)));
     let mut latest: Option<DateTime<Utc>> = None;
@@ -79,8 +101,9 @@ pub(crate) async fn extend(
             latest = latest.max(Some(expires));
         }
     }
-    if latest.is_some() {
-        tx.commit().await?;
-    }
-    Ok(latest)
+    let Some(latest) = latest else {
+        return Ok(Extended::NoLiveLease);
+    };
+    tx.commit().await?;
+    Ok(Extended::Until(latest))
 }

@@ -13,11 +13,11 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-const SECRET: &str = "a-test-secret-of-more-than-32-bytes!";
+pub(super) const SECRET: &str = "a-test-secret-of-more-than-32-bytes!";
 const ISSUER: &str = "https://idp.test/";
 const AUDIENCE: &str = "comb-tests";
 
-fn now() -> u64 {
+pub(super) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -25,12 +25,12 @@ fn now() -> u64 {
 }
 
 /// Claims of a token valid for an hour from now.
-fn claims(sub: &str, role: &str) -> Value {
+pub(super) fn claims(sub: &str, role: &str) -> Value {
     json!({"sub": sub, "role": role, "iss": ISSUER, "aud": AUDIENCE, "exp": now() + 3600,
            "iat": now()})
 }
 
-fn hs256(claims: &Value) -> String {
+pub(super) fn hs256(claims: &Value) -> String {
     sign(
         Header::new(Algorithm::HS256),
         claims,
@@ -43,14 +43,14 @@ fn sign(header: Header, claims: &Value, key: &EncodingKey) -> String {
 }
 
 /// An answer: status, headers and body text.
-struct Answer {
-    status: StatusCode,
+pub(super) struct Answer {
+    pub(super) status: StatusCode,
     headers: HeaderMap,
-    text: String,
+    pub(super) text: String,
 }
 
 impl Answer {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_str(&self.text).unwrap_or(Value::Null)
     }
 }
@@ -78,7 +78,7 @@ async fn call(
 }
 
 /// Sends a request and asserts its status; the answer, for further checks.
-async fn expect(
+pub(super) async fn expect(
     env: &Env,
     method: &str,
     path: &str,
@@ -132,7 +132,7 @@ fn assert_forbidden(a: &Answer, code: &str) {
     assert_eq!(a.json()["code"], code, "{}", a.text);
 }
 
-async fn hs256_server(extra: &[&str]) -> Env {
+pub(super) async fn hs256_server(extra: &[&str]) -> Env {
     let mut args = vec![
         "--jwt-enabled",
         "--jwt-secret",
@@ -549,6 +549,15 @@ async fn without_tokens_messages_carry_no_producer() {
     assert_eq!(
         env.sql("SELECT count(*) FROM comb.messages WHERE producer_sub IS NOT NULL"),
         "0"
+    );
+    // Listings say so (Queen's shape: the field is there, null).
+    let (_, listed) = env.get("/api/v1/messages?queue=q&limit=5").await;
+    let listed = listed["messages"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 5);
+    assert!(
+        listed
+            .iter()
+            .all(|m| m.get("producerSub") == Some(&Value::Null))
     );
 }
 
@@ -1011,4 +1020,313 @@ async fn a_token_naming_an_unknown_key_id_fetches_the_set_early() {
     assert_eq!(status, StatusCode::OK);
     // One early fetch, not one per request.
     assert_eq!(keys.fetches.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// Versions written for the cursors of a partition: a refused ack or extension writes none.
+fn cursor_versions(env: &Env, partition: &str) -> String {
+    env.sql(&format!(
+        "SELECT count(*) FROM comb.cursor_states WHERE partition_id = '{partition}'"
+    ))
+}
+
+#[tokio::test]
+async fn a_token_limited_to_queue_prefixes_may_not_settle_or_extend_another_queues_messages() {
+    let env = hs256_server(&["--jwt-queues-claim", "queues"]).await;
+    let scoped = |sub: &str, prefix: &str| {
+        let mut c = claims(sub, "read-write");
+        c["queues"] = json!([prefix]);
+        hs256(&c)
+    };
+    let (a_only, b_only) = (scoped("team-a", "a."), scoped("team-b", "b."));
+    let two = json!({"items": [{"queue": "b.jobs", "transactionId": "b1", "payload": 1},
+                               {"queue": "b.jobs", "transactionId": "b2", "payload": 2}]});
+    expect(
+        &env,
+        "POST",
+        "/api/v1/push",
+        Some(&b_only),
+        Some(two),
+        StatusCode::CREATED,
+    )
+    .await;
+    let popped = expect(
+        &env,
+        "GET",
+        "/api/v1/pop/queue/b.jobs?batch=2",
+        Some(&b_only),
+        None,
+        StatusCode::OK,
+    )
+    .await
+    .json();
+    let m = &popped["messages"][0];
+    let (pid, lease) = (
+        m["partitionId"].as_str().unwrap().to_string(),
+        m["leaseId"].as_str().unwrap().to_string(),
+    );
+    let ack = |txid: &str, status: &str| json!({"transactionId": txid, "partitionId": pid, "leaseId": lease, "status": status});
+    let before = cursor_versions(&env, &pid);
+    // Another team's token knows the ids (they travel in the messages) but may not use them:
+    // not to complete, fail or dead-letter, alone, in a batch or in a transaction, nor to
+    // keep the lease.
+    let attempts = [
+        ("/api/v1/ack".to_string(), ack("b1", "completed")),
+        ("/api/v1/ack".to_string(), ack("b1", "failed")),
+        ("/api/v1/ack".to_string(), ack("b1", "dlq")),
+        (
+            "/api/v1/ack/batch".to_string(),
+            json!({"acknowledgments": [ack("b1", "completed"), ack("b2", "completed")]}),
+        ),
+        (
+            "/api/v1/transaction".to_string(),
+            json!({"operations": [{"type": "ack", "transactionId": "b1", "partitionId": pid,
+                                   "status": "completed"},
+                                  {"type": "push", "items": [{"queue": "a.out", "payload": 1}]}]}),
+        ),
+        (
+            format!("/api/v1/lease/{lease}/extend"),
+            json!({"seconds": 3600}),
+        ),
+        (
+            format!("/api/v1/lease/{lease}/extend"),
+            json!({"seconds": 3600, "partitionId": pid}),
+        ),
+    ];
+    for (path, body) in attempts {
+        refused(
+            &env,
+            "POST",
+            &path,
+            Some(&a_only),
+            Some(body),
+            "queue_forbidden",
+        )
+        .await;
+    }
+    assert_eq!(cursor_versions(&env, &pid), before, "nothing was written");
+    assert_eq!(
+        env.sql("SELECT count(*) FROM comb.queues WHERE name = 'a.out'"),
+        "0",
+        "the refused transaction pushed nothing"
+    );
+    // The owner's token settles both, under the lease the pop gave.
+    let a = expect(
+        &env,
+        "POST",
+        "/api/v1/ack/batch",
+        Some(&b_only),
+        Some(json!({"acknowledgments": [ack("b1", "completed"), ack("b2", "completed")]})),
+        StatusCode::OK,
+    )
+    .await;
+    assert!(
+        a.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["success"] == true),
+        "{}",
+        a.text
+    );
+    // Within its own prefix the same token acks and extends as before.
+    expect(
+        &env,
+        "POST",
+        "/api/v1/push",
+        Some(&a_only),
+        Some(json!({"items": [{"queue": "a.jobs", "payload": 1}]})),
+        StatusCode::CREATED,
+    )
+    .await;
+    let popped = expect(
+        &env,
+        "GET",
+        "/api/v1/pop/queue/a.jobs",
+        Some(&a_only),
+        None,
+        StatusCode::OK,
+    )
+    .await
+    .json();
+    let m = &popped["messages"][0];
+    expect(
+        &env,
+        "POST",
+        &format!("/api/v1/lease/{}/extend", m["leaseId"].as_str().unwrap()),
+        Some(&a_only),
+        Some(json!({"seconds": 60})),
+        StatusCode::OK,
+    )
+    .await;
+    expect(
+        &env,
+        "POST",
+        "/api/v1/ack",
+        Some(&a_only),
+        Some(
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                    "leaseId": m["leaseId"], "status": "completed"}),
+        ),
+        StatusCode::OK,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_producer_is_shown_in_dead_letters_and_the_message_listings() {
+    let env = hs256_server(&[]).await;
+    let alice = hs256(&claims("alice", "admin"));
+    let items = json!({"items": [{"queue": "dl", "transactionId": "t1", "payload": 1},
+                                 {"queue": "dl", "transactionId": "t2", "payload": 2}]});
+    expect(
+        &env,
+        "POST",
+        "/api/v1/push",
+        Some(&alice),
+        Some(items),
+        StatusCode::CREATED,
+    )
+    .await;
+    let popped = expect(
+        &env,
+        "GET",
+        "/api/v1/pop/queue/dl?batch=1",
+        Some(&alice),
+        None,
+        StatusCode::OK,
+    )
+    .await
+    .json();
+    let m = &popped["messages"][0];
+    let pid = m["partitionId"].as_str().unwrap().to_string();
+    assert_eq!(m["transactionId"], "t1");
+    expect(
+        &env,
+        "POST",
+        "/api/v1/ack",
+        Some(&alice),
+        Some(
+            json!({"transactionId": "t1", "partitionId": pid, "leaseId": m["leaseId"],
+                    "status": "dlq", "error": "bad"}),
+        ),
+        StatusCode::OK,
+    )
+    .await;
+    let get = |path: String| {
+        let (env, alice) = (&env, &alice);
+        async move {
+            expect(env, "GET", &path, Some(alice), None, StatusCode::OK)
+                .await
+                .json()
+        }
+    };
+    let dlq = get("/api/v1/dlq?queue=dl".into()).await;
+    assert_eq!(dlq["messages"][0]["producerSub"], "alice", "{dlq}");
+    for query in ["", "&status=dead_letter", "&status=pending"] {
+        let listed = get(format!("/api/v1/messages?queue=dl{query}")).await;
+        let messages = listed["messages"].as_array().unwrap();
+        assert!(!messages.is_empty(), "{query}: {listed}");
+        assert!(
+            messages.iter().all(|m| m["producerSub"] == "alice"),
+            "{query}: {listed}"
+        );
+    }
+    let one = get(format!("/api/v1/messages/{pid}/t1")).await;
+    assert_eq!(one["producerSub"], "alice", "{one}");
+    // A requeued dead letter keeps its producer: an operator does not become it.
+    let ops = hs256(&claims("ops", "admin"));
+    expect(
+        &env,
+        "POST",
+        &format!("/api/v1/messages/{pid}/t1/retry"),
+        Some(&ops),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    let again = expect(
+        &env,
+        "GET",
+        "/api/v1/pop/queue/dl?batch=10&autoAck=true",
+        Some(&ops),
+        None,
+        StatusCode::OK,
+    )
+    .await
+    .json();
+    let messages = again["messages"].as_array().unwrap();
+    assert!(
+        messages.iter().any(|m| m["transactionId"] == "t1"),
+        "{again}"
+    );
+    assert!(
+        messages.iter().all(|m| m["producerSub"] == "alice"),
+        "{again}"
+    );
+}
+
+#[tokio::test]
+async fn queen_skip_paths_open_exactly_the_paths_listed() {
+    let env = Env::start_with_env(
+        &["--jwt-enabled", "--jwt-secret", SECRET],
+        &[(
+            "JWT_SKIP_PATHS",
+            "/health,/metrics/prometheus,/api/v1/resources/queues, /api/v1/openapi.json",
+        )],
+    )
+    .await;
+    for path in [
+        "/api/v1/resources/queues",
+        "/api/v1/openapi.json",
+        "/health",
+    ] {
+        expect(&env, "GET", path, None, None, StatusCode::OK).await;
+    }
+    // Only the exact paths: not what lies below them, nor other routes.
+    for (method, path) in [
+        ("GET", "/api/v1/resources/queues/q"),
+        ("GET", "/api/v1/resources/overview"),
+        ("GET", "/api/v1/messages"),
+    ] {
+        assert_unauthorized(&call(&env, method, path, None, None).await, None);
+    }
+    let a = call(
+        &env,
+        "POST",
+        "/api/v1/push",
+        None,
+        Some(json!({"items": [{"queue": "q", "payload": 1}]})),
+    )
+    .await;
+    assert_unauthorized(&a, None);
+    // The dashboard's pages still ask for a token.
+    let page = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(env.url("/queues"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::SEE_OTHER);
+    // A skip list that names no path stops the server at start.
+    let pg = comb_harness::Postgres::shared();
+    let db = pg.create_database("t").unwrap();
+    let started = tokio::task::spawn_blocking(move || {
+        comb_harness::Server::start(
+            common::comb_bin(),
+            &db,
+            &[
+                "--jwt-enabled",
+                "--jwt-secret",
+                SECRET,
+                "--jwt-skip-paths",
+                "health",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let e = started.err().expect("refused to start").to_string();
+    assert!(e.contains("skip path"), "{e}");
 }

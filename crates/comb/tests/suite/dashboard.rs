@@ -501,3 +501,260 @@ async fn pages_fit_a_phone_screen() {
     assert_eq!(focused, json!("Skip to content"));
     browser.close().await;
 }
+
+/// A dead letter in queue `jobs` (transaction id `job-42`, pushed with `token`), and the
+/// partition id it lives in.
+async fn dead_letter_with(env: &Env, token: &str) -> String {
+    use super::auth::expect;
+    let push = json!({"items": [{"queue": "jobs", "partition": "p1", "transactionId": "job-42",
+                                 "payload": {"job": "resize", "id": 42}}]});
+    expect(
+        env,
+        "POST",
+        "/api/v1/push",
+        Some(token),
+        Some(push),
+        StatusCode::CREATED,
+    )
+    .await;
+    let pop = expect(
+        env,
+        "GET",
+        "/api/v1/pop/queue/jobs?batch=1",
+        Some(token),
+        None,
+        StatusCode::OK,
+    )
+    .await
+    .json();
+    let m = &pop["messages"][0];
+    let ack = json!({"transactionId": "job-42", "partitionId": m["partitionId"],
+                     "leaseId": m["leaseId"], "status": "dlq", "error": "image too large"});
+    expect(
+        env,
+        "POST",
+        "/api/v1/ack",
+        Some(token),
+        Some(ack),
+        StatusCode::OK,
+    )
+    .await;
+    m["partitionId"].as_str().unwrap().to_string()
+}
+
+impl Browser {
+    /// Signs in on the sign-in page the browser is on, with `token`.
+    async fn sign_in(&self, token: &str) {
+        self.find("#token")
+            .await
+            .send_keys(token)
+            .await
+            .expect("typing the token");
+        self.click("#sign-in button[type=submit]").await;
+    }
+
+    /// The path of the page the browser shows.
+    async fn path(&self) -> String {
+        self.client.current_url().await.unwrap().path().to_string()
+    }
+}
+
+#[tokio::test]
+async fn with_tokens_the_pages_ask_for_one_and_an_admin_requeues_from_them() {
+    use super::auth::{claims, expect, hs256, hs256_server};
+    let env = hs256_server(&[]).await;
+    let admin = hs256(&claims("ops", "admin"));
+    let pid = dead_letter_with(&env, &admin).await;
+
+    // Unauthenticated: the page asked for leads to the sign-in page, which says why.
+    let browser = Browser::start().await;
+    browser.open(&env.url("/dead-letters?queue=jobs")).await;
+    browser.find("#sign-in").await;
+    assert_eq!(browser.path().await, "/sign-in");
+    let why = browser.text("#sign-in-message").await;
+    assert!(why.contains("requires a bearer token"), "{why}");
+    browser.screenshot("sign-in").await;
+
+    // A bad token: the form again with a sentence, not a JSON error, and nothing of it
+    // written back.
+    browser.sign_in("not.a.token").await;
+    browser
+        .wait_text("#sign-in-message", |t| t.contains("not valid"))
+        .await;
+    let html = browser.client.source().await.unwrap();
+    assert!(!html.contains("not.a.token"), "the token is echoed");
+    assert!(!html.contains("\"code\""), "a JSON error");
+
+    // The administrator's token: back to the page asked for, with its buttons.
+    browser.sign_in(&admin).await;
+    assert_eq!(browser.text("#dlq-total").await, "1");
+    assert_eq!(browser.path().await, "/dead-letters");
+    let cookies = browser.eval("return document.cookie").await;
+    assert!(
+        !cookies.as_str().unwrap().contains("comb_token"),
+        "scripts cannot read the token: {cookies}"
+    );
+    browser.click("#dead-letters .entry button.requeue").await;
+    browser.click("#confirm-yes").await;
+    let notice = browser.text(".notice").await;
+    assert!(notice.starts_with("Requeued 1 dead letter"), "{notice}");
+    let pop = expect(
+        &env,
+        "GET",
+        "/api/v1/pop/queue/jobs?batch=1&wait=true&timeout=5000",
+        Some(&admin),
+        None,
+        StatusCode::OK,
+    )
+    .await
+    .json();
+    assert_eq!(pop["messages"][0]["transactionId"], "job-42");
+
+    // The message's page names its producer, the token's subject.
+    browser
+        .open(&env.url(&format!("/messages/{pid}/job-42")))
+        .await;
+    browser.find("#payload").await;
+    let producer = browser
+        .eval("return [...document.querySelectorAll('dl.options div')].find(d => d.querySelector('dt').textContent === 'Producer').querySelector('dd').textContent")
+        .await;
+    assert_eq!(producer, json!("ops"));
+
+    // Signing out forgets the token: the pages ask again.
+    browser.click("#sign-out").await;
+    browser
+        .wait_text("#sign-in-message", |t| t.contains("signed out"))
+        .await;
+    browser.open(&env.url("/")).await;
+    browser.find("#sign-in").await;
+    assert_eq!(browser.path().await, "/sign-in");
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_read_only_token_sees_the_pages_without_destructive_buttons_and_cannot_post() {
+    use super::auth::{claims, expect, hs256, hs256_server, now};
+    let env = hs256_server(&[]).await;
+    let admin = hs256(&claims("ops", "admin"));
+    let reader = hs256(&claims("auditor", "read-only"));
+    dead_letter_with(&env, &admin).await;
+    expect(
+        &env,
+        "GET",
+        "/api/v1/pop/queue/jobs?consumerGroup=analytics&subscriptionMode=all&autoAck=true",
+        Some(&admin),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+
+    let browser = Browser::start().await;
+    browser.open(&env.url("/sign-in")).await;
+    browser.sign_in(&reader).await;
+    browser.text("h1").await;
+    assert_eq!(browser.path().await, "/");
+    browser.open(&env.url("/dead-letters?queue=jobs")).await;
+    assert_eq!(browser.text("#dlq-total").await, "1");
+    let entry = browser.text("#dead-letters .entry summary").await;
+    assert!(entry.contains("image too large"), "{entry}");
+    let buttons = browser
+        .eval("return document.querySelectorAll('button.requeue, button.purge, #requeue-all, #purge-all').length")
+        .await;
+    assert_eq!(buttons, json!(0));
+    assert_eq!(browser.text(".badge").await, "read-only");
+    browser.screenshot("dead-letters-read-only").await;
+    browser.open(&env.url("/groups")).await;
+    let row = browser.text("#groups tbody tr").await;
+    assert!(row.starts_with("analytics"), "{row}");
+    let seeks = browser
+        .eval("return document.querySelectorAll('form.seek').length")
+        .await;
+    assert_eq!(seeks, json!(0));
+    browser.close().await;
+
+    // A forged action with the reader's token and a valid CSRF pair, by cookie or by header:
+    // refused, and the API refuses the reader too.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let csrf = "0123456789abcdef0123456789abcdef";
+    for (cookie, authorization) in [
+        (format!("comb_csrf={csrf}; comb_token={reader}"), None),
+        (
+            format!("comb_csrf={csrf}"),
+            Some(format!("Bearer {reader}")),
+        ),
+    ] {
+        let mut req = http
+            .post(env.url("/dead-letters/requeue"))
+            .header("cookie", cookie)
+            .header("x-comb-csrf", csrf)
+            .form(&[("queue", "jobs")]);
+        if let Some(a) = authorization {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert!(r.text().await.unwrap().contains("may only look"));
+    }
+    let refused = expect(
+        &env,
+        "POST",
+        "/api/v1/dlq/requeue",
+        Some(&reader),
+        Some(json!({"queue": "jobs"})),
+        StatusCode::FORBIDDEN,
+    )
+    .await;
+    assert!(refused.text.contains("forbidden"), "{}", refused.text);
+    let dlq = expect(
+        &env,
+        "GET",
+        "/api/v1/dlq?queue=jobs",
+        Some(&admin),
+        None,
+        StatusCode::OK,
+    )
+    .await
+    .json();
+    assert_eq!(dlq["total"], 1, "nothing was requeued");
+
+    // An expired token in the cookie leads to the sign-in page (and the cookie is ended); a
+    // live refresh by htmx is told where to go instead of getting a fragment.
+    let mut old = claims("auditor", "read-only");
+    old["exp"] = json!(now() - 3600);
+    let expired = hs256(&old);
+    let r = http
+        .get(env.url("/queues"))
+        .header("cookie", format!("comb_token={expired}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let to = r.headers()["location"].to_str().unwrap();
+    assert_eq!(to, "/sign-in?why=invalid&next=%2Fqueues");
+    let ended = r.headers()["set-cookie"].to_str().unwrap();
+    assert!(
+        ended.starts_with("comb_token=;") && ended.contains("Max-Age=0"),
+        "{ended}"
+    );
+    let r = http
+        .get(env.url("/dead-letters?queue=jobs"))
+        .header("cookie", format!("comb_token={expired}"))
+        .header("hx-request", "true")
+        .header("hx-current-url", env.url("/dead-letters?queue=jobs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let to = r.headers()["hx-redirect"].to_str().unwrap();
+    assert!(
+        to.starts_with("/sign-in?why=invalid&next=%2Fdead-letters"),
+        "{to}"
+    );
+    // The sign-in page itself says why.
+    let page = http.get(env.url(to)).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.text().await.unwrap().contains("may have expired"));
+}
