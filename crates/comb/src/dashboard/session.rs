@@ -39,6 +39,16 @@ enum Why {
 }
 
 impl Why {
+    const ALL: [Why; 7] = [
+        Why::SignIn,
+        Why::Invalid,
+        Why::Role,
+        Why::Scope,
+        Why::SignedOut,
+        Why::Form,
+        Why::TooLong,
+    ];
+
     fn code(self) -> &'static str {
         match self {
             Why::SignIn => "sign-in",
@@ -52,17 +62,7 @@ impl Why {
     }
 
     fn parse(code: &str) -> Option<Why> {
-        [
-            Why::SignIn,
-            Why::Invalid,
-            Why::Role,
-            Why::Scope,
-            Why::SignedOut,
-            Why::Form,
-            Why::TooLong,
-        ]
-        .into_iter()
-        .find(|w| w.code() == code)
+        Why::ALL.into_iter().find(|w| w.code() == code)
     }
 
     fn text(self) -> &'static str {
@@ -92,6 +92,7 @@ impl Why {
 #[derive(Template)]
 #[template(path = "dashboard/sign_in.html")]
 struct SignInPage<'a> {
+    title: &'a str,
     csrf: &'a str,
     next: &'a str,
     message: Option<&'a str>,
@@ -139,6 +140,7 @@ fn local(next: &str) -> &str {
 fn page(headers: &HeaderMap, next: &str, why: Option<Why>, status: StatusCode) -> Response {
     let (csrf, set_cookie) = access::page_token(headers);
     let page = SignInPage {
+        title: "Sign in",
         csrf: &csrf,
         next: local(next),
         message: why.map(Why::text),
@@ -349,15 +351,7 @@ mod tests {
 
     #[test]
     fn every_reason_reads_back_from_its_code() {
-        for why in [
-            Why::SignIn,
-            Why::Invalid,
-            Why::Role,
-            Why::Scope,
-            Why::SignedOut,
-            Why::Form,
-            Why::TooLong,
-        ] {
+        for why in Why::ALL {
             assert_eq!(Why::parse(why.code()), Some(why));
         }
         assert_eq!(Why::parse("<script>"), None);

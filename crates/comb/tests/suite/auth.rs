@@ -146,6 +146,23 @@ pub(super) async fn hs256_server(extra: &[&str]) -> Env {
     Env::start_with(&args).await
 }
 
+/// Pushes `items` with `token` (asserting 201), then pops `pop` with it (asserting 200): the
+/// pop's answer.
+pub(super) async fn push_then_pop(env: &Env, token: &str, items: Value, pop: &str) -> Value {
+    expect(
+        env,
+        "POST",
+        "/api/v1/push",
+        Some(token),
+        Some(json!({ "items": items })),
+        StatusCode::CREATED,
+    )
+    .await;
+    expect(env, "GET", pop, Some(token), None, StatusCode::OK)
+        .await
+        .json()
+}
+
 fn push_body(queue: &str, n: usize) -> Value {
     let items: Vec<Value> = (0..n)
         .map(|i| json!({"queue": queue, "payload": {"n": i}, "producerSub": "mallory"}))
@@ -1038,27 +1055,9 @@ async fn a_token_limited_to_queue_prefixes_may_not_settle_or_extend_another_queu
         hs256(&c)
     };
     let (a_only, b_only) = (scoped("team-a", "a."), scoped("team-b", "b."));
-    let two = json!({"items": [{"queue": "b.jobs", "transactionId": "b1", "payload": 1},
-                               {"queue": "b.jobs", "transactionId": "b2", "payload": 2}]});
-    expect(
-        &env,
-        "POST",
-        "/api/v1/push",
-        Some(&b_only),
-        Some(two),
-        StatusCode::CREATED,
-    )
-    .await;
-    let popped = expect(
-        &env,
-        "GET",
-        "/api/v1/pop/queue/b.jobs?batch=2",
-        Some(&b_only),
-        None,
-        StatusCode::OK,
-    )
-    .await
-    .json();
+    let two = json!([{"queue": "b.jobs", "transactionId": "b1", "payload": 1},
+                     {"queue": "b.jobs", "transactionId": "b2", "payload": 2}]);
+    let popped = push_then_pop(&env, &b_only, two, "/api/v1/pop/queue/b.jobs?batch=2").await;
     let m = &popped["messages"][0];
     let (pid, lease) = (
         m["partitionId"].as_str().unwrap().to_string(),
@@ -1129,25 +1128,8 @@ async fn a_token_limited_to_queue_prefixes_may_not_settle_or_extend_another_queu
         a.text
     );
     // Within its own prefix the same token acks and extends as before.
-    expect(
-        &env,
-        "POST",
-        "/api/v1/push",
-        Some(&a_only),
-        Some(json!({"items": [{"queue": "a.jobs", "payload": 1}]})),
-        StatusCode::CREATED,
-    )
-    .await;
-    let popped = expect(
-        &env,
-        "GET",
-        "/api/v1/pop/queue/a.jobs",
-        Some(&a_only),
-        None,
-        StatusCode::OK,
-    )
-    .await
-    .json();
+    let own = json!([{"queue": "a.jobs", "payload": 1}]);
+    let popped = push_then_pop(&env, &a_only, own, "/api/v1/pop/queue/a.jobs").await;
     let m = &popped["messages"][0];
     expect(
         &env,
@@ -1176,27 +1158,9 @@ async fn a_token_limited_to_queue_prefixes_may_not_settle_or_extend_another_queu
 async fn the_producer_is_shown_in_dead_letters_and_the_message_listings() {
     let env = hs256_server(&[]).await;
     let alice = hs256(&claims("alice", "admin"));
-    let items = json!({"items": [{"queue": "dl", "transactionId": "t1", "payload": 1},
-                                 {"queue": "dl", "transactionId": "t2", "payload": 2}]});
-    expect(
-        &env,
-        "POST",
-        "/api/v1/push",
-        Some(&alice),
-        Some(items),
-        StatusCode::CREATED,
-    )
-    .await;
-    let popped = expect(
-        &env,
-        "GET",
-        "/api/v1/pop/queue/dl?batch=1",
-        Some(&alice),
-        None,
-        StatusCode::OK,
-    )
-    .await
-    .json();
+    let items = json!([{"queue": "dl", "transactionId": "t1", "payload": 1},
+                       {"queue": "dl", "transactionId": "t2", "payload": 2}]);
+    let popped = push_then_pop(&env, &alice, items, "/api/v1/pop/queue/dl?batch=1").await;
     let m = &popped["messages"][0];
     let pid = m["partitionId"].as_str().unwrap().to_string();
     assert_eq!(m["transactionId"], "t1");
