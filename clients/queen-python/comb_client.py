@@ -21,7 +21,8 @@ def session(url, body, token=TOKEN):
     """Runs `body(queen)` with a client connected to `url`, closing it afterwards."""
 
     async def main():
-        async with Queen(url, retry_attempts=1, bearer_token=token) as queen:
+        # By keyword: 0.15 drops every keyword option when the URL comes positionally.
+        async with Queen(url=url, retry_attempts=1, bearer_token=token) as queen:
             return await body(queen)
 
     return asyncio.run(main())

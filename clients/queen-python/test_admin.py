@@ -136,9 +136,9 @@ def test_queues_and_partitions_show_depth_in_flight_and_dead_letters(url, name):
         await q.queue(name).partition("a").push(items(4))
         await q.queue(name).partition("b").push(items(2, 10))
         leased = await pop_builder(q, name, batch=2).partition("a").pop()
-        # The first fails: at retryLimit 1 it is a dead letter; the second stays leased.
-        await q.ack(leased[0], False, {"error": "boom"})
         listed = await q.admin.list_queues(namespace=ns)
+        # The first fails: at retryLimit 1 it is a dead letter, and the lease ends.
+        await q.ack(leased[0], False, {"error": "boom"})
         detail = await q.admin.get_queue(name)
         partitions = await q.admin.get_partitions(queue=name)
         one = await q.admin.get_partitions(queue=name, limit=1, offset=1)
@@ -151,21 +151,24 @@ def test_queues_and_partitions_show_depth_in_flight_and_dead_letters(url, name):
     assert entry["namespace"] == ns
     assert entry["partitions"] == 2
     assert entry["messages"]["total"] == 6
-    assert entry["messages"]["processing"] == 1
+    assert entry["messages"]["processing"] == 2
     assert entry["messages"]["pending"] == 4
-    assert entry["deadLetters"] == 1
+    assert entry["deadLetters"] == 0
     assert entry["oldestPendingAgeSeconds"] >= 0
     assert detail["name"] == name
     assert detail["deadLetters"] == 1
+    assert detail["messages"]["processing"] == 0
+    assert detail["messages"]["pending"] == 5
     parts = {p["name"]: p for p in detail["partitionList"]}
     assert set(parts) == {"a", "b"}
     assert parts["a"]["messages"]["total"] == 4
-    assert parts["a"]["messages"]["processing"] == 1
+    assert parts["a"]["messages"]["pending"] == 3
     assert parts["b"]["messages"]["pending"] == 2
     assert [g["name"] for g in detail["consumerGroups"]] == ["__QUEUE_MODE__"]
     assert partitions["total"] == 2
     assert {p["queue"] for p in partitions["partitions"]} == {name}
-    assert len(one["partitions"]) == 1
+    assert [p["name"] for p in partitions["partitions"]] == ["a", "b"]
+    assert [p["name"] for p in one["partitions"]] == ["b"]
 
 
 def test_clear_queue_passes_what_is_pending(url, name):
@@ -225,8 +228,9 @@ def test_a_retried_dead_letter_is_delivered_again(url, name):
         await q.queue(name).config({"retry_limit": 1, "retry_delay": 0}).create()
         await q.queue(name).push(items(2))
         got = await pop_builder(q, name, batch=2).pop()
-        await q.ack(got[0], False, {"error": "poison"})
+        # The success first: a failure ends the lease.
         await q.ack(got[1], True)
+        await q.ack(got[0], False, {"error": "poison"})
         dead = await q.admin.list_messages(queue=name, status="dead_letter")
         nothing = await pop_builder(q, name).pop()
         m = got[0]

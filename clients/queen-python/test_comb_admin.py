@@ -66,7 +66,7 @@ def test_purge_drops_the_dead_letters_of_one_partition(url, http, name):
 
     left = session(url, read)
     assert left["total"] == 2
-    assert {m["partition"] for m in left["messages"]} == {"b"}
+    assert {m["partitionName"] for m in left["messages"]} == {"b"}
     r = http.post("/api/v1/dlq/purge", json={"queue": name + "-none"})
     assert r.status_code == 404
     assert r.headers["content-type"].startswith("application/problem+json")

@@ -13,7 +13,7 @@ use crate::common::{Env, TOKENS_SECRET, WITH_TOKENS};
 const KEY: &str = "7f3c2a1b0e9d8c7b6a5f4e3d2c1b0a99887766554433221100ffeeddccbbaa01";
 const VERSIONS: [&str; 2] = ["0.15.0", "2.6.0"];
 /// How many tests the whole suite holds (each passes, none is skipped).
-const SUITE_TESTS: usize = 53;
+const SUITE_TESTS: usize = 51;
 /// How many tests `test_refusals.py` holds.
 const REFUSAL_TESTS: usize = 2;
 
@@ -57,7 +57,13 @@ async fn server(tokens: bool) -> Env {
 /// Runs pytest (with `args`) with one client version and `env`, asserts that exactly
 /// `expected` tests ran and passed (none failed, skipped or deselected), and returns
 /// pytest's summary line.
-async fn run(version: &'static str, url: String, args: &[&str], env: Vec<(&'static str, String)>, expected: usize) {
+async fn run(
+    version: &'static str,
+    url: String,
+    args: &[&str],
+    env: Vec<(&'static str, String)>,
+    expected: usize,
+) {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let summary = tokio::task::spawn_blocking(move || {
         let root = root();
@@ -140,7 +146,10 @@ async fn with_tokens_required_the_suite_passes_with_an_admins_token_and_is_refus
             version,
             url.clone(),
             &["test_refusals.py"],
-            vec![("COMB_READ_TOKEN", token("read-only"))],
+            vec![
+                ("COMB_READ_TOKEN", token("read-only")),
+                ("COMB_TOKEN", token("admin")),
+            ],
             REFUSAL_TESTS,
         )
         .await;
