@@ -416,16 +416,22 @@ def test_consumer_groups_show_lag_and_the_lagging_ones(url, name):
     assert not [entry for entry in not_yet if entry["queue"] == name]
 
 
+async def read(q, name, group):
+    """What `group` is handed now (up to 10 messages), acknowledged."""
+    got = await pop_builder(q, name, batch=10).group(group).pop()
+    if got:
+        await q.ack(got, True, {"group": group})
+    return got
+
+
 def test_seek_moves_what_a_group_is_handed(url, name):
     group = name + "-g"
 
     async def body(q):
         await q.queue(name).push(items(3))
-        first = await pop_builder(q, name, batch=10).group(group).pop()
-        await q.ack(first, True, {"group": group})
+        first = await read(q, name, group)
         to_start = await q.admin.seek_consumer_group(group, name, {"toStart": True})
-        again = await pop_builder(q, name, batch=10).group(group).pop()
-        await q.ack(again, True, {"group": group})
+        again = await read(q, name, group)
         await q.queue(name).push(items(2, 10))
         to_end = await q.admin.seek_consumer_group(group, name, {"toEnd": True})
         nothing = await pop_builder(q, name, batch=10).group(group).pop()
@@ -452,8 +458,7 @@ def test_a_group_deleted_for_a_queue_starts_again(url, name):
 
     async def body(q):
         await q.queue(name).push(items(2))
-        first = await pop_builder(q, name, batch=10).group(group).pop()
-        await q.ack(first, True, {"group": group})
+        await read(q, name, group)
         deleted = await q.admin.delete_consumer_group_for_queue(group, name, True)
         with pytest.raises(Exception) as gone:
             await q.admin.get_consumer_group(group)
