@@ -73,6 +73,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "payload_json",
         sql: include_str!("migrations/0011_payload_json.sql"),
     },
+    Migration {
+        version: 12,
+        name: "figures",
+        sql: include_str!("migrations/0012_figures.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
