@@ -18,7 +18,9 @@ async fn wide_queue(env: &Env, queue: &str, extra: usize) {
     let mut items: Vec<Value> = (0..WIDE)
         .map(|i| json!({"queue": queue, "partition": format!("p{i:04}"), "payload": {"n": i}}))
         .collect();
-    items.extend((0..extra).map(|i| json!({"queue": queue, "partition": "p0000", "payload": {"x": i}})));
+    items.extend(
+        (0..extra).map(|i| json!({"queue": queue, "partition": "p0000", "payload": {"x": i}})),
+    );
     env.push(json!(items)).await;
 }
 
@@ -113,7 +115,10 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(big["figuresLive"], false, "never served from a snapshot: {big}");
+    assert_eq!(
+        big["figuresLive"], false,
+        "never served from a snapshot: {big}"
+    );
     assert!(big["figuresAt"].is_string(), "{big}");
     assert!(big["figuresAgeSeconds"].as_f64().unwrap() >= 0.0);
     let small = queue_entry(&env, "small").await;
@@ -168,7 +173,12 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
         assert_eq!(q["partitions"], WIDE);
         assert!(q["figuresAt"].is_string(), "{g}");
     }
-    let g = &groups.as_array().unwrap().iter().find(|g| g["name"] == "g").unwrap()["queues"][0];
+    let g = &groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "g")
+        .unwrap()["queues"][0];
     assert_eq!(g["leasedPartitions"], 1, "{g}");
     let status = ok(&env, "/api/v1/status").await;
     assert_eq!(status["leases"]["active"], 1, "{status}");
@@ -182,7 +192,10 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
         .filter(|r| r["queue"] == "big")
         .collect();
     assert_eq!(rows.len(), 2, "{lagging}");
-    assert!(rows.iter().all(|r| r["partition"].is_null() && r["partitions"] == WIDE));
+    assert!(
+        rows.iter()
+            .all(|r| r["partition"].is_null() && r["partitions"] == WIDE)
+    );
 
     // /metrics serves the same figures.
     let metrics = env
@@ -194,7 +207,10 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
         .text()
         .await
         .unwrap();
-    let depth = format!("comb_queue_depth_messages{{queue=\"big\"}} {}\n", pending + processing);
+    let depth = format!(
+        "comb_queue_depth_messages{{queue=\"big\"}} {}\n",
+        pending + processing
+    );
     assert!(metrics.contains(&depth), "{depth} not in:\n{metrics}");
 
     // A push after the snapshot: the partition's own figures show it at once, the queue's
@@ -213,7 +229,11 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(last["figuresLive"], false, "{last}");
-    assert_eq!(last["messages"]["total"], total + 1, "the next snapshot counts the push");
+    assert_eq!(
+        last["messages"]["total"],
+        total + 1,
+        "the next snapshot counts the push"
+    );
 }
 
 /// Leaves of `comb.messages` (the segment tables) as plans name them.
@@ -350,5 +370,28 @@ async fn no_listing_reads_message_storage_with_a_sequential_scan() {
         "no plan touching {leaves:?} was logged"
     );
     let seq = sequential_reads(&plans, &leaves);
-    assert!(seq.is_empty(), "sequential scans of message storage:\n{}", seq.join("\n"));
+    assert!(
+        seq.is_empty(),
+        "sequential scans of message storage:\n{}",
+        seq.join("\n")
+    );
+}
+
+#[test]
+fn a_sequential_scan_that_read_a_segment_is_found() {
+    let leaves = vec!["messages_1".to_string(), "messages_2".to_string()];
+    let plans = "LOG:  duration: 0.050 ms  plan:
+\tQuery Text: SELECT 1
+\tAppend  (actual rows=0 loops=1)
+\t  ->  Seq Scan on messages_1 m  (cost=0.00..1.01 rows=1 width=8) (actual rows=0 loops=1)
+\t        Filter: (partition_id = $1)
+\t        Rows Removed by Filter: 42
+\t  ->  Seq Scan on messages_2 m_1  (cost=0.00..1.01 rows=1 width=8) (actual rows=0 loops=1)
+\t        Filter: (partition_id = $1)
+\t  ->  Index Scan Backward using messages_1_pkey on messages_1 m  (actual rows=1 loops=1)
+\t  ->  Seq Scan on cursors c  (actual rows=7 loops=1)
+";
+    let found = sequential_reads(plans, &leaves);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("messages_1 m "), "{found:?}");
 }
