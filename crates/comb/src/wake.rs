@@ -63,6 +63,15 @@ const NOTIFY_MAX: usize = 7_900;
 /// Most partitions a group's hints hold; beyond, they are dropped and the group walks again.
 const READY_MAX: usize = 4_096;
 
+/// Why a group's next pop walks its cursors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WalkDue {
+    /// Something the hints do not name changed (or the group never walked).
+    Changed,
+    /// Only the fallback timer: the last empty walk is older than the poll fallback.
+    Aged,
+}
+
 /// What the waiting pops of one (queue, group) on this server know between claims.
 #[derive(Default)]
 pub(crate) struct Ready {
@@ -155,14 +164,29 @@ impl Ready {
         self.state.lock().expect("ready hints poisoned").clean_at = Some((mark, Instant::now()));
     }
 
-    /// Whether a walk could find something the hints do not name: something unhinted
-    /// changed since the last empty walk, or it is older than `max_age` (leases end, delayed
-    /// messages come due and other servers' acks release partitions without a word here).
-    pub(crate) fn needs_walk(&self, max_age: Duration) -> bool {
+    /// Whether a walk could find something the hints do not name, and why: something
+    /// unhinted changed since the last empty walk, or it is older than `max_age` (leases end,
+    /// delayed messages come due and other servers' acks release partitions without a word
+    /// here).
+    pub(crate) fn walk_due(&self, max_age: Duration) -> Option<WalkDue> {
         let st = self.state.lock().expect("ready hints poisoned");
         match st.clean_at {
-            Some((n, at)) => n != st.changes || at.elapsed() >= max_age,
-            None => true,
+            Some((n, _)) if n != st.changes => Some(WalkDue::Changed),
+            Some((_, at)) if at.elapsed() >= max_age => Some(WalkDue::Aged),
+            Some(_) => None,
+            None => Some(WalkDue::Changed),
+        }
+    }
+
+    /// A walk due to age only ([`WalkDue::Aged`]), begun at `mark`, claimed `partitions`, and
+    /// the hints named every one of them: it found nothing they did not already name, so it
+    /// counts as an empty walk. Without this, under a steady trickle of pushes every walk finds
+    /// the partition just pushed, and the group's pops walk all its cursors on every claim
+    /// instead of claiming the hinted partition alone.
+    pub(crate) fn walked_hinted(&self, mark: u64, partitions: &[Uuid]) {
+        let mut st = self.state.lock().expect("ready hints poisoned");
+        if partitions.iter().all(|p| st.hinted.contains(p)) {
+            st.clean_at = Some((mark, Instant::now()));
         }
     }
 
@@ -217,13 +241,27 @@ impl Ready {
 }
 
 /// The wake-up registry of one server.
-#[derive(Default)]
 pub(crate) struct Wake {
+    /// Names this server in the notifications it sends, so that its relay ignores them: its
+    /// own pushes already woke its pops, with hints, and a notification would only make them
+    /// walk.
+    origin: Uuid,
     queues: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Per queue name, per group: the groups whose pops wait here.
     ready: Mutex<HashMap<String, HashMap<String, Arc<Ready>>>>,
     /// Queue names to announce to other servers (see [`broadcast`]).
     outbox: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<String>>,
+}
+
+impl Default for Wake {
+    fn default() -> Wake {
+        Wake {
+            origin: Uuid::new_v4(),
+            queues: Mutex::default(),
+            ready: Mutex::default(),
+            outbox: std::sync::OnceLock::new(),
+        }
+    }
 }
 
 impl Wake {
@@ -350,6 +388,7 @@ pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
     if wake.outbox.set(tx).is_err() {
         return;
     }
+    let origin = wake.origin;
     tokio::spawn(async move {
         let mut names: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         while let Some(first) = rx.recv().await {
@@ -363,11 +402,7 @@ pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
                 .map(String::as_str)
                 .collect::<Vec<_>>()
                 .join("\n");
-            let payload = if joined.len() > NOTIFY_MAX {
-                "*".to_string()
-            } else {
-                joined
-            };
+            let payload = notification(origin, &joined);
             names.clear();
             match pool.get().await {
                 Ok(client) => {
@@ -459,16 +494,60 @@ async fn relay_once(
         if let AsyncMessage::Notification(n) = m? {
             if n.channel() == CATALOG_CHANNEL {
                 on_stale(Stale::Queue(n.payload()));
-            } else if n.payload() == "*" {
-                wake.notify_all();
             } else {
-                for queue in n.payload().split('\n') {
-                    wake.notify(queue);
+                match pushed_elsewhere(n.payload(), wake.origin) {
+                    Pushed::Own => {}
+                    Pushed::Everything => wake.notify_all(),
+                    Pushed::Queues(queues) => {
+                        for queue in queues {
+                            wake.notify(queue);
+                        }
+                    }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// The payload of a push notification: the sending server's origin on the first line (`@`
+/// cannot start a queue name), then the queues pushed, one per line, or `*` for all of them
+/// when they would not fit.
+fn notification(origin: Uuid, queues: &str) -> String {
+    if queues.len() > NOTIFY_MAX {
+        format!("@{origin}\n*")
+    } else {
+        format!("@{origin}\n{queues}")
+    }
+}
+
+/// What a push notification asks of this server's pops.
+#[derive(Debug, PartialEq, Eq)]
+enum Pushed<'a> {
+    /// This server sent it: its pops already know.
+    Own,
+    Everything,
+    Queues(Vec<&'a str>),
+}
+
+/// Reads a push notification; one without an origin line (from an older server) names
+/// queues only.
+fn pushed_elsewhere(payload: &str, origin: Uuid) -> Pushed<'_> {
+    let mut lines = payload.split('\n').peekable();
+    if let Some(first) = lines.peek()
+        && let Some(sender) = first.strip_prefix('@')
+    {
+        if sender.parse::<Uuid>() == Ok(origin) {
+            return Pushed::Own;
+        }
+        lines.next();
+    }
+    let queues: Vec<&str> = lines.collect();
+    if queues == ["*"] {
+        Pushed::Everything
+    } else {
+        Pushed::Queues(queues)
+    }
 }
 
 /// Aborts a task when dropped.
@@ -529,28 +608,29 @@ mod tests {
         let wake = Wake::default();
         let ready = wake.ready("q", "g");
         let age = Duration::from_secs(3600);
-        assert!(ready.needs_walk(age), "a group never walked walks");
+        assert!(ready.walk_due(age).is_some(), "a group never walked walks");
         let mark = ready.mark();
         ready.walked_empty(mark);
-        assert!(!ready.needs_walk(age));
-        assert!(
-            ready.needs_walk(Duration::ZERO),
+        assert_eq!(ready.walk_due(age), None);
+        assert_eq!(
+            ready.walk_due(Duration::ZERO),
+            Some(WalkDue::Aged),
             "an old empty walk is walked again"
         );
         wake.pushed("q", &[Uuid::now_v7()]);
-        assert!(!ready.needs_walk(age), "a push names its partition");
+        assert_eq!(ready.walk_due(age), None, "a push names its partition");
         // A push through another server names only the queue.
         wake.notify("q");
-        assert!(ready.needs_walk(age));
+        assert_eq!(ready.walk_due(age), Some(WalkDue::Changed));
         // A walk that began before the change does not hide it.
         let stale = mark;
         ready.walked_empty(stale);
-        assert!(ready.needs_walk(age));
+        assert!(ready.walk_due(age).is_some());
         let mark = ready.mark();
         ready.walked_empty(mark);
         let (p, q) = (Uuid::now_v7(), Uuid::now_v7());
         wake.released("q", "g", p, true);
-        assert!(!ready.needs_walk(age));
+        assert_eq!(ready.walk_due(age), None);
         assert_eq!(ready.take(5).len(), 2, "returned messages are hinted");
         // A completed lease hints its partition only if messages may wait behind it.
         wake.released("q", "g", p, false);
@@ -572,7 +652,59 @@ mod tests {
         assert!(ready.take(5).is_empty(), "once");
         assert_eq!(ready.take_one(), None);
         wake.notify_all();
-        assert!(ready.needs_walk(age));
+        assert!(ready.walk_due(age).is_some());
+    }
+
+    #[test]
+    fn a_server_ignores_its_own_notifications_and_reads_others() {
+        let me = Uuid::new_v4();
+        let other = Uuid::new_v4();
+        assert_eq!(pushed_elsewhere(&notification(me, "a\nb"), me), Pushed::Own);
+        assert_eq!(
+            pushed_elsewhere(&notification(other, "a\nb"), me),
+            Pushed::Queues(vec!["a", "b"])
+        );
+        let many = "q".repeat(NOTIFY_MAX + 1);
+        assert_eq!(pushed_elsewhere(&notification(me, &many), me), Pushed::Own);
+        assert_eq!(
+            pushed_elsewhere(&notification(other, &many), me),
+            Pushed::Everything
+        );
+        // From a server that sends no origin.
+        assert_eq!(pushed_elsewhere("a\nb", me), Pushed::Queues(vec!["a", "b"]));
+        assert_eq!(pushed_elsewhere("*", me), Pushed::Everything);
+    }
+
+    #[test]
+    fn an_aged_walk_that_found_only_hinted_partitions_counts_as_empty() {
+        let wake = Wake::default();
+        let ready = wake.ready("q", "g");
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        assert_eq!(
+            ready.walk_due(Duration::from_secs(60)),
+            Some(WalkDue::Changed)
+        );
+        ready.walked_empty(ready.mark());
+        assert_eq!(ready.walk_due(Duration::from_secs(60)), None);
+        assert_eq!(ready.walk_due(Duration::ZERO), Some(WalkDue::Aged));
+        wake.pushed("q", &[a]);
+        // The walk claimed a partition nobody hinted: more may be there, walk again.
+        let mark = ready.mark();
+        ready.walked_hinted(mark, &[b]);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(
+            ready.walk_due(Duration::from_millis(1)),
+            Some(WalkDue::Aged)
+        );
+        // The walk claimed the hinted partition: it found nothing new.
+        ready.walked_hinted(mark, &[a]);
+        assert_eq!(ready.walk_due(Duration::from_secs(60)), None);
+        // Something unhinted changed meanwhile: the next pop walks.
+        wake.notify("q");
+        assert_eq!(
+            ready.walk_due(Duration::from_secs(60)),
+            Some(WalkDue::Changed)
+        );
     }
 
     #[tokio::test]

@@ -20,7 +20,7 @@ use crate::catalog::{Catalog, StartFrom};
 use crate::fusion::Fuser;
 use crate::metrics::Metrics;
 use crate::refusal::{Kind, Refusal};
-use crate::wake::{Ready, Wake};
+use crate::wake::{Ready, Wake, WalkDue};
 
 /// The claim's statements, public for the test suite's plan checks.
 pub use claim::{CANDIDATES_SQL, CLAIM_SQL, SHARED_CLAIM_SQL, begin_claim};
@@ -148,10 +148,20 @@ impl Popper {
             woken.as_mut().enable();
             // The walk comes first when due, so that partitions no hint names (ended leases,
             // other servers' pushes) never wait behind a stream of hinted ones.
-            if walk || ready.needs_walk(self.poll_fallback) {
+            let due = if walk {
+                Some(WalkDue::Aged)
+            } else {
+                ready.walk_due(self.poll_fallback)
+            };
+            if let Some(due) = due {
                 let mark = ready.mark();
                 match self.attempt(req, None).await? {
                     Some(claims) => {
+                        if due == WalkDue::Aged {
+                            let claimed: Vec<Uuid> =
+                                claims.iter().map(|c| c.partition_id).collect();
+                            ready.walked_hinted(mark, &claimed);
+                        }
                         note_claims(&ready, req, &claims, None);
                         // More may be waiting: let another pop look.
                         ready.pass_on();
