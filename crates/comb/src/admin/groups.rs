@@ -152,19 +152,16 @@ pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Value, Failure> {
          SELECT coalesce(jsonb_agg(r.j ORDER BY r.secs DESC), '[]') FROM (
             SELECT * FROM (
                 SELECT jsonb_build_object(
-                           'consumerGroup', c.consumer_group, 'queue', q.name,
+                           'consumerGroup', l.consumer_group, 'queue', q.name,
                            'partition', p.name, 'partitionId', p.id, 'lag', x.lag,
                            'lagSeconds', extract(epoch FROM now() - x.oldest_unsettled_at)::float8,
                            'oldestUnsettledAt', comb.iso(x.oldest_unsettled_at)) AS j,
                        extract(epoch FROM now() - x.oldest_unsettled_at) AS secs
                 FROM pairs l
-                JOIN comb.cursors c
-                  ON c.queue_id = l.queue_id AND c.consumer_group = l.consumer_group
-                JOIN comb.partitions p ON p.id = c.partition_id
-                JOIN comb.queues q ON q.id = c.queue_id
-                CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
-                WHERE l.live AND x.lag > 0
-                  AND x.oldest_unsettled_at <= now() - make_interval(secs => $1)
+                CROSS JOIN LATERAL comb.lagging_cursors(
+                    CASE WHEN l.live THEN l.queue_id END, l.consumer_group, $1) x
+                JOIN comb.partitions p ON p.id = x.partition_id
+                JOIN comb.queues q ON q.id = l.queue_id
                 UNION ALL
                 SELECT jsonb_build_object(
                            'consumerGroup', l.consumer_group, 'queue', q.name,

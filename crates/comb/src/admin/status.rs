@@ -332,7 +332,7 @@ async fn write_minute(pool: &Pool, server: &str, delta: &[i64]) -> Result<(), Fa
             .await?;
     }
     let tx = client.transaction().await?;
-    tx.batch_execute("SET LOCAL statement_timeout = '30s'")
+    tx.batch_execute("SET LOCAL statement_timeout = '30s'; SET LOCAL jit = off")
         .await?;
     let mine: bool = tx
         .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&SNAPSHOT_LOCK])

@@ -81,18 +81,26 @@ $$;
 -- Figures of the queues `ids`: from the newest snapshot, except, computed now, for queues it
 -- does not hold and for the smallest queues (by partitions) while their partitions add up to
 -- at most `live_budget`. `figures_at` is when a figure was taken (now() when computed now);
--- `partitions` is always the catalog's count.
+-- `partitions` is always the catalog's count. Reads by index only: one queue's statistics
+-- (a queue holding most partitions) must not make every queue's lookup a scan of the table.
+-- Without JIT: the estimate of summing a large queue (never run when it is not computed now)
+-- would otherwise cost a second of compiling per call.
+-- A queue not computed now is handed to `comb.queue_live` as NULL, which finds nothing.
 CREATE FUNCTION comb.queue_figures(ids uuid[], live_budget bigint)
 RETURNS TABLE (queue_id uuid, partitions bigint, total bigint, pending bigint,
                processing bigint, dead_letters bigint, oldest_pending_at timestamptz,
                last_message_at timestamptz, figures_at timestamptz, live boolean)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET enable_seqscan = off SET jit = off AS $$
     WITH snap AS (SELECT * FROM comb.latest_snapshot()),
-    sized AS (
-        SELECT i.id, (SELECT count(*) FROM comb.partitions p WHERE p.queue_id = i.id) AS n
-        FROM unnest(ids) AS i(id)
+    counted AS (
+        SELECT p.queue_id AS id, count(*) AS n FROM comb.partitions p
+        WHERE p.queue_id = ANY (ids) GROUP BY p.queue_id
     ),
-    chosen AS (
+    sized AS (
+        SELECT i.id, coalesce(k.n, 0) AS n
+        FROM unnest(ids) AS i(id) LEFT JOIN counted k ON k.id = i.id
+    ),
+    chosen AS MATERIALIZED (
         SELECT s.id, s.n, m.total, m.pending, m.processing, m.dead_letters,
                m.oldest_pending_at, m.last_message_at, m.taken_at,
                m.taken_at IS NULL OR sum(s.n) OVER (ORDER BY s.n, s.id) <= live_budget AS live
@@ -111,7 +119,7 @@ LANGUAGE sql STABLE AS $$
            CASE WHEN c.live THEN now() ELSE c.taken_at END,
            c.live
     FROM chosen c
-    LEFT JOIN LATERAL (SELECT * FROM comb.queue_live(c.id) WHERE c.live) l ON true
+    CROSS JOIN LATERAL comb.queue_live(CASE WHEN c.live THEN c.id END) l
 $$;
 
 -- Lag of the (queue, group) pairs `queue_ids[i]`, `groups[i]`, chosen the same way: from the
@@ -121,14 +129,17 @@ CREATE FUNCTION comb.group_figures(queue_ids uuid[], groups text[], live_budget 
 RETURNS TABLE (queue_id uuid, consumer_group text, partitions bigint, lag bigint,
                oldest_unsettled_at timestamptz, leased bigint, figures_at timestamptz,
                live boolean)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET enable_seqscan = off SET jit = off AS $$
     WITH snap AS (SELECT * FROM comb.latest_snapshot()),
-    sized AS (
-        SELECT i.q, i.g, (SELECT count(*) FROM comb.cursors c
-                          WHERE c.queue_id = i.q AND c.consumer_group = i.g) AS n
-        FROM unnest(queue_ids, groups) AS i(q, g)
+    counted AS (
+        SELECT c.queue_id AS q, c.consumer_group AS g, count(*) AS n FROM comb.cursors c
+        WHERE c.queue_id = ANY (queue_ids) GROUP BY c.queue_id, c.consumer_group
     ),
-    chosen AS (
+    sized AS (
+        SELECT i.q, i.g, coalesce(k.n, 0) AS n
+        FROM unnest(queue_ids, groups) AS i(q, g) LEFT JOIN counted k ON k.q = i.q AND k.g = i.g
+    ),
+    chosen AS MATERIALIZED (
         SELECT s.q, s.g, s.n, m.lag, m.oldest_unsettled_at, m.leased, m.taken_at,
                m.taken_at IS NULL OR sum(s.n) OVER (ORDER BY s.n, s.q, s.g) <= live_budget AS live
         FROM sized s
@@ -144,5 +155,17 @@ LANGUAGE sql STABLE AS $$
            CASE WHEN c.live THEN now() ELSE c.taken_at END,
            c.live
     FROM chosen c
-    LEFT JOIN LATERAL (SELECT * FROM comb.group_live(c.q, c.g) WHERE c.live) l ON true
+    CROSS JOIN LATERAL comb.group_live(CASE WHEN c.live THEN c.q END, c.g) l
+$$;
+
+-- The cursors of one (queue, group) whose oldest unsettled message waits at least
+-- `min_secs`, with their lag (`comb.cursor_lag`): the per-partition rows of the lagging
+-- listing, for the pairs it computes now. By index only, as `comb.queue_figures`.
+CREATE FUNCTION comb.lagging_cursors(q uuid, g text, min_secs float8)
+RETURNS TABLE (partition_id uuid, lag bigint, oldest_unsettled_at timestamptz)
+LANGUAGE sql STABLE SET enable_seqscan = off SET jit = off AS $$
+    SELECT c.partition_id, x.lag, x.oldest_unsettled_at
+    FROM comb.cursors c CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
+    WHERE c.queue_id = q AND c.consumer_group = g AND x.lag > 0
+      AND x.oldest_unsettled_at <= now() - make_interval(secs => min_secs)
 $$;
