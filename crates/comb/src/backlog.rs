@@ -11,7 +11,7 @@ use deadpool_postgres::Pool;
 use crate::db::DbError;
 
 /// Partitions (or, for groups, cursors) whose figures one answer computes at request time:
-/// the smallest queues first, up to this many partitions in all (about 70 µs each); the
+/// the smallest queues first, up to this many partitions in all (10–25 µs each); the
 /// rest are read from the newest per-minute snapshot. Queues and groups the snapshot does not
 /// hold yet are always computed.
 pub(crate) const LIVE_PARTITIONS: i64 = 1_000;

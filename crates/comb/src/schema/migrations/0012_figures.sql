@@ -1,8 +1,8 @@
 -- Comb schema, version 12: queue and group figures whose cost does not grow with partitions.
 --
 -- A queue's totals (depth, in flight, oldest pending message) and a group's lag on a queue
--- sum figures of every partition and cursor: a few index probes each, about 70 µs per
--- partition, so a queue of 10,000 partitions costs most of a second per figure. Listings read
+-- sum figures of every partition and cursor: a few index probes each, 10–25 µs per
+-- partition, so a queue of 10,000 partitions costs tenths of a second per figure. Listings read
 -- them from the newest per-minute snapshot instead (`comb.queue_minutes` and, new here,
 -- `comb.group_minutes`, written once a minute by one server), dated by `taken_at`, and
 -- compute them at request time only for the smallest queues of the answer, up to a budget of
