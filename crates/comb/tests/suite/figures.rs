@@ -198,15 +198,7 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
     );
 
     // /metrics serves the same figures.
-    let metrics = env
-        .http
-        .get(env.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = env.metrics_text().await;
     let depth = format!(
         "comb_queue_depth_messages{{queue=\"big\"}} {}\n",
         pending + processing
