@@ -36,6 +36,7 @@ test:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace
+	COMB_TESTS_WITH_TOKENS=1 cargo test -p comb --test suite -- queen_compat:: admin::
 
 lint:
 	cargo fmt --all -- --check

@@ -1,23 +1,37 @@
-"""What the tests share: running a client session, and the client's version."""
+"""What the tests share: running a client session, plain HTTP for what Queen's client lacks,
+the bearer token both carry, and the client's version."""
 
 import asyncio
 import importlib.metadata
+import os
 
+import httpx
 from queen import Queen
 
 CLIENT_VERSION = importlib.metadata.version("queen-mq")
 # 0.x is the API Comb's compatibility is defined against; 2.x the newest client tested.
 LEGACY = CLIENT_VERSION.startswith("0.")
 
+# The bearer token every request carries when the server requires tokens (set by
+# `queen_python.rs` to an administrator's); unset against an open server.
+TOKEN = os.environ.get("COMB_TOKEN") or None
 
-def session(url, body):
+
+def session(url, body, token=TOKEN):
     """Runs `body(queen)` with a client connected to `url`, closing it afterwards."""
 
     async def main():
-        async with Queen(url, retry_attempts=1) as queen:
+        # By keyword: 0.15 drops every keyword option when the URL comes positionally.
+        async with Queen(url=url, retry_attempts=1, bearer_token=token) as queen:
             return await body(queen)
 
     return asyncio.run(main())
+
+
+def http(url, token=TOKEN):
+    """A plain HTTP client of `url` (httpx, which Queen's client is built on) carrying `token`."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30)
 
 
 def pop_builder(queen, name, **kw):

@@ -1,7 +1,10 @@
 """Fixtures for driving Queen's Python client against Comb.
 
 COMB_URL names the server (the Rust test `queen_python` starts PostgreSQL and `comb serve`
-with an encryption key and runs this suite with each installed client version).
+with an encryption key and runs this suite with each installed client version). COMB_TOKEN,
+when set, is the bearer token every client of the suite carries (the server then requires
+tokens). COMB_READ_TOKEN, when set, is a reader's token: only then is `test_refusals.py`
+collected (the answers a client without the right token gets), and it is run alone.
 """
 
 import importlib.metadata
@@ -10,11 +13,17 @@ import uuid
 
 import pytest
 
+from comb_client import http as http_client
+
 CLIENT_VERSION = importlib.metadata.version("queen-mq")
+
+# The refusals are only true of a server requiring tokens: collected only when asked.
+collect_ignore = [] if os.environ.get("COMB_READ_TOKEN") else ["test_refusals.py"]
 
 
 def pytest_report_header(config):
-    return f"queen-mq {CLIENT_VERSION}, server {os.environ.get('COMB_URL')}"
+    tokens = "with a token" if os.environ.get("COMB_TOKEN") else "without a token"
+    return f"queen-mq {CLIENT_VERSION}, server {os.environ.get('COMB_URL')} ({tokens})"
 
 
 @pytest.fixture
@@ -23,6 +32,13 @@ def url():
     if not value:
         pytest.fail("COMB_URL must name the Comb server under test")
     return value
+
+
+@pytest.fixture
+def http(url):
+    """Plain HTTP to the server, carrying the suite's token (for what Queen's client lacks)."""
+    with http_client(url) as client:
+        yield client
 
 
 @pytest.fixture

@@ -196,7 +196,7 @@ impl Session {
         smoke: bool,
         run: Finished<T>,
     ) -> Result<(), BoxError> {
-        println!("\n{}", run.report);
+        println!("\n{}", run.report.whole());
         println!(
             "Whole run: {:.1} min",
             self.started.elapsed().as_secs_f64() / 60.0
@@ -213,8 +213,20 @@ impl Session {
             eprintln!("results written to {}", path.display());
         }
         if let Some(path) = &out.doc {
+            // The page is a document: it keeps the run's summary and goals, and the samples go
+            // to a history file beside the other runs' records.
+            let history = PathBuf::from(HISTORY).join(format!(
+                "{}-{}.md",
+                run.name,
+                shell("date -u +%Y-%m-%dT%H%MZ")
+            ));
+            std::fs::create_dir_all(HISTORY)?;
+            let whole = self.record(out.command.as_deref(), &run.report.whole());
+            std::fs::write(&history, format!("# {}\n\n{whole}", run.section.heading))?;
+            eprintln!("every sample written to {}", history.display());
             let doc = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmarks\n".into());
-            let generated = self.record(out.command.as_deref(), run.report);
+            let page = run.report.page(&history.display().to_string());
+            let generated = self.record(out.command.as_deref(), &page);
             std::fs::write(path, run.section.splice(&doc, &generated))?;
             eprintln!("\"{}\" in {} updated", run.section.heading, path.display());
         }
@@ -243,10 +255,40 @@ impl Session {
     }
 }
 
+/// Where long runs keep every sample, one file per run, relative to the repository's root.
+const HISTORY: &str = "bench/results/history";
+
+/// A long run's printed report in three parts, so that the page can leave out the samples.
+pub struct Report {
+    /// What ran: load, settings, phases.
+    pub head: String,
+    /// One line per sample, with its legend.
+    pub samples: String,
+    /// The phases' summary, the goals and whatever else the run found.
+    pub tail: String,
+}
+
+impl Report {
+    /// Everything, as printed and as kept in the history file.
+    pub fn whole(&self) -> String {
+        format!("{}{}{}", self.head, self.samples, self.tail)
+    }
+
+    /// What the page shows: the samples replaced by where they are kept.
+    pub fn page(&self, history: &str) -> String {
+        format!(
+            "{}Every sample of this run: `{history}`.\n\n{}",
+            self.head, self.tail
+        )
+    }
+}
+
 /// A finished run's report and what goes into its records.
 pub struct Finished<'a, T: Serialize> {
-    /// The report, printed and copied into the page section.
-    pub report: &'a str,
+    /// The report, printed whole; the page section gets it without its samples.
+    pub report: &'a Report,
+    /// Names the run's history files (`bench/results/history/NAME-DATE.md`).
+    pub name: &'a str,
     /// What the JSON file holds.
     pub results: &'a T,
     /// The run's section of the page.

@@ -24,7 +24,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio_postgres::Client;
 
-use super::{Common, Counters, Finished, Mark, Session, block_on, machine_load, ticks};
+use super::{Common, Counters, Finished, Mark, Report, Session, block_on, machine_load, ticks};
 use crate::http::BoxError;
 use crate::load::{self, Rate};
 use crate::meter::{Meter, Snapshot, usage};
@@ -190,6 +190,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
         args.smoke,
         Finished {
             report: &report,
+            name: "soak",
             results: &Results {
                 summary: &summary,
                 samples: &out.samples,
@@ -727,7 +728,7 @@ fn opt_mb(bytes: Option<f64>) -> String {
 }
 
 /// The printed report: the load, every sample, the summary and the verdict.
-fn render(args: &Args, setup: &Setup, out: &Outcome, sum: &Summary) -> String {
+fn render(args: &Args, setup: &Setup, out: &Outcome, sum: &Summary) -> Report {
     let mut s = String::new();
     let peak = match (out.peak_pushed, out.peak_delivered) {
         (Some(p), Some(d)) => format!(
@@ -762,6 +763,7 @@ fn render(args: &Args, setup: &Setup, out: &Outcome, sum: &Summary) -> String {
         setup.sample,
     );
 
+    let intro = std::mem::take(&mut s);
     let header: Vec<String> = [
         "phase", "t_s", "push/s", "deliv/s", "e2e p99", "backlog", "MB", "msg MB", "segs",
         "tables", "dead", "comb cpu", "pg cpu", "other", "busy",
@@ -800,6 +802,7 @@ fn render(args: &Args, setup: &Setup, out: &Outcome, sum: &Summary) -> String {
          message segment tables (segs); tables = tables of schema comb; dead = their n_dead_tup; \
          cpu in cores; other = cores used by processes outside this run; busy = whole machine)\n"
     );
+    let samples = std::mem::take(&mut s);
 
     let _ = writeln!(
         s,
@@ -920,7 +923,11 @@ fn render(args: &Args, setup: &Setup, out: &Outcome, sum: &Summary) -> String {
             sum.push_errors, sum.consumer_errors
         );
     }
-    s
+    Report {
+        head: intro,
+        samples,
+        tail: s,
+    }
 }
 
 fn signed_pct(v: Option<f64>) -> String {
@@ -1010,8 +1017,12 @@ mod tests {
         assert_eq!(sum.bound_ok, Some(true));
         assert!(sum.change_30min_pct_of_mean.unwrap().abs() <= 10.0);
         assert_eq!(sum.verdict, "flat");
-        let text = render(&args, &setup, &out, &sum);
-        assert!(text.contains("Verdict: flat"), "{text}");
+        let report = render(&args, &setup, &out, &sum);
+        assert!(report.tail.contains("Verdict: flat"), "{}", report.whole());
+        // The page leaves the samples out and says where they are.
+        let page = report.page("bench/results/history/soak-x.md");
+        assert!(!report.samples.is_empty() && !page.contains(&report.samples));
+        assert!(page.contains("`bench/results/history/soak-x.md`"), "{page}");
     }
 
     #[test]

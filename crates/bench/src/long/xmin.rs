@@ -22,7 +22,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
-use super::{Common, Counters, Finished, Mark, Session, block_on, machine_load, ticks};
+use super::{Common, Counters, Finished, Mark, Report, Session, block_on, machine_load, ticks};
 use crate::http::BoxError;
 use crate::load::{self, Rate};
 use crate::meter::{Meter, Snapshot, usage};
@@ -243,6 +243,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
         args.smoke,
         Finished {
             report: &report,
+            name: "xmin",
             results: &out.samples,
             section: &XMIN_SECTION,
         },
@@ -802,7 +803,7 @@ fn mb(bytes: i64) -> String {
 }
 
 /// The printed report: samples side by side, phase summary, goals, per-table figures.
-fn render(args: &Args, setup: &Setup, out: &Outcome) -> String {
+fn render(args: &Args, setup: &Setup, out: &Outcome) -> Report {
     let plan = setup.plan;
     let mut s = String::new();
     let systems: Vec<&str> = [COMB, SKIPLOCKED]
@@ -838,6 +839,8 @@ fn render(args: &Args, setup: &Setup, out: &Outcome) -> String {
         let _ = writeln!(s, "Held snapshots: {}.", out.hold_info.join("; "));
     }
     let _ = writeln!(s);
+
+    let intro = std::mem::take(&mut s);
 
     // Side by side: one line per sample time.
     let mut header = vec!["phase".to_string(), "t_s".to_string()];
@@ -890,6 +893,7 @@ fn render(args: &Args, setup: &Setup, out: &Outcome) -> String {
          the broker and the database's backends; busy = whole machine; other = cores used by \
          processes outside this run)\n"
     );
+    let samples = std::mem::take(&mut s);
 
     // Phase summary.
     let mut summary = Vec::new();
@@ -975,7 +979,11 @@ fn render(args: &Args, setup: &Setup, out: &Outcome) -> String {
     if !errs.is_empty() {
         let _ = writeln!(s, "Errors: {}\n", errs.join(", "));
     }
-    s
+    Report {
+        head: intro,
+        samples,
+        tail: s,
+    }
 }
 
 /// Per table: dead tuples at the end of the clean phase, at the end of the hold and at the

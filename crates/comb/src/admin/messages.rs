@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{Failure, Page};
+use crate::catalog::Catalog;
 use crate::queue::QUEUE_MODE_GROUP;
 
 /// Most partitions one listing visits.
@@ -287,11 +288,18 @@ pub async fn get(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Valu
 }
 
 /// `DELETE /api/v1/messages/{partitionId}/{transactionId}`: the message is settled for every
-/// group reading its partition (as if acked), so no group is handed it again. The row stays
+/// group reading its partition (as if acked; the queue-mode group when none reads it yet),
+/// so no group is handed it again. The row stays
 /// until its segment is dropped.
-pub async fn delete(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Failure> {
+pub async fn delete(
+    pool: &Pool,
+    catalog: &Catalog,
+    partition: Uuid,
+    transaction: &str,
+) -> Result<Value, Failure> {
     let mut client = pool.get().await?;
-    let (pos, _, _) = find(&**client, partition, transaction).await?;
+    let (pos, queue_id, _) = find(&**client, partition, transaction).await?;
+    super::ensure_a_reader(pool, catalog, queue_id).await?;
     let tx = client.transaction().await?;
     let groups = super::cursors::edit_in(&tx, partition, None, false, |_, c| {
         if pos <= c.cursor_pos || c.settled.binary_search(&pos).is_ok() {
@@ -376,14 +384,17 @@ pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Va
 }
 
 /// `POST /api/v1/messages/{partitionId}/{transactionId}/dlq`: every group that has not
-/// settled the message gives up on it: a dead letter for each, and the message settled.
+/// settled the message (the queue-mode group when none reads it yet) gives up on it: a dead
+/// letter for each, and the message settled.
 pub async fn dead_letter(
     pool: &Pool,
+    catalog: &Catalog,
     partition: Uuid,
     transaction: &str,
 ) -> Result<Value, Failure> {
     let mut client = pool.get().await?;
     let (pos, queue_id, _) = find(&**client, partition, transaction).await?;
+    super::ensure_a_reader(pool, catalog, queue_id).await?;
     let tx = client.transaction().await?;
     let mut attempts = Vec::new();
     let groups = super::cursors::edit_in(&tx, partition, None, false, |_, c| {

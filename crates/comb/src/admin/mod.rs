@@ -95,6 +95,37 @@ impl From<deadpool_postgres::PoolError> for Failure {
     }
 }
 
+/// Makes sure some group reads the queue before an operator settles messages in it: with no
+/// subscription there is no cursor to record the change in, and the messages would be
+/// handed out later as if nothing had been done. The queue-mode group (what a pop without a
+/// group reads) is then subscribed from the start.
+pub(crate) async fn ensure_a_reader(
+    pool: &deadpool_postgres::Pool,
+    catalog: &crate::catalog::Catalog,
+    queue_id: uuid::Uuid,
+) -> Result<(), Failure> {
+    let subscribed: bool = pool
+        .get()
+        .await?
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM comb.subscriptions WHERE queue_id = $1)",
+            &[&queue_id],
+        )
+        .await?
+        .get(0);
+    if !subscribed {
+        catalog
+            .ensure_subscription(
+                pool,
+                queue_id,
+                crate::queue::QUEUE_MODE_GROUP,
+                crate::catalog::StartFrom::All,
+            )
+            .await?;
+    }
+    Ok(())
+}
+
 /// The id of a queue by name, or [`Failure::NotFound`].
 pub(crate) async fn queue_id(
     client: &impl tokio_postgres::GenericClient,

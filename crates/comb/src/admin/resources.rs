@@ -15,8 +15,7 @@ use serde_json::{Value, json};
 use super::cursors::{self, Selection, Target};
 use super::{Failure, Page};
 use crate::backlog::LIVE_PARTITIONS;
-use crate::catalog::{Catalog, StartFrom};
-use crate::queue::QUEUE_MODE_GROUP;
+use crate::catalog::Catalog;
 
 /// A queue's figures as a JSON object, for a query over `comb.queues q` joined with
 /// [`queue_figures`].
@@ -251,18 +250,7 @@ pub async fn clear(
 ) -> Result<Value, Failure> {
     let mut client = pool.get().await?;
     let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
-    let subscribed: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM comb.subscriptions WHERE queue_id = $1)",
-            &[&id],
-        )
-        .await?
-        .get(0);
-    if !subscribed {
-        catalog
-            .ensure_subscription(pool, id, QUEUE_MODE_GROUP, StartFrom::All)
-            .await?;
-    }
+    super::ensure_a_reader(pool, catalog, id).await?;
     let tx = client.transaction().await?;
     let moved = cursors::move_in(
         &tx,

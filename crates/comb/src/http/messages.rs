@@ -69,7 +69,9 @@ pub async fn delete(
     PathParams((partition, transaction)): PathParams<(String, String)>,
 ) -> Result<Json<Value>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
-    Ok(Json(messages::delete(&app.pool, p, &t).await?))
+    Ok(Json(
+        messages::delete(&app.pool, &app.catalog, p, &t).await?,
+    ))
 }
 
 /// Requeues a dead-lettered message, or resets a failed one's attempts.
@@ -91,5 +93,7 @@ pub async fn dead_letter(
     PathParams((partition, transaction)): PathParams<(String, String)>,
 ) -> Result<Json<Value>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
-    Ok(Json(messages::dead_letter(&app.pool, p, &t).await?))
+    Ok(Json(
+        messages::dead_letter(&app.pool, &app.catalog, p, &t).await?,
+    ))
 }

@@ -361,6 +361,25 @@ async fn messages_are_listed_by_status_and_deleted_retried_or_dead_lettered_one_
     assert_eq!(body["code"], "partition_id_invalid");
 }
 
+#[tokio::test]
+async fn a_message_deleted_or_dead_lettered_before_any_group_reads_it_stays_so() {
+    let env = Env::start().await;
+    let pushed = env.push(items("u", "p1", 0, 3)).await;
+    let pid = pushed[0]["partition_id"].as_str().unwrap().to_string();
+    // No group has read the queue: the queue-mode group is subscribed to record the change.
+    let (s, body) = env.delete(&format!("/api/v1/messages/{pid}/p1-0")).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["consumerGroups"], json!(["__QUEUE_MODE__"]));
+    let (s, body) = env
+        .post(&format!("/api/v1/messages/{pid}/p1-1/dlq"), &json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["consumerGroups"], json!(["__QUEUE_MODE__"]));
+    let dead = ok(&env, "/api/v1/messages?queue=u&status=dead_letter").await;
+    assert_eq!(dead["messages"][0]["transactionId"], "p1-1");
+    assert_eq!(drained(&env, "u", "__QUEUE_MODE__").await, vec![2]);
+}
+
 /// Makes every third message of each partition a dead letter of group `w`.
 async fn dead_letter_every_third(env: &Env, queue: &str, partitions: usize, per: i64) {
     env.configure(queue, json!({"retryLimit": 1})).await;
