@@ -34,6 +34,12 @@ if [[ -z "$python" ]]; then
     fi
 fi
 
+# Tests that run at the same time may each call this script: one installs, the others wait
+# for it and then find the clients there.
+mkdir -p "$root/target/queen-py"
+exec 9>"$root/target/queen-py/.install.lock"
+flock 9
+
 for version in "${versions[@]}"; do
     venv="$root/target/queen-py/v$version"
     if [[ -x "$venv/bin/python" ]] \

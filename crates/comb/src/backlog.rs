@@ -1,12 +1,20 @@
-//! Backlog: how much is pending in each queue and how far each group is behind, as the
-//! database has it now. Heads and cursor states are index probes per partition and cursor;
-//! no message is read.
+//! Backlog: how much is pending in each queue and how far each group is behind. Figures of
+//! small queues are computed now (index probes per partition and cursor; no message is read
+//! in bulk); those of queues beyond [`LIVE_PARTITIONS`] come from the newest per-minute
+//! snapshot (`comb.queue_figures`, `comb.group_figures`, schema version 12), at most about a
+//! minute old, so their cost does not grow with the number of partitions.
 
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 
 use crate::db::DbError;
+
+/// Partitions (or, for groups, cursors) whose figures one answer computes at request time:
+/// the smallest queues first, up to this many partitions in all (10–25 µs each); the
+/// rest are read from the newest per-minute snapshot. Queues and groups the snapshot does not
+/// hold yet are always computed.
+pub(crate) const LIVE_PARTITIONS: i64 = 1_000;
 
 /// How long the depth and lag statement may run; a scrape must stay cheap.
 const STATS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -15,54 +23,46 @@ const STATS_TIMEOUT: Duration = Duration::from_secs(2);
 /// to get a connection and hear the answer.
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Pending messages per queue (what `maxSize` limits: not yet passed by the slowest group),
-/// then unsettled messages per (queue, group), in one round trip. Heads and cursor states are
-/// index probes per partition and cursor; no message is read.
-const STATS: &str = "
-WITH heads AS (
-    SELECT p.id, p.queue_id, h.pos
-    FROM comb.partitions p CROSS JOIN LATERAL comb.partition_head(p.id) h
-), cursors AS (
-    SELECT c.queue_id, c.partition_id, c.consumer_group, c.cursor_pos,
-           cardinality(c.settled) AS settled
-    FROM comb.cursors_now c
+/// Per queue: pending messages (what `maxSize` limits: not yet passed by the slowest group)
+/// and the age of the oldest of them; per (queue, group): unsettled messages and the age of
+/// the oldest of them. One round trip.
+fn stats_sql() -> String {
+    format!(
+        "
+WITH qf AS (
+    SELECT q.name, f.* FROM comb.queues q
+    JOIN comb.queue_figures(ARRAY(SELECT id FROM comb.queues), {LIVE_PARTITIONS}) f
+      ON f.queue_id = q.id
+), gf AS (
+    SELECT q.name, f.* FROM (
+        SELECT array_agg(queue_id ORDER BY queue_id, consumer_group) AS queue_ids,
+               array_agg(consumer_group ORDER BY queue_id, consumer_group) AS groups
+        FROM comb.subscriptions) s
+    CROSS JOIN LATERAL comb.group_figures(s.queue_ids, s.groups, {LIVE_PARTITIONS}) f
+    JOIN comb.queues q ON q.id = f.queue_id
+    WHERE f.partitions > 0
 )
-SELECT q.name, NULL::text,
-       coalesce(sum(h.pos - coalesce((SELECT min(c.cursor_pos) FROM cursors c
-                                      WHERE c.partition_id = h.id), 0)), 0)::bigint
-FROM comb.queues q LEFT JOIN heads h ON h.queue_id = q.id
-GROUP BY q.name
+SELECT 'depth', name, NULL::text, (pending + processing)::float8 FROM qf
 UNION ALL
-SELECT q.name, c.consumer_group, sum(greatest(h.pos - c.cursor_pos - c.settled, 0))::bigint
-FROM cursors c JOIN heads h ON h.id = c.partition_id JOIN comb.queues q ON q.id = c.queue_id
-GROUP BY q.name, c.consumer_group
-ORDER BY 1, 2 NULLS FIRST";
-
-/// What operators alert on, in the same transaction: per queue, the age of the oldest
-/// message its slowest group has not passed; per (queue, group), dead letters not requeued
-/// (from acks, expired leases, `maxWaitTimeSeconds` and operators alike) and the age of the
-/// oldest unsettled message. Index probes per partition and cursor (`comb.partition_stats`,
-/// `comb.cursor_lag`), and the dead letters.
-const OPERATOR_STATS: &str = "
-SELECT 'oldest', q.name, NULL::text,
-       coalesce(extract(epoch FROM now() - min(s.oldest_pending_at)), 0)::float8
-FROM comb.queues q JOIN comb.partitions p ON p.queue_id = q.id
-CROSS JOIN LATERAL comb.partition_stats(p.id) s
-GROUP BY q.name
+SELECT 'oldest', name, NULL::text,
+       coalesce(extract(epoch FROM now() - oldest_pending_at), 0)::float8
+FROM qf WHERE partitions > 0
+UNION ALL
+SELECT 'lag', name, consumer_group, lag::float8 FROM gf
+UNION ALL
+SELECT 'lag_seconds', name, consumer_group,
+       coalesce(extract(epoch FROM now() - oldest_unsettled_at), 0)::float8
+FROM gf
 UNION ALL
 SELECT 'dead', q.name, d.consumer_group, count(*)::float8
 FROM comb.dead_letters d JOIN comb.queues q ON q.id = d.queue_id
 WHERE NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
 GROUP BY q.name, d.consumer_group
-UNION ALL
-SELECT 'lag', q.name, c.consumer_group,
-       coalesce(extract(epoch FROM now() - min(x.oldest_unsettled_at)), 0)::float8
-FROM comb.cursors c JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
-GROUP BY q.name, c.consumer_group
-ORDER BY 1, 2, 3";
+ORDER BY 1, 2, 3"
+    )
+}
 
-/// Depth per queue and lag per (queue, group), and what [`OPERATOR_STATS`] reads.
+/// Depth and oldest pending age per queue; lag, its age and dead letters per (queue, group).
 pub(crate) struct Backlog {
     /// Pending messages per queue.
     pub(crate) depth: Vec<(String, f64)>,
@@ -85,8 +85,7 @@ pub(crate) async fn measure(pool: &Pool) -> Result<Backlog, DbError> {
         STATS_TIMEOUT.as_millis()
     ))
     .await?;
-    let rows = tx.query(STATS, &[]).await?;
-    let operator = tx.query(OPERATOR_STATS, &[]).await?;
+    let rows = tx.query(&stats_sql(), &[]).await?;
     tx.commit().await?;
     let mut out = Backlog {
         depth: Vec::new(),
@@ -95,23 +94,17 @@ pub(crate) async fn measure(pool: &Pool) -> Result<Backlog, DbError> {
         dead: Vec::new(),
         lag_seconds: Vec::new(),
     };
-    for row in operator {
+    for row in rows {
         let (kind, queue, group): (&str, String, Option<String>) =
             (row.get(0), row.get(1), row.get(2));
         let value: f64 = row.get::<_, f64>(3).max(0.0);
         match (kind, group) {
+            ("depth", _) => out.depth.push((queue, value)),
             ("oldest", _) => out.oldest.push((queue, value)),
+            ("lag", Some(g)) => out.lag.push((queue, g, value)),
+            ("lag_seconds", Some(g)) => out.lag_seconds.push((queue, g, value)),
             ("dead", Some(g)) => out.dead.push((queue, g, value)),
-            ("lag", Some(g)) => out.lag_seconds.push((queue, g, value)),
             _ => {}
-        }
-    }
-    for row in rows {
-        let queue: String = row.get(0);
-        let value = row.get::<_, i64>(2).max(0) as f64;
-        match row.get::<_, Option<String>>(1) {
-            None => out.depth.push((queue, value)),
-            Some(group) => out.lag.push((queue, group, value)),
         }
     }
     Ok(out)

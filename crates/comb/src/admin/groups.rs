@@ -1,8 +1,12 @@
 //! Consumer groups: their lag per queue and partition, leases, deletion, subscription
 //! changes and seeks.
 //!
-//! Lag comes from `comb.cursor_lag` (schema version 9): each cursor's latest state, its
-//! partition's head and the first unsettled message's time, all index probes.
+//! A cursor's lag comes from `comb.cursor_lag` (schema version 9): its latest state, its
+//! partition's head and the first unsettled message's time, all index probes. A group's lag
+//! on a queue comes from `comb.group_figures` (schema version 12): computed now for the
+//! smallest (queue, group) pairs of the answer (up to [`LIVE_PARTITIONS`] cursors in all) and
+//! for pairs made since the newest per-minute snapshot, read from that snapshot for the
+//! others (`figuresAt` says when).
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
@@ -12,17 +16,37 @@ use uuid::Uuid;
 
 use super::cursors::{self, Selection, Target};
 use super::{Failure, MAX_LIMIT};
+use crate::backlog::LIVE_PARTITIONS;
 use crate::catalog::{Catalog, StartFrom};
 
-/// Lag of one (queue, group) summed over its cursors, as columns of a lateral named `l`.
-const GROUP_LAG: &str = "
-CROSS JOIN LATERAL (
-    SELECT count(*) AS partitions, coalesce(sum(x.lag), 0)::bigint AS lag,
-           coalesce(extract(epoch FROM now() - min(x.oldest_unsettled_at)), 0)::float8 AS lag_seconds,
-           count(x.lease_id) AS leased
-    FROM comb.cursors c CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
-    WHERE c.queue_id = sub.queue_id AND c.consumer_group = sub.consumer_group
-) l";
+/// Lag of the (queue, group) pairs of the subscriptions `sub` ranges over, as columns of `l`,
+/// taken together for the pairs the query `pairs` lists (a select of `queue_id,
+/// consumer_group` rows from `comb.subscriptions`, which must include `sub`'s).
+fn group_lag(pairs: &str) -> String {
+    format!(
+        "
+JOIN (
+    SELECT f.queue_id, f.consumer_group, f.partitions, f.lag, f.leased AS leased,
+           f.oldest_unsettled_at, f.figures_at, f.live,
+           coalesce(extract(epoch FROM now() - f.oldest_unsettled_at), 0)::float8 AS lag_seconds
+    FROM (SELECT array_agg(x.queue_id) AS queue_ids, array_agg(x.consumer_group) AS groups
+          FROM ({pairs}) x) a
+    CROSS JOIN LATERAL comb.group_figures(a.queue_ids, a.groups, {LIVE_PARTITIONS}) f
+) l ON l.queue_id = sub.queue_id AND l.consumer_group = sub.consumer_group"
+    )
+}
+
+/// How old a lag figure is, as JSON members, for objects built over [`group_lag`]'s `l`.
+const FIGURES_AT: &str = "'figuresAt', comb.iso(l.figures_at),
+    'figuresAgeSeconds', greatest(extract(epoch FROM now() - l.figures_at), 0)::float8";
+
+/// Leases held now, summed over every (queue, group) as [`group_lag`] takes them.
+pub(crate) fn leases_sql() -> String {
+    format!(
+        "SELECT coalesce(sum(l.leased), 0)::bigint FROM comb.subscriptions sub {lag}",
+        lag = group_lag("SELECT queue_id, consumer_group FROM comb.subscriptions")
+    )
+}
 
 /// The groups reading one queue, with their lag.
 pub(crate) async fn of_queue(
@@ -30,14 +54,16 @@ pub(crate) async fn of_queue(
     queue_id: Uuid,
 ) -> Result<Value, Failure> {
     let sql = format!(
-        "SELECT coalesce(jsonb_agg(jsonb_build_object(
+        "WITH sub AS (SELECT * FROM comb.subscriptions WHERE queue_id = $1
+                      ORDER BY consumer_group LIMIT {MAX_LIMIT})
+         SELECT coalesce(jsonb_agg(jsonb_build_object(
                     'name', sub.consumer_group, 'mode', sub.mode,
                     'subscribedAt', comb.iso(sub.created_at), 'partitions', l.partitions,
-                    'lag', l.lag, 'lagSeconds', l.lag_seconds, 'leasedPartitions', l.leased)
+                    'lag', l.lag, 'lagSeconds', l.lag_seconds, 'leasedPartitions', l.leased,
+                    {FIGURES_AT})
                 ORDER BY sub.consumer_group), '[]')
-         FROM (SELECT * FROM comb.subscriptions WHERE queue_id = $1
-               ORDER BY consumer_group LIMIT {MAX_LIMIT}) sub
-         {GROUP_LAG}"
+         FROM sub {lag}",
+        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
     );
     Ok(client.query_one(&sql, &[&queue_id]).await?.get(0))
 }
@@ -47,7 +73,9 @@ pub(crate) async fn of_queue(
 pub async fn list(pool: &Pool) -> Result<Value, Failure> {
     let client = pool.get().await?;
     let sql = format!(
-        "SELECT coalesce(jsonb_agg(jsonb_build_object(
+        "WITH sub AS (SELECT * FROM comb.subscriptions
+                      ORDER BY consumer_group, queue_id LIMIT {MAX_LIMIT})
+         SELECT coalesce(jsonb_agg(jsonb_build_object(
                     'name', g.name, 'queues', g.queues, 'queueCount', g.n,
                     'totalLag', g.lag, 'maxLagSeconds', g.lag_seconds,
                     'state', CASE WHEN g.lag = 0 THEN 'Stable' ELSE 'Lagging' END)
@@ -58,13 +86,13 @@ pub async fn list(pool: &Pool) -> Result<Value, Failure> {
                    jsonb_agg(jsonb_build_object(
                        'queue', q.name, 'mode', sub.mode, 'partitions', l.partitions,
                        'lag', l.lag, 'lagSeconds', l.lag_seconds,
-                       'leasedPartitions', l.leased) ORDER BY q.name) AS queues
-            FROM (SELECT * FROM comb.subscriptions
-                  ORDER BY consumer_group, queue_id LIMIT {MAX_LIMIT}) sub
+                       'leasedPartitions', l.leased, {FIGURES_AT}) ORDER BY q.name) AS queues
+            FROM sub
             JOIN comb.queues q ON q.id = sub.queue_id
-            {GROUP_LAG}
+            {lag}
             GROUP BY sub.consumer_group
-         ) g"
+         ) g",
+        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
     );
     Ok(client.query_one(&sql, &[]).await?.get(0))
 }
@@ -76,7 +104,7 @@ pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Failure> {
     let sql = format!(
         "SELECT jsonb_agg(jsonb_build_object(
                     'queue', q.name, 'mode', sub.mode, 'subscribedAt', comb.iso(sub.created_at),
-                    'lag', l.lag, 'lagSeconds', l.lag_seconds,
+                    'lag', l.lag, 'lagSeconds', l.lag_seconds, {FIGURES_AT},
                     'partitions', (
                         SELECT coalesce(jsonb_agg(jsonb_build_object(
                                    'partitionId', p.id, 'partition', p.name,
@@ -93,8 +121,11 @@ pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Failure> {
                 ORDER BY q.name)
          FROM comb.subscriptions sub
          JOIN comb.queues q ON q.id = sub.queue_id
-         {GROUP_LAG}
-         WHERE sub.consumer_group = $1"
+         {lag}
+         WHERE sub.consumer_group = $1",
+        lag = group_lag(
+            "SELECT queue_id, consumer_group FROM comb.subscriptions WHERE consumer_group = $1"
+        )
     );
     let queues: Option<Value> = client.query_one(&sql, &[&group]).await?.get(0);
     let queues = queues.ok_or_else(|| {
@@ -106,26 +137,45 @@ pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Failure> {
     Ok(json!({"name": group, "queues": queues}))
 }
 
-/// `GET /api/v1/consumer-groups/lagging`: cursors whose oldest unsettled message waits for
-/// at least `min_seconds`, the longest first.
+/// `GET /api/v1/consumer-groups/lagging`: where a group's oldest unsettled message waits
+/// for at least `min_seconds`, the longest first. Pairs of (queue, group) whose lag is
+/// computed now (see [`group_lag`]) are listed per partition, each cursor exact; pairs served
+/// from the snapshot are listed once, for the whole queue (`partition` null, `partitions`
+/// their count, `figuresAt` the snapshot's time): per cursor they would cost a probe of every
+/// partition.
 pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Value, Failure> {
     let client = pool.get().await?;
     let sql = format!(
-        "SELECT coalesce(jsonb_agg(r.j ORDER BY r.secs DESC), '[]') FROM (
-            SELECT jsonb_build_object(
-                       'consumerGroup', c.consumer_group, 'queue', q.name,
-                       'partition', p.name, 'partitionId', p.id, 'lag', x.lag,
-                       'lagSeconds', extract(epoch FROM now() - x.oldest_unsettled_at)::float8,
-                       'oldestUnsettledAt', comb.iso(x.oldest_unsettled_at)) AS j,
-                   extract(epoch FROM now() - x.oldest_unsettled_at) AS secs
-            FROM comb.cursors c
-            JOIN comb.partitions p ON p.id = c.partition_id
-            JOIN comb.queues q ON q.id = c.queue_id
-            CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
-            WHERE x.lag > 0
-              AND x.oldest_unsettled_at <= now() - make_interval(secs => $1)
+        "WITH sub AS (SELECT queue_id, consumer_group FROM comb.subscriptions), pairs AS (
+            SELECT l.* FROM sub {lag}
+         )
+         SELECT coalesce(jsonb_agg(r.j ORDER BY r.secs DESC), '[]') FROM (
+            SELECT * FROM (
+                SELECT jsonb_build_object(
+                           'consumerGroup', l.consumer_group, 'queue', q.name,
+                           'partition', p.name, 'partitionId', p.id, 'lag', x.lag,
+                           'lagSeconds', extract(epoch FROM now() - x.oldest_unsettled_at)::float8,
+                           'oldestUnsettledAt', comb.iso(x.oldest_unsettled_at)) AS j,
+                       extract(epoch FROM now() - x.oldest_unsettled_at) AS secs
+                FROM pairs l
+                CROSS JOIN LATERAL comb.lagging_cursors(
+                    CASE WHEN l.live THEN l.queue_id END, l.consumer_group, $1) x
+                JOIN comb.partitions p ON p.id = x.partition_id
+                JOIN comb.queues q ON q.id = l.queue_id
+                UNION ALL
+                SELECT jsonb_build_object(
+                           'consumerGroup', l.consumer_group, 'queue', q.name,
+                           'partition', NULL, 'partitionId', NULL, 'partitions', l.partitions,
+                           'lag', l.lag, 'lagSeconds', l.lag_seconds,
+                           'oldestUnsettledAt', comb.iso(l.oldest_unsettled_at), {FIGURES_AT}),
+                       extract(epoch FROM now() - l.oldest_unsettled_at)
+                FROM pairs l JOIN comb.queues q ON q.id = l.queue_id
+                WHERE NOT l.live AND l.lag > 0
+                  AND l.oldest_unsettled_at <= now() - make_interval(secs => $1)
+            ) u
             ORDER BY secs DESC LIMIT {MAX_LIMIT}
-         ) r"
+         ) r",
+        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
     );
     Ok(client.query_one(&sql, &[&min_seconds]).await?.get(0))
 }

@@ -1,19 +1,24 @@
 //! Resources: queues, partitions, namespaces and tasks with their depth, and clearing what a
 //! queue holds pending.
 //!
-//! Each figure comes from `comb.partition_stats` (schema version 9): the partition's head,
-//! its cursors' latest states and the one message after the slowest cursor, all index
-//! probes. A listing pages over catalog rows first and computes figures for that page only.
+//! A partition's figures are exact: `comb.partition_stats` (schema version 9), the
+//! partition's head, its cursors' latest states and the one message after the slowest cursor,
+//! all index probes, computed for the page of partitions shown. A queue's totals come from
+//! `comb.queue_figures` (schema version 12): computed now for the smallest queues of the
+//! answer (up to [`LIVE_PARTITIONS`] partitions in all) and for queues made since the newest
+//! per-minute snapshot, read from that snapshot for the others; `figuresAt` says when they
+//! were taken. A listing pages over catalog rows first and takes figures for that page only.
 
 use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
 use super::cursors::{self, Selection, Target};
 use super::{Failure, Page};
+use crate::backlog::LIVE_PARTITIONS;
 use crate::catalog::Catalog;
 
 /// A queue's figures as a JSON object, for a query over `comb.queues q` joined with
-/// [`QUEUE_FIGURES`].
+/// [`queue_figures`].
 pub(crate) const QUEUE_JSON: &str = "jsonb_build_object(
     'id', q.id, 'name', q.name, 'namespace', q.namespace, 'task', q.task,
     'createdAt', comb.iso(q.created_at), 'options', q.options,
@@ -21,28 +26,20 @@ pub(crate) const QUEUE_JSON: &str = "jsonb_build_object(
     'messages', jsonb_build_object('total', st.total, 'pending', st.pending,
                                    'processing', st.processing,
                                    'completed', greatest(st.total - st.pending - st.processing, 0),
-                                   'deadLetters', dl.n),
-    'deadLetters', dl.n,
-    'oldestPendingAt', comb.iso(st.oldest),
-    'oldestPendingAgeSeconds', coalesce(extract(epoch FROM now() - st.oldest), 0)::float8,
-    'lastMessageAt', comb.iso(st.last_at))";
+                                   'deadLetters', st.dead_letters),
+    'deadLetters', st.dead_letters,
+    'oldestPendingAt', comb.iso(st.oldest_pending_at),
+    'oldestPendingAgeSeconds', coalesce(extract(epoch FROM now() - st.oldest_pending_at), 0)::float8,
+    'lastMessageAt', comb.iso(st.last_message_at),
+    'figuresAt', comb.iso(st.figures_at),
+    'figuresAgeSeconds', greatest(extract(epoch FROM now() - st.figures_at), 0)::float8,
+    'figuresLive', st.live)";
 
-/// The laterals [`QUEUE_JSON`] reads: sums of `comb.partition_stats` over the queue's
-/// partitions, and its dead letters not requeued.
-pub(crate) const QUEUE_FIGURES: &str = "
-CROSS JOIN LATERAL (
-    SELECT count(*) AS partitions, coalesce(sum(s.head), 0)::bigint AS total,
-           coalesce(sum(s.pending), 0)::bigint AS pending,
-           coalesce(sum(s.processing), 0)::bigint AS processing,
-           min(s.oldest_pending_at) AS oldest, max(s.head_at) AS last_at
-    FROM comb.partitions p CROSS JOIN LATERAL comb.partition_stats(p.id) s
-    WHERE p.queue_id = q.id
-) st
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n FROM comb.dead_letters d
-    WHERE d.queue_id = q.id
-      AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
-) dl";
+/// Joins `st`, the figures of the queue `q` ranges over, taken together for the queues whose
+/// ids the SQL array expression `ids` lists (which must include `q`'s).
+pub(crate) fn queue_figures(ids: &str) -> String {
+    format!("JOIN comb.queue_figures({ids}, {LIVE_PARTITIONS}) st ON st.queue_id = q.id")
+}
 
 /// Which queues a listing shows.
 #[derive(Debug, Default, Clone)]
@@ -57,35 +54,38 @@ const QUEUE_WHERE: &str = "($1::text IS NULL OR q.namespace = $1)
   AND ($2::text IS NULL OR q.task = $2)
   AND ($3::text IS NULL OR strpos(q.name, $3) > 0)";
 
-/// `GET /api/v1/resources/overview`: counts and depth of everything.
+/// `GET /api/v1/resources/overview`: counts and depth of everything. `figuresAt` is when the
+/// oldest of the queue totals summed was taken.
 pub async fn overview(pool: &Pool) -> Result<Value, Failure> {
     let client = pool.get().await?;
-    let row = client
-        .query_one(
-            "SELECT jsonb_build_object(
-                'queues', (SELECT count(*) FROM comb.queues),
-                'partitions', st.partitions,
-                'namespaces', (SELECT count(DISTINCT namespace) FROM comb.queues),
-                'tasks', (SELECT count(DISTINCT task) FROM comb.queues),
-                'consumerGroups', (SELECT count(DISTINCT consumer_group) FROM comb.subscriptions),
-                'messages', jsonb_build_object(
-                    'total', st.total, 'pending', st.pending, 'processing', st.processing,
-                    'completed', greatest(st.total - st.pending - st.processing, 0),
-                    'deadLetters', (SELECT count(*) FROM comb.dead_letters d WHERE NOT EXISTS (
-                        SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id))),
-                'oldestPendingAt', comb.iso(st.oldest),
-                'oldestPendingAgeSeconds', coalesce(extract(epoch FROM now() - st.oldest), 0)::float8,
-                'timestamp', comb.iso(now()))
-             FROM (
-                SELECT count(*) AS partitions, coalesce(sum(s.head), 0)::bigint AS total,
-                       coalesce(sum(s.pending), 0)::bigint AS pending,
-                       coalesce(sum(s.processing), 0)::bigint AS processing,
-                       min(s.oldest_pending_at) AS oldest
-                FROM comb.partitions p CROSS JOIN LATERAL comb.partition_stats(p.id) s
-             ) st",
-            &[],
-        )
-        .await?;
+    let sql = format!(
+        "SELECT jsonb_build_object(
+            'queues', (SELECT count(*) FROM comb.queues),
+            'partitions', (SELECT count(*) FROM comb.partitions),
+            'namespaces', (SELECT count(DISTINCT namespace) FROM comb.queues),
+            'tasks', (SELECT count(DISTINCT task) FROM comb.queues),
+            'consumerGroups', (SELECT count(DISTINCT consumer_group) FROM comb.subscriptions),
+            'messages', jsonb_build_object(
+                'total', t.total, 'pending', t.pending, 'processing', t.processing,
+                'completed', greatest(t.total - t.pending - t.processing, 0),
+                'deadLetters', t.dead_letters),
+            'oldestPendingAt', comb.iso(t.oldest),
+            'oldestPendingAgeSeconds', coalesce(extract(epoch FROM now() - t.oldest), 0)::float8,
+            'figuresAt', comb.iso(t.figures_at),
+            'figuresAgeSeconds', greatest(extract(epoch FROM now() - t.figures_at), 0)::float8,
+            'timestamp', comb.iso(now()))
+         FROM (
+            SELECT coalesce(sum(st.total), 0)::bigint AS total,
+                   coalesce(sum(st.pending), 0)::bigint AS pending,
+                   coalesce(sum(st.processing), 0)::bigint AS processing,
+                   coalesce(sum(st.dead_letters), 0)::bigint AS dead_letters,
+                   min(st.oldest_pending_at) AS oldest,
+                   coalesce(min(st.figures_at), now()) AS figures_at
+            FROM comb.queues q {figures}
+         ) t",
+        figures = queue_figures("ARRAY(SELECT id FROM comb.queues)")
+    );
+    let row = client.query_one(&sql, &[]).await?;
     Ok(row.get(0))
 }
 
@@ -100,10 +100,11 @@ pub async fn queues(pool: &Pool, filter: &QueueFilter, page: Page) -> Result<Val
         &page.offset,
     ];
     let sql = format!(
-        "SELECT coalesce(jsonb_agg({QUEUE_JSON} ORDER BY q.name), '[]')
-         FROM (SELECT * FROM comb.queues q WHERE {QUEUE_WHERE}
-               ORDER BY q.name LIMIT $4 OFFSET $5) q
-         {QUEUE_FIGURES}"
+        "WITH page AS (SELECT * FROM comb.queues q WHERE {QUEUE_WHERE}
+                       ORDER BY q.name LIMIT $4 OFFSET $5)
+         SELECT coalesce(jsonb_agg({QUEUE_JSON} ORDER BY q.name), '[]')
+         FROM page q {figures}",
+        figures = queue_figures("ARRAY(SELECT id FROM page)")
     );
     let list: Value = client.query_one(&sql, &args).await?.get(0);
     let total: i64 = client
@@ -126,18 +127,35 @@ const PARTITION_JSON: &str = "jsonb_build_object(
     'oldestPendingAgeSeconds', coalesce(extract(epoch FROM now() - s.oldest_pending_at), 0)::float8,
     'lastMessageAt', comb.iso(s.head_at))";
 
+/// Each group's lag on partition `p`, exact, as the lateral `gl`: index probes per cursor.
+const PARTITION_GROUP_LAG: &str = "
+CROSS JOIN LATERAL (
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'consumerGroup', c.consumer_group, 'cursor', x.cursor_pos, 'lag', x.lag,
+               'lagSeconds', coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8,
+               'leaseExpiresAt', comb.iso(x.lease_expires_at))
+           ORDER BY c.consumer_group), '[]') AS groups
+    FROM comb.cursors c CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
+    WHERE c.partition_id = p.id
+) gl";
+
 /// `GET /api/v1/resources/queues/{queue}`: the queue's figures, a page of its partitions
-/// and its consumer groups' lag.
+/// (each with every group's exact lag there) and its consumer groups' lag.
 pub async fn queue(pool: &Pool, name: &str, page: Page) -> Result<Value, Failure> {
     let client = pool.get().await?;
     let id = super::queue_id(&**client, name).await?;
-    let sql = format!("SELECT {QUEUE_JSON} FROM comb.queues q {QUEUE_FIGURES} WHERE q.id = $1");
+    let sql = format!(
+        "SELECT {QUEUE_JSON} FROM comb.queues q {figures} WHERE q.id = $1",
+        figures = queue_figures("ARRAY[$1::uuid]")
+    );
     let mut out: Value = client.query_one(&sql, &[&id]).await?.get(0);
     let sql = format!(
-        "SELECT coalesce(jsonb_agg({PARTITION_JSON} ORDER BY p.name), '[]')
+        "SELECT coalesce(jsonb_agg({PARTITION_JSON} || jsonb_build_object('groupLag', gl.groups)
+                                   ORDER BY p.name), '[]')
          FROM (SELECT * FROM comb.partitions WHERE queue_id = $1
                ORDER BY name LIMIT $2 OFFSET $3) p
-         CROSS JOIN LATERAL comb.partition_stats(p.id) s"
+         CROSS JOIN LATERAL comb.partition_stats(p.id) s
+         {PARTITION_GROUP_LAG}"
     );
     let partitions: Value = client
         .query_one(&sql, &[&id, &page.limit, &page.offset])
@@ -200,12 +218,15 @@ pub async fn groupings(pool: &Pool, column: Grouping) -> Result<Value, Failure> 
             SELECT q.{col} AS v, count(DISTINCT q.id) AS queues, sum(st.partitions)::bigint AS partitions,
                    sum(st.total)::bigint AS total, sum(st.pending)::bigint AS pending,
                    sum(st.processing)::bigint AS processing
-            FROM comb.queues q {QUEUE_FIGURES}
+            FROM comb.queues q {figures}
             WHERE q.{col} IS NOT NULL
             GROUP BY q.{col}
             ORDER BY q.{col} LIMIT {max}
          ) g",
-        max = super::MAX_LIMIT
+        max = super::MAX_LIMIT,
+        figures = queue_figures(&format!(
+            "ARRAY(SELECT id FROM comb.queues WHERE {col} IS NOT NULL)"
+        )),
     );
     let list: Value = client.query_one(&sql, &[]).await?.get(0);
     Ok(json!({ key: list }))

@@ -4,7 +4,8 @@
 //! Per-minute figures come from two tables kept by the day (`maintenance::days`): every
 //! server adds what its counters did to `comb.server_minutes` each `COMB_STATS_INTERVAL_MS`
 //! (rows are summed per minute when read), and one server per minute writes each queue's
-//! depth and lag to `comb.queue_minutes`. Both only ever receive inserts.
+//! figures to `comb.queue_minutes` and each group's lag per queue to `comb.group_minutes`
+//! (the snapshot listings serve large queues' totals from). All only ever receive inserts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,6 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
-use super::resources::QUEUE_FIGURES;
 use super::{Failure, Page};
 use crate::metrics::Metrics;
 
@@ -158,12 +158,7 @@ pub async fn status(pool: &Pool, range: Range) -> Result<Value, Failure> {
     out["throughput"] = buckets;
     out["bucketMinutes"] = json!(minutes);
     let leases: i64 = client
-        .query_one(
-            "SELECT count(*) FROM comb.cursors c
-             CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-             WHERE s.lease_expires_at > now()",
-            &[],
-        )
+        .query_one(&super::groups::leases_sql(), &[])
         .await?
         .get(0);
     out["leases"] = json!({ "active": leases });
@@ -268,9 +263,30 @@ pub async fn postgres_stats(pool: &Pool) -> Result<Value, Failure> {
     Ok(row.get(0))
 }
 
+/// The minute's snapshot: each queue's figures and each group's lag on each queue, computed
+/// now over every partition and cursor (exact), for the listings that serve the figures of
+/// large queues from it (`comb.queue_figures`, `comb.group_figures`).
+const SNAPSHOT_SQL: &str = "
+INSERT INTO comb.queue_minutes
+    (day, minute, queue_id, total, pending, processing, dead_letters, lag_seconds,
+     partitions, oldest_pending_at, last_message_at, taken_at)
+SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), q.id,
+       l.total, l.pending, l.processing, l.dead_letters,
+       coalesce(extract(epoch FROM now() - l.oldest_pending_at), 0)::float8,
+       l.partitions, l.oldest_pending_at, l.last_message_at, now()
+FROM comb.queues q CROSS JOIN LATERAL comb.queue_live(q.id) l
+ON CONFLICT DO NOTHING;
+INSERT INTO comb.group_minutes
+    (day, minute, queue_id, consumer_group, partitions, lag, oldest_unsettled_at, leased,
+     taken_at)
+SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), s.queue_id,
+       s.consumer_group, l.partitions, l.lag, l.oldest_unsettled_at, l.leased, now()
+FROM comb.subscriptions s CROSS JOIN LATERAL comb.group_live(s.queue_id, s.consumer_group) l
+ON CONFLICT DO NOTHING";
+
 /// Writes what this server did to `comb.server_minutes` every `interval`, and, once a
-/// minute, on whichever server gets there first, each queue's depth and lag to
-/// `comb.queue_minutes`. Runs forever; failures are logged and the next tick tries again.
+/// minute, on whichever server gets there first, the snapshot of [`SNAPSHOT_SQL`]. Runs
+/// forever; failures are logged and the next tick tries again.
 pub async fn record(pool: Pool, metrics: Arc<Metrics>, server: String, interval: Duration) {
     let mut last = [0u64; 5];
     let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(100)));
@@ -316,27 +332,23 @@ async fn write_minute(pool: &Pool, server: &str, delta: &[i64]) -> Result<(), Fa
             .await?;
     }
     let tx = client.transaction().await?;
-    tx.batch_execute("SET LOCAL statement_timeout = '30s'")
+    tx.batch_execute("SET LOCAL statement_timeout = '30s'; SET LOCAL jit = off")
         .await?;
     let mine: bool = tx
         .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&SNAPSHOT_LOCK])
         .await?
         .get(0);
-    if mine {
-        let sql = format!(
-            "INSERT INTO comb.queue_minutes
-                 (day, minute, queue_id, total, pending, processing, dead_letters, lag_seconds)
-             SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), q.id,
-                    st.total, st.pending, st.processing, dl.n,
-                    coalesce(extract(epoch FROM now() - st.oldest), 0)::float8
-             FROM comb.queues q {QUEUE_FIGURES}
-             WHERE NOT EXISTS (
-                 SELECT 1 FROM comb.queue_minutes m
-                 WHERE m.day = (now() AT TIME ZONE 'UTC')::date
-                   AND m.minute = date_trunc('minute', now()))
-             ON CONFLICT DO NOTHING"
-        );
-        tx.execute(&sql, &[]).await?;
+    let taken: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM comb.queue_minutes m
+                            WHERE m.day = (now() AT TIME ZONE 'UTC')::date
+                              AND m.minute = date_trunc('minute', now()))",
+            &[],
+        )
+        .await?
+        .get(0);
+    if mine && !taken {
+        tx.batch_execute(SNAPSHOT_SQL).await?;
     }
     tx.commit().await?;
     Ok(())

@@ -8,7 +8,6 @@ use askama::Template;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use futures_util::StreamExt;
 use serde::Deserialize;
 
 use super::overview::{DEAD, DEPTH, IN_FLIGHT, oldest_pending, queue_depth};
@@ -233,10 +232,17 @@ struct QueuePage {
     name: String,
     name_enc: String,
     summary: Vec<(&'static str, String)>,
+    /// When the queue's totals were taken, if not just now.
+    figures_note: Option<String>,
     options: Vec<(String, String)>,
     groups: Vec<String>,
     partitions: Vec<PartitionRow>,
-    partition_count: usize,
+    /// Partitions of the queue in all.
+    partition_count: i64,
+    /// The rows shown: `first`–`last` (1-based), empty when none.
+    shown: String,
+    previous: Option<String>,
+    next: Option<String>,
     notes: Vec<String>,
 }
 
@@ -249,101 +255,69 @@ struct PartitionRow {
     lags: Vec<(String, String)>,
 }
 
-/// Partitions one admin call answers at most.
-const PAGE: usize = 1000;
+/// Partitions a page of a queue shows: their figures and each group's lag there are
+/// computed for these rows only, in one administration call.
+const PAGE: i64 = 500;
 
-/// Pages of partitions asked for at once.
-const PAGES_AT_ONCE: usize = 4;
+/// Which page of partitions a queue's page shows.
+#[derive(Deserialize)]
+pub(crate) struct PartitionPage {
+    offset: Option<u64>,
+}
 
-/// `GET /queues/{queue}`.
+/// `GET /queues/{queue}[?offset=N]`.
 pub(crate) async fn detail(
     AxumState(state): AxumState<State>,
     headers: HeaderMap,
     Path(queue): Path<String>,
+    Query(at): Query<PartitionPage>,
 ) -> Response {
     let api = AdminApi::new(&state, &headers);
     let q = enc(&queue);
+    let offset = (at.offset.unwrap_or(0).min(crate::admin::MAX_OFFSET) as i64 / PAGE) * PAGE;
     let mut notes = Vec::new();
     let detail = api
-        .get(format!("/api/v1/resources/queues/{q}?limit={PAGE}"))
+        .get(format!(
+            "/api/v1/resources/queues/{q}?limit={PAGE}&offset={offset}"
+        ))
         .await
         .unwrap_or_else(|e| {
             notes.push(unavailable("This queue", &e));
             Json::default()
         });
-    // Every partition: the pages after the first, a few at a time, in order.
-    let total = detail.count(&["partitions"]).max(0) as usize;
-    let mut partitions = detail.list(&["partitionList"]);
-    let offsets: Vec<usize> = (partitions.len()..total).step_by(PAGE).collect();
-    let pages: Vec<_> = futures_util::stream::iter(offsets.into_iter().map(|offset| {
-        api.get(format!(
-            "/api/v1/resources/partitions?queue={q}&limit={PAGE}&offset={offset}"
-        ))
-    }))
-    .buffered(PAGES_AT_ONCE)
-    .collect()
-    .await;
-    for page in pages {
-        match page {
-            Ok(page) => partitions.extend(page.list(&["partitions"])),
-            Err(e) => {
-                notes.push(unavailable("Partitions", &e));
-                break;
-            }
-        }
-    }
-    // Each group's lag per partition of this queue, keyed by (group, partition name).
+    let total = detail.count(&["partitions"]).max(0);
+    let partitions = detail.list(&["partitionList"]);
     let group_names: Vec<String> = detail
         .list(&["consumerGroups"])
         .iter()
         .filter_map(|g| g.text(&["name"]))
         .collect();
-    let details = futures_util::future::join_all(
-        group_names
-            .iter()
-            .map(|g| api.get(format!("/api/v1/consumer-groups/{}", enc(g)))),
-    )
-    .await;
-    let mut lag: BTreeMap<(&str, String), (i64, Option<f64>)> = BTreeMap::new();
-    for (g, d) in group_names.iter().zip(details) {
-        let d = match d {
-            Ok(d) => d,
-            Err(e) => {
-                notes.push(unavailable(&format!("Lag of {g}"), &e));
-                continue;
-            }
-        };
-        for gq in d.list(&["queues"]) {
-            if gq.text(&["queue"]).as_deref() != Some(queue.as_str()) {
-                continue;
-            }
-            for p in gq.list(&["partitions"]) {
-                let messages = p.count(&["lag"]);
-                let seconds = (messages > 0).then(|| p.num(&["lagSeconds"])).flatten();
-                lag.insert(
-                    (g.as_str(), p.text(&["partition"]).unwrap_or_default()),
-                    (messages, seconds),
-                );
-            }
-        }
-    }
 
     let rows: Vec<PartitionRow> = partitions
         .iter()
         .map(|p| {
-            let name = p.text(&["name"]).unwrap_or_default();
+            // Each group's exact lag on this partition, by group name.
+            let lag: BTreeMap<String, (i64, Option<f64>)> = p
+                .list(&["groupLag"])
+                .iter()
+                .filter_map(|g| {
+                    let messages = g.count(&["lag"]);
+                    let seconds = (messages > 0).then(|| g.num(&["lagSeconds"])).flatten();
+                    Some((g.text(&["consumerGroup"])?, (messages, seconds)))
+                })
+                .collect();
             PartitionRow {
                 depth: figures::count(p.count(DEPTH)),
                 in_flight: figures::count(p.count(IN_FLIGHT)),
                 oldest: figures::age(oldest_pending(p)),
                 lags: group_names
                     .iter()
-                    .map(|g| match lag.get(&(g.as_str(), name.clone())) {
+                    .map(|g| match lag.get(g) {
                         Some((m, s)) => (figures::count(*m), figures::age(*s)),
                         None => ("—".into(), "—".into()),
                     })
                     .collect(),
-                name,
+                name: p.text(&["name"]).unwrap_or_default(),
             }
         })
         .collect();
@@ -362,6 +336,8 @@ pub(crate) async fn detail(
             .collect(),
         None => Vec::new(),
     };
+    let shown = rows.len() as i64;
+    let link = |offset: i64| format!("/queues/{q}?offset={offset}");
     let page = QueuePage {
         name_enc: q.clone(),
         summary: vec![
@@ -369,9 +345,21 @@ pub(crate) async fn detail(
             ("In flight", figures::count(detail.count(IN_FLIGHT))),
             ("Dead letters", figures::count(detail.count(DEAD))),
             ("Oldest pending", figures::age(oldest_pending(&detail))),
-            ("Partitions", figures::count(total as i64)),
+            ("Partitions", figures::count(total)),
         ],
-        partition_count: rows.len(),
+        figures_note: figures_note(&detail),
+        shown: if shown > 0 {
+            format!(
+                "{}–{}",
+                figures::count(offset + 1),
+                figures::count(offset + shown)
+            )
+        } else {
+            String::new()
+        },
+        previous: (offset > 0).then(|| link((offset - PAGE).max(0))),
+        next: (offset + shown < total).then(|| link(offset + PAGE)),
+        partition_count: total,
         partitions: rows,
         options,
         groups: group_names,
@@ -379,8 +367,24 @@ pub(crate) async fn detail(
         name: queue.clone(),
     };
     // A queue of thousands of partitions is not redrawn every few seconds.
-    let refresh = (page.partition_count <= 500).then(|| (format!("/queues/{q}"), 5));
+    let refresh = (total <= PAGE).then(|| (format!("/queues/{q}"), 5));
     respond(page.render(), &queue, "queues", refresh, &headers)
+}
+
+/// "Totals as of 12:03:10 UTC (41 s ago)" when a queue's totals come from the per-minute
+/// snapshot rather than from now.
+fn figures_note(detail: &Json) -> Option<String> {
+    if detail.at("figuresLive").as_bool() != Some(false) {
+        return None;
+    }
+    let at = chrono::DateTime::parse_from_rfc3339(&detail.text(&["figuresAt"])?).ok()?;
+    let age = detail.num(&["figuresAgeSeconds"]);
+    Some(format!(
+        "Totals as of {} UTC ({} ago): a queue this large is summed once a minute; each \
+         partition below is exact.",
+        at.format("%H:%M:%S"),
+        figures::age(age)
+    ))
 }
 
 #[derive(Template)]

@@ -1,4 +1,4 @@
-//! Tables kept by the day (traces, per-minute counters): the next days' tables made ahead,
+//! Tables kept by the day (traces, per-minute counters and figures): the next days' tables made ahead,
 //! tables past their retention dropped whole. Nothing in them is ever updated or deleted
 //! row by row.
 
@@ -10,7 +10,7 @@ use super::locks::{give_way, lock_timeout_sql};
 use crate::db::DbError;
 
 /// The tables kept by the day.
-pub(super) const TABLES: &[&str] = &["traces", "server_minutes", "queue_minutes"];
+pub(super) const TABLES: &[&str] = &["traces", "server_minutes", "queue_minutes", "group_minutes"];
 
 /// Days made ahead of the current one.
 const AHEAD: u64 = 2;

@@ -75,8 +75,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 12,
+        name: "figures",
+        sql: include_str!("migrations/0012_figures.sql"),
+    },
+    Migration {
+        version: 13,
         name: "dead_letter_producer",
-        sql: include_str!("migrations/0012_dead_letter_producer.sql"),
+        sql: include_str!("migrations/0013_dead_letter_producer.sql"),
     },
 ];
 

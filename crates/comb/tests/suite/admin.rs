@@ -1016,15 +1016,7 @@ async fn metrics_show_oldest_pending_age_dead_letters_from_expired_leases_and_la
         }
     }
     assert!(dead, "the expired lease dead-lettered its message");
-    let text = env
-        .http
-        .get(env.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = env.metrics_text().await;
     assert_eq!(
         metric(&text, "comb_messages_dead_lettered_total "),
         Some(1.0),

@@ -22,6 +22,7 @@ mod consumer_groups;
 mod dashboard;
 mod errors;
 mod failover;
+mod figures;
 mod fuzz;
 mod generations;
 mod idempotency;

@@ -22,15 +22,7 @@ fn queen_options() -> Value {
 }
 
 async fn metric(env: &Env, name: &str) -> f64 {
-    let text = env
-        .http
-        .get(env.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = env.metrics_text().await;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .unwrap_or_else(|| panic!("{name} not in /metrics"))

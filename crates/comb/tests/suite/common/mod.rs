@@ -263,6 +263,12 @@ impl Env {
         read(r).await
     }
 
+    /// The server's `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        let r = self.http.get(self.url("/metrics")).send().await.unwrap();
+        r.text().await.unwrap()
+    }
+
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
         let r = self.http.get(self.url(path)).send().await.expect("request");
         read(r).await

@@ -1,4 +1,4 @@
--- Comb schema, version 12: who pushed each dead-lettered message.
+-- Comb schema, version 13: who pushed each dead-lettered message.
 --
 -- A dead letter is a copy of its message, kept after the message's segment is dropped, so
 -- the producer's token subject (`producer_sub`, version 9) is copied with it and shown as
