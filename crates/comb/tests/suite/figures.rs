@@ -108,7 +108,7 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
     // The next snapshot is taken after everything above.
     forget_snapshots(&env);
     let mut big = Value::Null;
-    for _ in 0..150 {
+    for _ in 0..600 {
         big = queue_entry(&env, "big").await;
         if big["figuresLive"] == false {
             break;
@@ -213,7 +213,7 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
     assert_eq!(page["partitionList"][1]["messages"]["total"], 2, "{page}");
     forget_snapshots(&env);
     let mut last = Value::Null;
-    for _ in 0..150 {
+    for _ in 0..600 {
         last = ok(&env, "/api/v1/resources/queues/big?limit=1").await;
         if last["figuresLive"] == false && last["messages"]["total"] == total + 1 {
             break;
