@@ -9,6 +9,8 @@ use crate::db::DbError;
 /// What kind of refusal, which the edge maps to a status code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
+    /// The request itself is wrong: a value out of range, a missing choice (400).
+    Invalid,
     /// The thing named does not exist (404).
     NotFound,
     /// The request conflicts with current state, such as a stale lease (409).
@@ -42,6 +44,11 @@ impl Refusal {
             detail: detail.into(),
             retry_after,
         }
+    }
+
+    /// The request itself is wrong.
+    pub(crate) fn invalid(code: &'static str, detail: impl Into<String>) -> Refusal {
+        Refusal::new(Kind::Invalid, code, detail)
     }
 
     /// The thing named does not exist.
@@ -87,6 +94,18 @@ impl From<&DbError> for Refusal {
 impl From<DbError> for Refusal {
     fn from(e: DbError) -> Refusal {
         Refusal::from(&e)
+    }
+}
+
+impl From<tokio_postgres::Error> for Refusal {
+    fn from(e: tokio_postgres::Error) -> Refusal {
+        Refusal::from(DbError::from(e))
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Refusal {
+    fn from(e: deadpool_postgres::PoolError) -> Refusal {
+        Refusal::from(DbError::from(e))
     }
 }
 

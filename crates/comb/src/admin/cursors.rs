@@ -8,7 +8,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::Failure;
+use super::Refusal;
 
 /// Where a move puts cursors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +96,7 @@ pub async fn move_in(
     tx: &deadpool_postgres::Transaction<'_>,
     selection: Selection<'_>,
     target: Target,
-) -> Result<Moved, Failure> {
+) -> Result<Moved, Refusal> {
     let (kind, at): (&str, Option<DateTime<Utc>>) = match target {
         Target::End => ("end", None),
         Target::Start => ("start", None),
@@ -164,7 +164,7 @@ pub async fn edit_in(
     group: Option<&str>,
     reset_rest: bool,
     mut edit: impl FnMut(&str, &mut crate::ack::Cursor) -> bool,
-) -> Result<Vec<String>, Failure> {
+) -> Result<Vec<String>, Refusal> {
     tx.query(LOCK_PARTITION_SQL, &[&partition, &group]).await?;
     let rows = tx.query(PARTITION_STATE_SQL, &[&partition, &group]).await?;
     let mut groups = Vec::new();

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use uuid::Uuid;
 
-use super::Failure;
+use super::Refusal;
 
 /// Most entries one request requeues; the answer says how many are left.
 pub const MAX_REQUEUE: i64 = 10_000;
@@ -101,7 +101,7 @@ SELECT pl.partition_id, pl.pos, pl.new_pos, (SELECT count(*) FROM stored), (SELE
 FROM placed pl";
 
 /// Requeues the selected dead letters (at most [`MAX_REQUEUE`]) in one transaction.
-pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Failure> {
+pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Refusal> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let args = selection.args();
@@ -204,7 +204,7 @@ pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Fai
 
 /// Deletes the selected dead letters (and the marks of those requeued). Dead letters are
 /// copies kept for operators; purging them touches no message or cursor.
-pub async fn purge(pool: &Pool, selection: &Selection) -> Result<u64, Failure> {
+pub async fn purge(pool: &Pool, selection: &Selection) -> Result<u64, Refusal> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let args = selection.args();

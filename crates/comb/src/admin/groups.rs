@@ -15,7 +15,7 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::cursors::{self, Selection, Target};
-use super::{Failure, MAX_LIMIT};
+use super::{MAX_LIMIT, Refusal};
 use crate::backlog::LIVE_PARTITIONS;
 use crate::catalog::{Catalog, StartFrom};
 
@@ -52,7 +52,7 @@ pub(crate) fn leases_sql() -> String {
 pub(crate) async fn of_queue(
     client: &impl GenericClient,
     queue_id: Uuid,
-) -> Result<Value, Failure> {
+) -> Result<Value, Refusal> {
     let sql = format!(
         "WITH sub AS (SELECT * FROM comb.subscriptions WHERE queue_id = $1
                       ORDER BY consumer_group LIMIT {MAX_LIMIT})
@@ -70,7 +70,7 @@ pub(crate) async fn of_queue(
 
 /// `GET /api/v1/consumer-groups`: every group with its queues and their lag (messages and
 /// seconds), as Queen answers it: a JSON array.
-pub async fn list(pool: &Pool) -> Result<Value, Failure> {
+pub async fn list(pool: &Pool) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "WITH sub AS (SELECT * FROM comb.subscriptions
@@ -99,7 +99,7 @@ pub async fn list(pool: &Pool) -> Result<Value, Failure> {
 
 /// `GET /api/v1/consumer-groups/{group}`: the group's queues, each with every partition's
 /// cursor, head, lag and lease.
-pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Failure> {
+pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "SELECT jsonb_agg(jsonb_build_object(
@@ -129,7 +129,7 @@ pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Failure> {
     );
     let queues: Option<Value> = client.query_one(&sql, &[&group]).await?.get(0);
     let queues = queues.ok_or_else(|| {
-        Failure::NotFound(
+        Refusal::not_found(
             "consumer_group_not_found",
             format!("consumer group `{group}` reads no queue"),
         )
@@ -143,7 +143,7 @@ pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Failure> {
 /// from the snapshot are listed once, for the whole queue (`partition` null, `partitions`
 /// their count, `figuresAt` the snapshot's time): per cursor they would cost a probe of every
 /// partition.
-pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Value, Failure> {
+pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "WITH sub AS (SELECT queue_id, consumer_group FROM comb.subscriptions), pairs AS (
@@ -189,7 +189,7 @@ pub async fn delete_for_queue(
     group: &str,
     queue: &str,
     delete_metadata: bool,
-) -> Result<Value, Failure> {
+) -> Result<Value, Refusal> {
     let mut client = pool.get().await?;
     let id = super::queue_id(&**client, queue).await?;
     let tx = client.transaction().await?;
@@ -201,7 +201,7 @@ pub async fn delete_for_queue(
         )
         .await?
         .ok_or_else(|| {
-            Failure::NotFound(
+            Refusal::not_found(
                 "consumer_group_not_found",
                 format!("consumer group `{group}` does not read queue `{queue}`"),
             )
@@ -271,7 +271,7 @@ pub async fn set_subscription(
     pool: &Pool,
     group: &str,
     at: DateTime<Utc>,
-) -> Result<Value, Failure> {
+) -> Result<Value, Refusal> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let queues: Vec<Uuid> = tx
@@ -285,7 +285,7 @@ pub async fn set_subscription(
         .map(|r| r.get(0))
         .collect();
     if queues.is_empty() {
-        return Err(Failure::NotFound(
+        return Err(Refusal::not_found(
             "consumer_group_not_found",
             format!("consumer group `{group}` reads no queue"),
         ));
@@ -325,7 +325,7 @@ pub async fn seek(
     queue: &str,
     partition: Option<&str>,
     target: Target,
-) -> Result<Value, Failure> {
+) -> Result<Value, Refusal> {
     let mut client = pool.get().await?;
     let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     catalog

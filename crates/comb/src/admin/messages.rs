@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::{Failure, Page};
+use super::{Page, Refusal};
 use crate::catalog::Catalog;
 use crate::queue::QUEUE_MODE_GROUP;
 
@@ -89,7 +89,7 @@ const JOIN_PARTITION: &str = "JOIN (SELECT p.id, p.name, q.name AS queue FROM co
       JOIN comb.queues q ON q.id = p.queue_id) p ON p.id = m.partition_id";
 
 /// `GET /api/v1/messages`.
-pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Failure> {
+pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let queue_id = match &filter.queue {
         Some(q) => Some(super::queue_id(&**client, q).await?),
@@ -100,9 +100,9 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Fai
             super::partition_id(&**client, id, filter.queue.as_deref().unwrap_or(""), p).await?,
         ),
         (Some(_), None) => {
-            return Err(Failure::Invalid(
+            return Err(Refusal::invalid(
                 "queue_required",
-                "a partition filter needs the queue".into(),
+                "a partition filter needs the queue",
             ));
         }
         _ => None,
@@ -173,7 +173,7 @@ async fn one_json(
     client: &impl tokio_postgres::GenericClient,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
-) -> Result<Value, Failure> {
+) -> Result<Value, Refusal> {
     Ok(client.query_one(sql, params).await?.get(0))
 }
 
@@ -213,7 +213,7 @@ async fn find(
     client: &impl tokio_postgres::GenericClient,
     partition: Uuid,
     transaction: &str,
-) -> Result<(i64, Uuid, String), Failure> {
+) -> Result<(i64, Uuid, String), Refusal> {
     client
         .query_opt(
             "SELECT m.pos, p.queue_id, q.name FROM comb.messages m
@@ -228,8 +228,8 @@ async fn find(
         .ok_or_else(|| not_found(partition, transaction))
 }
 
-fn not_found(partition: Uuid, transaction: &str) -> Failure {
-    Failure::NotFound(
+fn not_found(partition: Uuid, transaction: &str) -> Refusal {
+    Refusal::not_found(
         "message_not_found",
         format!("partition {partition} holds no message with transaction id `{transaction}`"),
     )
@@ -237,7 +237,7 @@ fn not_found(partition: Uuid, transaction: &str) -> Failure {
 
 /// `GET /api/v1/messages/{partitionId}/{transactionId}`: the message with its status for
 /// every group reading its queue, its attempts, and its dead letters.
-pub async fn get(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Failure> {
+pub async fn get(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "SELECT {MESSAGE_JSON} || jsonb_build_object(
@@ -282,7 +282,7 @@ pub async fn delete(
     catalog: &Catalog,
     partition: Uuid,
     transaction: &str,
-) -> Result<Value, Failure> {
+) -> Result<Value, Refusal> {
     let mut client = pool.get().await?;
     let (pos, queue_id, _) = find(&**client, partition, transaction).await?;
     super::ensure_a_reader(pool, catalog, queue_id).await?;
@@ -308,7 +308,7 @@ pub async fn delete(
 /// `POST /api/v1/messages/{partitionId}/{transactionId}/retry`: a dead-lettered message is
 /// requeued (stored again at the end of its partition for the groups that gave up on it);
 /// one that failed but is still pending has its attempts reset and is available at once.
-pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Failure> {
+pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Refusal> {
     let mut client = pool.get().await?;
     let (pos, queue_id, queue) = find(&**client, partition, transaction).await?;
     let dead: Vec<Uuid> = client
@@ -354,9 +354,9 @@ pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Va
     .await?;
     tx.commit().await?;
     if groups.is_empty() {
-        return Err(Failure::Conflict(
+        return Err(Refusal::conflict(
             "message_not_failed",
-            "the message is neither dead-lettered nor failed for any group".into(),
+            "the message is neither dead-lettered nor failed for any group",
         ));
     }
     Ok(json!({
@@ -377,7 +377,7 @@ pub async fn dead_letter(
     catalog: &Catalog,
     partition: Uuid,
     transaction: &str,
-) -> Result<Value, Failure> {
+) -> Result<Value, Refusal> {
     let mut client = pool.get().await?;
     let (pos, queue_id, _) = find(&**client, partition, transaction).await?;
     super::ensure_a_reader(pool, catalog, queue_id).await?;
@@ -394,9 +394,9 @@ pub async fn dead_letter(
     })
     .await?;
     if groups.is_empty() {
-        return Err(Failure::Conflict(
+        return Err(Refusal::conflict(
             "message_settled",
-            "every group reading the partition has already settled the message".into(),
+            "every group reading the partition has already settled the message",
         ));
     }
     tx.execute(

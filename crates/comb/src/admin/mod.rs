@@ -16,7 +16,7 @@ pub mod resources;
 pub mod status;
 pub mod traces;
 
-use crate::db::DbError;
+use crate::refusal::Refusal;
 
 /// Most rows a listing answers at once.
 pub const MAX_LIMIT: i64 = 1000;
@@ -36,17 +36,17 @@ pub struct Page {
 
 impl Page {
     /// A page from request values; `limit` above [`MAX_LIMIT`] is refused, not silently cut.
-    pub fn new(limit: Option<u64>, offset: Option<u64>) -> Result<Page, Failure> {
+    pub fn new(limit: Option<u64>, offset: Option<u64>) -> Result<Page, Refusal> {
         let limit = limit.map_or(DEFAULT_LIMIT, |l| l.min(i64::MAX as u64) as i64);
         if !(1..=MAX_LIMIT).contains(&limit) {
-            return Err(Failure::Invalid(
+            return Err(Refusal::invalid(
                 "limit_invalid",
                 format!("limit must be between 1 and {MAX_LIMIT}"),
             ));
         }
         let offset = offset.unwrap_or(0);
         if offset > MAX_OFFSET {
-            return Err(Failure::Invalid(
+            return Err(Refusal::invalid(
                 "offset_invalid",
                 format!("offset may be at most {MAX_OFFSET}"),
             ));
@@ -65,36 +65,6 @@ impl Default for Page {
     }
 }
 
-/// Why an administrative request was not done.
-#[derive(Debug)]
-pub enum Failure {
-    /// The thing named does not exist (code, detail).
-    NotFound(&'static str, String),
-    /// The request itself is wrong (code, detail).
-    Invalid(&'static str, String),
-    /// The request conflicts with the current state (code, detail).
-    Conflict(&'static str, String),
-    Db(DbError),
-}
-
-impl From<DbError> for Failure {
-    fn from(e: DbError) -> Failure {
-        Failure::Db(e)
-    }
-}
-
-impl From<tokio_postgres::Error> for Failure {
-    fn from(e: tokio_postgres::Error) -> Failure {
-        Failure::Db(DbError::from(e))
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for Failure {
-    fn from(e: deadpool_postgres::PoolError) -> Failure {
-        Failure::Db(DbError::from(e))
-    }
-}
-
 /// Makes sure some group reads the queue before an operator settles messages in it: with no
 /// subscription there is no cursor to record the change in, and the messages would be
 /// handed out later as if nothing had been done. The queue-mode group (what a pop without a
@@ -103,7 +73,7 @@ pub(crate) async fn ensure_a_reader(
     pool: &deadpool_postgres::Pool,
     catalog: &crate::catalog::Catalog,
     queue_id: uuid::Uuid,
-) -> Result<(), Failure> {
+) -> Result<(), Refusal> {
     let subscribed: bool = pool
         .get()
         .await?
@@ -126,27 +96,27 @@ pub(crate) async fn ensure_a_reader(
     Ok(())
 }
 
-/// The id of a queue by name, or [`Failure::NotFound`].
+/// The id of a queue by name, or a `NotFound` [`Refusal`].
 pub(crate) async fn queue_id(
     client: &impl tokio_postgres::GenericClient,
     queue: &str,
-) -> Result<uuid::Uuid, Failure> {
+) -> Result<uuid::Uuid, Refusal> {
     client
         .query_opt("SELECT id FROM comb.queues WHERE name = $1", &[&queue])
         .await?
         .map(|r| r.get(0))
         .ok_or_else(|| {
-            Failure::NotFound("queue_not_found", format!("queue `{queue}` does not exist"))
+            Refusal::not_found("queue_not_found", format!("queue `{queue}` does not exist"))
         })
 }
 
-/// The id of a partition of a queue by name, or [`Failure::NotFound`].
+/// The id of a partition of a queue by name, or a `NotFound` [`Refusal`].
 pub(crate) async fn partition_id(
     client: &impl tokio_postgres::GenericClient,
     queue_id: uuid::Uuid,
     queue: &str,
     partition: &str,
-) -> Result<uuid::Uuid, Failure> {
+) -> Result<uuid::Uuid, Refusal> {
     client
         .query_opt(
             "SELECT id FROM comb.partitions WHERE queue_id = $1 AND name = $2",
@@ -155,19 +125,19 @@ pub(crate) async fn partition_id(
         .await?
         .map(|r| r.get(0))
         .ok_or_else(|| {
-            Failure::NotFound(
+            Refusal::not_found(
                 "partition_not_found",
                 format!("queue `{queue}` has no partition `{partition}`"),
             )
         })
 }
 
-/// The ids of a queue and, if named, one of its partitions; [`Failure::NotFound`] otherwise.
+/// The ids of a queue and, if named, one of its partitions; a `NotFound` [`Refusal`] otherwise.
 pub(crate) async fn queue_and_partition(
     client: &impl tokio_postgres::GenericClient,
     queue: &str,
     partition: Option<&str>,
-) -> Result<(uuid::Uuid, Option<uuid::Uuid>), Failure> {
+) -> Result<(uuid::Uuid, Option<uuid::Uuid>), Refusal> {
     let id = queue_id(client, queue).await?;
     let partition_id = match partition {
         Some(p) => Some(partition_id(client, id, queue, p).await?),

@@ -13,7 +13,7 @@ use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
 use super::cursors::{self, Selection, Target};
-use super::{Failure, Page};
+use super::{Page, Refusal};
 use crate::backlog::LIVE_PARTITIONS;
 use crate::catalog::Catalog;
 
@@ -56,7 +56,7 @@ const QUEUE_WHERE: &str = "($1::text IS NULL OR q.namespace = $1)
 
 /// `GET /api/v1/resources/overview`: counts and depth of everything. `figuresAt` is when the
 /// oldest of the queue totals summed was taken.
-pub async fn overview(pool: &Pool) -> Result<Value, Failure> {
+pub async fn overview(pool: &Pool) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "SELECT jsonb_build_object(
@@ -90,7 +90,7 @@ pub async fn overview(pool: &Pool) -> Result<Value, Failure> {
 }
 
 /// `GET /api/v1/resources/queues`: a page of queues by name, with their figures.
-pub async fn queues(pool: &Pool, filter: &QueueFilter, page: Page) -> Result<Value, Failure> {
+pub async fn queues(pool: &Pool, filter: &QueueFilter, page: Page) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let args: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
         &filter.namespace,
@@ -141,7 +141,7 @@ CROSS JOIN LATERAL (
 
 /// `GET /api/v1/resources/queues/{queue}`: the queue's figures, a page of its partitions
 /// (each with every group's exact lag there) and its consumer groups' lag.
-pub async fn queue(pool: &Pool, name: &str, page: Page) -> Result<Value, Failure> {
+pub async fn queue(pool: &Pool, name: &str, page: Page) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let id = super::queue_id(&**client, name).await?;
     let sql = format!(
@@ -171,7 +171,7 @@ pub async fn queue(pool: &Pool, name: &str, page: Page) -> Result<Value, Failure
 
 /// `GET /api/v1/resources/partitions`: a page of partitions (of one queue, or of all by queue
 /// and name) with their figures.
-pub async fn partitions(pool: &Pool, queue: Option<&str>, page: Page) -> Result<Value, Failure> {
+pub async fn partitions(pool: &Pool, queue: Option<&str>, page: Page) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let queue_id = match queue {
         Some(q) => Some(super::queue_id(&**client, q).await?),
@@ -202,7 +202,7 @@ pub async fn partitions(pool: &Pool, queue: Option<&str>, page: Page) -> Result<
 
 /// `GET /api/v1/resources/namespaces` and `/tasks`: each value of the queue column with its
 /// queues' counts and depth.
-pub async fn groupings(pool: &Pool, column: Grouping) -> Result<Value, Failure> {
+pub async fn groupings(pool: &Pool, column: Grouping) -> Result<Value, Refusal> {
     let (col, key) = match column {
         Grouping::Namespace => ("namespace", "namespaces"),
         Grouping::Task => ("task", "tasks"),
@@ -247,7 +247,7 @@ pub async fn clear(
     catalog: &Catalog,
     queue: &str,
     partition: Option<&str>,
-) -> Result<Value, Failure> {
+) -> Result<Value, Refusal> {
     let mut client = pool.get().await?;
     let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     super::ensure_a_reader(pool, catalog, id).await?;

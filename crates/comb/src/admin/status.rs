@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
-use super::{Failure, Page};
+use super::{Page, Refusal};
 use crate::metrics::Metrics;
 
 /// Most buckets one analytics answer holds; longer ranges get wider buckets.
@@ -35,19 +35,19 @@ pub struct Range {
 
 impl Range {
     /// The range asked for; refuses an empty or reversed one, or one over [`MAX_RANGE`].
-    pub fn new(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Result<Range, Failure> {
+    pub fn new(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Result<Range, Refusal> {
         let to = to.unwrap_or_else(Utc::now);
         let from = from.unwrap_or(to - chrono::TimeDelta::hours(1));
         if from >= to {
-            return Err(Failure::Invalid(
+            return Err(Refusal::invalid(
                 "range_invalid",
-                "`from` must be before `to`".into(),
+                "`from` must be before `to`",
             ));
         }
         if to - from > MAX_RANGE {
-            return Err(Failure::Invalid(
+            return Err(Refusal::invalid(
                 "range_invalid",
-                "the range may span at most 7 days".into(),
+                "the range may span at most 7 days",
             ));
         }
         Ok(Range { from, to })
@@ -104,7 +104,7 @@ async fn series(
     client: &deadpool_postgres::Client,
     range: Range,
     queue_id: Option<uuid::Uuid>,
-) -> Result<(Value, i64), Failure> {
+) -> Result<(Value, i64), Refusal> {
     let minutes = range.bucket_minutes();
     let m = minutes as i32;
     let v: Value = client
@@ -115,7 +115,7 @@ async fn series(
 }
 
 /// `GET /api/v1/status/analytics`: throughput, errors, depth and lag per bucket.
-pub async fn analytics(pool: &Pool, range: Range, queue: Option<&str>) -> Result<Value, Failure> {
+pub async fn analytics(pool: &Pool, range: Range, queue: Option<&str>) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let queue_id = match queue {
         Some(q) => Some(super::queue_id(&**client, q).await?),
@@ -150,7 +150,7 @@ fn totals(buckets: &Value) -> Value {
 }
 
 /// `GET /api/v1/status`: the overview of resources with the range's throughput.
-pub async fn status(pool: &Pool, range: Range) -> Result<Value, Failure> {
+pub async fn status(pool: &Pool, range: Range) -> Result<Value, Refusal> {
     let mut out = super::resources::overview(pool).await?;
     let client = pool.get().await?;
     let (buckets, minutes) = series(&client, range, None).await?;
@@ -167,13 +167,13 @@ pub async fn status(pool: &Pool, range: Range) -> Result<Value, Failure> {
 
 /// `GET /api/v1/status/queues`: a page of queues with their figures (as the resources
 /// listing).
-pub async fn queues(pool: &Pool, page: Page) -> Result<Value, Failure> {
+pub async fn queues(pool: &Pool, page: Page) -> Result<Value, Refusal> {
     super::resources::queues(pool, &Default::default(), page).await
 }
 
 /// `GET /api/v1/status/queues/{queue}`: the queue's figures, partitions and groups, with its
 /// depth and lag per bucket over the range.
-pub async fn queue(pool: &Pool, name: &str, range: Range, page: Page) -> Result<Value, Failure> {
+pub async fn queue(pool: &Pool, name: &str, range: Range, page: Page) -> Result<Value, Refusal> {
     let mut out = super::resources::queue(pool, name, page).await?;
     let client = pool.get().await?;
     let id = super::queue_id(&**client, name).await?;
@@ -185,7 +185,7 @@ pub async fn queue(pool: &Pool, name: &str, range: Range, page: Page) -> Result<
 
 /// `GET /api/v1/analytics/worker-metrics`: what each server did over the range, from the
 /// per-minute counters every server writes.
-pub async fn servers(pool: &Pool, range: Range) -> Result<Value, Failure> {
+pub async fn servers(pool: &Pool, range: Range) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let v: Value = client
         .query_one(
@@ -217,7 +217,7 @@ pub async fn servers(pool: &Pool, range: Range) -> Result<Value, Failure> {
 /// `GET /api/v1/analytics/postgres-stats`: the database as PostgreSQL sees it: size,
 /// connections by state, cache hits, transactions, and per Comb table its size, live and
 /// dead rows and last vacuum.
-pub async fn postgres_stats(pool: &Pool) -> Result<Value, Failure> {
+pub async fn postgres_stats(pool: &Pool) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let row = client
         .query_one(
@@ -316,7 +316,7 @@ pub async fn record(pool: Pool, metrics: Arc<Metrics>, server: String, interval:
     }
 }
 
-async fn write_minute(pool: &Pool, server: &str, delta: &[i64]) -> Result<(), Failure> {
+async fn write_minute(pool: &Pool, server: &str, delta: &[i64]) -> Result<(), Refusal> {
     let mut client = pool.get().await?;
     if delta.iter().any(|d| *d > 0) {
         client

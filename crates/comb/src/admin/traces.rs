@@ -9,7 +9,7 @@ use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{Failure, MAX_LIMIT, Page};
+use super::{MAX_LIMIT, Page, Refusal};
 
 /// Most names one trace carries.
 pub const MAX_NAMES: usize = 16;
@@ -29,7 +29,7 @@ pub struct NewTrace {
 }
 
 /// `POST /api/v1/traces`: records the event; the message must exist.
-pub async fn record(pool: &Pool, trace: &NewTrace) -> Result<Value, Failure> {
+pub async fn record(pool: &Pool, trace: &NewTrace) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let known: bool = client
         .query_one(
@@ -42,7 +42,7 @@ pub async fn record(pool: &Pool, trace: &NewTrace) -> Result<Value, Failure> {
         .await?
         .get(0);
     if !known {
-        return Err(Failure::NotFound(
+        return Err(Refusal::not_found(
             "message_not_found",
             format!(
                 "partition {} holds no message with transaction id `{}`",
@@ -83,7 +83,7 @@ const TRACE_JSON: &str = "jsonb_build_object(
     'traceNames', t.names, 'createdAt', comb.iso(t.created_at))";
 
 /// `GET /api/v1/traces/{partitionId}/{transactionId}`: the message's events, oldest first.
-pub async fn of_message(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Failure> {
+pub async fn of_message(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "SELECT coalesce(jsonb_agg({TRACE_JSON} ORDER BY t.created_at, t.id), '[]')
@@ -102,7 +102,7 @@ pub async fn of_message(pool: &Pool, partition: Uuid, transaction: &str) -> Resu
 }
 
 /// `GET /api/v1/traces/by-name/{name}`: a page of the events with this name, newest first.
-pub async fn by_name(pool: &Pool, name: &str, page: Page) -> Result<Value, Failure> {
+pub async fn by_name(pool: &Pool, name: &str, page: Page) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "SELECT coalesce(jsonb_agg({TRACE_JSON} || jsonb_build_object('queue', q.name, 'partition', p.name)
@@ -121,7 +121,7 @@ pub async fn by_name(pool: &Pool, name: &str, page: Page) -> Result<Value, Failu
 
 /// `GET /api/v1/traces/names`: the names in use, each once (a walk of the name index, one
 /// descent per name, not a read of every trace), with the newest event's time.
-pub async fn names(pool: &Pool, page: Page) -> Result<Value, Failure> {
+pub async fn names(pool: &Pool, page: Page) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = "
         WITH RECURSIVE walk(name, n) AS (

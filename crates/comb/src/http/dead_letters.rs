@@ -13,7 +13,8 @@ use super::params::Params;
 use super::resources::{check_partition, check_queue};
 use super::{Problem, State};
 use crate::admin::dead_letters::{self, Selection};
-use crate::admin::{Failure, partition_id, queue_id};
+use crate::admin::{partition_id, queue_id};
+use crate::refusal::Refusal;
 
 /// Most entry ids one request names.
 const MAX_IDS: usize = 10_000;
@@ -108,6 +109,6 @@ pub async fn purge(
     let (queue, selection) = selection(&app, body).await?;
     let purged = dead_letters::purge(&app.pool, &selection)
         .await
-        .map_err(|e: Failure| Problem::from(e))?;
+        .map_err(|e: Refusal| Problem::from(e))?;
     Ok(Json(json!({"purged": purged, "queue": queue})))
 }

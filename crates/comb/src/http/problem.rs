@@ -58,6 +58,7 @@ impl Problem {
 impl From<Refusal> for Problem {
     fn from(r: Refusal) -> Problem {
         let status = match r.kind {
+            Kind::Invalid => StatusCode::BAD_REQUEST,
             Kind::NotFound => StatusCode::NOT_FOUND,
             Kind::Conflict => StatusCode::CONFLICT,
             Kind::Full => StatusCode::TOO_MANY_REQUESTS,
@@ -107,17 +108,5 @@ impl IntoResponse for Problem {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
-    }
-}
-
-impl From<crate::admin::Failure> for Problem {
-    fn from(f: crate::admin::Failure) -> Problem {
-        use crate::admin::Failure;
-        match f {
-            Failure::NotFound(code, detail) => Problem::not_found(code, detail),
-            Failure::Invalid(code, detail) => Problem::bad_request(code, detail),
-            Failure::Conflict(code, detail) => Problem::conflict(code, detail),
-            Failure::Db(e) => Problem::from(e),
-        }
     }
 }
