@@ -325,8 +325,8 @@ async def settled_totals(q, **params):
 def test_status_and_analytics_count_what_the_client_did(url, name):
     async def body(q):
         await q.queue(name).config({"retry_limit": 1, "retry_delay": 0}).create()
-        # Throughput is counted per server for all queues (see the compatibility page):
-        # read before and after, this test alone acting in between.
+        # Throughput of one queue, counted by each server per queue: read before and after
+        # (the queue is new, so before is zero).
         before = await settled_totals(q, queue=name)
         status_before = await q.admin.get_status()
         await q.queue(name).push(items(4))

@@ -187,10 +187,64 @@ impl Maintenance {
     }
 }
 
+/// What this server did per queue since its last per-minute record (`admin::status::record`
+/// writes and empties it): the throughput `/status/analytics?queue=` answers with. Keyed by
+/// queue name, so it holds at most the queues used within one record's interval.
+#[derive(Debug, Default)]
+pub(crate) struct PerQueue(std::sync::Mutex<std::collections::HashMap<Arc<str>, QueueCounts>>);
+
+/// One queue's messages through this server, as [`Messages`] counts them for all queues.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QueueCounts {
+    pub(crate) pushed: u64,
+    pub(crate) popped: u64,
+    pub(crate) acked: u64,
+    pub(crate) failed: u64,
+    pub(crate) dead_lettered: u64,
+}
+
+impl QueueCounts {
+    fn add(&mut self, other: &QueueCounts) {
+        self.pushed += other.pushed;
+        self.popped += other.popped;
+        self.acked += other.acked;
+        self.failed += other.failed;
+        self.dead_lettered += other.dead_lettered;
+    }
+}
+
+impl PerQueue {
+    /// Adds `counts` to `queue`'s.
+    pub(crate) fn add(&self, queue: &str, counts: QueueCounts) {
+        let mut map = self.0.lock().expect("per-queue counters poisoned");
+        match map.get_mut(queue) {
+            Some(c) => c.add(&counts),
+            None => {
+                map.insert(Arc::from(queue), counts);
+            }
+        }
+    }
+
+    /// Everything counted since the last call, leaving nothing.
+    pub(crate) fn take(&self) -> Vec<(Arc<str>, QueueCounts)> {
+        let mut map = self.0.lock().expect("per-queue counters poisoned");
+        std::mem::take(&mut *map).into_iter().collect()
+    }
+
+    /// Puts back what [`PerQueue::take`] gave when it could not be written.
+    pub(crate) fn give_back(&self, counts: Vec<(Arc<str>, QueueCounts)>) {
+        for (queue, c) in counts {
+            self.add(&queue, c);
+        }
+    }
+}
+
 /// Every metric this process keeps in memory; shared by the handlers and maintenance.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
     pub(crate) messages: Messages,
+    /// The same, per queue, until the next per-minute record.
+    pub(crate) queues: PerQueue,
     pub(crate) maintenance: Maintenance,
     pub(crate) fusion: Fusion,
 }

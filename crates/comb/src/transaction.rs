@@ -101,7 +101,7 @@ impl Transactions {
             .map(|a| (a.partition_id, a.group.clone(), a.status))
             .collect();
         self.acker.record(&acked, &outcomes);
-        self.pusher.record(&stored);
+        self.pusher.record(&messages, &stored);
         crate::push::announce(&self.wake, messages.iter());
         Ok(Committed {
             acks: outcomes,

@@ -19,7 +19,7 @@ use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use crate::fusion::{Fuser, Reply};
-use crate::metrics::{Metrics, Settled};
+use crate::metrics::{Metrics, QueueCounts, Settled};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
@@ -180,6 +180,17 @@ impl Acker {
     pub(crate) fn record(&self, acked: &[(Uuid, String, AckStatus)], outcomes: &[AckOutcome]) {
         let statuses: Vec<AckStatus> = acked.iter().map(|a| a.2).collect();
         self.metrics.messages.settled(&tally(&statuses, outcomes));
+        for (status, o) in statuses.iter().zip(outcomes) {
+            if let (Ok(()), Some(queue)) = (&o.result, &o.queue_name) {
+                let counts = QueueCounts {
+                    acked: u64::from(*status == AckStatus::Completed),
+                    failed: u64::from(*status == AckStatus::Failed),
+                    dead_lettered: u64::from(o.dlq),
+                    ..QueueCounts::default()
+                };
+                self.metrics.queues.add(queue, counts);
+            }
+        }
         for ((partition, group, status), o) in acked.iter().zip(outcomes) {
             if let (Ok(()), true, Some(queue)) = (&o.result, o.lease_released, &o.queue_name) {
                 let returned = matches!(status, AckStatus::Failed | AckStatus::Retry);

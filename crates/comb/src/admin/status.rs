@@ -15,7 +15,7 @@ use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
 use super::{Page, Refusal};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, QueueCounts};
 
 /// Most buckets one analytics answer holds; longer ranges get wider buckets.
 pub const MAX_BUCKETS: i64 = 1440;
@@ -63,14 +63,23 @@ impl Range {
 /// Per-bucket throughput, errors, depth and lag over the range (of one queue's depth and
 /// lag when `queue_id` is given; throughput is counted per server, for all queues).
 const SERIES_SQL: &str = "
-WITH s AS (
+WITH counts AS (
+    -- Every queue: the servers' totals. One queue ($4): its own counts.
+    SELECT minute, pushed, popped, acked, failed, dead_lettered FROM comb.server_minutes
+    WHERE $4::uuid IS NULL
+      AND day >= ($1 AT TIME ZONE 'UTC')::date AND day <= ($2 AT TIME ZONE 'UTC')::date
+      AND minute >= date_trunc('minute', $1) AND minute < $2
+    UNION ALL
+    SELECT minute, pushed, popped, acked, failed, dead_lettered FROM comb.queue_counts
+    WHERE queue_id = $4
+      AND day >= ($1 AT TIME ZONE 'UTC')::date AND day <= ($2 AT TIME ZONE 'UTC')::date
+      AND minute >= date_trunc('minute', $1) AND minute < $2
+), s AS (
     SELECT date_bin(make_interval(mins => $3), minute, $1) AS b,
            sum(pushed)::bigint AS pushed, sum(popped)::bigint AS popped,
            sum(acked)::bigint AS acked, sum(failed)::bigint AS failed,
            sum(dead_lettered)::bigint AS dead_lettered
-    FROM comb.server_minutes
-    WHERE day >= ($1 AT TIME ZONE 'UTC')::date AND day <= ($2 AT TIME ZONE 'UTC')::date
-      AND minute >= date_trunc('minute', $1) AND minute < $2
+    FROM counts
     GROUP BY 1
 ), per_minute AS (
     SELECT minute, sum(total) AS total, sum(pending) AS pending,
@@ -309,10 +318,56 @@ pub async fn record(pool: Pool, metrics: Arc<Metrics>, server: String, interval:
             .zip(&last)
             .map(|(n, l)| n.saturating_sub(*l) as i64)
             .collect();
+        write_queue_counts(&pool, &server, &metrics).await;
         match write_minute(&pool, &server, &delta).await {
             Ok(()) => last = now,
             Err(e) => tracing::warn!(error = ?e, "per-minute counters not written"),
         }
+    }
+}
+
+/// Writes what this server did per queue since the last record (see [`PerQueue`]); what could
+/// not be written is counted again with the next record.
+///
+/// [`PerQueue`]: crate::metrics::PerQueue
+async fn write_queue_counts(pool: &Pool, server: &str, metrics: &Metrics) {
+    let counts = metrics.queues.take();
+    if counts.is_empty() {
+        return;
+    }
+    let column = |f: fn(&QueueCounts) -> u64| -> Vec<i64> {
+        counts.iter().map(|(_, c)| f(c) as i64).collect()
+    };
+    let names: Vec<&str> = counts.iter().map(|(q, _)| &**q).collect();
+    let written = async {
+        pool.get()
+            .await?
+            .execute(
+                "INSERT INTO comb.queue_counts
+                     (day, minute, server, queue_id, pushed, popped, acked, failed, dead_lettered)
+                 SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), $1, q.id,
+                        u.pushed, u.popped, u.acked, u.failed, u.dead_lettered
+                 FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+                             $7::bigint[])
+                     AS u(name, pushed, popped, acked, failed, dead_lettered)
+                 JOIN comb.queues q ON q.name = u.name",
+                &[
+                    &server,
+                    &names,
+                    &column(|c| c.pushed),
+                    &column(|c| c.popped),
+                    &column(|c| c.acked),
+                    &column(|c| c.failed),
+                    &column(|c| c.dead_lettered),
+                ],
+            )
+            .await
+            .map_err(Refusal::from)
+    }
+    .await;
+    if let Err(e) = written {
+        tracing::warn!(error = ?e, "per-queue counters not written");
+        metrics.queues.give_back(counts);
     }
 }
 

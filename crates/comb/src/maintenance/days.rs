@@ -10,7 +10,13 @@ use super::locks::{give_way, lock_timeout_sql};
 use crate::db::DbError;
 
 /// The tables kept by the day.
-pub(super) const TABLES: &[&str] = &["traces", "server_minutes", "queue_minutes", "group_minutes"];
+pub(super) const TABLES: &[&str] = &[
+    "traces",
+    "server_minutes",
+    "queue_counts",
+    "queue_minutes",
+    "group_minutes",
+];
 
 /// Days made ahead of the current one.
 const AHEAD: u64 = 2;

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::catalog::{Catalog, StartFrom};
 use crate::fusion::Fuser;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, QueueCounts};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::{Ready, Wake, WalkDue};
 
@@ -273,6 +273,11 @@ impl Popper {
         }
         let n: usize = claims.iter().map(|c| c.messages.len()).sum();
         self.metrics.messages.delivered(n as u64);
+        let counts = QueueCounts {
+            popped: n as u64,
+            ..QueueCounts::default()
+        };
+        self.metrics.queues.add(&req.queue, counts);
         Ok(Some(claims))
     }
 }

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use crate::catalog::Catalog;
 use crate::encryption::Keys;
 use crate::fusion::Fuser;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, QueueCounts};
 use crate::queue::DEFAULT_PARTITION;
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
@@ -93,12 +93,30 @@ impl Pusher {
         self.check_capacity(&items).await?;
         let messages = self.resolve(items, body, producer_sub).await?;
         let pushed = self.store(messages).await?;
-        self.record(&pushed.stored);
+        self.record(&pushed.messages, &pushed.stored);
         Ok(pushed)
     }
 
-    /// Counts a committed push in this server's metrics.
-    pub(crate) fn record(&self, stored: &[Stored]) {
+    /// Counts a committed push in this server's metrics, in all and per queue. `stored` holds
+    /// what became of each of `messages`, in order.
+    pub(crate) fn record(&self, messages: &[NewMessage], stored: &[Stored]) {
+        let mut run: Option<(&str, u64)> = None;
+        for (m, s) in messages.iter().zip(stored) {
+            if !matches!(s, Stored::Queued(_)) {
+                continue;
+            }
+            match &mut run {
+                Some((queue, n)) if *queue == &*m.queue => *n += 1,
+                _ => {
+                    if let Some((queue, n)) = run.replace((&m.queue, 1)) {
+                        self.count_pushed(queue, n);
+                    }
+                }
+            }
+        }
+        if let Some((queue, n)) = run {
+            self.count_pushed(queue, n);
+        }
         let queued = stored
             .iter()
             .filter(|s| matches!(s, Stored::Queued(_)))
@@ -110,6 +128,14 @@ impl Pusher {
         self.metrics
             .messages
             .stored(queued as u64, duplicates as u64);
+    }
+
+    fn count_pushed(&self, queue: &str, pushed: u64) {
+        let counts = QueueCounts {
+            pushed,
+            ..QueueCounts::default()
+        };
+        self.metrics.queues.add(queue, counts);
     }
 
     /// Refuses a push that would take a queue with `maxSize` past that many pending messages

@@ -83,6 +83,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "dead_letter_producer",
         sql: include_str!("migrations/0013_dead_letter_producer.sql"),
     },
+    Migration {
+        version: 14,
+        name: "queue_counts",
+        sql: include_str!("migrations/0014_queue_counts.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

@@ -804,6 +804,8 @@ async fn status_and_analytics_count_per_minute_from_every_server() {
     let env = Env::start_with(&["--stats-interval-ms", "200"]).await;
     env.configure("s", json!({"retryLimit": 1})).await;
     env.push(items("s", "p", 0, 5)).await;
+    // Another queue's traffic, which analytics of `s` alone must not count.
+    env.push(items("t", "p", 0, 2)).await;
     let pop = env.pop("/api/v1/pop/queue/s?batch=5").await.unwrap();
     let acks: Vec<Value> = pop["messages"]
         .as_array()
@@ -833,6 +835,23 @@ async fn status_and_analytics_count_per_minute_from_every_server() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    assert_eq!(analytics["totals"]["pushed"], 7, "{analytics}");
+    assert_eq!(analytics["totals"]["popped"], 5);
+    assert_eq!(analytics["totals"]["failed"], 1);
+    assert_eq!(analytics["totals"]["deadLettered"], 1);
+    // One queue: its own throughput, from the per-queue counters each server writes.
+    let of_t = ok(&env, "/api/v1/status/analytics?queue=t").await;
+    assert_eq!(
+        of_t["totals"],
+        json!({"pushed": 2, "popped": 0, "acked": 0, "failed": 0, "deadLettered": 0}),
+        "{of_t}"
+    );
+    let analytics = ok(&env, "/api/v1/status/analytics?queue=s").await;
+    assert_eq!(
+        analytics["totals"],
+        json!({"pushed": 5, "popped": 5, "acked": 4, "failed": 1, "deadLettered": 1}),
+        "{analytics}"
+    );
     assert_eq!(analytics["totals"]["pushed"], 5, "{analytics}");
     assert_eq!(analytics["totals"]["popped"], 5);
     assert_eq!(analytics["totals"]["failed"], 1);
@@ -842,8 +861,8 @@ async fn status_and_analytics_count_per_minute_from_every_server() {
     assert!(series.iter().any(|b| b["messages"] == 5), "{analytics}");
 
     let status = ok(&env, "/api/v1/status").await;
-    assert_eq!(status["queues"], 1);
-    assert_eq!(status["totals"]["pushed"], 5);
+    assert_eq!(status["queues"], 2);
+    assert_eq!(status["totals"]["pushed"], 7);
     assert_eq!(status["leases"]["active"], 0);
     let queues = ok(&env, "/api/v1/status/queues").await;
     assert_eq!(queues["queues"][0]["name"], "s");
@@ -851,7 +870,7 @@ async fn status_and_analytics_count_per_minute_from_every_server() {
     assert_eq!(queue["deadLetters"], 1);
     assert!(queue["timeSeries"].is_array());
     let workers = ok(&env, "/api/v1/analytics/worker-metrics").await;
-    assert_eq!(workers["workers"][0]["pushed"], 5, "{workers}");
+    assert_eq!(workers["workers"][0]["pushed"], 7, "{workers}");
 
     let pg = ok(&env, "/api/v1/analytics/postgres-stats").await;
     assert!(pg["databaseSizeBytes"].as_i64().unwrap() > 0);
