@@ -148,10 +148,11 @@ impl Popper {
             woken.as_mut().enable();
             // The walk comes first when due, so that partitions no hint names (ended leases,
             // other servers' pushes) never wait behind a stream of hinted ones.
-            let due = if walk {
-                Some(WalkDue::Aged)
-            } else {
-                ready.walk_due(self.poll_fallback)
+            // A change the hints do not name outranks the timer: a walk for it must not count
+            // as empty just because it found a hinted partition first.
+            let due = match ready.walk_due(self.poll_fallback) {
+                None if walk => Some(WalkDue::Aged),
+                due => due,
             };
             if let Some(due) = due {
                 let mark = ready.mark();
