@@ -287,15 +287,7 @@ pub async fn delete(
     let (pos, queue_id, _) = find(&**client, partition, transaction).await?;
     super::ensure_a_reader(pool, catalog, queue_id).await?;
     let tx = client.transaction().await?;
-    let groups = super::cursors::edit_in(&tx, partition, None, false, |_, c| {
-        if pos <= c.cursor_pos || c.settled.binary_search(&pos).is_ok() {
-            return false;
-        }
-        c.settle(pos, c.cursor_seg);
-        c.attempts.retain(|a| a.0 != pos);
-        true
-    })
-    .await?;
+    let groups = settle_for_every_group(&tx, partition, pos, |_| {}).await?;
     tx.commit().await?;
     Ok(json!({
         "deleted": true,
@@ -369,6 +361,26 @@ pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Va
     }))
 }
 
+/// Settles the message at `pos` for every group of `partition` that has not settled it yet,
+/// showing each such cursor to `before` first; the groups it was settled for.
+async fn settle_for_every_group(
+    tx: &deadpool_postgres::Transaction<'_>,
+    partition: Uuid,
+    pos: i64,
+    mut before: impl FnMut(&crate::ack::Cursor),
+) -> Result<Vec<String>, Refusal> {
+    super::cursors::edit_in(tx, partition, None, false, |_, c| {
+        if pos <= c.cursor_pos || c.settled.binary_search(&pos).is_ok() {
+            return false;
+        }
+        before(c);
+        c.settle(pos, c.cursor_seg);
+        c.attempts.retain(|a| a.0 != pos);
+        true
+    })
+    .await
+}
+
 /// `POST /api/v1/messages/{partitionId}/{transactionId}/dlq`: every group that has not
 /// settled the message (the queue-mode group when none reads it yet) gives up on it: a dead
 /// letter for each, and the message settled.
@@ -383,16 +395,8 @@ pub async fn dead_letter(
     super::ensure_a_reader(pool, catalog, queue_id).await?;
     let tx = client.transaction().await?;
     let mut attempts = Vec::new();
-    let groups = super::cursors::edit_in(&tx, partition, None, false, |_, c| {
-        if pos <= c.cursor_pos || c.settled.binary_search(&pos).is_ok() {
-            return false;
-        }
-        attempts.push(c.attempts_of(pos));
-        c.settle(pos, c.cursor_seg);
-        c.attempts.retain(|a| a.0 != pos);
-        true
-    })
-    .await?;
+    let groups =
+        settle_for_every_group(&tx, partition, pos, |c| attempts.push(c.attempts_of(pos))).await?;
     if groups.is_empty() {
         return Err(Refusal::conflict(
             "message_settled",

@@ -38,8 +38,7 @@ pub async fn queue(
     ))
 }
 
-/// Throughput, errors, depth and lag per bucket over the range (`queue` narrows depth and
-/// lag).
+/// Throughput, errors, depth and lag per bucket over the range, of every queue or of `queue`.
 pub async fn analytics(
     AxState(app): AxState<State>,
     q: QueryString,
