@@ -178,6 +178,18 @@ impl Ready {
         }
     }
 
+    /// [`Ready::walk_due`], or [`WalkDue::Aged`] when nothing else is due but this pop's own
+    /// fallback timer fired (`timer_fired`). A change the hints do not name outranks the timer:
+    /// a walk for it must not count as empty just because it found a hinted partition first.
+    pub(crate) fn walk_due_or_timer(
+        &self,
+        max_age: Duration,
+        timer_fired: bool,
+    ) -> Option<WalkDue> {
+        self.walk_due(max_age)
+            .or(timer_fired.then_some(WalkDue::Aged))
+    }
+
     /// A walk due to age only ([`WalkDue::Aged`]), begun at `mark`, claimed `partitions`, and
     /// the hints named every one of them: it found nothing they did not already name, so it
     /// counts as an empty walk. Without this, under a steady trickle of pushes every walk finds
@@ -670,6 +682,11 @@ mod tests {
             pushed_elsewhere(&notification(other, &many), me),
             Pushed::Everything
         );
+        // An origin line that names no server is skipped; the queues are read.
+        assert_eq!(
+            pushed_elsewhere("@not-a-server\na", me),
+            Pushed::Queues(vec!["a"])
+        );
         // From a server that sends no origin.
         assert_eq!(pushed_elsewhere("a\nb", me), Pushed::Queues(vec!["a", "b"]));
         assert_eq!(pushed_elsewhere("*", me), Pushed::Everything);
@@ -699,11 +716,25 @@ mod tests {
         // The walk claimed the hinted partition: it found nothing new.
         ready.walked_hinted(mark, &[a]);
         assert_eq!(ready.walk_due(Duration::from_secs(60)), None);
+        assert_eq!(
+            ready.walk_due_or_timer(Duration::from_secs(60), true),
+            Some(WalkDue::Aged),
+            "a pop whose timer fired walks"
+        );
+        assert_eq!(
+            ready.walk_due_or_timer(Duration::from_secs(60), false),
+            None
+        );
         // Something unhinted changed meanwhile: the next pop walks.
         wake.notify("q");
         assert_eq!(
             ready.walk_due(Duration::from_secs(60)),
             Some(WalkDue::Changed)
+        );
+        assert_eq!(
+            ready.walk_due_or_timer(Duration::from_secs(60), true),
+            Some(WalkDue::Changed),
+            "an unnamed change outranks the timer"
         );
     }
 

@@ -148,12 +148,7 @@ impl Popper {
             woken.as_mut().enable();
             // The walk comes first when due, so that partitions no hint names (ended leases,
             // other servers' pushes) never wait behind a stream of hinted ones.
-            // A change the hints do not name outranks the timer: a walk for it must not count
-            // as empty just because it found a hinted partition first.
-            let due = match ready.walk_due(self.poll_fallback) {
-                None if walk => Some(WalkDue::Aged),
-                due => due,
-            };
+            let due = ready.walk_due_or_timer(self.poll_fallback, walk);
             if let Some(due) = due {
                 let mark = ready.mark();
                 match self.attempt(req, None).await? {
