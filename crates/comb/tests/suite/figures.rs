@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::common::{Env, eventually, get_url};
+use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -50,6 +51,23 @@ fn sum(parts: &[Value], f: impl Fn(&Value) -> i64) -> i64 {
 }
 
 /// Deletes every snapshot, so that the next minute's is taken at the next tick.
+/// The database's clock, which stamps snapshots.
+fn database_now(env: &Env) -> DateTime<Utc> {
+    let text = env.sql(
+        "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+    );
+    text.parse().expect("a timestamp")
+}
+
+/// Whether figures were taken after `instant`, by more than the millisecond they are
+/// rounded to.
+fn taken_after(figures: &Value, instant: DateTime<Utc>) -> bool {
+    figures["figuresAt"]
+        .as_str()
+        .and_then(|t| t.parse::<DateTime<Utc>>().ok())
+        .is_some_and(|at| at > instant + chrono::Duration::milliseconds(1))
+}
+
 fn forget_snapshots(env: &Env) {
     env.sql("DELETE FROM comb.queue_minutes; DELETE FROM comb.group_minutes");
 }
@@ -105,12 +123,14 @@ async fn large_queue_totals_come_from_the_snapshot_and_agree_with_every_partitio
         .expect("messages");
     assert_eq!(pop["messages"].as_array().unwrap().len(), 4);
 
-    // The next snapshot is taken after everything above.
+    // The next snapshot is taken after everything above: one begun before the pop may still
+    // be written after the forgetting, so its time must be later than the pop's.
+    let popped_at = database_now(&env);
     forget_snapshots(&env);
     let mut big = Value::Null;
     for _ in 0..600 {
         big = queue_entry(&env, "big").await;
-        if big["figuresLive"] == false {
+        if big["figuresLive"] == false && taken_after(&big, popped_at) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
