@@ -3,7 +3,7 @@
 //! key and from a key set that rotates, queue scopes, and the producer's identity on messages.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::common::{self, Env};
 use base64::Engine as _;
@@ -888,19 +888,15 @@ fn ed25519_jwk(kid: &str, key: &rcgen::KeyPair) -> Value {
 }
 
 /// Polls until `status` of a request with `token` is `want` (the key set is refreshed in
-/// the background), up to 20 s.
+/// the background).
 async fn eventually(env: &Env, token: &str, want: StatusCode) {
-    let mut last = StatusCode::OK;
-    for _ in 0..200 {
-        last = call(env, "GET", "/api/v1/openapi.json", Some(token), None)
+    common::until(&format!("{want} for the token"), || async {
+        call(env, "GET", "/api/v1/openapi.json", Some(token), None)
             .await
-            .status;
-        if last == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("still {last}, expected {want}");
+            .status
+            == want
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -957,9 +953,10 @@ async fn a_rotated_key_set_is_followed_and_an_outage_keeps_the_last_one() {
     // Outage: the provider stops answering; the keys fetched before stay in use.
     *keys.set.lock().unwrap() = None;
     let before = keys.fetches.load(std::sync::atomic::Ordering::SeqCst);
-    while keys.fetches.load(std::sync::atomic::Ordering::SeqCst) < before + 2 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::until("two fetches during the outage", || async {
+        keys.fetches.load(std::sync::atomic::Ordering::SeqCst) >= before + 2
+    })
+    .await;
     expect(
         &env,
         "GET",
@@ -1020,21 +1017,16 @@ async fn a_token_naming_an_unknown_key_id_fetches_the_set_early() {
         &EncodingKey::from_ed_pem(new.serialize_pem().as_bytes()).unwrap(),
     );
     let http = reqwest::Client::new();
-    let mut status = StatusCode::UNAUTHORIZED;
-    for _ in 0..100 {
-        status = http
-            .get(format!("{}/api/v1/openapi.json", server.base_url()))
+    common::until("the token with the new key id passes", || async {
+        http.get(format!("{}/api/v1/openapi.json", server.base_url()))
             .bearer_auth(&token)
             .send()
             .await
             .unwrap()
-            .status();
-        if status == StatusCode::OK {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(status, StatusCode::OK);
+            .status()
+            == StatusCode::OK
+    })
+    .await;
     // One early fetch, not one per request.
     assert_eq!(keys.fetches.load(std::sync::atomic::Ordering::SeqCst), 2);
 }

@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use crate::common::{Env, comb_bin};
+use crate::common::{self, Env, comb_bin};
 use serde_json::{Value, json};
 
 /// Runs `comb ARGS --url URL`; returns (exit code, stdout, stderr).
@@ -176,15 +176,24 @@ async fn tail_follows_new_messages_without_consuming_them() {
             }
         }
     });
-    // Messages pushed after tail started are printed; the one before is not.
+    // Tail follows from the moment it starts, which is before its first look, answered by
+    // the server: pushes made once that is counted are new to it.
+    let looked =
+        "comb_http_request_duration_seconds_count{method=\"GET\",route=\"/api/v1/messages\"} ";
+    common::until("tail's first look", || async {
+        env.metrics_text()
+            .await
+            .lines()
+            .any(|l| l.starts_with(looked) && !l.ends_with(" 0"))
+    })
+    .await;
+    // Messages pushed after tail started are printed, one look after another; the one before
+    // is not.
     let mut got = Vec::new();
     for n in 1..=3 {
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         env.push(json!([{"queue": "t", "payload": {"n": n}}])).await;
-    }
-    while got.len() < 3 {
         let line = rx
-            .recv_timeout(std::time::Duration::from_secs(20))
+            .recv_timeout(common::PATIENCE)
             .expect("tail prints new messages");
         got.push(
             serde_json::from_str::<Value>(&line).unwrap()["data"]["n"]

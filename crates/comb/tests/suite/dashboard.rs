@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::Env;
+use crate::common::{self, Env};
 use fantoccini::{Client, ClientBuilder, Locator};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -42,7 +42,7 @@ impl Browser {
             }),
         );
         let url = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + common::PATIENCE;
         let client = loop {
             let connector = hyper_util::client::legacy::connect::HttpConnector::new();
             match ClientBuilder::new(connector)
@@ -65,11 +65,11 @@ impl Browser {
         self.client.goto(url).await.expect("page opens");
     }
 
-    /// The first element matching `css`, waiting up to 10 s for one.
+    /// The first element matching `css`, waiting for one (a loaded machine can take long).
     async fn find(&self, css: &str) -> fantoccini::elements::Element {
         self.client
             .wait()
-            .at_most(Duration::from_secs(10))
+            .at_most(Duration::from_secs(60))
             .for_element(Locator::Css(css))
             .await
             .unwrap_or_else(|e| panic!("no {css}: {e}"))
@@ -80,9 +80,9 @@ impl Browser {
         self.find(css).await.text().await.unwrap()
     }
 
-    /// Waits up to 15 s for the text of `css` to satisfy `ok`; returns the last text seen.
+    /// Waits for the text of `css` to satisfy `ok`; returns the last text seen.
     async fn wait_text(&self, css: &str, ok: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let text = match self.client.find(Locator::Css(css)).await {
                 Ok(e) => e.text().await.unwrap_or_default(),
@@ -241,7 +241,7 @@ async fn a_dead_letter_is_requeued_from_the_page_and_a_consumer_receives_it() {
 
     // A consumer receives it again, with its payload.
     let pop = env
-        .pop("/api/v1/pop/queue/jobs?batch=1&wait=true&timeout=5000")
+        .pop("/api/v1/pop/queue/jobs?batch=1&wait=true&timeout=30000")
         .await
         .expect("requeued message delivered");
     assert_eq!(
@@ -596,7 +596,7 @@ async fn with_tokens_the_pages_ask_for_one_and_an_admin_requeues_from_them() {
     let pop = expect(
         &env,
         "GET",
-        "/api/v1/pop/queue/jobs?batch=1&wait=true&timeout=5000",
+        "/api/v1/pop/queue/jobs?batch=1&wait=true&timeout=30000",
         Some(&admin),
         None,
         StatusCode::OK,

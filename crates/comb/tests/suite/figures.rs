@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Env, eventually, get_url};
+use crate::common::{self, Env, eventually, get_url};
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -366,7 +366,7 @@ async fn no_listing_reads_message_storage_with_a_sequential_scan() {
     };
     fetch_all().await;
     forget_snapshots(&env);
-    eventually(Duration::from_secs(30), "a snapshot", || {
+    eventually(common::PATIENCE, "a snapshot", || {
         env.sql("SELECT count(*) FROM comb.group_minutes") != "0"
     })
     .await;

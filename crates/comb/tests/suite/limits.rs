@@ -22,14 +22,14 @@ fn raw_get(addr: std::net::SocketAddr, path: &str) -> String {
     out
 }
 
-/// Asks `path` on new connections until an answer starts with `status` or 30 s have passed,
-/// and returns the last answer: the server notices opened and closed connections on its own
-/// time, which on a loaded machine is not within any fixed sleep.
+/// Asks `path` on new connections until an answer starts with `status` or the tests'
+/// patience runs out, and returns the last answer: the server notices opened and closed
+/// connections on its own time, which on a loaded machine is not within any fixed sleep.
 fn answer_until(addr: std::net::SocketAddr, path: &str, status: &str) -> String {
     let start = std::time::Instant::now();
     loop {
         let answer = raw_get(addr, path);
-        if answer.starts_with(status) || start.elapsed() > Duration::from_secs(30) {
+        if answer.starts_with(status) || start.elapsed() > common::PATIENCE {
             return answer;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -63,17 +63,11 @@ async fn connections_beyond_the_cap_are_refused_with_503() {
 #[tokio::test]
 async fn waiting_pops_beyond_the_cap_are_refused_with_429() {
     let env = Env::start_with(&["--max-waiting-pops", "2"]).await;
-    let url = env.url("/api/v1/pop/queue/q?wait=true&timeout=3000");
-    let mut waiting = Vec::new();
-    for _ in 0..2 {
-        let http = common::client();
-        let url = url.clone();
-        waiting.push(tokio::spawn(async move {
-            http.get(url).send().await.unwrap().status()
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let r = env.http.get(&url).send().await.unwrap();
+    // Long enough never to end by themselves while the test runs; pushes end them below.
+    let url = env.url("/api/v1/pop/queue/q?wait=true&timeout=60000&autoAck=true&batch=1");
+    let waiting = [common::waiting_pop(url.clone()), common::waiting_pop(url)];
+    // The third pop that would wait is refused once both are waiting.
+    let r = common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), "q").await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.headers()["retry-after"], "1");
     let body: serde_json::Value = r.json().await.unwrap();
@@ -81,9 +75,20 @@ async fn waiting_pops_beyond_the_cap_are_refused_with_429() {
     // A pop that does not wait is still served.
     let (s, _) = env.get("/api/v1/pop/queue/q").await;
     assert_eq!(s, StatusCode::NO_CONTENT);
+    // A message for each waiting pop ends both waits.
+    env.push(serde_json::json!([
+        {"queue": "q", "partition": "a", "payload": 1},
+        {"queue": "q", "partition": "b", "payload": 2},
+    ]))
+    .await;
+    let mut got = Vec::new();
     for w in waiting {
-        assert_eq!(w.await.unwrap(), StatusCode::NO_CONTENT);
+        let (s, b, _) = w.await.unwrap();
+        assert_eq!(s, StatusCode::OK, "{b}");
+        got.push(b["messages"][0]["data"].as_i64().unwrap());
     }
+    got.sort();
+    assert_eq!(got, [1, 2]);
     // The places came back.
     let (s, _) = env.get("/api/v1/pop/queue/q?wait=true&timeout=100").await;
     assert_eq!(s, StatusCode::NO_CONTENT);

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::common::{self, Env};
+use crate::common::{self, Env, PATIENCE, until};
 use comb_harness::{Postgres, Server};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -98,19 +98,6 @@ async fn scrape(http: &reqwest::Client, base_url: &str) -> BTreeMap<String, f64>
 fn get(m: &BTreeMap<String, f64>, series: &str) -> f64 {
     *m.get(series)
         .unwrap_or_else(|| panic!("no {series} in {m:#?}"))
-}
-
-/// Polls `check` until it holds or `limit` passes.
-async fn eventually<F: Future<Output = bool>>(
-    limit: Duration,
-    what: &str,
-    mut check: impl FnMut() -> F,
-) {
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < limit, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// The series of a request duration histogram for one route, `part` being `bucket` (with
@@ -421,7 +408,6 @@ fn recorded(env: &Env) -> BTreeMap<&'static str, f64> {
 async fn maintenance_counters_match_what_the_leader_recorded() {
     let env = Env::start_with(FAST).await;
     let base = env.server.base_url();
-    env.configure("short", json!({"retentionSeconds": 1})).await;
     env.push(json!([
         {"queue": "short", "payload": {"n": 1}},
         {"queue": "short", "payload": {"n": 2}},
@@ -431,15 +417,17 @@ async fn maintenance_counters_match_what_the_leader_recorded() {
         .sql("SELECT DISTINCT seg FROM comb.messages")
         .parse()
         .unwrap();
+    // Retention is set once the segment is known, so it cannot be gone before.
+    env.configure("short", json!({"retentionSeconds": 1})).await;
     // Wait until retention dropped the segment holding those messages.
-    eventually(Duration::from_secs(30), "segment dropped", || async {
+    until("segment dropped", || async {
         env.sql(&format!(
             "SELECT to_regclass('comb.messages_{seg}') IS NULL"
         )) == "t"
     })
     .await;
     // The drop is counted once its cycle ends.
-    eventually(Duration::from_secs(10), "the drop counted", || async {
+    until("the drop counted", || async {
         get(
             &scrape(&env.http, &base).await,
             "comb_maintenance_segments_dropped_total",
@@ -468,14 +456,14 @@ async fn maintenance_counters_match_what_the_leader_recorded() {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
+            start.elapsed() < PATIENCE,
             "counters never matched the runs table: ours {ours:?}, recorded {db_after:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     // Cycles go on, and are counted.
-    eventually(Duration::from_secs(10), "more cycles", || async {
+    until("more cycles", || async {
         get(
             &scrape(&env.http, &base).await,
             "comb_maintenance_cycles_total",
@@ -491,7 +479,7 @@ async fn one_leader_among_servers_sharing_a_database_and_a_successor_when_it_die
     let a = env.server.base_url();
     let b = other.base_url();
     // Wait until some server has completed a few cycles as leader.
-    eventually(Duration::from_secs(20), "a leader at work", || async {
+    until("a leader at work", || async {
         let ma = scrape(&env.http, &a).await;
         let mb = scrape(&env.http, &b).await;
         get(&ma, "comb_maintenance_cycles_total") + get(&mb, "comb_maintenance_cycles_total") >= 3.0
@@ -543,7 +531,7 @@ async fn one_leader_among_servers_sharing_a_database_and_a_successor_when_it_die
         other.kill();
         a.clone()
     };
-    eventually(Duration::from_secs(30), "the survivor leads", || async {
+    until("the survivor leads", || async {
         let m = scrape(&env.http, &survivor).await;
         get(&m, "comb_maintenance_leader") == 1.0 && get(&m, "comb_maintenance_cycles_total") >= 1.0
     })
@@ -569,7 +557,7 @@ async fn a_scrape_without_its_database_still_answers_from_memory() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
-    eventually(Duration::from_secs(20), "leading", || async {
+    until("leading", || async {
         get(&scrape(&http, &base).await, "comb_maintenance_leader") == 1.0
     })
     .await;
@@ -582,15 +570,17 @@ async fn a_scrape_without_its_database_still_answers_from_memory() {
     .unwrap();
     let started = Instant::now();
     let m = scrape(&http, &base).await;
+    // Answered from memory, not after waiting for the database (a bound generous enough for
+    // a loaded machine).
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(30),
         "a scrape stays quick"
     );
     assert_eq!(get(&m, "comb_queue_stats_success"), 0.0);
     assert_eq!(get(&m, "comb_messages_pushed_total"), 1.0);
     assert!(!m.keys().any(|k| k.starts_with("comb_queue_depth_messages")));
     // Maintenance loses its connection, and with it the lock: no longer leader.
-    eventually(Duration::from_secs(20), "leadership lost", || async {
+    until("leadership lost", || async {
         let m = scrape(&http, &base).await;
         get(&m, "comb_maintenance_leader") == 0.0
             && get(&m, "comb_maintenance_failures_total") >= 1.0

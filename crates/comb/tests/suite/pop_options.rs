@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{Env, client, get_url, numbers, xorshift};
+use crate::common::{self, Env, client, get_url, numbers, xorshift};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -132,7 +132,7 @@ async fn under_steady_load_every_partition_is_served() {
         consumers.push(tokio::spawn(async move {
             let http = client();
             let url = env.url("/api/v1/pop/queue/fair?partitions=1&batch=1&autoAck=true");
-            let deadline = Instant::now() + Duration::from_secs(20);
+            let deadline = Instant::now() + common::PATIENCE;
             while Instant::now() < deadline {
                 if served.lock().unwrap().len() == FAIR_PARTITIONS
                     || pops.load(Ordering::SeqCst) >= bound
@@ -210,23 +210,39 @@ async fn pops_arriving_together_each_get_a_partition() {
 async fn delayed_processing_hides_a_message_until_its_delay_has_passed() {
     let env = Env::start().await;
     env.configure("late", json!({"delayedProcessing": 1})).await;
+    // Taken before the push is sent, so no later than the moment it was stored.
     let before_push = Instant::now();
     env.push(json!([{"queue": "late", "payload": {"n": 1}}]))
         .await;
-    assert!(
-        env.pop("/api/v1/pop/queue/late").await.is_none(),
-        "delivered right after its push"
-    );
-    let pop = env
-        .pop("/api/v1/pop/queue/late?wait=true&timeout=5000")
-        .await
-        .expect("delivered once the delay has passed");
+    // Looked for right after the push: nothing, unless the machine was too slow to look
+    // within the delay (checked below like any other answer).
+    let pop = match env.pop("/api/v1/pop/queue/late").await {
+        Some(pop) => pop,
+        None => env
+            .pop("/api/v1/pop/queue/late?wait=true&timeout=30000")
+            .await
+            .expect("delivered once the delay has passed"),
+    };
     let waited = before_push.elapsed();
     assert_eq!(numbers(&pop), vec![1]);
     assert!(
         waited >= Duration::from_secs(1),
         "delivered {waited:?} after the push, before delayedProcessing = 1 s"
     );
+}
+
+/// Keeps what a pop of `win` delivered; a delivery of "busy" must come at least 1 s
+/// (`windowBuffer`) after the last push to it began.
+fn served(delivered: &mut Vec<Value>, pop: &Value, last_push: Instant) {
+    if pop["partition"] == "busy" {
+        assert!(
+            last_push.elapsed() >= Duration::from_secs(1),
+            "a partition receiving a push every 300 ms was served {:?} after its last push, \
+             inside windowBuffer = 1 s: {pop}",
+            last_push.elapsed()
+        );
+    }
+    delivered.extend(pop["messages"].as_array().unwrap().iter().cloned());
 }
 
 #[tokio::test]
@@ -236,8 +252,10 @@ async fn window_buffer_serves_a_partition_only_after_it_has_been_quiet() {
     env.push(json!([{"queue": "win", "partition": "quiet", "payload": {"n": 0}}]))
         .await;
 
-    // "busy" gets a message every 300 ms for about 2.4 s; it is never quiet for 1 s.
-    let mut delivered_while_busy: Vec<Value> = Vec::new();
+    // "busy" gets a message every 300 ms for about 2.4 s; it is never quiet for 1 s (unless
+    // the machine is too slow to keep that pace: then it may be served, but never sooner than
+    // 1 s after the push before, which is what every delivery of it is checked for).
+    let mut delivered: Vec<Value> = Vec::new();
     // Taken before each push is sent, so it is no later than the moment the push committed.
     let mut last_push = Instant::now();
     for k in 1..=8 {
@@ -250,42 +268,35 @@ async fn window_buffer_serves_a_partition_only_after_it_has_been_quiet() {
                 .pop("/api/v1/pop/queue/win?autoAck=true&batch=100")
                 .await
             {
-                delivered_while_busy.extend(pop["messages"].as_array().unwrap().iter().cloned());
+                served(&mut delivered, &pop, last_push);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let busy_early: Vec<&Value> = delivered_while_busy
-        .iter()
-        .filter(|m| m["partition"] == "busy")
-        .collect();
-    assert!(
-        busy_early.is_empty(),
-        "a partition receiving a push every 300 ms was served under windowBuffer = 1 s: {busy_early:?}"
-    );
     // The quiet partition was served meanwhile.
-    let quiet: Vec<i64> = delivered_while_busy
-        .iter()
-        .map(|m| m["data"]["n"].as_i64().unwrap())
-        .collect();
+    let of = |delivered: &[Value], partition: &str| -> Vec<i64> {
+        delivered
+            .iter()
+            .filter(|m| m["partition"] == partition)
+            .map(|m| m["data"]["n"].as_i64().unwrap())
+            .collect()
+    };
     assert_eq!(
-        quiet,
+        of(&delivered, "quiet"),
         vec![0],
         "the quiet partition is served after its window"
     );
 
     // Once the pushes stop, the busy partition is served with everything it holds.
-    let pop = env
-        .pop("/api/v1/pop/queue/win?autoAck=true&batch=100&wait=true&timeout=5000")
-        .await
-        .expect("served once quiet");
-    assert_eq!(pop["partition"], "busy");
-    assert_eq!(numbers(&pop), (1..=8).collect::<Vec<i64>>());
-    assert!(
-        last_push.elapsed() >= Duration::from_secs(1),
-        "served {:?} after its last push, inside windowBuffer = 1 s",
-        last_push.elapsed()
-    );
+    while of(&delivered, "busy").len() < 8 {
+        let pop = env
+            .pop("/api/v1/pop/queue/win?autoAck=true&batch=100&wait=true&timeout=30000")
+            .await
+            .expect("served once quiet");
+        assert_eq!(pop["partition"], "busy");
+        served(&mut delivered, &pop, last_push);
+    }
+    assert_eq!(of(&delivered, "busy"), (1..=8).collect::<Vec<i64>>());
 }
 
 #[tokio::test]

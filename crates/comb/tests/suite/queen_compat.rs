@@ -582,7 +582,8 @@ async fn a_shared_lease_expires_on_every_partition_and_each_message_counts_its_a
     assert_eq!(handed(&first).len(), 4);
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     // The lease ended unsettled on both partitions: both come back, under a new lease,
-    // every message on its second attempt.
+    // every message on its second attempt. That lease is long enough to be acked below.
+    env.configure("q", json!({"leaseTime": 30})).await;
     let again = env
         .pop("/api/v1/pop/queue/q?partitions=2&batch=10")
         .await

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{self, Env, assert_ordered_read, eventually};
+use crate::common::{self, Env, PATIENCE, assert_ordered_read, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -39,21 +39,19 @@ fn segment_of(env: &Env, queue: &str) -> i32 {
 #[tokio::test]
 async fn retention_drops_whole_segments_once_every_queue_in_them_allows() {
     let env = Env::start_with(FAST).await;
-    env.configure("short", json!({"retentionSeconds": 1})).await;
     env.push(json!([
         {"queue": "short", "payload": {"n": 1}},
         {"queue": "short", "payload": {"n": 2}},
     ]))
     .await;
     let seg = segment_of(&env, "short");
+    // Retention is set once the segment is known, so it cannot be gone before.
+    env.configure("short", json!({"retentionSeconds": 1})).await;
     // Expired messages are not handed out, even while their segment still exists.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(env.pop("/api/v1/pop/queue/short?batch=10").await.is_none());
     // The segment is rolled over, summarised and dropped as a whole table.
-    eventually(Duration::from_secs(20), "segment dropped", || {
-        !table_exists(&env, seg)
-    })
-    .await;
+    eventually(PATIENCE, "segment dropped", || !table_exists(&env, seg)).await;
     assert!(!segments(&env).contains(&seg));
     // The segment's summary outlives it: it is now the partition's head.
     assert_eq!(
@@ -62,7 +60,9 @@ async fn retention_drops_whole_segments_once_every_queue_in_them_allows() {
         )),
         "2"
     );
-    // New messages still flow, after the position of the dropped ones.
+    // New messages still flow, after the position of the dropped ones (kept now, so that
+    // they are still there when looked at).
+    env.configure("short", json!({"retentionSeconds": 0})).await;
     env.push(json!([{"queue": "short", "payload": {"n": 3}}]))
         .await;
     assert_eq!(
@@ -125,7 +125,7 @@ async fn a_queue_that_keeps_its_messages_pins_the_segment() {
     let seg = segment_of(&env, "keep");
     assert_eq!(seg, segment_of(&env, "short"));
     // Wait until the segment is summarised and several drop decisions have been made.
-    eventually(Duration::from_secs(20), "segment summarised", || {
+    eventually(PATIENCE, "segment summarised", || {
         env.sql(&format!(
             "SELECT summarized FROM comb.segments WHERE seg = {seg}"
         )) == "t"
@@ -166,7 +166,7 @@ async fn completed_retention_waits_for_the_slowest_group() {
         .drain("/api/v1/pop/queue/done?consumerGroup=fast&autoAck=true&batch=10")
         .await;
     assert_eq!(fast.len(), 2);
-    eventually(Duration::from_secs(20), "segment summarised", || {
+    eventually(PATIENCE, "segment summarised", || {
         env.sql(&format!(
             "SELECT summarized FROM comb.segments WHERE seg = {seg}"
         )) == "t"
@@ -183,10 +183,7 @@ async fn completed_retention_waits_for_the_slowest_group() {
         .await;
     assert_eq!(slow.len(), 2);
     // Now every group has passed it: the whole table goes.
-    eventually(Duration::from_secs(20), "segment dropped", || {
-        !table_exists(&env, seg)
-    })
-    .await;
+    eventually(PATIENCE, "segment dropped", || !table_exists(&env, seg)).await;
 }
 
 #[tokio::test]
@@ -198,10 +195,7 @@ async fn deleting_a_queue_frees_its_segments() {
     assert_eq!(env.delete_queue("gone").await, StatusCode::OK);
     assert_eq!(env.delete_queue("gone").await, StatusCode::NOT_FOUND);
     assert_eq!(env.sql("SELECT count(*) FROM comb.partitions"), "0");
-    eventually(Duration::from_secs(20), "segment dropped", || {
-        !table_exists(&env, seg)
-    })
-    .await;
+    eventually(PATIENCE, "segment dropped", || !table_exists(&env, seg)).await;
     // The name can be used again, for a new and empty queue.
     env.push(json!([{"queue": "gone", "payload": {"n": 2}}]))
         .await;
@@ -274,8 +268,6 @@ async fn a_push_to_a_partition_deleted_unannounced_lands_in_a_new_one() {
 #[tokio::test]
 async fn messages_pending_past_max_wait_are_dead_lettered() {
     let env = Env::start_with(&["--maintenance-interval-ms", "200"]).await;
-    env.configure("slow", json!({"maxWaitTimeSeconds": 1}))
-        .await;
     env.push(json!([
         {"queue": "slow", "partition": "p", "payload": {"n": 1}},
         {"queue": "slow", "partition": "p", "payload": {"n": 2}},
@@ -288,7 +280,10 @@ async fn messages_pending_past_max_wait_are_dead_lettered() {
         .await
         .unwrap();
     assert_eq!(common::numbers(&first), vec![1]);
-    eventually(Duration::from_secs(15), "dead-lettered", || {
+    // The limit is set once the group has its message, so that one cannot be dead first.
+    env.configure("slow", json!({"maxWaitTimeSeconds": 1}))
+        .await;
+    eventually(PATIENCE, "dead-lettered", || {
         env.sql("SELECT count(*) FROM comb.dead_letters WHERE consumer_group = 'g'") == "2"
     })
     .await;
@@ -300,6 +295,9 @@ async fn messages_pending_past_max_wait_are_dead_lettered() {
             .await
             .is_none()
     );
+    // Off again, so that the next message waits for the pop below however slow it is.
+    env.configure("slow", json!({"maxWaitTimeSeconds": 0}))
+        .await;
     env.push(json!([{"queue": "slow", "partition": "p", "payload": {"n": 4}}]))
         .await;
     let pop = env
@@ -315,7 +313,7 @@ async fn messages_pending_past_max_wait_are_dead_lettered() {
 async fn two_servers_run_maintenance_once() {
     let env = Env::start_with(FAST).await;
     let _other = env.second_server_with(FAST).await;
-    eventually(Duration::from_secs(20), "several maintenance runs", || {
+    eventually(PATIENCE, "several maintenance runs", || {
         env.sql("SELECT count(*) FROM comb.maintenance_runs")
             .parse::<i64>()
             .unwrap()
@@ -335,7 +333,6 @@ async fn two_servers_run_maintenance_once() {
 #[tokio::test]
 async fn a_drop_blocked_by_a_long_reader_does_not_stall_pushes() {
     let env = Env::start_with(FAST).await;
-    env.configure("short", json!({"retentionSeconds": 1})).await;
     env.push(json!([{"queue": "short", "payload": {"n": 1}}]))
         .await;
     let seg = segment_of(&env, "short");
@@ -348,22 +345,31 @@ async fn a_drop_blocked_by_a_long_reader_does_not_stall_pushes() {
         .batch_execute(&format!("BEGIN; SELECT count(*) FROM comb.messages_{seg};"))
         .await
         .unwrap();
+    // Retention is set once the reader holds the segment, so it cannot be gone before.
+    env.configure("short", json!({"retentionSeconds": 1})).await;
     // Only once that segment is closed may pushes go on, or they would share (and pin) it.
-    eventually(Duration::from_secs(20), "segment closed", || {
+    eventually(PATIENCE, "segment closed", || {
         env.sql(&format!(
             "SELECT closed_at IS NOT NULL FROM comb.segments WHERE seg = {seg}"
         )) == "t"
     })
     .await;
     // While it holds the lock, maintenance wants to drop the segment and cannot; pushes
-    // must go on (each answered well within the client's 5 s timeout).
+    // must go on (each answered within the client's 30 s timeout, where a push waiting for
+    // the drop would wait as long as the reader holds it), until the drop has given way and
+    // segments have rolled over meanwhile.
     let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(6);
-    let mut pushed = 0;
-    while Instant::now() < until {
+    let started = Instant::now();
+    let mut looked = Instant::now();
+    let (mut pushed, mut retries, mut rolled) = (0, 0i64, 0i64);
+    while pushed < 10 || retries < 1 || rolled < 4 {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "the drop never gave way ({retries} retries) or segments never rolled ({rolled})"
+        );
         let r = http
             .post(env.url("/api/v1/push"))
             .json(&json!({"items": [{"queue": "busy", "payload": {"n": pushed}}]}))
@@ -372,28 +378,21 @@ async fn a_drop_blocked_by_a_long_reader_does_not_stall_pushes() {
             .expect("push answered while the drop waits");
         assert_eq!(r.status(), StatusCode::CREATED);
         pushed += 1;
+        if looked.elapsed() >= Duration::from_millis(250) {
+            looked = Instant::now();
+            let runs = env.sql(
+                "SELECT coalesce(sum(drop_retries), 0) || '|' || coalesce(sum(rolled), 0) \
+                 FROM comb.maintenance_runs",
+            );
+            let (r, s) = runs.split_once('|').unwrap();
+            (retries, rolled) = (r.parse().unwrap(), s.parse().unwrap());
+        }
     }
     assert!(table_exists(&env, seg), "the reader still holds it");
-    let retries: i64 = env
-        .sql("SELECT coalesce(sum(drop_retries), 0) FROM comb.maintenance_runs")
-        .parse()
-        .unwrap();
-    assert!(retries >= 1, "the drop gave way and will retry");
-    // Segments kept being made and rolled while the reader held its lock.
-    let rolled: i64 = env
-        .sql("SELECT coalesce(sum(rolled), 0) FROM comb.maintenance_runs")
-        .parse()
-        .unwrap();
-    assert!(
-        rolled >= 4,
-        "segments rolled over during the hold: {rolled}"
-    );
     reader.batch_execute("COMMIT").await.unwrap();
-    eventually(
-        Duration::from_secs(20),
-        "dropped after the reader left",
-        || !table_exists(&env, seg),
-    )
+    eventually(PATIENCE, "dropped after the reader left", || {
+        !table_exists(&env, seg)
+    })
     .await;
     assert_eq!(env.sql("SELECT count(*) FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id JOIN comb.queues q ON q.id = p.queue_id WHERE q.name = 'busy'"), pushed.to_string());
 }
@@ -420,10 +419,7 @@ async fn maintenance_analyses_the_growing_segment() {
             .collect();
         env.push(json!(items)).await;
     }
-    eventually(Duration::from_secs(20), "newest segment analysed", || {
-        current() != "never"
-    })
-    .await;
+    eventually(PATIENCE, "newest segment analysed", || current() != "never").await;
     // From a small sample: 1,501 distinct positions give a histogram of 101 bounds at the
     // default statistics target, at most 11 at the sample maintenance takes.
     let bounds: usize = env

@@ -3,31 +3,30 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
-use crate::common::{Env, client};
+use crate::common::{self, Env, client};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_answers_waiting_pops_finishes_pushes_and_exits_cleanly() {
-    let mut env = Env::start().await;
+    // One waiting place: once a probe is refused, the pop below holds it.
+    let mut env = Env::start_with(&["--max-waiting-pops", "1"]).await;
     env.push(json!([{"queue": "busy", "payload": 0}])).await;
 
-    // A pop that would wait 30 s on a queue nobody pushes to.
-    let pop_url = env.url("/api/v1/pop/queue/idle?wait=true&timeout=30000");
-    let waiting_pop = tokio::spawn(async move {
-        let started = Instant::now();
-        let r = client().get(pop_url).send().await;
-        (r.map(|r| r.status()), started.elapsed())
-    });
+    // A pop that would wait 60 s on a queue nobody pushes to.
+    let waiting_pop =
+        common::waiting_pop(env.url("/api/v1/pop/queue/idle?wait=true&timeout=60000"));
 
     // Pushes one after another until the server stops answering; records what was answered 201.
     let stopped = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
     let push_url = env.url("/api/v1/push");
     let pusher = {
         let stopped = stopped.clone();
+        let answered = answered.clone();
         tokio::spawn(async move {
             let http = client();
             let mut acknowledged: Vec<String> = Vec::new();
@@ -43,6 +42,7 @@ async fn sigterm_answers_waiting_pops_finishes_pushes_and_exits_cleanly() {
                 {
                     Ok(r) if r.status() == StatusCode::CREATED => {
                         acknowledged.extend((0..50).map(|i| format!("t{round}-{i}")));
+                        answered.fetch_add(1, Ordering::SeqCst);
                     }
                     // Refused while stopping (503) or the connection closed: the server is done.
                     _ if stopped.load(Ordering::SeqCst) => break,
@@ -54,26 +54,27 @@ async fn sigterm_answers_waiting_pops_finishes_pushes_and_exits_cleanly() {
         })
     };
 
-    // Let the pop start waiting and the pushes get going.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The stop comes once the pop is waiting and pushes are being answered.
+    common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), "idle").await;
+    common::until("a push answered", || async {
+        answered.load(Ordering::SeqCst) > 0
+    })
+    .await;
     assert!(
         !waiting_pop.is_finished(),
         "the pop should still be waiting"
     );
 
     stopped.store(true, Ordering::SeqCst);
-    let status = tokio::task::block_in_place(|| env.server.terminate(Duration::from_secs(20)));
+    let status = tokio::task::block_in_place(|| env.server.terminate(Duration::from_secs(60)));
 
-    let (pop_status, waited) = waiting_pop.await.unwrap();
-    assert_eq!(
-        pop_status.expect("the waiting pop got an answer"),
-        StatusCode::NO_CONTENT
-    );
+    let (pop_status, body, waited) = waiting_pop.await.unwrap();
+    assert_eq!(pop_status, StatusCode::NO_CONTENT, "{body}");
     assert!(
-        waited < Duration::from_secs(15),
-        "the waiting pop was answered only after {waited:?} (its timeout is 30 s)"
+        waited < Duration::from_secs(30),
+        "the waiting pop was answered only after {waited:?} (its timeout is 60 s)"
     );
-    let status = status.expect("the server exits within 20 s of SIGTERM");
+    let status = status.expect("the server exits within 60 s of SIGTERM");
     assert!(
         status.success(),
         "exit status {status:?}; log:\n{}",

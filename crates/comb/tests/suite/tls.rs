@@ -87,9 +87,10 @@ fn client_trusting(ca_pem: &str) -> reqwest::Client {
         .unwrap()
 }
 
-/// Polls `GET /health` with a client trusting `ca_pem` until it answers 200, up to 30 s.
+/// Polls `GET /health` with a client trusting `ca_pem` until it answers 200.
 async fn until_healthy(server: &HttpsServer, ca_pem: &str) {
-    for _ in 0..300 {
+    let start = std::time::Instant::now();
+    while start.elapsed() < common::PATIENCE {
         if let Ok(r) = client_trusting(ca_pem)
             .get(server.url("/health"))
             .send()
@@ -166,13 +167,10 @@ async fn https_serves_the_api_and_takes_a_new_certificate_on_sighup() {
     // A broken renewal keeps the certificate in use.
     write(dir.path(), "cert.pem", "not a certificate");
     server.signal("HUP");
-    for _ in 0..300 {
-        if server.log().contains("TLS certificate not reloaded") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(server.log().contains("TLS certificate not reloaded"));
+    common::until("the failed reload logged", || async {
+        server.log().contains("TLS certificate not reloaded")
+    })
+    .await;
     let r = client_trusting(&second.ca_pem)
         .get(server.url("/health"))
         .send()

@@ -117,7 +117,9 @@ async fn a_wrong_or_ended_lease_fails_the_whole_transaction() {
     assert_eq!(env.message_count(), stored, "the push was not stored");
     assert!(env.pop("/api/v1/pop/queue/out").await.is_none());
 
-    // Neither ack happened: both messages are handed out again.
+    // Neither ack happened: both messages are handed out again (under leases that outlast
+    // the pops below).
+    env.configure("in", json!({"leaseTime": 30})).await;
     let mut again = Vec::new();
     while let Some(pop) = env.pop("/api/v1/pop/queue/in").await {
         again.extend(numbers(&pop));
@@ -151,6 +153,7 @@ async fn an_ack_without_a_lease_id_still_needs_a_live_lease() {
     assert_eq!(env.message_count(), stored);
 
     // Under a live lease the same transaction goes through.
+    env.configure("in", json!({"leaseTime": 30})).await;
     let pop = env.pop("/api/v1/pop/queue/in").await.expect("1 is back");
     assert_eq!(numbers(&pop), vec![1]);
     let (s, b) = env

@@ -400,12 +400,72 @@ pub fn one(pop: &Value) -> &Value {
     &messages[0]
 }
 
+/// How long a test waits for what the server does in its own time (a background task, a
+/// wake-up, a process starting) before failing. A loaded CI machine runs everything many
+/// times slower for seconds at a time; the waits below return as soon as their condition
+/// holds, so this much is only ever spent when the awaited thing never happens.
+pub const PATIENCE: Duration = Duration::from_secs(120);
+
 /// Waits until `check` holds, looking every 200 ms; fails the test after `limit`.
 pub async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let start = std::time::Instant::now();
     while !check() {
         assert!(start.elapsed() < limit, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the asynchronous `check` holds, looking every 100 ms; fails the test after
+/// [`PATIENCE`].
+pub async fn until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) {
+    let start = std::time::Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A pop that waits, started in the background on its own client. It is asked again while
+/// the server answers 429 (all waiting places taken, for a moment by a probe of
+/// [`until_waiting_places_are_taken`]); resolves to the answer and how long its last ask took.
+pub fn waiting_pop(url: String) -> tokio::task::JoinHandle<(StatusCode, Value, Duration)> {
+    tokio::spawn(async move {
+        let http = client();
+        loop {
+            let started = std::time::Instant::now();
+            let (s, b) = get_url(&http, &url).await;
+            if s != StatusCode::TOO_MANY_REQUESTS {
+                return (s, b, started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+/// Waits until every waiting place of the server at `base` (started with
+/// `--max-waiting-pops`) is taken, which is how a test knows its background pops are
+/// waiting: a probe that would wait 1 ms on `queue` is refused with 429. Returns that refusal.
+pub async fn until_waiting_places_are_taken(
+    http: &reqwest::Client,
+    base: &str,
+    queue: &str,
+) -> reqwest::Response {
+    let url = format!("{base}/api/v1/pop/queue/{queue}?wait=true&timeout=1");
+    let start = std::time::Instant::now();
+    loop {
+        let r = http.get(&url).send().await.expect("request");
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            return r;
+        }
+        assert_eq!(r.status(), StatusCode::NO_CONTENT, "the probe of {queue}");
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the waiting places were never all taken"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
