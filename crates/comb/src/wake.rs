@@ -453,10 +453,6 @@ pub(crate) async fn relay(database_url: String, wake: Arc<Wake>, on_stale: OnSta
         if let Err(e) = relay_once(&connector, &wake, &on_stale).await {
             tracing::warn!(error = %e, "push notification relay lost its connection; reconnecting");
         }
-        // Whatever was missed while disconnected: let every waiting pop look again, and
-        // trust no cached id.
-        wake.notify_all();
-        on_stale(Stale::All);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -488,6 +484,11 @@ async fn relay_once(
         }
     }
     tracing::debug!("listening for pushes made through other servers");
+    // Whatever was pushed or deleted before this connection listened (while the last one was
+    // lost, or before the first) went unheard: let every waiting pop look again, and trust
+    // no cached id. Done once listening, so nothing committed after this look is missed.
+    wake.notify_all();
+    on_stale(Stale::All);
     // Pings go out from a task of their own; their failure (silence, a read-only refusal)
     // ends the connection, which the loop below sees.
     let pinger = tokio::spawn({

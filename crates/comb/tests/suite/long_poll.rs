@@ -92,3 +92,40 @@ async fn a_timeout_above_the_servers_cap_is_cut_to_the_cap() {
         started.elapsed()
     );
 }
+
+/// The connections that relay pushes between servers: they listen, then ping every 5 s.
+const RELAYS: &str = "FROM pg_stat_activity WHERE datname = current_database() \
+    AND pid <> pg_backend_pid() AND (query LIKE 'LISTEN %' OR query = 'SELECT 1')";
+
+#[tokio::test]
+async fn a_push_made_while_the_relay_reconnects_still_wakes_a_waiting_pop() {
+    let env = Env::start_with(&NO_FALLBACK).await;
+    let other = env.second_server_with(&NO_FALLBACK).await;
+    common::eventually(common::PATIENCE, "both servers listen", || {
+        env.sql(&format!("SELECT count(*) {RELAYS}")) == "2"
+    })
+    .await;
+    let waiter = common::waiting_pop(format!(
+        "{}/api/v1/pop/queue/q?wait=true&timeout=60000&autoAck=true",
+        other.base_url()
+    ));
+    common::until_waiting_places_are_taken(&env.http, &other.base_url(), "q").await;
+
+    // The relays lose their connections and wait a second before connecting again; the push
+    // through server 1 is made meanwhile, when no server listens for its notification.
+    assert_eq!(
+        env.sql(&format!(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) {RELAYS}"
+        )),
+        "2"
+    );
+    env.push(json!([{"queue": "q", "payload": {"n": 5}}])).await;
+    let (s, b, elapsed) = waiter.await.unwrap();
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(numbers(&b), vec![5]);
+    assert!(
+        elapsed < WOKEN_WITHIN,
+        "server 2 answered only after {elapsed:?} of its 60 s timeout: a push made while its \
+         relay reconnected was missed"
+    );
+}
