@@ -80,7 +80,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         config.fuse_max_items,
     ));
     let popper = Popper::start(
-        pools.consumer.clone(),
+        &pools,
         catalog.clone(),
         wake.clone(),
         metrics.clone(),
