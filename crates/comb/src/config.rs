@@ -251,8 +251,13 @@ impl ServeConfig {
         Duration::from_millis(self.max_poll_timeout_ms)
     }
 
-    /// Connections the shared pool must hold for all workers plus admin work.
-    pub fn pool_size(&self) -> usize {
-        self.push_workers + self.pop_workers + self.ack_workers + self.admin_connections
+    /// Connections of the general pool: the push workers' plus admin work.
+    pub fn general_pool_size(&self) -> usize {
+        self.push_workers + self.admin_connections
+    }
+
+    /// Connections of the consumer path's pool: the pop and ack workers'.
+    pub fn consumer_pool_size(&self) -> usize {
+        self.pop_workers + self.ack_workers
     }
 }

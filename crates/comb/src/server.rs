@@ -27,7 +27,12 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         tracing::info!("bearer tokens required");
     }
     migrate(&config.database.database_url).await?;
-    let pool = db::pool(&config.database.database_url, config.pool_size())?;
+    let pools = db::Pools::new(
+        &config.database.database_url,
+        config.general_pool_size(),
+        config.consumer_pool_size(),
+    )?;
+    let pool = pools.general.clone();
     let metrics = Arc::new(Metrics::default());
     tokio::spawn(maintenance::run(
         config.database.database_url.clone(),
@@ -68,14 +73,14 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         config.fuse_max_items,
     ));
     let acker = Arc::new(Acker::start(
-        pool.clone(),
+        pools.consumer.clone(),
         metrics.clone(),
         wake.clone(),
         config.ack_workers,
         config.fuse_max_items,
     ));
     let popper = Popper::start(
-        pool.clone(),
+        &pools,
         catalog.clone(),
         wake.clone(),
         metrics.clone(),
@@ -96,6 +101,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         catalog,
         wake,
         pool,
+        pools,
         metrics,
         replication,
         stopping: AtomicBool::new(false),

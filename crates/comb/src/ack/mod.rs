@@ -25,7 +25,7 @@ use crate::wake::Wake;
 
 pub(crate) use cursor::Cursor;
 /// The ack path's statements, public for the test suite's plan checks.
-pub use store::{ACK_STATE_SQL, BEGIN, LOCK_SQL, LOOKUP_SQL, STATE_SQL};
+pub use store::{ACK_STATE_SQL, LOCK_SQL, LOOKUP_SQL, PLANS, STATE_SQL};
 pub(crate) use store::{
     DeadLetter, WriteStatements, locked_cursors, queues_of, settle_in, write_back,
 };

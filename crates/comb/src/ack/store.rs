@@ -194,12 +194,13 @@ pub(crate) struct DeadLetter {
     pub(crate) error: Option<String>,
 }
 
-/// How an ack transaction of its own begins: with the consumer path's plans
-/// ([`db::consumer_plans`]).
-pub const BEGIN: &str = concat!("BEGIN; ", db::consumer_plans!());
+/// The consumer path's planner settings for one transaction ([`db::consumer_plans`]): what
+/// acks inside a client's transaction run under, as the consumer pool's connections do.
+pub const PLANS: &str = db::consumer_plans!();
 
 /// Applies acks in one transaction of their own, in two round trips: BEGIN with the reads,
-/// then the writes with COMMIT. One outcome per item, in order.
+/// then the writes with COMMIT. On a connection of the consumer pool, whose settings plan
+/// them. One outcome per item, in order.
 async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
     let client = pool.get().await?;
     // Everything is prepared before the pipelines: a statement still being prepared when
@@ -207,7 +208,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     let reads = ReadStatements::prepare(&client).await?;
     let writes = WriteStatements::prepare(&client).await?;
     let (begin, read) = tokio::join!(
-        client.batch_execute(BEGIN),
+        client.batch_execute("BEGIN"),
         judge(&client, &reads, items, false),
     );
     let judged = match begin.map_err(DbError::from).and(read) {
@@ -237,7 +238,7 @@ pub(crate) async fn settle_in(
 ) -> Result<Vec<AckOutcome>, DbError> {
     // Cached plans of these statements are shared with the ack path's own transactions:
     // they are made under the same settings wherever they are made.
-    tx.batch_execute(db::consumer_plans!()).await?;
+    tx.batch_execute(PLANS).await?;
     let reads = ReadStatements::prepare(tx).await?;
     let writes = WriteStatements::prepare(tx).await?;
     let judged = judge(tx, &reads, items, strict).await?;

@@ -17,8 +17,8 @@ mod watch;
 
 pub(crate) use primary::Connector;
 
-/// Planner settings for the consumer path's transactions (claims and acks), as statements
-/// to run right after `BEGIN`.
+/// Planner settings for the consumer path's statements (claims, acks, lease expiry), as
+/// statements for one transaction.
 ///
 /// Their statements take arrays (the partitions of a fused batch). Planned for the array at
 /// hand, each custom plan looks cheaper than the generic one, so PostgreSQL would plan them
@@ -28,6 +28,11 @@ pub(crate) use primary::Connector;
 /// queue's first hundred cursors) reads them whole: sequentially, or through a bitmap and a
 /// sort, which becomes thousands of rows per cursor as the tables fill. Every read of these
 /// statements wants a few entries of an index in index order, so both are priced out.
+///
+/// The consumer path's own connections ([`Pools::consumer`]) hold these settings from their
+/// start (see [`consumer_options`]): set per transaction, their three statements cost
+/// PostgreSQL more than some of the statements they plan. Acks inside a client's transaction,
+/// on the general pool, set them for that transaction.
 macro_rules! consumer_plans {
     () => {
         "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
@@ -35,6 +40,25 @@ macro_rules! consumer_plans {
     };
 }
 pub(crate) use consumer_plans;
+
+/// [`consumer_plans`] as the options of a connection's start (`-c name=value`), added to
+/// those the database URL gives.
+fn consumer_options(url_options: Option<&str>) -> String {
+    let settings = consumer_plans!().split(';').map(|s| {
+        let (name, value) = s
+            .trim()
+            .trim_start_matches("SET LOCAL ")
+            .split_once(" = ")
+            .expect("name = value");
+        format!("-c {name}={value}")
+    });
+    url_options
+        .into_iter()
+        .map(str::to_string)
+        .chain(settings)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 /// Why a database operation did not complete.
 #[derive(Debug)]
@@ -110,10 +134,55 @@ impl From<deadpool_postgres::PoolError> for DbError {
     }
 }
 
-/// Builds the pool every worker and handler draws from. Its connections go to the primary
-/// and fail promptly when the database stops answering (see the module documentation).
+/// The request pools: connections as PostgreSQL starts them, and the consumer path's.
+#[derive(Clone)]
+pub(crate) struct Pools {
+    /// Pushes, the administration API, the dashboard and clients' transactions.
+    pub(crate) general: Pool,
+    /// Pops and acks of their own: connections started with the consumer path's planner
+    /// settings ([`consumer_plans`]).
+    pub(crate) consumer: Pool,
+}
+
+impl Pools {
+    /// Both pools, `general` and `consumer` connections at most. Their connections go to the
+    /// primary and fail promptly when the database stops answering (see the module
+    /// documentation).
+    pub(crate) fn new(
+        database_url: &str,
+        general: usize,
+        consumer: usize,
+    ) -> Result<Pools, String> {
+        let plain = Connector::new(database_url)?;
+        let mut tuned = Connector::new(database_url)?;
+        let options = consumer_options(tuned.config.get_options());
+        tuned.config.options(&options);
+        Ok(Pools {
+            general: pool_of(plain, general)?,
+            consumer: pool_of(tuned, consumer)?,
+        })
+    }
+
+    /// Both pools' figures added up, as one pool's.
+    pub(crate) fn status(&self) -> deadpool_postgres::Status {
+        let (a, b) = (self.general.status(), self.consumer.status());
+        deadpool_postgres::Status {
+            max_size: a.max_size + b.max_size,
+            size: a.size + b.size,
+            available: a.available + b.available,
+            waiting: a.waiting + b.waiting,
+        }
+    }
+}
+
+/// Builds a pool of at most `size` connections of the database URL, to the primary (see
+/// the module documentation).
 pub(crate) fn pool(database_url: &str, size: usize) -> Result<Pool, String> {
-    let connector = Arc::new(Connector::new(database_url)?);
+    pool_of(Connector::new(database_url)?, size)
+}
+
+fn pool_of(connector: Connector, size: usize) -> Result<Pool, String> {
+    let connector = Arc::new(connector);
     let mgr = Manager::from_connect(
         connector.config.clone(),
         primary::PooledConnect(connector),
@@ -187,4 +256,20 @@ pub(crate) async fn connect(
         }
     });
     Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::consumer_options;
+
+    #[test]
+    fn the_consumer_pools_connections_start_with_the_consumer_plans() {
+        assert_eq!(
+            consumer_options(None),
+            "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off \
+             -c enable_bitmapscan=off"
+        );
+        // What the database URL asks for is kept.
+        assert!(consumer_options(Some("-c work_mem=8MB")).starts_with("-c work_mem=8MB -c plan"));
+    }
 }

@@ -32,7 +32,7 @@ pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
         "Time from routing a request to its response's head, by route (a long poll's wait included).",
         &series,
     );
-    let pool = app.pool.status();
+    let pool = app.pools.status();
     let in_use = pool.size.saturating_sub(pool.available);
     out.gauge_labelled(
         "comb_db_pool_connections",

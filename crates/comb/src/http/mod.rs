@@ -51,7 +51,10 @@ use crate::wake::Wake;
 /// Everything a handler needs, shared by all requests.
 pub(crate) struct App {
     pub(crate) config: ServeConfig,
+    /// The general pool (`pools.general`), what handlers draw from.
     pub(crate) pool: Pool,
+    /// Both request pools, for their figures.
+    pub(crate) pools: crate::db::Pools,
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) wake: Arc<Wake>,
     /// The use cases: each owns its whole story, handlers call them.

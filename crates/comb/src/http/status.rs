@@ -57,7 +57,7 @@ pub async fn postgres_stats(AxState(app): AxState<State>) -> Result<Json<Value>,
 
 /// This server: process, uptime, request pool and requests served.
 pub async fn system_metrics(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
-    let pool = app.pool.status();
+    let pool = app.pools.status();
     let rss_kb = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

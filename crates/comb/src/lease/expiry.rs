@@ -1,6 +1,6 @@
 //! Lease expiry: a lease that ended without its messages settled counts an attempt for each.
 
-use deadpool_postgres::Pool;
+use tokio_postgres::Statement;
 use uuid::Uuid;
 
 use crate::ack::{DeadLetter, STATE_SQL, WriteStatements, locked_cursors, write_back};
@@ -18,28 +18,67 @@ FOR NO KEY UPDATE OF c SKIP LOCKED";
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
 /// unsettled messages and dead-letters those at the retry limit (or, in queues that keep no
 /// dead letters for that, skips them: their number is returned). Cursors another claim or
-/// ack holds right now are skipped; they are seen again on a later pop.
+/// ack holds right now are skipped; they are seen again on a later pop. Runs in a transaction
+/// of its own on the claim's connection (whose claim has committed): a claim never waits for
+/// a second connection of the consumer pool.
 pub(crate) async fn expire_leases(
-    pool: &Pool,
+    client: &deadpool_postgres::Client,
     group: &str,
     partitions: &[Uuid],
 ) -> Result<u64, DbError> {
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    tx.batch_execute(db::consumer_plans!()).await?;
-    let stmt = tx.prepare_cached(EXPIRED_LOCK_SQL).await?;
-    let state = tx.prepare_cached(STATE_SQL).await?;
-    let locked: Vec<Uuid> = tx
-        .query(&stmt, &[&partitions, &group])
+    let statements = Statements {
+        lock: client.prepare_cached(EXPIRED_LOCK_SQL).await?,
+        state: client.prepare_cached(STATE_SQL).await?,
+        writes: WriteStatements::prepare(client).await?,
+    };
+    client.batch_execute("BEGIN").await?;
+    match expire_in(client, &statements, group, partitions).await {
+        Ok(done) => {
+            client.batch_execute("COMMIT").await?;
+            crate::metrics::LEASE_DEAD_LETTERED.add(done.dead_lettered);
+            Ok(done.discarded)
+        }
+        Err(e) => {
+            db::roll_back(client).await;
+            Err(e)
+        }
+    }
+}
+
+/// The statements of an expiry, prepared before its transaction begins.
+struct Statements {
+    lock: Statement,
+    state: Statement,
+    writes: WriteStatements,
+}
+
+/// What an expiry did: messages skipped (no dead letters kept) and dead-lettered.
+struct Expired {
+    discarded: u64,
+    dead_lettered: u64,
+}
+
+/// The expiry's reads and writes, inside its transaction.
+async fn expire_in(
+    client: &deadpool_postgres::Client,
+    statements: &Statements,
+    group: &str,
+    partitions: &[Uuid],
+) -> Result<Expired, DbError> {
+    let locked: Vec<Uuid> = client
+        .query(&statements.lock, &[&partitions, &group])
         .await?
         .iter()
         .map(|r| r.get(0))
         .collect();
     if locked.is_empty() {
-        return Ok(0);
+        return Ok(Expired {
+            discarded: 0,
+            dead_lettered: 0,
+        });
     }
     let groups: Vec<&str> = locked.iter().map(|_| group).collect();
-    let rows = tx.query(&state, &[&locked, &groups]).await?;
+    let rows = client.query(&statements.state, &[&locked, &groups]).await?;
     let mut cursors = locked_cursors(&rows);
     // Read again under the lock: only leases still ended are expired.
     cursors.retain(|_, l| l.cursor.lease_id.is_some() && !l.cursor.lease_live);
@@ -62,9 +101,9 @@ pub(crate) async fn expire_leases(
             });
         }
     }
-    let writes = WriteStatements::prepare(&tx).await?;
-    write_back(&tx, &writes, &cursors, &dead).await?;
-    tx.commit().await?;
-    crate::metrics::LEASE_DEAD_LETTERED.add(dead.len() as u64);
-    Ok(discarded)
+    write_back(client, &statements.writes, &cursors, &dead).await?;
+    Ok(Expired {
+        discarded,
+        dead_lettered: dead.len() as u64,
+    })
 }

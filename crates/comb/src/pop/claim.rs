@@ -358,7 +358,6 @@ async fn run_batch(
                 Err(e) => return answer(jobs, Err(DbError::from(e))),
             };
             let claim = |lease| Claiming {
-                pool: &pool,
                 rovers: &rovers,
                 shape: &shape,
                 default_lease_seconds,
@@ -409,7 +408,6 @@ fn answer(jobs: Vec<PopJob>, result: Result<Vec<Claim>, DbError>) {
 
 /// One claim for the pops of one shape.
 struct Claiming<'a> {
-    pool: &'a Pool,
     rovers: &'a Rovers,
     shape: &'a PopShape,
     default_lease_seconds: f64,
@@ -470,8 +468,7 @@ impl Claiming<'_> {
             }
             if !walk.expired.is_empty() {
                 let skipped =
-                    crate::lease::expire_leases(self.pool, &self.shape.group, &walk.expired)
-                        .await?;
+                    crate::lease::expire_leases(client, &self.shape.group, &walk.expired).await?;
                 self.metrics.messages.discarded.add(skipped);
             }
             if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
@@ -497,21 +494,19 @@ struct Walk {
     passed_held: bool,
 }
 
-/// How a claim begins: with the consumer path's plans ([`db::consumer_plans`]). A claim with
-/// explicit acks does not wait for its WAL flush. A lease is the one piece of
-/// state that may be lost in a database crash without breaking a guarantee: its messages are
-/// then delivered again, exactly as after the lease's expiry, and an ack under it is refused
-/// as under an expired lease. (A later durable commit, such as the ack, flushes it anyway: the
-/// WAL is written in order.) An auto-ack claim moves the position, which must not come back
-/// after a crash (at-most-once), so it waits like pushes and acks.
+/// How a claim begins, on a connection of the consumer pool (whose settings plan it, see
+/// [`db::consumer_plans`]). A claim with explicit acks does not wait for its WAL flush. A
+/// lease is the one piece of state that may be lost in a database crash without breaking a
+/// guarantee: its messages are then delivered again, exactly as after the lease's expiry,
+/// and an ack under it is refused as under an expired lease. (A later durable commit, such as
+/// the ack, flushes it anyway: the WAL is written in order.) An auto-ack claim moves the
+/// position, which must not come back after a crash (at-most-once), so it waits like pushes
+/// and acks.
 pub fn begin_claim(auto_ack: bool) -> &'static str {
     if auto_ack {
-        concat!("BEGIN; ", db::consumer_plans!())
+        "BEGIN"
     } else {
-        concat!(
-            "BEGIN; SET LOCAL synchronous_commit = off; ",
-            db::consumer_plans!()
-        )
+        "BEGIN; SET LOCAL synchronous_commit = off"
     }
 }
 
@@ -665,6 +660,6 @@ mod tests {
         assert!(begin_claim(false).contains("synchronous_commit = off"));
         // An auto-ack claim moves the position: it must be durable when answered.
         assert!(!begin_claim(true).contains("synchronous_commit"));
-        assert!(begin_claim(true).starts_with("BEGIN;"));
+        assert_eq!(begin_claim(true), "BEGIN");
     }
 }

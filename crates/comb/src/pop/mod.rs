@@ -57,6 +57,7 @@ pub(crate) struct Waits {
 
 /// The handle every route that pops goes through.
 pub(crate) struct Popper {
+    /// The general pool, for the catalog's lookups; claims run on the consumer pool.
     pool: Pool,
     catalog: Arc<Catalog>,
     wake: Arc<Wake>,
@@ -70,7 +71,7 @@ pub(crate) struct Popper {
 impl Popper {
     /// Starts the pop workers and returns the handle in front of them.
     pub(crate) fn start(
-        pool: Pool,
+        pools: &crate::db::Pools,
         catalog: Arc<Catalog>,
         wake: Arc<Wake>,
         metrics: Arc<Metrics>,
@@ -80,14 +81,14 @@ impl Popper {
     ) -> Popper {
         let stage = metrics.fusion.pop.clone();
         let fuser = claim::start(
-            pool.clone(),
+            pools.consumer.clone(),
             workers,
             default_lease_seconds,
             metrics.clone(),
             stage,
         );
         Popper {
-            pool,
+            pool: pools.general.clone(),
             catalog,
             wake,
             fuser,

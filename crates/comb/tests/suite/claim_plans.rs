@@ -13,6 +13,11 @@ const FILL: u32 = 5_000;
 /// Most rows any scan of these statements may return here: a claim reads a batch of 10.
 const FEW: u32 = 50;
 
+/// How a test's transaction gets the settings the consumer path's connections start with.
+fn begin_with_plans() -> String {
+    format!("BEGIN; {}", ack::PLANS)
+}
+
 /// Prepares `statement` in a transaction begun with `begin`, runs it once (making its
 /// plan from the young tables), fills the partition with `FILL` messages and the cursor's
 /// history with `FILL` versions, and returns `EXPLAIN ANALYZE` of running it again with the
@@ -96,7 +101,7 @@ async fn claim_plan(statement: &str, args: impl Fn(&str, &str, &str) -> String) 
     let queue = young_queue(&env).await;
     let (partition, group) = ids(&env);
     let args = args(&queue, &partition, &group);
-    plan_after_filling(&env, pop::begin_claim(false), statement, &args)
+    plan_after_filling(&env, &begin_with_plans(), statement, &args)
 }
 
 #[tokio::test]
@@ -192,7 +197,7 @@ async fn the_acks_reads_planned_on_young_tables_read_by_index() {
         ),
     ];
     for (what, statement, args) in reads {
-        let plan = plan_after_filling(&env, ack::BEGIN, statement, &args);
+        let plan = plan_after_filling(&env, &begin_with_plans(), statement, &args);
         assert!(plan.contains("(actual rows=1 loops=1)"), "{what}:\n{plan}");
         assert_read_by_index(what, &plan);
     }
@@ -218,7 +223,7 @@ async fn an_ack_reads_only_the_start_of_a_large_delivered_range() {
          PREPARE s AS {statement};
          EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF)
              EXECUTE s(ARRAY['{partition}']::uuid[], ARRAY['{group}']::text[], ARRAY[1])",
-        begin = ack::BEGIN,
+        begin = begin_with_plans(),
         statement = ack::ACK_STATE_SQL,
     ));
     assert!(plan.contains("(actual rows=1 loops=1)"), "{plan}");
