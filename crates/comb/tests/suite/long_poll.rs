@@ -12,12 +12,22 @@ use std::time::{Duration, Instant};
 
 use crate::common::{self, Env, numbers};
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 
 const NO_FALLBACK: [&str; 4] = ["--poll-fallback-ms", "120000", "--max-waiting-pops", "1"];
 
-/// Half of the pops' one-minute wait: answered sooner, a wake-up answered them.
-const WOKEN_WITHIN: Duration = Duration::from_secs(30);
+/// Awaits a waiting pop (of a minute) and checks that it was answered with message `n`
+/// within half of its wait: woken by `by`.
+async fn woken(waiter: JoinHandle<(StatusCode, Value, Duration)>, n: i64, by: &str) {
+    let (s, b, elapsed) = waiter.await.unwrap();
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(numbers(&b), vec![n]);
+    assert!(
+        elapsed < Duration::from_secs(30),
+        "answered only after {elapsed:?} of its 60 s wait: not woken by {by}"
+    );
+}
 
 #[tokio::test]
 async fn a_push_wakes_a_waiting_pop_on_the_same_server() {
@@ -29,13 +39,7 @@ async fn a_push_wakes_a_waiting_pop_on_the_same_server() {
         common::waiting_pop(env.url("/api/v1/pop/queue/q?wait=true&timeout=60000&autoAck=true"));
     common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), "q").await;
     env.push(json!([{"queue": "q", "payload": {"n": 7}}])).await;
-    let (s, b, elapsed) = waiter.await.unwrap();
-    assert_eq!(s, StatusCode::OK, "{b}");
-    assert_eq!(numbers(&b), vec![7]);
-    assert!(
-        elapsed < WOKEN_WITHIN,
-        "returned only after {elapsed:?} of its 60 s timeout"
-    );
+    woken(waiter, 7, "a push on its server").await;
 }
 
 #[tokio::test]
@@ -45,13 +49,7 @@ async fn a_push_wakes_a_waiting_pop_on_a_queue_created_by_that_push() {
     common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), "fresh").await;
     env.push(json!([{"queue": "fresh", "payload": {"n": 1}}]))
         .await;
-    let (s, b, elapsed) = waiter.await.unwrap();
-    assert_eq!(s, StatusCode::OK, "{b}");
-    assert_eq!(numbers(&b), vec![1]);
-    assert!(
-        elapsed < WOKEN_WITHIN,
-        "returned only after {elapsed:?} of its 60 s timeout"
-    );
+    woken(waiter, 1, "the push that made its queue").await;
 }
 
 #[tokio::test]
@@ -68,14 +66,7 @@ async fn a_push_through_another_server_wakes_a_waiting_pop() {
     ));
     common::until_waiting_places_are_taken(&env.http, &other.base_url(), "q").await;
     env.push(json!([{"queue": "q", "payload": {"n": 9}}])).await;
-    let (s, b, elapsed) = waiter.await.unwrap();
-    assert_eq!(s, StatusCode::OK, "{b}");
-    assert_eq!(numbers(&b), vec![9]);
-    assert!(
-        elapsed < WOKEN_WITHIN,
-        "server 2 answered only after {elapsed:?} of its 60 s timeout: \
-         pushes through another server do not wake it"
-    );
+    woken(waiter, 9, "a push through another server").await;
 }
 
 #[tokio::test]
@@ -120,12 +111,5 @@ async fn a_push_made_while_the_relay_reconnects_still_wakes_a_waiting_pop() {
         "2"
     );
     env.push(json!([{"queue": "q", "payload": {"n": 5}}])).await;
-    let (s, b, elapsed) = waiter.await.unwrap();
-    assert_eq!(s, StatusCode::OK, "{b}");
-    assert_eq!(numbers(&b), vec![5]);
-    assert!(
-        elapsed < WOKEN_WITHIN,
-        "server 2 answered only after {elapsed:?} of its 60 s timeout: a push made while its \
-         relay reconnected was missed"
-    );
+    woken(waiter, 5, "a push made while its relay reconnected").await;
 }
