@@ -818,21 +818,20 @@ async fn status_and_analytics_count_per_minute_from_every_server() {
         .post("/api/v1/ack/batch", &json!({"acknowledgments": acks}))
         .await;
     assert_eq!(s, StatusCode::OK);
-    // Wait (bounded) for the counters to reach the table.
-    let start = std::time::Instant::now();
-    let mut analytics;
-    loop {
-        analytics = ok(&env, "/api/v1/status/analytics").await;
-        let depth_seen = analytics["timeSeries"]
+    // Wait for the counters of the acks, and a snapshot of `s` holding all five, to reach
+    // the tables.
+    common::until("the acks counted and the depth of s recorded", || async {
+        let all = ok(&env, "/api/v1/status/analytics").await;
+        let of_s = ok(&env, "/api/v1/status/analytics?queue=s").await;
+        let depth_seen = of_s["timeSeries"]
             .as_array()
             .unwrap()
             .iter()
             .any(|b| b["messages"] == 5);
-        if analytics["totals"]["acked"] == 4 && depth_seen || start.elapsed() > common::PATIENCE {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        all["totals"]["acked"] == 4 && of_s["totals"]["acked"] == 4 && depth_seen
+    })
+    .await;
+    let analytics = ok(&env, "/api/v1/status/analytics").await;
     assert_eq!(analytics["totals"]["pushed"], 7, "{analytics}");
     assert_eq!(analytics["totals"]["popped"], 5);
     assert_eq!(analytics["totals"]["failed"], 1);
