@@ -82,7 +82,7 @@ fn client_trusting(ca_pem: &str) -> reqwest::Client {
         .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
         .tls_built_in_root_certs(false)
         .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(60))
         .build()
         .unwrap()
 }

@@ -347,7 +347,7 @@ impl Drop for Env {
 pub fn raw_head_only(addr: std::net::SocketAddr, head: &str) -> (u16, Value) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
     s.write_all(head.as_bytes()).unwrap();
     let mut buf = Vec::new();
     let _ = s.read_to_end(&mut buf);
