@@ -30,7 +30,7 @@ pub(crate) use primary::Connector;
 /// statements wants a few entries of an index in index order, so both are priced out.
 ///
 /// The consumer path's own connections ([`Pools::consumer`]) hold these settings from their
-/// start (see [`consumer_options`]): set per transaction, their three statements cost
+/// start (see [`session_settings`]): set per transaction, their three statements cost
 /// PostgreSQL more than some of the statements they plan. Acks inside a client's transaction,
 /// on the general pool, set them for that transaction.
 macro_rules! consumer_plans {
@@ -41,23 +41,21 @@ macro_rules! consumer_plans {
 }
 pub(crate) use consumer_plans;
 
-/// [`consumer_plans`] as the options of a connection's start (`-c name=value`), added to
-/// those the database URL gives.
-fn consumer_options(url_options: Option<&str>) -> String {
-    let settings = consumer_plans!().split(';').map(|s| {
-        let (name, value) = s
-            .trim()
-            .trim_start_matches("SET LOCAL ")
-            .split_once(" = ")
-            .expect("name = value");
-        format!("-c {name}={value}")
-    });
-    url_options
-        .into_iter()
-        .map(str::to_string)
-        .chain(settings)
-        .collect::<Vec<_>>()
-        .join(" ")
+/// What every request connection sets first: no JIT compilation. Requests run short
+/// statements; an estimate that crosses the JIT threshold (a listing over a large queue, say)
+/// would otherwise spend up to a second compiling a plan that reads a few index entries.
+const REQUEST_SETTINGS: &str = "SET jit = off";
+
+/// The session settings a request connection starts with: [`REQUEST_SETTINGS`], and for the
+/// consumer pool [`consumer_plans`]. Set by statements rather than startup options, which a
+/// pooler in session mode may refuse.
+fn session_settings(consumer: bool) -> String {
+    let mut settings = REQUEST_SETTINGS.to_string();
+    if consumer {
+        settings.push_str("; ");
+        settings.push_str(&consumer_plans!().replace("SET LOCAL ", "SET "));
+    }
+    settings
 }
 
 /// Why a database operation did not complete.
@@ -137,7 +135,8 @@ impl From<deadpool_postgres::PoolError> for DbError {
 /// The request pools: connections as PostgreSQL starts them, and the consumer path's.
 #[derive(Clone)]
 pub(crate) struct Pools {
-    /// Pushes, the administration API, the dashboard and clients' transactions.
+    /// Pushes, the administration API, the dashboard and clients' transactions. Without JIT
+    /// ([`REQUEST_SETTINGS`]), like the consumer pool.
     pub(crate) general: Pool,
     /// Pops and acks of their own: connections started with the consumer path's planner
     /// settings ([`consumer_plans`]).
@@ -153,13 +152,14 @@ impl Pools {
         general: usize,
         consumer: usize,
     ) -> Result<Pools, String> {
-        let plain = Connector::new(database_url)?;
-        let mut tuned = Connector::new(database_url)?;
-        let options = consumer_options(tuned.config.get_options());
-        tuned.config.options(&options);
+        let started = |consumer: bool| -> Result<Connector, String> {
+            let mut connector = Connector::new(database_url)?;
+            connector.setup = Some(session_settings(consumer));
+            Ok(connector)
+        };
         Ok(Pools {
-            general: pool_of(plain, general)?,
-            consumer: pool_of(tuned, consumer)?,
+            general: pool_of(started(false)?, general)?,
+            consumer: pool_of(started(true)?, consumer)?,
         })
     }
 
@@ -260,16 +260,15 @@ pub(crate) async fn connect(
 
 #[cfg(test)]
 mod tests {
-    use super::consumer_options;
+    use super::session_settings;
 
     #[test]
-    fn the_consumer_pools_connections_start_with_the_consumer_plans() {
+    fn request_connections_start_without_jit_and_the_consumers_with_their_plans() {
+        assert_eq!(session_settings(false), "SET jit = off");
         assert_eq!(
-            consumer_options(None),
-            "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off \
-             -c enable_bitmapscan=off"
+            session_settings(true),
+            "SET jit = off; SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
+             SET enable_bitmapscan = off"
         );
-        // What the database URL asks for is kept.
-        assert!(consumer_options(Some("-c work_mem=8MB")).starts_with("-c work_mem=8MB -c plan"));
     }
 }

@@ -39,6 +39,8 @@ pub(crate) struct Connector {
     pub(super) nodes: Vec<Node>,
     /// The node that was the primary at the last connection: tried first.
     preferred: AtomicUsize,
+    /// Statements every new connection runs before it is handed out (session settings).
+    pub(super) setup: Option<String>,
 }
 
 /// What a server said when asked whether it accepts writes.
@@ -68,6 +70,7 @@ impl Connector {
             config,
             nodes,
             preferred: AtomicUsize::new(0),
+            setup: None,
         })
     }
 
@@ -104,7 +107,7 @@ impl Connector {
                     }
                     Err(e) => return Err(e),
                 };
-            match role(&client, &mut conn).await {
+            match role(&client, &mut conn, self.setup.as_deref()).await {
                 Role::Primary => {
                     if i != start {
                         tracing::info!(server = %node.target, "connected to the primary");
@@ -131,37 +134,54 @@ impl Connector {
     }
 }
 
-/// Asks a fresh connection whether its server accepts writes, driving the connection
-/// meanwhile (nobody else polls it yet).
-async fn role(client: &tokio_postgres::Client, conn: &mut Connection) -> Role {
+/// Asks a fresh connection whether its server accepts writes and, on the primary, runs
+/// `setup`, driving the connection meanwhile (nobody else polls it yet).
+async fn role(client: &tokio_postgres::Client, conn: &mut Connection, setup: Option<&str>) -> Role {
     let show = client.simple_query("SHOW transaction_read_only");
-    futures_util::pin_mut!(show);
-    let asked = async {
+    let role = match answered(show, conn).await {
+        Ok(rows) => {
+            let read_only = rows.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(0).map(|v| v != "off"),
+                _ => None,
+            });
+            if read_only == Some(false) {
+                Role::Primary
+            } else {
+                Role::ReadOnly
+            }
+        }
+        Err(e) => Role::Failed(e),
+    };
+    match (role, setup) {
+        (Role::Primary, Some(setup)) => match answered(client.batch_execute(setup), conn).await {
+            Ok(()) => Role::Primary,
+            Err(e) => Role::Failed(e),
+        },
+        (role, _) => role,
+    }
+}
+
+/// Waits for `asked`, driving the connection until it answers, within the probe's time.
+async fn answered<T>(
+    asked: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    conn: &mut Connection,
+) -> Result<T, String> {
+    futures_util::pin_mut!(asked);
+    let driven = async {
         loop {
             tokio::select! {
-                r = &mut show => {
-                    return match r {
-                        Ok(rows) => {
-                            let read_only = rows.iter().find_map(|m| match m {
-                                SimpleQueryMessage::Row(r) => r.get(0).map(|v| v != "off"),
-                                _ => None,
-                            });
-                            if read_only == Some(false) { Role::Primary } else { Role::ReadOnly }
-                        }
-                        Err(e) => Role::Failed(e.to_string()),
-                    };
-                }
+                r = &mut asked => return r.map_err(|e| e.to_string()),
                 m = std::future::poll_fn(|cx| conn.poll_message(cx)) => match m {
                     Some(Ok(_)) => {}
-                    Some(Err(e)) => return Role::Failed(e.to_string()),
-                    None => return Role::Failed("connection closed".into()),
+                    Some(Err(e)) => return Err(e.to_string()),
+                    None => return Err("connection closed".into()),
                 },
             }
         }
     };
-    match tokio::time::timeout(SILENCE + PROBE_TIMEOUT, asked).await {
-        Ok(role) => role,
-        Err(_) => Role::Failed("did not answer".into()),
+    match tokio::time::timeout(SILENCE + PROBE_TIMEOUT, driven).await {
+        Ok(r) => r,
+        Err(_) => Err("did not answer".into()),
     }
 }
 

@@ -17,7 +17,7 @@ FOR NO KEY UPDATE OF c SKIP LOCKED";
 
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
 /// unsettled messages and dead-letters those at the retry limit (or, in queues that keep no
-/// dead letters for that, skips them: their number is returned). Cursors another claim or
+/// dead letters for that, skips them). Cursors another claim or
 /// ack holds right now are skipped; they are seen again on a later pop. Runs in a transaction
 /// of its own on the claim's connection (whose claim has committed): a claim never waits for
 /// a second connection of the consumer pool.
@@ -25,7 +25,7 @@ pub(crate) async fn expire_leases(
     client: &deadpool_postgres::Client,
     group: &str,
     partitions: &[Uuid],
-) -> Result<u64, DbError> {
+) -> Result<Expired, DbError> {
     let statements = Statements {
         lock: client.prepare_cached(EXPIRED_LOCK_SQL).await?,
         state: client.prepare_cached(STATE_SQL).await?,
@@ -36,7 +36,7 @@ pub(crate) async fn expire_leases(
         Ok(done) => {
             client.batch_execute("COMMIT").await?;
             crate::metrics::LEASE_DEAD_LETTERED.add(done.dead_lettered);
-            Ok(done.discarded)
+            Ok(done)
         }
         Err(e) => {
             db::roll_back(client).await;
@@ -52,10 +52,12 @@ struct Statements {
     writes: WriteStatements,
 }
 
-/// What an expiry did: messages skipped (no dead letters kept) and dead-lettered.
-struct Expired {
-    discarded: u64,
-    dead_lettered: u64,
+/// What an expiry did to the messages of the ended leases.
+pub(crate) struct Expired {
+    /// Skipped at the retry limit: their queue keeps no dead letters for that.
+    pub(crate) discarded: u64,
+    /// Moved to the dead letters at the retry limit.
+    pub(crate) dead_lettered: u64,
 }
 
 /// The expiry's reads and writes, inside its transaction.

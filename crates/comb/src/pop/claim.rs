@@ -25,12 +25,14 @@ use uuid::Uuid;
 
 use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Reply, Runner};
-use crate::metrics::{Metrics, Stage};
+use crate::metrics::{Metrics, QueueCounts, Stage};
 
 /// The shape of a pop; pops with the same shape are claimed together.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PopShape {
     pub(crate) queue_id: Uuid,
+    /// The queue's name, which per-queue counters are kept by.
+    pub(crate) queue: String,
     pub(crate) group: String,
     /// Only this partition, when the consumer named one.
     pub(crate) partition_id: Option<Uuid>,
@@ -467,9 +469,14 @@ impl Claiming<'_> {
                 break;
             }
             if !walk.expired.is_empty() {
-                let skipped =
+                let expired =
                     crate::lease::expire_leases(client, &self.shape.group, &walk.expired).await?;
-                self.metrics.messages.discarded.add(skipped);
+                self.metrics.messages.discarded.add(expired.discarded);
+                let counts = QueueCounts {
+                    dead_lettered: expired.dead_lettered,
+                    ..QueueCounts::default()
+                };
+                self.metrics.queues.add(&self.shape.queue, counts);
             }
             if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
                 break;

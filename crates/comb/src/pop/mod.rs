@@ -249,6 +249,7 @@ impl Popper {
             .await?;
         let shape = PopShape {
             queue_id,
+            queue: req.queue.clone(),
             group: req.group.clone(),
             partition_id,
             batch: req.batch,

@@ -901,6 +901,44 @@ async fn status_and_analytics_count_per_minute_from_every_server() {
 }
 
 #[tokio::test]
+async fn a_dead_letter_from_an_expired_lease_counts_for_its_queue() {
+    let env = Env::start_with(&["--stats-interval-ms", "200"]).await;
+    env.configure("x", json!({"retryLimit": 1, "leaseTime": 1}))
+        .await;
+    env.push(items("x", "p", 0, 1)).await;
+    env.push(items("y", "p", 0, 1)).await;
+    env.pop("/api/v1/pop/queue/x?batch=1")
+        .await
+        .expect("a message");
+    // The lease ends unsettled; a later claim dead-letters the message (retryLimit 1).
+    let mut dead = false;
+    for _ in 0..600 {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(env.pop("/api/v1/pop/queue/x?batch=1").await.is_none());
+        if env.sql("SELECT count(*) FROM comb.dead_letters") == "1" {
+            dead = true;
+            break;
+        }
+    }
+    assert!(dead, "the expired lease dead-lettered its message");
+    let mut of_x = Value::Null;
+    for _ in 0..600 {
+        of_x = ok(&env, "/api/v1/status/analytics?queue=x").await;
+        if of_x["totals"]["deadLettered"] != 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        of_x["totals"],
+        json!({"pushed": 1, "popped": 1, "acked": 0, "failed": 0, "deadLettered": 1}),
+        "{of_x}"
+    );
+    let of_y = ok(&env, "/api/v1/status/analytics?queue=y").await;
+    assert_eq!(of_y["totals"]["deadLettered"], 0, "{of_y}");
+}
+
+#[tokio::test]
 async fn daily_tables_are_made_ahead_and_dropped_whole_after_retention() {
     let env = Env::start_with(&["--maintenance-interval-ms", "200"]).await;
     env.sql(

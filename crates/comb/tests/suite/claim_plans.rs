@@ -236,3 +236,106 @@ async fn an_ack_reads_only_the_start_of_a_large_delivered_range() {
         .sum();
     assert_eq!(read, 10, "{plan}");
 }
+
+/// The plans a server's statements were run with: auto_explain's entries (query text, plan
+/// and the planner settings that differ from the defaults) logged from `start` on, for this
+/// test's database only (the others log no settings).
+fn logged_plans(log: &std::path::Path, start: u64) -> Vec<String> {
+    let bytes = std::fs::read(log).expect("the cluster's log");
+    let text = String::from_utf8_lossy(&bytes[start as usize..]).to_string();
+    text.split("LOG:  duration:")
+        .skip(1)
+        .filter(|entry| entry.contains("Settings: "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings() {
+    let env = Env::start().await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    // Every session a server opens from now on logs each plan with its non-default settings.
+    let db = &env.db_name;
+    env.sql(&format!(
+        "ALTER DATABASE \"{db}\" SET session_preload_libraries = 'auto_explain';
+         ALTER DATABASE \"{db}\" SET auto_explain.log_min_duration = 0;
+         ALTER DATABASE \"{db}\" SET auto_explain.log_settings = on"
+    ));
+    let log = std::path::PathBuf::from(env.sql("SHOW data_directory")).join("postgres.log");
+    let start = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let server = env.second_server().await;
+    let http = crate::common::client();
+    let push = http
+        .post(format!("{}/api/v1/push", server.base_url()))
+        .json(&json!({"items": [{"queue": "q", "partition": "p", "payload": {"n": 2}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(push.status().is_success(), "{}", push.status());
+    let pop: serde_json::Value = http
+        .get(format!("{}/api/v1/pop/queue/q?batch=2", server.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let acks: Vec<_> = pop["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                        "leaseId": m["leaseId"], "status": "completed"})
+        })
+        .collect();
+    assert_eq!(acks.len(), 2, "{pop}");
+    let ack = http
+        .post(format!("{}/api/v1/ack/batch", server.base_url()))
+        .json(&json!({"acknowledgments": acks}))
+        .send()
+        .await
+        .unwrap();
+    assert!(ack.status().is_success(), "{}", ack.status());
+
+    let plans = logged_plans(&log, start);
+    let settings_of = |statement: &str| -> Vec<&String> {
+        plans
+            .iter()
+            .filter(|p| p.contains(statement.trim().lines().next().unwrap().trim()))
+            .collect()
+    };
+    let consumer = [
+        ("the claim's walk", pop::CANDIDATES_SQL.as_str()),
+        ("the cursor lock", ack::LOCK_SQL),
+        ("the state read", ack::ACK_STATE_SQL),
+    ];
+    for (what, statement) in consumer {
+        let found = settings_of(statement);
+        assert!(!found.is_empty(), "{what} was not logged:\n{plans:#?}");
+        for plan in found {
+            for setting in [
+                "plan_cache_mode = 'force_generic_plan'",
+                "enable_seqscan = 'off'",
+                "enable_bitmapscan = 'off'",
+                "jit = 'off'",
+            ] {
+                assert!(
+                    plan.contains(setting),
+                    "{what} ran without {setting}:\n{plan}"
+                );
+            }
+        }
+    }
+    // A push runs on the general pool: without JIT, with the planner's own choices.
+    let pushes: Vec<&String> = plans
+        .iter()
+        .filter(|p| p.contains("INSERT INTO comb.messages"))
+        .collect();
+    assert!(!pushes.is_empty(), "no push was logged:\n{plans:#?}");
+    for plan in pushes {
+        assert!(plan.contains("jit = 'off'"), "{plan}");
+        assert!(!plan.contains("plan_cache_mode"), "{plan}");
+    }
+}
