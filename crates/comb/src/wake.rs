@@ -486,7 +486,7 @@ async fn relay_once(
     tracing::debug!("listening for pushes made through other servers");
     // Whatever was pushed or deleted before this connection listened (while the last one was
     // lost, or before the first) went unheard: let every waiting pop look again, and trust
-    // no cached id. Done once listening, so nothing committed after this look is missed.
+    // no cached id. Done once listening, so what commits after the pops' new look is heard.
     wake.notify_all();
     on_stale(Stale::All);
     // Pings go out from a task of their own; their failure (silence, a read-only refusal)
