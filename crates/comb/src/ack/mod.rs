@@ -6,10 +6,14 @@
 //! a failure ends the lease and counts an attempt for that message only; at the retry limit
 //! the message is dead-lettered, which settles it for the group so the partition moves on.
 //!
-//! [`store`] holds the SQL. Fused acks run as one transaction in two round trips: look up the messages, lock their
-//! cursor rows (in a stable order) and read the cursors' latest state after the lock; then
-//! append each changed cursor's next state version and the dead letters, and commit.
+//! [`completed`] judges the common case in SQL: cursors whose every ack completes a message
+//! under their live lease are locked, moved and committed in one round trip. [`store`] holds
+//! the general path's SQL: fused acks run as one transaction in two round trips: look up the
+//! messages, lock their cursor rows (in a stable order) and read the cursors' latest state
+//! after the lock; then append each changed cursor's next state version and the dead
+//! letters, and commit.
 
+mod completed;
 mod cursor;
 mod store;
 
@@ -23,8 +27,9 @@ use crate::metrics::{Metrics, QueueCounts, Settled};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
-pub(crate) use cursor::Cursor;
 /// The ack path's statements, public for the test suite's plan checks.
+pub use completed::JUDGE_SQL;
+pub(crate) use cursor::Cursor;
 pub use store::{ACK_STATE_SQL, LOCK_SQL, LOOKUP_SQL, PLANS, STATE_SQL};
 pub(crate) use store::{
     DeadLetter, WriteStatements, locked_cursors, queues_of, settle_in, write_back,

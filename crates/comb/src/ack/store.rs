@@ -9,7 +9,7 @@ use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::{AckItem, AckJob, AckOutcome, AckRefusal, Cursor};
+use super::{AckItem, AckJob, AckOutcome, AckRefusal, Cursor, completed};
 use crate::cursor;
 use crate::db::{self, DbError};
 use crate::fusion::{Fuser, Runner};
@@ -198,29 +198,63 @@ pub(crate) struct DeadLetter {
 /// acks inside a client's transaction run under, as the consumer pool's connections do.
 pub const PLANS: &str = db::consumer_plans!();
 
-/// Applies acks in one transaction of their own, in two round trips: BEGIN with the reads,
-/// then the writes with COMMIT. On a connection of the consumer pool, whose settings plan
-/// them. One outcome per item, in order.
+/// Applies acks; one outcome per item, in order. Cursors whose every ack completes a
+/// message under their live lease are judged in SQL in one round trip
+/// ([`completed::settle`]); the others, and any such cursor SQL could not judge, take the
+/// general path ([`settle_judged_here`]).
 async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
     let client = pool.get().await?;
     // Everything is prepared before the pipelines: a statement still being prepared when
     // COMMIT is sent would run after it, outside the transaction.
+    let lock = client.prepare_cached(LOCK_SQL).await?;
+    let judge = client.prepare_cached(completed::JUDGE_SQL).await?;
     let reads = ReadStatements::prepare(&client).await?;
     let writes = WriteStatements::prepare(&client).await?;
+    let chosen = completed::completing(items);
+    let mut outcomes: Vec<Option<AckOutcome>> = if chosen.is_empty() {
+        (0..items.len()).map(|_| None).collect()
+    } else {
+        completed::settle(&client, &lock, &judge, items, &chosen).await?
+    };
+    let rest: Vec<usize> = (0..items.len())
+        .filter(|&k| outcomes[k].is_none())
+        .collect();
+    if !rest.is_empty() {
+        let others: Vec<&AckItem> = rest.iter().map(|&k| items[k]).collect();
+        let judged = settle_judged_here(&client, &reads, &writes, &others).await?;
+        for (k, outcome) in rest.into_iter().zip(judged) {
+            outcomes[k] = Some(outcome);
+        }
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|o| o.expect("every item judged"))
+        .collect())
+}
+
+/// Applies acks in one transaction of their own, in two round trips: BEGIN with the reads,
+/// then the writes with COMMIT. The rules run here, on the state read
+/// ([`super::cursor::Cursor::apply`]).
+async fn settle_judged_here(
+    client: &deadpool_postgres::Client,
+    reads: &ReadStatements,
+    writes: &WriteStatements,
+    items: &[&AckItem],
+) -> Result<Vec<AckOutcome>, DbError> {
     let (begin, read) = tokio::join!(
         client.batch_execute("BEGIN"),
-        judge(&client, &reads, items, false),
+        judge(client, reads, items, false),
     );
     let judged = match begin.map_err(DbError::from).and(read) {
         Ok(judged) => judged,
         Err(e) => {
-            db::roll_back(&client).await;
+            db::roll_back(client).await;
             return Err(e);
         }
     };
     // A failed write makes the pipelined COMMIT roll back.
     let (written, commit) = tokio::join!(
-        write_back(&client, &writes, &judged.cursors, &judged.dead),
+        write_back(client, writes, &judged.cursors, &judged.dead),
         client.batch_execute("COMMIT"),
     );
     written?;

@@ -15,7 +15,7 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::cursors::{self, Selection, Target};
-use super::{MAX_LIMIT, Refusal};
+use super::{MAX_LIMIT, Page, Refusal};
 use crate::backlog::LIVE_PARTITIONS;
 use crate::catalog::{Catalog, StartFrom};
 
@@ -97,14 +97,21 @@ pub async fn list(pool: &Pool) -> Result<Value, Refusal> {
     Ok(client.query_one(&sql, &[]).await?.get(0))
 }
 
-/// `GET /api/v1/consumer-groups/{group}`: the group's queues, each with every partition's
-/// cursor, head, lag and lease.
-pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Refusal> {
+/// `GET /api/v1/consumer-groups/{group}`: the group's queues (or the one named), each with
+/// a page of its partitions in name order (cursor, head, lag and lease, exact) and how many
+/// it has: a group reading many wide queues costs a page of cursors per queue, not every one.
+pub async fn detail(
+    pool: &Pool,
+    group: &str,
+    queue: Option<&str>,
+    page: Page,
+) -> Result<Value, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "SELECT jsonb_agg(jsonb_build_object(
                     'queue', q.name, 'mode', sub.mode, 'subscribedAt', comb.iso(sub.created_at),
                     'lag', l.lag, 'lagSeconds', l.lag_seconds, {FIGURES_AT},
+                    'partitionsTotal', l.partitions,
                     'partitions', (
                         SELECT coalesce(jsonb_agg(jsonb_build_object(
                                    'partitionId', p.id, 'partition', p.name,
@@ -116,25 +123,34 @@ pub async fn detail(pool: &Pool, group: &str) -> Result<Value, Refusal> {
                                ORDER BY p.name), '[]')
                         FROM (SELECT p.* FROM comb.partitions p
                               WHERE p.queue_id = sub.queue_id
-                              ORDER BY p.name LIMIT {MAX_LIMIT}) p
+                              ORDER BY p.name LIMIT $2 OFFSET $3) p
                         CROSS JOIN LATERAL comb.cursor_lag(p.id, sub.consumer_group) x))
                 ORDER BY q.name)
          FROM comb.subscriptions sub
          JOIN comb.queues q ON q.id = sub.queue_id
          {lag}
-         WHERE sub.consumer_group = $1",
+         WHERE sub.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)",
         lag = group_lag(
-            "SELECT queue_id, consumer_group FROM comb.subscriptions WHERE consumer_group = $1"
+            "SELECT s.queue_id, s.consumer_group FROM comb.subscriptions s
+             JOIN comb.queues q ON q.id = s.queue_id
+             WHERE s.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)"
         )
     );
-    let queues: Option<Value> = client.query_one(&sql, &[&group]).await?.get(0);
-    let queues = queues.ok_or_else(|| {
-        Refusal::not_found(
+    let queues: Option<Value> = client
+        .query_one(&sql, &[&group, &page.limit, &page.offset, &queue])
+        .await?
+        .get(0);
+    let queues = queues.ok_or_else(|| match queue {
+        Some(queue) => Refusal::not_found(
+            "consumer_group_not_found",
+            format!("consumer group `{group}` does not read queue `{queue}`"),
+        ),
+        None => Refusal::not_found(
             "consumer_group_not_found",
             format!("consumer group `{group}` reads no queue"),
-        )
+        ),
     })?;
-    Ok(json!({"name": group, "queues": queues}))
+    Ok(json!({"name": group, "queues": queues, "limit": page.limit, "offset": page.offset}))
 }
 
 /// `GET /api/v1/consumer-groups/lagging`: where a group's oldest unsettled message waits

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::body::JsonBody;
 use super::params::{Params, PathParams, QueryString, parse_time, query};
-use super::resources::{check_partition, check_queue};
+use super::resources::{check_partition, check_queue, optional_queue};
 use super::{Problem, State};
 use crate::admin::cursors::Target;
 use crate::admin::groups;
@@ -21,13 +21,20 @@ pub async fn list(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> 
     Ok(Json(groups::list(&app.pool).await?))
 }
 
-/// One group: per queue and partition, cursor, head, lag and lease.
+/// One group: per queue (or the one `queue` names) a page of partitions (`limit`,
+/// `offset`) with cursor, head, lag and lease.
 pub async fn detail(
     AxState(app): AxState<State>,
     PathParams(group): PathParams<String>,
+    q: QueryString,
 ) -> Result<Json<Value>, Problem> {
     check_group(&group)?;
-    Ok(Json(groups::detail(&app.pool, &group).await?))
+    let params = query(q)?;
+    let queue = optional_queue(&params)?;
+    let page = params.page()?;
+    Ok(Json(
+        groups::detail(&app.pool, &group, queue.as_deref(), page).await?,
+    ))
 }
 
 /// Cursors whose oldest unsettled message waits at least `minLagSeconds` (default 3600, as

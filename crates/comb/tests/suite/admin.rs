@@ -168,6 +168,69 @@ fn sorted(mut v: Vec<i64>) -> Vec<i64> {
 }
 
 #[tokio::test]
+async fn a_groups_detail_pages_the_partitions_of_each_queue() {
+    let env = Env::start().await;
+    for (k, partition) in ["p1", "p2", "p3", "p4", "p5"].iter().enumerate() {
+        env.push(items("wide", partition, k as i64, k as i64 + 1))
+            .await;
+    }
+    env.push(items("narrow", "only", 10, 11)).await;
+    for queue in ["wide", "narrow"] {
+        let (s, body) = env
+            .post(
+                &format!("/api/v1/consumer-groups/g/queues/{queue}/seek"),
+                &json!({"toStart": true}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+    }
+    let names = |queue: &Value| -> Vec<String> {
+        queue["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["partition"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // A page of each queue's partitions, in name order, with how many there are.
+    let page = ok(&env, "/api/v1/consumer-groups/g?limit=2&offset=2").await;
+    assert_eq!(
+        (page["limit"].clone(), page["offset"].clone()),
+        (json!(2), json!(2))
+    );
+    let queues = page["queues"].as_array().unwrap();
+    assert_eq!(queues.len(), 2, "{page}");
+    let wide = queues.iter().find(|q| q["queue"] == "wide").unwrap();
+    assert_eq!(names(wide), ["p3", "p4"]);
+    assert_eq!(wide["partitionsTotal"], 5);
+    assert_eq!(
+        wide["lag"], 5,
+        "the group's lag covers every partition: {wide}"
+    );
+    let narrow = queues.iter().find(|q| q["queue"] == "narrow").unwrap();
+    assert_eq!(names(narrow), Vec::<String>::new());
+    assert_eq!(narrow["partitionsTotal"], 1);
+    // The default page holds up to 100; `queue` keeps one queue.
+    let one = ok(&env, "/api/v1/consumer-groups/g?queue=wide").await;
+    assert_eq!(one["queues"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(names(&one["queues"][0]), ["p1", "p2", "p3", "p4", "p5"]);
+    assert_eq!(one["limit"], 100);
+    let (s, body) = env.get("/api/v1/consumer-groups/g?queue=elsewhere").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["code"], "consumer_group_not_found");
+    for (query, code) in [
+        ("limit=0", "limit_invalid"),
+        ("limit=1001", "limit_invalid"),
+        ("offset=-1", "parameter_invalid"),
+        ("queue=bad%20name", "queue_name_invalid"),
+    ] {
+        let (s, body) = env.get(&format!("/api/v1/consumer-groups/g?{query}")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(body["code"], code, "{query}: {body}");
+    }
+}
+
+#[tokio::test]
 async fn consumer_groups_show_lag_and_leases_and_seek_moves_every_partition() {
     let env = Env::start().await;
     env.push(items("g", "p1", 0, 2)).await;

@@ -281,23 +281,21 @@ async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings()
         .json()
         .await
         .unwrap();
-    let acks: Vec<_> = pop["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| {
-            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                        "leaseId": m["leaseId"], "status": "completed"})
-        })
-        .collect();
-    assert_eq!(acks.len(), 2, "{pop}");
-    let ack = http
-        .post(format!("{}/api/v1/ack/batch", server.base_url()))
-        .json(&json!({"acknowledgments": acks}))
-        .send()
-        .await
-        .unwrap();
-    assert!(ack.status().is_success(), "{}", ack.status());
+    let messages = pop["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 2, "{pop}");
+    // The first completes (judged in SQL), the second fails (judged by the general path).
+    for (m, status) in messages.iter().zip(["completed", "failed"]) {
+        let ack = http
+            .post(format!("{}/api/v1/ack", server.base_url()))
+            .json(
+                &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                          "leaseId": m["leaseId"], "status": status}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert!(ack.status().is_success(), "{}", ack.status());
+    }
 
     let plans = logged_plans(&log, start);
     let settings_of = |statement: &str| -> Vec<&String> {
@@ -310,6 +308,7 @@ async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings()
         ("the claim's walk", pop::CANDIDATES_SQL.as_str()),
         ("the cursor lock", ack::LOCK_SQL),
         ("the state read", ack::ACK_STATE_SQL),
+        ("the completing acks' judgement", ack::JUDGE_SQL),
     ];
     for (what, statement) in consumer {
         let found = settings_of(statement);

@@ -1,0 +1,174 @@
+//! Acks that only complete messages under their cursor's live lease, the common case, judged
+//! in SQL: the cursors are locked, their next versions written and the transaction committed
+//! in one round trip of two statements, where the general path ([`super::store`]) reads the
+//! state, applies the rules in memory and writes back in two. The SQL follows the rules of
+//! [`super::cursor::Cursor::apply`] for this case exactly; a cursor it cannot judge (a
+//! message not in the lease, one settled already, another lease, an expired one, no cursor)
+//! is left untouched, and its acks go the general way.
+
+use std::collections::HashMap;
+
+use tokio_postgres::Statement;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use super::{AckItem, AckOutcome, AckStatus};
+use crate::db::DbError;
+
+/// Judges and writes the cursors of completing acks, one row per item (`$1` partition, `$2`
+/// group, `$3` transaction id, `$4` lease id or NULL), and returns each cursor it moved with
+/// whether its lease ended and its partition's and queue's names. The cursors must be locked
+/// by an earlier statement of the transaction, whose snapshot this one then follows.
+///
+/// A cursor is judged when its lease is live, every item names that lease or none, and
+/// every acked message lies in the lease's range above the position, not settled yet. Its
+/// acked positions join the settled ones; the position moves over the run that follows it
+/// (and the segment to the last settled message's), attempts at or below it are forgotten,
+/// and the lease ends once the position reaches the lease's last message.
+pub const JUDGE_SQL: &str = concat!(
+    "
+WITH i AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[])
+        AS i(partition_id, consumer_group, transaction_id, lease_id)
+),
+c AS (
+    SELECT i.partition_id, i.consumer_group,
+           array_agg(DISTINCT i.transaction_id) AS txids,
+           array_agg(DISTINCT i.lease_id) FILTER (WHERE i.lease_id IS NOT NULL) AS leases
+    FROM i GROUP BY i.partition_id, i.consumer_group
+),
+judged AS MATERIALIZED (
+    SELECT c.partition_id, c.consumer_group, s.ver, s.cursor_pos, s.cursor_seg, s.settled,
+           s.attempt_pos, s.attempt_cnt, s.lease_id, s.lease_expires_at, s.lease_upto,
+           s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg,
+           ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x) AS merged
+    FROM c
+    CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+    CROSS JOIN LATERAL (
+        SELECT array_agg(m.pos ORDER BY m.pos) AS pos, array_agg(m.seg ORDER BY m.pos) AS seg,
+               count(*) AS found
+        FROM comb.messages m
+        WHERE m.partition_id = c.partition_id AND m.transaction_id = ANY (c.txids)
+          AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
+    ) f
+    WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()
+      AND (c.leases IS NULL OR c.leases = ARRAY[s.lease_id])
+      AND f.found = cardinality(c.txids)
+      AND NOT (f.pos && s.settled)
+),
+moved AS (
+    SELECT j.*, j.cursor_pos + r.run AS next_pos
+    FROM judged j
+    CROSS JOIN LATERAL (
+        -- Settled positions are distinct and above the position, so the k-th equals
+        -- position + k exactly along the run that starts right after it.
+        SELECT coalesce(max(x.k), 0) AS run
+        FROM unnest(j.merged) WITH ORDINALITY AS x(p, k)
+        WHERE x.p = j.cursor_pos + x.k
+    ) r
+),
+written AS (
+    ",
+    crate::cursor::insert_state!(),
+    "
+    SELECT m.partition_id, m.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), m.ver + 1,
+           m.next_pos,
+           greatest(m.cursor_seg, (SELECT max(a.seg) FROM unnest(m.acked, m.acked_seg)
+                                       AS a(pos, seg) WHERE a.pos <= m.next_pos)),
+           ARRAY(SELECT x FROM unnest(m.merged) x WHERE x > m.next_pos),
+           ARRAY(SELECT a FROM unnest(m.attempt_pos) a WHERE a > m.next_pos),
+           ARRAY(SELECT n FROM unnest(m.attempt_pos, m.attempt_cnt) AS x(a, n)
+                 WHERE a > m.next_pos),
+           CASE WHEN m.next_pos >= m.lease_upto THEN NULL ELSE m.lease_id END,
+           CASE WHEN m.next_pos >= m.lease_upto THEN NULL ELSE m.lease_expires_at END,
+           m.lease_upto, m.available_at, m.last_claimed_at
+    FROM moved m
+    RETURNING partition_id, consumer_group, lease_id IS NULL AS released
+)
+SELECT w.partition_id, w.consumer_group, w.released, p.name, q.name
+FROM written w
+JOIN comb.partitions p ON p.id = w.partition_id
+JOIN comb.queues q ON q.id = p.queue_id"
+);
+
+/// Which items of `items` (by index) belong to cursors whose every item completes a message:
+/// the ones [`JUDGE_SQL`] may judge.
+pub(crate) fn completing(items: &[&AckItem]) -> Vec<usize> {
+    let mut all_complete: HashMap<(Uuid, &str), bool> = HashMap::new();
+    for i in items {
+        *all_complete
+            .entry((i.partition_id, i.group.as_str()))
+            .or_insert(true) &= i.status == AckStatus::Completed;
+    }
+    (0..items.len())
+        .filter(|&k| all_complete[&(items[k].partition_id, items[k].group.as_str())])
+        .collect()
+}
+
+/// Settles the items at `chosen` in a transaction of their own, in one round trip: BEGIN,
+/// the cursors' lock (`lock`, [`super::store::LOCK_SQL`]), [`JUDGE_SQL`] (`judge`) and COMMIT.
+/// Returns an outcome for each chosen item whose cursor was judged, `None` for the others
+/// (nothing of their cursor changed). The last item of a cursor whose lease ended says so.
+pub(crate) async fn settle(
+    client: &tokio_postgres::Client,
+    lock: &Statement,
+    judge: &Statement,
+    items: &[&AckItem],
+    chosen: &[usize],
+) -> Result<Vec<Option<AckOutcome>>, DbError> {
+    let mut cursors: Vec<(Uuid, &str)> = chosen
+        .iter()
+        .map(|&k| (items[k].partition_id, items[k].group.as_str()))
+        .collect();
+    cursors.sort_unstable();
+    cursors.dedup();
+    let lock_pids: Vec<Uuid> = cursors.iter().map(|c| c.0).collect();
+    let lock_groups: Vec<&str> = cursors.iter().map(|c| c.1).collect();
+    let pids: Vec<Uuid> = chosen.iter().map(|&k| items[k].partition_id).collect();
+    let groups: Vec<&str> = chosen.iter().map(|&k| items[k].group.as_str()).collect();
+    let txids: Vec<&str> = chosen
+        .iter()
+        .map(|&k| items[k].transaction_id.as_str())
+        .collect();
+    let leases: Vec<Option<Uuid>> = chosen.iter().map(|&k| items[k].lease_id).collect();
+    let lock_params: [&(dyn ToSql + Sync); 2] = [&lock_pids, &lock_groups];
+    let judge_params: [&(dyn ToSql + Sync); 4] = [&pids, &groups, &txids, &leases];
+    // A failed statement makes the pipelined COMMIT roll back.
+    let (begin, locked, judged, commit) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query(lock, &lock_params),
+        client.query(judge, &judge_params),
+        client.batch_execute("COMMIT"),
+    );
+    begin?;
+    locked?;
+    let judged = judged?;
+    commit?;
+    let mut moved: HashMap<(Uuid, String), (bool, String, String)> = HashMap::new();
+    for r in &judged {
+        moved.insert((r.get(0), r.get(1)), (r.get(2), r.get(3), r.get(4)));
+    }
+    let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
+    // The last item of each cursor carries the lease's end.
+    let mut last: HashMap<(Uuid, &str), usize> = HashMap::new();
+    for &k in chosen {
+        last.insert((items[k].partition_id, items[k].group.as_str()), k);
+    }
+    for &k in chosen {
+        let item = items[k];
+        let Some((released, partition, queue)) =
+            moved.get(&(item.partition_id, item.group.clone()))
+        else {
+            continue;
+        };
+        outcomes[k] = Some(AckOutcome {
+            result: Ok(()),
+            queue_name: Some(queue.clone()),
+            partition_name: Some(partition.clone()),
+            lease_released: *released && last[&(item.partition_id, item.group.as_str())] == k,
+            dlq: false,
+            discarded: false,
+        });
+    }
+    Ok(outcomes)
+}

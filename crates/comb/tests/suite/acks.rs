@@ -1,0 +1,101 @@
+//! Acks that complete messages in any order, in any grouping, with or without the lease id
+//! and repeated: the cursor ends where the ack rules put it. Such acks are judged in SQL
+//! when they can be (every message of the request in the live lease, none settled before)
+//! and by the general path otherwise; both must agree with the rules, checked here against
+//! a model of them.
+
+use std::collections::BTreeSet;
+
+use crate::common::{Env, xorshift};
+use serde_json::{Value, json};
+
+/// The rules for completing acks under one live lease over positions 1..=`leased`: acking a
+/// settled message changes nothing; otherwise it is settled and the position moves over the
+/// run of settled messages after it; the lease ends when the position reaches the last.
+#[derive(Debug, Default)]
+struct Model {
+    position: i64,
+    settled: BTreeSet<i64>,
+}
+
+impl Model {
+    fn complete(&mut self, pos: i64) {
+        if pos <= self.position {
+            return;
+        }
+        self.settled.insert(pos);
+        while self.settled.remove(&(self.position + 1)) {
+            self.position += 1;
+        }
+    }
+}
+
+#[tokio::test]
+async fn completing_acks_move_the_cursor_as_the_rules_say_in_any_order_and_grouping() {
+    let env = Env::start().await;
+    env.configure("q", json!({"leaseTime": 300})).await;
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for lane in 0..40 {
+        let partition = format!("p{lane}");
+        let leased = 1 + (xorshift(&mut seed) % 8) as i64;
+        let items: Vec<Value> = (0..leased)
+            .map(|n| json!({"queue": "q", "partition": partition, "payload": {"n": n}}))
+            .collect();
+        env.push(json!(items)).await;
+        let pop = env
+            .pop(&format!(
+                "/api/v1/pop/queue/q/partition/{partition}?batch={leased}"
+            ))
+            .await
+            .expect("the leased messages");
+        let messages = pop["messages"].as_array().unwrap().clone();
+        assert_eq!(messages.len() as i64, leased, "{pop}");
+
+        let mut model = Model::default();
+        // Requests of one to four acks each, picked at random among the leased messages (so
+        // some repeat and some were settled by an earlier request), until every message has
+        // been acked once; each ack with the lease id or without it.
+        let mut acked = BTreeSet::new();
+        while acked.len() < messages.len() {
+            let size = 1 + (xorshift(&mut seed) % 4) as usize;
+            let mut request = Vec::new();
+            for _ in 0..size {
+                let k = (xorshift(&mut seed) % leased as u64) as usize;
+                let m = &messages[k];
+                let with_lease = xorshift(&mut seed).is_multiple_of(2);
+                request.push(json!({
+                    "transactionId": m["transactionId"],
+                    "partitionId": m["partitionId"],
+                    "leaseId": if with_lease { m["leaseId"].clone() } else { Value::Null },
+                    "status": "completed",
+                }));
+                model.complete(k as i64 + 1);
+                acked.insert(k);
+            }
+            let (s, body) = env
+                .post("/api/v1/ack/batch", &json!({"acknowledgments": request}))
+                .await;
+            assert_eq!(s, reqwest::StatusCode::OK, "{body}");
+            for r in body.as_array().unwrap() {
+                assert_eq!(r["success"], true, "lane {lane}: {request:?} -> {body}");
+            }
+            let state = env.sql(&format!(
+                "SELECT s.cursor_pos || ' ' || array_to_string(s.settled, ',') || ' '
+                        || (s.lease_id IS NULL)
+                 FROM comb.cursors_now s JOIN comb.partitions p ON p.id = s.partition_id
+                 WHERE p.name = '{partition}'"
+            ));
+            let settled: Vec<String> = model.settled.iter().map(i64::to_string).collect();
+            let expected = format!(
+                "{} {} {}",
+                model.position,
+                settled.join(","),
+                model.position == leased
+            );
+            assert_eq!(state, expected, "lane {lane} of {leased} after {request:?}");
+        }
+        assert_eq!(model.position, leased);
+    }
+    // Every message was acked: nothing comes back.
+    assert!(env.pop("/api/v1/pop/queue/q?batch=100").await.is_none());
+}
