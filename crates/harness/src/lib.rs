@@ -36,8 +36,10 @@ const PG_OS_USER: &str = "postgres";
 /// How many times a start is retried with a fresh port when the chosen port was taken.
 const PORT_ATTEMPTS: usize = 3;
 
-/// How long [`Server::start`] waits for `GET /ready` to answer 200.
-const SERVER_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`Server::start`] waits for `GET /ready` to answer 200: a loaded machine (CI
+/// runs the whole suite on two cores) can take far longer than the usual second to migrate a
+/// fresh database and start; the wait ends as soon as the server is ready.
+const SERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How many log lines error messages include.
 const LOG_TAIL_LINES: usize = 40;
@@ -419,8 +421,8 @@ pub struct Server {
 
 impl Server {
     /// Spawns `<bin> serve --listen 127.0.0.1:<free port> <extra_args>` with
-    /// `DATABASE_URL=<database_url>`, writing its output to a log file, and waits up to 30 s
-    /// until `GET /ready` answers 200.
+    /// `DATABASE_URL=<database_url>`, writing its output to a log file, and waits up to
+    /// [`SERVER_READY_TIMEOUT`] until `GET /ready` answers 200.
     ///
     /// `COMB_*` variables inherited from the caller's environment are not passed on (except
     /// the log filter `COMB_LOG`), so a developer's shell cannot change test behaviour.
