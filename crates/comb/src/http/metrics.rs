@@ -52,6 +52,17 @@ pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
         "Requests waiting for a connection of the request pool.",
         pool.waiting as f64,
     );
+    let (waiting, max_waiting) = app.popper.waiting();
+    out.gauge(
+        "comb_pops_waiting",
+        "Pops waiting for messages on this server (long polls).",
+        waiting as f64,
+    );
+    out.gauge(
+        "comb_pops_waiting_max",
+        "Most pops that may wait at once on this server; more are answered 429.",
+        max_waiting as f64,
+    );
     // The pool refuses at once while the database is known to be down; the timeout covers
     // a database that stops answering mid-statement.
     let stats = tokio::time::timeout(backlog::TIMEOUT, backlog::measure(&app.pool)).await;

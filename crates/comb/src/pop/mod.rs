@@ -69,6 +69,12 @@ pub(crate) struct Popper {
 }
 
 impl Popper {
+    /// Pops waiting for messages on this server now (long polls), and the most that may
+    /// (`--max-waiting-pops`): what operators watch and tests wait for.
+    pub(crate) fn waiting(&self) -> (usize, usize) {
+        self.waiting.count()
+    }
+
     /// Starts the pop workers and returns the handle in front of them.
     pub(crate) fn start(
         pools: &crate::db::Pools,

@@ -20,6 +20,11 @@ impl WaitingPops {
         }
     }
 
+    /// Pops waiting now, and the most that may.
+    pub(crate) fn count(&self) -> (usize, usize) {
+        (self.now.load(Ordering::Relaxed), self.max)
+    }
+
     /// A place to wait, or `None` when all are taken.
     pub(crate) fn enter(&self) -> Option<WaitSlot<'_>> {
         let mut n = self.now.load(Ordering::Relaxed);
@@ -54,7 +59,9 @@ mod tests {
         let a = w.enter().unwrap();
         let _b = w.enter().unwrap();
         assert!(w.enter().is_none());
+        assert_eq!(w.count(), (2, 2));
         drop(a);
+        assert_eq!(w.count(), (1, 2));
         assert!(w.enter().is_some());
     }
 }

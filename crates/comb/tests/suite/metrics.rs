@@ -589,3 +589,25 @@ async fn a_scrape_without_its_database_still_answers_from_memory() {
     server.kill();
     drop(pg);
 }
+
+#[tokio::test]
+async fn waiting_pops_are_counted_while_they_wait() {
+    let env = Env::start_with(&["--max-waiting-pops", "7"]).await;
+    let base = env.server.base_url();
+    let http = common::client();
+    let before = scrape(&http, &base).await;
+    assert_eq!(get(&before, "comb_pops_waiting"), 0.0);
+    assert_eq!(get(&before, "comb_pops_waiting_max"), 7.0);
+    let waiting = common::waiting_pop(env.url("/api/v1/pop/queue/q?wait=true&timeout=60000"));
+    until("the pop counted as waiting", || async {
+        get(&scrape(&http, &base).await, "comb_pops_waiting") == 1.0
+    })
+    .await;
+    env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
+    let (status, body, _) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    until("the answered pop no longer counted", || async {
+        get(&scrape(&http, &base).await, "comb_pops_waiting") == 0.0
+    })
+    .await;
+}
