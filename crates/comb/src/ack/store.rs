@@ -204,22 +204,22 @@ pub const PLANS: &str = db::consumer_plans!();
 /// general path ([`settle_judged_here`]).
 async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
     let client = pool.get().await?;
-    // Everything is prepared before the pipelines: a statement still being prepared when
-    // COMMIT is sent would run after it, outside the transaction.
-    let lock = client.prepare_cached(LOCK_SQL).await?;
-    let judge = client.prepare_cached(completed::JUDGE_SQL).await?;
-    let reads = ReadStatements::prepare(&client).await?;
-    let writes = WriteStatements::prepare(&client).await?;
+    // Each path prepares its statements before its pipeline: a statement still being
+    // prepared when COMMIT is sent would run after it, outside the transaction.
     let chosen = completed::completing(items);
     let mut outcomes: Vec<Option<AckOutcome>> = if chosen.is_empty() {
         (0..items.len()).map(|_| None).collect()
     } else {
+        let lock = client.prepare_cached(LOCK_SQL).await?;
+        let judge = client.prepare_cached(completed::JUDGE_SQL).await?;
         completed::settle(&client, &lock, &judge, items, &chosen).await?
     };
     let rest: Vec<usize> = (0..items.len())
         .filter(|&k| outcomes[k].is_none())
         .collect();
     if !rest.is_empty() {
+        let reads = ReadStatements::prepare(&client).await?;
+        let writes = WriteStatements::prepare(&client).await?;
         let others: Vec<&AckItem> = rest.iter().map(|&k| items[k]).collect();
         let judged = settle_judged_here(&client, &reads, &writes, &others).await?;
         for (k, outcome) in rest.into_iter().zip(judged) {
