@@ -71,7 +71,9 @@ written AS (
     ",
     crate::cursor::insert_state!(),
     "
-    SELECT m.partition_id, m.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), m.ver + 1,
+    SELECT m.partition_id, m.consumer_group, ",
+    crate::cursor::newest_gen!(),
+    ", m.ver + 1,
            m.next_pos,
            greatest(m.cursor_seg, (SELECT max(a.seg) FROM unnest(m.acked, m.acked_seg)
                                        AS a(pos, seg) WHERE a.pos <= m.next_pos)),

@@ -119,7 +119,9 @@ const WRITE_SQL: &str = concat!(
     "\n",
     cursor::insert_state!(),
     "
-SELECT u.partition_id, u.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
+SELECT u.partition_id, u.consumer_group, ",
+    cursor::newest_gen!(),
+    ", s.ver + 1,
        u.cursor_pos, u.cursor_seg, u.settled::bigint[], u.attempt_pos::bigint[],
        u.attempt_cnt::integer[], u.lease_id,
        CASE WHEN u.lease_id IS NULL THEN NULL ELSE s.lease_expires_at END,

@@ -248,7 +248,7 @@ span AS (
 ),
 claimed AS (
     {insert_state}
-    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+    SELECT st.partition_id, $2, {newest_gen}, st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
@@ -273,6 +273,7 @@ SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
 FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id",
         insert_state = crate::cursor::insert_state!(),
+        newest_gen = crate::cursor::newest_gen!(),
     )
 }
 
