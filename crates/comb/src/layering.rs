@@ -27,6 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "foundation: configuration, database access, counters, names and options, schema",
         &[
+            "code",
             "config",
             "cursor",
             "db",

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use uuid::Uuid;
 
+use crate::code::Code;
 use crate::fusion::{Fuser, Reply};
 use crate::metrics::{Metrics, QueueCounts, Settled};
 use crate::refusal::{Kind, Refusal};
@@ -74,12 +75,12 @@ pub(crate) enum AckRefusal {
 
 impl AckRefusal {
     /// Stable machine code.
-    pub(crate) fn code(self) -> &'static str {
+    pub(crate) fn code(self) -> Code {
         match self {
-            AckRefusal::MessageNotFound => "message_not_found",
-            AckRefusal::NotConsumed => "consumer_group_not_found",
-            AckRefusal::LeaseInvalid => "lease_invalid",
-            AckRefusal::NotDelivered => "message_not_delivered",
+            AckRefusal::MessageNotFound => Code::MessageNotFound,
+            AckRefusal::NotConsumed => Code::ConsumerGroupNotFound,
+            AckRefusal::LeaseInvalid => Code::LeaseInvalid,
+            AckRefusal::NotDelivered => Code::MessageNotDelivered,
         }
     }
 

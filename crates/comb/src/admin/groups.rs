@@ -18,6 +18,7 @@ use super::cursors::{self, Selection, Target};
 use super::{MAX_LIMIT, Page, Refusal};
 use crate::backlog::group_lag;
 use crate::catalog::{Catalog, StartFrom};
+use crate::code::Code;
 
 /// How old a lag figure is, as JSON members, for objects built over [`group_lag`]'s `l`.
 const FIGURES_AT: &str = "'figuresAt', comb.iso(l.figures_at),
@@ -125,11 +126,11 @@ pub async fn detail(
         .get(0);
     let queues = queues.ok_or_else(|| match queue {
         Some(queue) => Refusal::not_found(
-            "consumer_group_not_found",
+            Code::ConsumerGroupNotFound,
             format!("consumer group `{group}` does not read queue `{queue}`"),
         ),
         None => Refusal::not_found(
-            "consumer_group_not_found",
+            Code::ConsumerGroupNotFound,
             format!("consumer group `{group}` reads no queue"),
         ),
     })?;
@@ -201,7 +202,7 @@ pub async fn delete_for_queue(
         .await?
         .ok_or_else(|| {
             Refusal::not_found(
-                "consumer_group_not_found",
+                Code::ConsumerGroupNotFound,
                 format!("consumer group `{group}` does not read queue `{queue}`"),
             )
         })?;
@@ -285,7 +286,7 @@ pub async fn set_subscription(
         .collect();
     if queues.is_empty() {
         return Err(Refusal::not_found(
-            "consumer_group_not_found",
+            Code::ConsumerGroupNotFound,
             format!("consumer group `{group}` reads no queue"),
         ));
     }
