@@ -1,6 +1,6 @@
 //! Ack: settle leased messages and move the group's position.
 //!
-//! The rules live in [`cursor`]: [`Cursor::apply`], a pure function over one (partition,
+//! The rules live in [`cursor`]: [`Cursor::apply`](crate::cursor::Cursor::apply), a pure function over one (partition,
 //! group) cursor:
 //! acks may arrive in any order; the position moves over the longest run of settled messages;
 //! a failure ends the lease and counts an attempt for that message only; at the retry limit
@@ -28,13 +28,11 @@ use crate::metrics::{Metrics, QueueCounts, Settled};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
+pub use crate::cursor::{LOCK_SQL, STATE_SQL};
 /// The ack path's statements, public for the test suite's plan checks.
 pub use completed::JUDGE_SQL;
-pub(crate) use cursor::Cursor;
-pub use store::{ACK_STATE_SQL, LOCK_SQL, LOOKUP_SQL, PLANS, STATE_SQL};
-pub(crate) use store::{
-    DeadLetter, WriteStatements, locked_cursors, queues_of, settle_in, write_back,
-};
+pub use store::{ACK_STATE_SQL, LOOKUP_SQL, PLANS};
+pub(crate) use store::{queues_of, settle_in};
 
 /// What the consumer says of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

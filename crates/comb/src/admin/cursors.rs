@@ -171,7 +171,7 @@ pub async fn edit_in(
     partition: Uuid,
     group: Option<&str>,
     reset_rest: bool,
-    mut edit: impl FnMut(&str, &mut crate::ack::Cursor) -> bool,
+    mut edit: impl FnMut(&str, &mut crate::cursor::Cursor) -> bool,
 ) -> Result<Vec<String>, Refusal> {
     tx.query(LOCK_PARTITION_SQL, &[&partition, &group]).await?;
     let rows = tx.query(PARTITION_STATE_SQL, &[&partition, &group]).await?;
@@ -182,7 +182,7 @@ pub async fn edit_in(
         let name: String = r.get(0);
         let attempt_pos: Vec<i64> = r.get(4);
         let attempt_cnt: Vec<i32> = r.get(5);
-        let mut cursor = crate::ack::Cursor {
+        let mut cursor = crate::cursor::Cursor {
             cursor_pos: r.get(1),
             cursor_seg: r.get(2),
             settled: r.get(3),

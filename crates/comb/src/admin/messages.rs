@@ -368,7 +368,7 @@ async fn settle_for_every_group(
     tx: &deadpool_postgres::Transaction<'_>,
     partition: Uuid,
     pos: i64,
-    mut before: impl FnMut(&crate::ack::Cursor),
+    mut before: impl FnMut(&crate::cursor::Cursor),
 ) -> Result<Vec<String>, Refusal> {
     super::cursors::edit_in(tx, partition, None, false, |_, c| {
         if pos <= c.cursor_pos || c.settled.binary_search(&pos).is_ok() {
