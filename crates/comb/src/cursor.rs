@@ -1,9 +1,13 @@
 //! The cursor of a (partition, group): its identity row in `comb.cursors` and its state as
 //! insert-only versions in `comb.cursor_states`.
 //!
-//! Every writer of a state version (claims, acks, lease extension, lease expiry) inserts one
-//! full row with `ver` one above the version it follows; the column list is written once,
-//! here, so the writers cannot disagree on it.
+//! Every writer of a state version (claims, acks, lease extension, lease expiry, moves) inserts
+//! one full row with `ver` one above the version it follows; the column list is written once,
+//! here, so the writers cannot disagree on it. Here too: the state as Rust sees it
+//! ([`Cursor`]), locking a set of cursors ([`LOCK_SQL`]), reading their latest state after the
+//! lock ([`STATE_SQL`], [`locked_cursors`]) and appending the next versions ([`StateWrites`]),
+//! and the statements of the state's generations ([`generations`]). The claim and ack
+//! statements, one round trip each, are built from this module's fragments.
 
 use std::collections::HashMap;
 

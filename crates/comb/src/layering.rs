@@ -110,9 +110,9 @@ const OWNERS: &[(&str, &str)] = &[
     ("migrations", "schema"),
 ];
 
-/// Tables whose statements still sit in modules other than their owner, each with those
-/// modules: the ownership rule is not enforced for them yet. The test prints this list; a
-/// table leaves it once its owner holds every statement naming it.
+/// Tables whose statements still sit in modules other than their owner: the ownership rule
+/// is not enforced for them yet. The test prints each with the files that still name it, and
+/// fails once one of them is clean, so that it leaves this list.
 const PENDING_OWNERSHIP: &[&str] = &[
     // The cursor's identity rows and latest state: locked and read by the claim, ack, lease,
     // catalog, administration and maintenance statements, each in its own shape.
