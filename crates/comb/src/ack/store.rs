@@ -508,7 +508,7 @@ pub(crate) async fn write_back<C: GenericClient>(
 ) -> Result<(), DbError> {
     let changed: Vec<(&(Uuid, String), &Locked)> =
         cursors.iter().filter(|(_, l)| l.changed).collect();
-    if changed.is_empty() {
+    if changed.is_empty() && dead.is_empty() {
         return Ok(());
     }
     let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
@@ -550,7 +550,15 @@ pub(crate) async fn write_back<C: GenericClient>(
         }
         tx.execute(&statements.dead, &dead_params).await.map(|_| ())
     };
-    let (u, d) = tokio::join!(tx.execute(&statements.write, &update_params), write_dead);
+    let write_cursors = async {
+        if changed.is_empty() {
+            return Ok(());
+        }
+        tx.execute(&statements.write, &update_params)
+            .await
+            .map(|_| ())
+    };
+    let (u, d) = tokio::join!(write_cursors, write_dead);
     u?;
     d?;
     Ok(())
