@@ -74,6 +74,18 @@ enum Cmd {
         #[arg(long)]
         tokens: bool,
     },
+    /// Flood a new server with requests on random names that exist nowhere and print its
+    /// resident memory and registry sizes before and after.
+    Flood {
+        /// The comb binary to run.
+        #[arg(long, default_value = "target/release/comb")]
+        comb: PathBuf,
+        /// Requests to send (ack batches carry 32 names each, so 25,000 carry about 100,000).
+        #[arg(long, default_value_t = 25_000)]
+        requests: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -209,6 +221,39 @@ fn main() -> ExitCode {
                     }
                     Err(e) => {
                         eprintln!("fuzz could not run: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Cmd::Flood {
+                comb,
+                requests,
+                seed,
+            } => {
+                let pg = tokio::task::spawn_blocking(comb_harness::Postgres::start)
+                    .await
+                    .expect("task")
+                    .expect("PostgreSQL");
+                let url = pg.create_database("flood").expect("database");
+                let server = tokio::task::spawn_blocking(move || {
+                    comb_harness::Server::start(&comb, &url, &[])
+                })
+                .await
+                .expect("task")
+                .expect("comb");
+                match comb_audit::fuzz::flood::flood(server.addr(), server.pid(), requests, seed, None)
+                    .await
+                {
+                    Ok(report) => {
+                        print!("{}", report.summary());
+                        if report.findings.is_empty() {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::FAILURE
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("flood could not run: {e}");
                         ExitCode::FAILURE
                     }
                 }
