@@ -83,6 +83,10 @@ enum Cmd {
         /// Requests to send (ack batches carry 32 names each, so 25,000 carry about 100,000).
         #[arg(long, default_value_t = 25_000)]
         requests: usize,
+        /// Floods one after another on the same server, each with new names: memory that
+        /// stays flat from one to the next holds nothing per name.
+        #[arg(long, default_value_t = 1)]
+        rounds: u64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
@@ -228,6 +232,7 @@ fn main() -> ExitCode {
             Cmd::Flood {
                 comb,
                 requests,
+                rounds,
                 seed,
             } => {
                 let pg = tokio::task::spawn_blocking(comb_harness::Postgres::start)
@@ -241,21 +246,32 @@ fn main() -> ExitCode {
                 .await
                 .expect("task")
                 .expect("comb");
-                match comb_audit::fuzz::flood::flood(server.addr(), server.pid(), requests, seed, None)
+                let mut failed = false;
+                for round in 0..rounds {
+                    println!("round {} of {rounds}", round + 1);
+                    match comb_audit::fuzz::flood::flood(
+                        server.addr(),
+                        server.pid(),
+                        requests,
+                        seed.wrapping_add(round),
+                        None,
+                    )
                     .await
-                {
-                    Ok(report) => {
-                        print!("{}", report.summary());
-                        if report.findings.is_empty() {
-                            ExitCode::SUCCESS
-                        } else {
-                            ExitCode::FAILURE
+                    {
+                        Ok(report) => {
+                            print!("{}", report.summary());
+                            failed |= !report.findings.is_empty();
+                        }
+                        Err(e) => {
+                            eprintln!("flood could not run: {e}");
+                            failed = true;
                         }
                     }
-                    Err(e) => {
-                        eprintln!("flood could not run: {e}");
-                        ExitCode::FAILURE
-                    }
+                }
+                if failed {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
                 }
             }
         }
