@@ -115,6 +115,21 @@ async fn unreadable_in_the_middle(auto_ack: bool, group: Option<&str>) {
         "{letter}"
     );
     assert_eq!(letter["data"], json!({"encrypted": true}), "{letter}");
+    // The dashboard's dead-letter page shows it with its reason.
+    let page_query = match group {
+        Some(g) => format!("/dead-letters?queue=sealed&group={g}"),
+        None => "/dead-letters?queue=sealed".to_string(),
+    };
+    let page = env
+        .http
+        .get(format!("{b}{page_query}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("payload_unreadable"), "{page}");
     // The key is back (server A): requeued, the message is delivered.
     let mut requeue = json!({"queue": "sealed", "ids": [letter["id"]]});
     if let Some(g) = group {
