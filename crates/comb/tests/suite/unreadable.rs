@@ -36,6 +36,11 @@ async fn get_from(env: &Env, base: &str, path: &str) -> (StatusCode, Value) {
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+async fn text_from(env: &Env, url: &str) -> String {
+    let r = env.http.get(url).send().await.expect("request");
+    r.text().await.expect("text")
+}
+
 async fn push_to(env: &Env, base: &str, n: i64) {
     let (s, b) = post_to(
         env,
@@ -86,15 +91,7 @@ async fn unreadable_in_the_middle(auto_ack: bool, group: Option<&str>) {
     // Nothing more to hand out: 2 is settled as dead-lettered, 1 and 3 as delivered.
     let (s, again) = get_from(&env, &b, &format!("/api/v1/pop/queue/sealed?{query}")).await;
     assert_eq!(s, StatusCode::NO_CONTENT, "{again}");
-    let metrics = env
-        .http
-        .get(format!("{b}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = text_from(&env, &format!("{b}/metrics")).await;
     assert!(
         metrics.contains("\ncomb_messages_unreadable_total 1\n"),
         "{metrics}"
@@ -120,15 +117,7 @@ async fn unreadable_in_the_middle(auto_ack: bool, group: Option<&str>) {
         Some(g) => format!("/dead-letters?queue=sealed&group={g}"),
         None => "/dead-letters?queue=sealed".to_string(),
     };
-    let page = env
-        .http
-        .get(format!("{b}{page_query}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = text_from(&env, &format!("{b}{page_query}")).await;
     assert!(page.contains("payload_unreadable"), "{page}");
     // The key is back (server A): requeued, the message is delivered.
     let mut requeue = json!({"queue": "sealed", "ids": [letter["id"]]});
