@@ -80,7 +80,6 @@ codes! {
     SubscriptionFromInvalid "subscription_from_invalid" "`subscriptionFrom` is neither `now` nor a timestamp.",
     SeekTargetInvalid "seek_target_invalid" "A seek names no target or more than one (end, start, a timestamp).",
     WaitingPopsExhausted "waiting_pops_exhausted" "The server holds its maximum of waiting pops; retry shortly or pop without waiting (429).",
-    PayloadCorrupt "payload_corrupt" "A stored payload could not be read back: not valid JSON, or sealed with a key this server does not hold (500).",
     // Queues, options and administration.
     OptionInvalid "option_invalid" "A queue option has a value out of its range or of the wrong type.",
     OptionUnknown "option_unknown" "A queue option this server does not know.",
@@ -99,7 +98,7 @@ codes! {
     QueueForbidden "queue_forbidden" "The token's queue scope does not cover a queue the request touches (403).",
     // The server and its database.
     DatabaseUnavailable "database_unavailable" "The database does not answer or refuses connections; retry shortly (503).",
-    DatabaseError "database_error" "The database refused a statement: a defect of the server, not of the request (500).",
+    DatabaseError "database_error" "The database refused a statement: a defect of the server, not of the request; the cause is in the server's log under the answer's `requestId` (500).",
     ShuttingDown "shutting_down" "The server is stopping and takes no new work; retry on another (503).",
 }
 

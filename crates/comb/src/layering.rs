@@ -87,6 +87,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("cursors_now", "cursor"),
     ("cursor_state", "cursor"),
     ("claimable_now", "pop"),
+    ("refuse_sealed_payload", "pop"),
     ("retention_secs", "queue"),
     ("completed_retention_secs", "maintenance"),
     ("dead_letters", "dead_letter"),

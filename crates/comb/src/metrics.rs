@@ -123,6 +123,9 @@ pub(crate) struct Messages {
     /// (`deadLetterQueue` or `dlqAfterMaxRetries` false): skipped, by a failed ack or by the
     /// expiry of a lease (noticed by a pop).
     pub(crate) discarded: Counter,
+    /// Messages a pop read but could not open (sealed with a key this server lacks, or not
+    /// JSON): dead-lettered with `payload_unreadable` instead of handed out.
+    pub(crate) unreadable: Counter,
 }
 
 impl Messages {
@@ -226,6 +229,11 @@ impl PerQueue {
         }
     }
 
+    /// Queues counted since the last record.
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().expect("per-queue counters poisoned").len()
+    }
+
     /// Everything counted since the last call, leaving nothing.
     pub(crate) fn take(&self) -> Vec<(Arc<str>, QueueCounts)> {
         let mut map = self.0.lock().expect("per-queue counters poisoned");
@@ -286,8 +294,13 @@ impl Metrics {
         );
         out.counter(
             "comb_messages_dead_lettered_total",
-            "Messages dead-lettered by this server: by acks (status dlq, or failed past retryLimit) and by leases that expired unsettled past retryLimit.",
+            "Messages dead-lettered by this server: by acks (status dlq, or failed past retryLimit), by leases that expired unsettled past retryLimit, and by pops that could not open a payload.",
             m.dead_lettered.get() + LEASE_DEAD_LETTERED.get(),
+        );
+        out.counter(
+            "comb_messages_unreadable_total",
+            "Messages pops read but could not open (sealed with a key this server does not have, or not JSON), dead-lettered with payload_unreadable instead of handed out.",
+            m.unreadable.get(),
         );
         out.counter(
             "comb_messages_discarded_total",

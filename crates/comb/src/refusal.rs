@@ -33,6 +33,9 @@ pub(crate) struct Refusal {
     pub(crate) detail: String,
     /// Seconds after which a retry may succeed (for `Full` and `Unavailable`).
     pub(crate) retry_after: Option<u64>,
+    /// What went wrong inside (a database's own error text): logged by the edge with the
+    /// request's id, never sent to the client.
+    pub(crate) cause: Option<String>,
 }
 
 impl Refusal {
@@ -44,6 +47,7 @@ impl Refusal {
             code,
             detail: detail.into(),
             retry_after,
+            cause: None,
         }
     }
 
@@ -73,24 +77,49 @@ impl Refusal {
 }
 
 impl From<&DbError> for Refusal {
+    /// The client learns the kind of failure and a stable code; the database's own text (which
+    /// names tables, constraints and functions) goes only to the server's log, with the
+    /// request's id that the answer carries.
     fn from(e: &DbError) -> Refusal {
         match e {
-            DbError::Unavailable(m) => Refusal::new(
-                Kind::Unavailable,
-                Code::DatabaseUnavailable,
-                format!("database unavailable: {m}"),
-            ),
+            DbError::Unavailable(m) => Refusal {
+                cause: Some(format!("database unavailable: {m}")),
+                ..Refusal::new(
+                    Kind::Unavailable,
+                    Code::DatabaseUnavailable,
+                    "the database is unavailable; retry shortly",
+                )
+            },
             DbError::Postgres(pg) => {
-                tracing::error!(error = %pg, "database error");
-                let detail = match pg.as_db_error() {
-                    Some(db) => format!("database error: {}", db.message()),
-                    None => format!("database error: {pg}"),
+                let cause = match pg.as_db_error() {
+                    Some(db) => {
+                        let mut text =
+                            format!("{} ({}): {}", db.severity(), db.code().code(), db.message());
+                        for (what, part) in [
+                            ("detail", db.detail()),
+                            ("hint", db.hint()),
+                            ("where", db.where_()),
+                        ] {
+                            if let Some(part) = part {
+                                text.push_str(&format!("; {what}: {part}"));
+                            }
+                        }
+                        text
+                    }
+                    None => pg.to_string(),
                 };
-                Refusal::new(Kind::Internal, Code::DatabaseError, detail)
+                Refusal {
+                    cause: Some(cause),
+                    ..Refusal::new(Kind::Internal, Code::DatabaseError, INTERNAL_DETAIL)
+                }
             }
         }
     }
 }
+
+/// What a client is told of an internal failure: nothing of its cause, which the server's
+/// log holds under the request's id.
+pub(crate) const INTERNAL_DETAIL: &str = "the server could not complete the request; its log holds the cause under this answer's requestId";
 
 impl From<DbError> for Refusal {
     fn from(e: DbError) -> Refusal {

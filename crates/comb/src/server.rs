@@ -84,6 +84,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         catalog.clone(),
         wake.clone(),
         metrics.clone(),
+        keys.clone(),
         config.pop_workers,
         default_lease,
         pop::Waits {

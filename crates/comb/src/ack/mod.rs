@@ -32,7 +32,7 @@ pub use crate::cursor::{LOCK_SQL, STATE_SQL};
 /// The ack path's statements, public for the test suite's plan checks.
 pub use completed::JUDGE_SQL;
 pub use store::{ACK_STATE_SQL, LOOKUP_SQL, PLANS};
-pub(crate) use store::{queues_of, settle_in};
+pub(crate) use store::{WriteStatements, queues_of, settle_in, write_back};
 
 /// What the consumer says of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

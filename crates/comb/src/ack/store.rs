@@ -387,7 +387,7 @@ impl WriteStatements {
 /// Appends the next version of changed cursors and writes new dead letters (pipelined: one
 /// round trip, no statement prepared on the way, so a COMMIT pipelined after it follows
 /// them). The cursors must have been locked in this transaction.
-async fn write_back<C: GenericClient>(
+pub(crate) async fn write_back<C: GenericClient>(
     tx: &C,
     statements: &WriteStatements,
     cursors: &HashMap<(Uuid, String), Locked>,

@@ -380,6 +380,21 @@ impl Catalog {
         self.options.lock().unwrap().clear();
     }
 
+    /// Entries of each cache: queue names, partition names, subscriptions, queue options.
+    /// Each holds only what exists in the database (lookups of names that do not exist are
+    /// not remembered) and is capped at [`CACHE_LIMIT`].
+    pub(crate) fn sizes(&self) -> [(&'static str, usize); 4] {
+        [
+            ("catalog_queues", self.queues.lock().unwrap().len()),
+            ("catalog_partitions", self.partitions.lock().unwrap().len()),
+            (
+                "catalog_subscriptions",
+                self.subscriptions.lock().unwrap().len(),
+            ),
+            ("catalog_options", self.options.lock().unwrap().len()),
+        ]
+    }
+
     fn remember_queue(&self, name: &str, id: Uuid) {
         let mut q = self.queues.lock().unwrap();
         if q.len() >= CACHE_LIMIT {

@@ -68,13 +68,16 @@ pub async fn list(
     let ms = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
     let mut messages = Vec::with_capacity(page.letters.len());
     for d in &page.letters {
-        let data = app.keys.open_json(&d.payload).map_err(|_| {
-            Problem::new(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                Code::PayloadCorrupt,
-                "a stored payload could not be read back (not valid JSON, or sealed with a key this server does not have)",
-            )
-        })?;
+        // A dead letter is often there because its payload could not be read: listing it
+        // must not fail on that. It shows as the administration listings show a payload no
+        // key opens (`{"encrypted": true}`), or as a string saying it is not JSON.
+        let data = match app.keys.open_json(&d.payload) {
+            Ok(data) => serde_json::to_value(&data).unwrap_or(serde_json::Value::Null),
+            Err(crate::encryption::OpenError::NoKey) => json!({"encrypted": true}),
+            Err(crate::encryption::OpenError::NotJson) => {
+                json!("payload not shown: the stored payload is not valid JSON")
+            }
+        };
         messages.push(json!({
             "id": d.id,
             "messageId": d.message_id,

@@ -337,6 +337,8 @@ pub(crate) fn router(state: State) -> Router {
             guard::guard(auth.clone(), request, next)
         }));
     }
+    // Outermost: every answer, refusals of the layers above included, carries its id.
+    router = router.layer(axum::middleware::from_fn(problem::with_request_id));
     router.with_state(state)
 }
 

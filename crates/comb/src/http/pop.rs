@@ -163,7 +163,7 @@ async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     match app.popper.pop(&req).await? {
-        Some(claims) => respond(app, &req, claims),
+        Some(claims) => Ok(respond(&req, claims)),
         None => Ok(StatusCode::NO_CONTENT.into_response()),
     }
 }
@@ -190,7 +190,7 @@ struct MessageOut<'a> {
     /// Who pushed the message (its token's subject), when tokens were required.
     #[serde(skip_serializing_if = "Option::is_none")]
     producer_sub: Option<&'a str>,
-    data: Box<RawValue>,
+    data: &'a RawValue,
     created_at: String,
     partition_id: Uuid,
     partition: &'a str,
@@ -199,7 +199,7 @@ struct MessageOut<'a> {
     attempt: i32,
 }
 
-fn respond(app: &State, req: &PopRequest, claims: Vec<Claim>) -> Result<Response, Problem> {
+fn respond(req: &PopRequest, claims: Vec<Claim>) -> Response {
     let first = &claims[0];
     let mut messages = Vec::new();
     for c in &claims {
@@ -209,10 +209,7 @@ fn respond(app: &State, req: &PopRequest, claims: Vec<Claim>) -> Result<Response
                 transaction_id: &m.transaction_id,
                 trace_id: m.trace_id.as_deref(),
                 producer_sub: m.producer_sub.as_deref(),
-                data: app
-                    .keys
-                    .open_json(&m.payload)
-                    .map_err(|_| stored_corrupt())?,
+                data: &m.data,
                 created_at: m.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
                 partition_id: c.partition_id,
                 partition: &c.partition,
@@ -232,13 +229,5 @@ fn respond(app: &State, req: &PopRequest, claims: Vec<Claim>) -> Result<Response
         messages,
         partitions_claimed: claims.len(),
     };
-    Ok(axum::Json(body).into_response())
-}
-
-fn stored_corrupt() -> Problem {
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        Code::PayloadCorrupt,
-        "a stored payload could not be read back: not valid JSON, or sealed with a key this server does not have",
-    )
+    axum::Json(body).into_response()
 }

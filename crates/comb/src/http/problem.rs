@@ -22,6 +22,28 @@ pub(crate) struct Problem {
     /// Sent with `Connection: close`: the request was answered before its body was read
     /// whole, so the connection cannot carry another request.
     pub(crate) closes_connection: bool,
+    /// What went wrong inside: logged with the request's id, never sent.
+    pub(crate) cause: Option<String>,
+}
+
+tokio::task_local! {
+    /// The id of the request being answered (see [`with_request_id`]).
+    static REQUEST_ID: String;
+}
+
+/// Gives every request an id, sent back as `x-request-id` and in problem bodies as
+/// `requestId`: the server's log line of an internal failure carries the same id and the
+/// whole cause, so an operator finds what a client was told only in general terms.
+pub(crate) async fn with_request_id(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let mut response = REQUEST_ID.scope(id.clone(), next.run(request)).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
 }
 
 impl Problem {
@@ -33,6 +55,7 @@ impl Problem {
             detail: detail.into(),
             retry_after: None,
             closes_connection: false,
+            cause: None,
         }
     }
 
@@ -64,6 +87,7 @@ impl From<Refusal> for Problem {
         };
         Problem {
             retry_after: r.retry_after,
+            cause: r.cause,
             ..Problem::new(status, r.code, r.detail)
         }
     }
@@ -83,7 +107,16 @@ impl From<&DbError> for Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = json!({
+        let request_id = REQUEST_ID.try_with(String::clone).ok();
+        if let Some(cause) = &self.cause {
+            let id = request_id.as_deref().unwrap_or("-");
+            if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+                tracing::error!(request_id = id, code = self.code.as_str(), cause = %cause, "request failed");
+            } else {
+                tracing::warn!(request_id = id, code = self.code.as_str(), cause = %cause, "request refused");
+            }
+        }
+        let mut body = json!({
             "type": format!("urn:comb:problem:{}", self.code.as_str()),
             "title": self.status.canonical_reason().unwrap_or("Error"),
             "status": self.status.as_u16(),
@@ -91,6 +124,9 @@ impl IntoResponse for Problem {
             "code": self.code.as_str(),
             "error": self.detail,
         });
+        if let Some(id) = request_id {
+            body["requestId"] = serde_json::Value::String(id);
+        }
         let mut resp = (self.status, body.to_string()).into_response();
         let headers = resp.headers_mut();
         headers.insert(

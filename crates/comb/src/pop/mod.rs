@@ -6,6 +6,7 @@
 //! The HTTP edge only parses the options and writes the answer.
 
 mod claim;
+mod unreadable;
 mod waiting;
 
 use std::sync::Arc;
@@ -77,11 +78,13 @@ impl Popper {
     }
 
     /// Starts the pop workers and returns the handle in front of them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         pools: &crate::db::Pools,
         catalog: Arc<Catalog>,
         wake: Arc<Wake>,
         metrics: Arc<Metrics>,
+        keys: Arc<crate::encryption::Keys>,
         workers: usize,
         default_lease_seconds: f64,
         waits: Waits,
@@ -92,6 +95,7 @@ impl Popper {
             workers,
             default_lease_seconds,
             metrics.clone(),
+            keys,
             stage,
         );
         Popper {
@@ -254,6 +258,12 @@ impl Popper {
         self.catalog
             .ensure_subscription(&self.pool, queue_id, &req.group, req.start)
             .await?;
+        // Payloads of a queue that seals them are opened before the claim commits.
+        let sealed = self
+            .catalog
+            .options(&self.pool, queue_id)
+            .await?
+            .encryption_enabled;
         let shape = PopShape {
             queue_id,
             queue: req.queue.clone(),
@@ -262,6 +272,7 @@ impl Popper {
             batch: req.batch,
             auto_ack: req.auto_ack,
             shared_lease: req.partitions > 1,
+            sealed,
         };
         let partitions = req.partitions;
         let lane = shape.lane();

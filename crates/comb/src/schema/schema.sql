@@ -267,6 +267,15 @@ CREATE FUNCTION comb.queue_live(q uuid) RETURNS TABLE(partitions bigint, total b
     WHERE p.queue_id = q
 $$;
 
+CREATE FUNCTION comb.refuse_sealed_payload() RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'a sealed payload in a claim that commits before opening it'
+        USING ERRCODE = 'CB001';
+END
+$$;
+
 CREATE FUNCTION comb.retention_secs(options jsonb) RETURNS double precision
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$

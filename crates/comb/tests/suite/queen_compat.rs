@@ -422,7 +422,8 @@ async fn encrypted_payloads_are_sealed_at_rest_and_opened_on_the_way_out() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(env.sql("SELECT count(*) FROM comb.messages"), "103");
-    // And it cannot read sealed payloads: it says so instead of handing out ciphertext.
+    // And it cannot read sealed payloads: instead of handing out ciphertext, or consuming
+    // them unseen, it dead-letters them with the reason.
     let r = env
         .http
         .get(format!(
@@ -431,7 +432,19 @@ async fn encrypted_payloads_are_sealed_at_rest_and_opened_on_the_way_out() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let (_, dlq) = env.get("/api/v1/dlq?queue=secret").await;
+    let unreadable = dlq["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            m["errorMessage"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("payload_unreadable"))
+        })
+        .count();
+    assert!(unreadable >= 1, "{dlq}");
 }
 
 #[tokio::test]
