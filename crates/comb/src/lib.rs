@@ -11,6 +11,7 @@ pub mod cli;
 
 // The bottom: imports nothing from the modules above it.
 mod auth;
+mod code;
 pub mod config;
 mod cursor;
 mod db;

@@ -161,8 +161,9 @@ pub(crate) struct Settled {
     pub(crate) discarded: u64,
 }
 
-/// Messages this process dead-lettered when leases expired unsettled. A process-wide
-/// counter: expiry runs inside a claim's fused batch, which reports no counters of its own.
+/// Messages this process dead-lettered when leases expired unsettled, counted by
+/// `lease::expire_leases` after its transaction commits. A process-wide counter because that
+/// function holds no [`Metrics`]: a claim worker calls it on its own connection.
 pub(crate) static LEASE_DEAD_LETTERED: Counter = Counter::new();
 
 /// What this server's maintenance loop did; everything stays at zero while it is not leader.

@@ -4,6 +4,7 @@
 //! is, a stable machine code and a sentence for people. The HTTP edge turns the kind into a
 //! status code; nothing below the edge knows about HTTP.
 
+use crate::code::Code;
 use crate::db::DbError;
 
 /// What kind of refusal, which the edge maps to a status code.
@@ -28,7 +29,7 @@ pub(crate) enum Kind {
 pub(crate) struct Refusal {
     pub(crate) kind: Kind,
     /// Stable, documented, machine-readable.
-    pub(crate) code: &'static str,
+    pub(crate) code: Code,
     pub(crate) detail: String,
     /// Seconds after which a retry may succeed (for `Full` and `Unavailable`).
     pub(crate) retry_after: Option<u64>,
@@ -39,7 +40,7 @@ pub(crate) struct Refusal {
 
 impl Refusal {
     /// A refusal of any kind.
-    pub(crate) fn new(kind: Kind, code: &'static str, detail: impl Into<String>) -> Refusal {
+    pub(crate) fn new(kind: Kind, code: Code, detail: impl Into<String>) -> Refusal {
         let retry_after = matches!(kind, Kind::Full | Kind::Unavailable).then_some(1);
         Refusal {
             kind,
@@ -51,17 +52,17 @@ impl Refusal {
     }
 
     /// The request itself is wrong.
-    pub(crate) fn invalid(code: &'static str, detail: impl Into<String>) -> Refusal {
+    pub(crate) fn invalid(code: Code, detail: impl Into<String>) -> Refusal {
         Refusal::new(Kind::Invalid, code, detail)
     }
 
     /// The thing named does not exist.
-    pub(crate) fn not_found(code: &'static str, detail: impl Into<String>) -> Refusal {
+    pub(crate) fn not_found(code: Code, detail: impl Into<String>) -> Refusal {
         Refusal::new(Kind::NotFound, code, detail)
     }
 
     /// The request conflicts with current state.
-    pub(crate) fn conflict(code: &'static str, detail: impl Into<String>) -> Refusal {
+    pub(crate) fn conflict(code: Code, detail: impl Into<String>) -> Refusal {
         Refusal::new(Kind::Conflict, code, detail)
     }
 
@@ -69,7 +70,7 @@ impl Refusal {
     pub(crate) fn shutting_down() -> Refusal {
         Refusal::new(
             Kind::Unavailable,
-            "shutting_down",
+            Code::ShuttingDown,
             "the server is shutting down",
         )
     }
@@ -85,7 +86,7 @@ impl From<&DbError> for Refusal {
                 cause: Some(format!("database unavailable: {m}")),
                 ..Refusal::new(
                     Kind::Unavailable,
-                    "database_unavailable",
+                    Code::DatabaseUnavailable,
                     "the database is unavailable; retry shortly",
                 )
             },
@@ -109,7 +110,7 @@ impl From<&DbError> for Refusal {
                 };
                 Refusal {
                     cause: Some(cause),
-                    ..Refusal::new(Kind::Internal, "database_error", INTERNAL_DETAIL)
+                    ..Refusal::new(Kind::Internal, Code::DatabaseError, INTERNAL_DETAIL)
                 }
             }
         }
@@ -165,17 +166,20 @@ mod tests {
         let e = DbError::from(e);
         assert!(matches!(e, DbError::Postgres(_)), "{e}");
         let r = Refusal::from(&e);
-        assert_eq!((r.kind, r.code), (Kind::Internal, "database_error"));
+        assert_eq!((r.kind, r.code), (Kind::Internal, Code::DatabaseError));
     }
 
     #[test]
     fn only_refusals_worth_retrying_say_when() {
         assert_eq!(Refusal::shutting_down().retry_after, Some(1));
         assert_eq!(
-            Refusal::new(Kind::Full, "queue_full", "").retry_after,
+            Refusal::new(Kind::Full, Code::QueueFull, "").retry_after,
             Some(1)
         );
-        assert_eq!(Refusal::not_found("queue_not_found", "").retry_after, None);
-        assert_eq!(Refusal::conflict("lease_invalid", "").retry_after, None);
+        assert_eq!(
+            Refusal::not_found(Code::QueueNotFound, "").retry_after,
+            None
+        );
+        assert_eq!(Refusal::conflict(Code::LeaseInvalid, "").retry_after, None);
     }
 }

@@ -2,7 +2,7 @@
 //! in SQL: the cursors are locked, their next versions written and the transaction committed
 //! in one round trip of two statements, where the general path ([`super::store`]) reads the
 //! state, applies the rules in memory and writes back in two. The SQL follows the rules of
-//! [`super::cursor::Cursor::apply`] for this case exactly; a cursor it cannot judge (a
+//! [`Cursor::apply`](crate::cursor::Cursor::apply) for this case exactly; a cursor it cannot judge (a
 //! message not in the lease, one settled already, another lease, an expired one, no cursor)
 //! is left untouched, and its acks go the general way.
 
@@ -71,7 +71,9 @@ written AS (
     ",
     crate::cursor::insert_state!(),
     "
-    SELECT m.partition_id, m.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), m.ver + 1,
+    SELECT m.partition_id, m.consumer_group, ",
+    crate::cursor::newest_gen!(),
+    ", m.ver + 1,
            m.next_pos,
            greatest(m.cursor_seg, (SELECT max(a.seg) FROM unnest(m.acked, m.acked_seg)
                                        AS a(pos, seg) WHERE a.pos <= m.next_pos)),

@@ -3,28 +3,8 @@
 use uuid::Uuid;
 
 use super::{AckRefusal, AckStatus};
+use crate::cursor::Cursor;
 use crate::queue::QueueOptions;
-
-/// The state of one (partition, group) cursor, as the ack rules see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Cursor {
-    pub(crate) cursor_pos: i64,
-    pub(crate) cursor_seg: i32,
-    /// Settled positions above `cursor_pos`, sorted.
-    pub(crate) settled: Vec<i64>,
-    /// (position, failed attempts) above `cursor_pos`, sorted by position.
-    pub(crate) attempts: Vec<(i64, i32)>,
-    pub(crate) lease_id: Option<Uuid>,
-    /// The lease has not expired.
-    pub(crate) lease_live: bool,
-    /// The lease acks of this request are judged against: the live lease as the request found
-    /// it. A failure in the middle of a batch ends the lease for later requests, not for the
-    /// rest of its own batch.
-    pub(crate) request_lease: Option<Uuid>,
-    pub(crate) lease_upto: i64,
-    /// Set when a failure asks for the partition to rest this many milliseconds.
-    pub(crate) rest_ms: Option<u64>,
-}
 
 /// What applying one ack did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

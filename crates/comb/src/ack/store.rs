@@ -9,12 +9,12 @@ use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::{AckItem, AckJob, AckOutcome, AckRefusal, Cursor, completed};
-use crate::cursor;
+use super::{AckItem, AckJob, AckOutcome, AckRefusal, completed};
+use crate::cursor::{self, LOCK_SQL, Locked, locked_columns, locked_cursors};
 use crate::db::{self, DbError};
+use crate::dead_letter::{self, NewDeadLetter};
 use crate::fusion::{Fuser, Runner};
 use crate::metrics::Stage;
-use crate::queue::QueueOptions;
 
 /// Positions of acked messages, found by transaction id: one descent of the transaction id
 /// index per message. Acks read positions from their cursor's delivered range instead
@@ -30,38 +30,6 @@ CROSS JOIN LATERAL (
     WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
     LIMIT 1
 ) m";
-
-/// Locks cursor rows in a stable order (acks of one batch never deadlock with another's).
-/// The rows only serialise writers; the state is read by a later statement ([`STATE_SQL`]),
-/// whose snapshot then holds every version written before the lock was granted.
-pub const LOCK_SQL: &str = "
-SELECT c.partition_id FROM comb.cursors c
-WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
-ORDER BY c.partition_id, c.consumer_group
-FOR NO KEY UPDATE OF c";
-
-/// The columns [`locked_cursors`] reads, of a cursor's state `s` and its queue `q`, shared
-/// by the statements that read locked cursors.
-macro_rules! locked_columns {
-    () => {
-        "
-SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
-       s.attempt_pos, s.attempt_cnt, s.lease_id,
-       coalesce(s.lease_expires_at > now(), false), s.lease_upto,
-       q.options, q.id"
-    };
-}
-
-/// The latest state of locked cursors, in the columns [`locked_cursors`] reads.
-pub const STATE_SQL: &str = concat!(
-    locked_columns!(),
-    "
-FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS u(partition_id, consumer_group)
-JOIN comb.cursors c
-  ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
-JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
-);
 
 /// [`STATE_SQL`] for acks, given each cursor once with the number of acks it receives: each
 /// locked cursor's state, and the position, segment and
@@ -113,38 +81,6 @@ pub(crate) async fn queues_of(pool: &Pool, partitions: &[Uuid]) -> Result<Vec<St
         .collect())
 }
 
-/// Appends the next version of changed cursors. What the rules do not decide (lease expiry,
-/// last claim) is carried over from the version it follows.
-const WRITE_SQL: &str = concat!(
-    "\n",
-    cursor::insert_state!(),
-    "
-SELECT u.partition_id, u.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
-       u.cursor_pos, u.cursor_seg, u.settled::bigint[], u.attempt_pos::bigint[],
-       u.attempt_cnt::integer[], u.lease_id,
-       CASE WHEN u.lease_id IS NULL THEN NULL ELSE s.lease_expires_at END,
-       s.lease_upto,
-       CASE WHEN u.rest_ms IS NULL THEN s.available_at
-           ELSE now() + make_interval(secs => u.rest_ms / 1000.0) END,
-       s.last_claimed_at
-FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::integer[], $5::text[], $6::text[],
-            $7::text[], $8::uuid[], $9::bigint[])
-    AS u(partition_id, consumer_group, cursor_pos, cursor_seg, settled, attempt_pos,
-         attempt_cnt, lease_id, rest_ms)
-CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
-);
-
-const DEAD_LETTER_SQL: &str = "
-INSERT INTO comb.dead_letters
-    (id, queue_id, partition_id, consumer_group, pos, message_id, transaction_id, trace_id,
-     payload, created_at, attempts, error, producer_sub)
-SELECT d.id, d.queue_id, m.partition_id, d.consumer_group, m.pos, m.message_id,
-       m.transaction_id, m.trace_id, m.payload, m.created_at, d.attempts, d.error,
-       m.producer_sub
-FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::integer[], $7::text[])
-    AS d(id, queue_id, partition_id, consumer_group, pos, attempts, error)
-JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos";
-
 /// Starts the ack workers.
 pub(crate) fn start(
     pool: Pool,
@@ -174,24 +110,6 @@ pub(crate) fn start(
         })
     });
     Fuser::start(workers, max_items, |j: &AckJob| j.items.len(), run, stage)
-}
-
-/// A cursor locked for update, with what the rules need to know about its queue.
-pub(crate) struct Locked {
-    pub(crate) cursor: Cursor,
-    pub(crate) queue_id: Uuid,
-    pub(crate) options: QueueOptions,
-    pub(crate) changed: bool,
-}
-
-/// A message to dead-letter, gathered while acks are applied.
-pub(crate) struct DeadLetter {
-    pub(crate) queue_id: Uuid,
-    pub(crate) partition_id: Uuid,
-    pub(crate) group: String,
-    pub(crate) pos: i64,
-    pub(crate) attempts: i32,
-    pub(crate) error: Option<String>,
 }
 
 /// The consumer path's planner settings for one transaction ([`db::consumer_plans`]): what
@@ -234,7 +152,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
 
 /// Applies acks in one transaction of their own, in two round trips: BEGIN with the reads,
 /// then the writes with COMMIT. The rules run here, on the state read
-/// ([`super::cursor::Cursor::apply`]).
+/// ([`Cursor::apply`](crate::cursor::Cursor::apply)).
 async fn settle_judged_here(
     client: &deadpool_postgres::Client,
     reads: &ReadStatements,
@@ -303,7 +221,7 @@ impl ReadStatements {
 struct Judged {
     outcomes: Vec<AckOutcome>,
     cursors: HashMap<(Uuid, String), Locked>,
-    dead: Vec<DeadLetter>,
+    dead: Vec<NewDeadLetter>,
 }
 
 /// Reads the cursors' state (locked first) with the positions of the messages they handed
@@ -348,7 +266,7 @@ async fn judge<C: GenericClient>(
     }
 
     let mut outcomes = Vec::with_capacity(items.len());
-    let mut dead: Vec<DeadLetter> = Vec::new();
+    let mut dead: Vec<NewDeadLetter> = Vec::new();
     for (k, item) in items.iter().enumerate() {
         let names = partition_names.get(&item.partition_id);
         let mut outcome = AckOutcome {
@@ -379,7 +297,7 @@ async fn judge<C: GenericClient>(
                 outcome.discarded = applied.discarded;
                 if let Some(attempts) = applied.dead_letter {
                     outcome.dlq = true;
-                    dead.push(DeadLetter {
+                    dead.push(NewDeadLetter {
                         queue_id: state.queue_id,
                         partition_id: item.partition_id,
                         group: item.group.clone(),
@@ -451,48 +369,17 @@ async fn positions<C: GenericClient>(
     Ok(position)
 }
 
-/// Cursors as read by [`STATE_SQL`].
-pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
-    let mut cursors = HashMap::new();
-    for r in rows {
-        let attempt_pos: Vec<i64> = r.get(5);
-        let attempt_cnt: Vec<i32> = r.get(6);
-        let options: serde_json::Value = r.get(10);
-        let set = serde_json::from_value(options).unwrap_or_default();
-        cursors.insert(
-            (r.get(0), r.get(1)),
-            Locked {
-                cursor: Cursor {
-                    cursor_pos: r.get(2),
-                    cursor_seg: r.get(3),
-                    settled: r.get(4),
-                    attempts: attempt_pos.into_iter().zip(attempt_cnt).collect(),
-                    lease_id: r.get(7),
-                    lease_live: r.get(8),
-                    request_lease: None,
-                    lease_upto: r.get(9),
-                    rest_ms: None,
-                },
-                options: QueueOptions::from_set(&set),
-                queue_id: r.get(11),
-                changed: false,
-            },
-        );
-    }
-    cursors
-}
-
 /// The statements that write cursor versions and dead letters.
 pub(crate) struct WriteStatements {
-    write: Statement,
-    dead: Statement,
+    states: cursor::StateWrites,
+    dead: dead_letter::Writes,
 }
 
 impl WriteStatements {
     pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<WriteStatements, DbError> {
         Ok(WriteStatements {
-            write: client.prepare_cached(WRITE_SQL).await?,
-            dead: client.prepare_cached(DEAD_LETTER_SQL).await?,
+            states: cursor::StateWrites::prepare(client).await?,
+            dead: dead_letter::Writes::prepare(client).await?,
         })
     }
 }
@@ -504,86 +391,13 @@ pub(crate) async fn write_back<C: GenericClient>(
     tx: &C,
     statements: &WriteStatements,
     cursors: &HashMap<(Uuid, String), Locked>,
-    dead: &[DeadLetter],
+    dead: &[NewDeadLetter],
 ) -> Result<(), DbError> {
-    let changed: Vec<(&(Uuid, String), &Locked)> =
-        cursors.iter().filter(|(_, l)| l.changed).collect();
-    if changed.is_empty() && dead.is_empty() {
-        return Ok(());
-    }
-    let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
-    let u_group: Vec<&str> = changed.iter().map(|(k, _)| k.1.as_str()).collect();
-    let u_pos: Vec<i64> = changed.iter().map(|(_, l)| l.cursor.cursor_pos).collect();
-    let u_seg: Vec<i32> = changed.iter().map(|(_, l)| l.cursor.cursor_seg).collect();
-    let u_settled: Vec<String> = changed
-        .iter()
-        .map(|(_, l)| array_literal(l.cursor.settled.iter()))
-        .collect();
-    let u_apos: Vec<String> = changed
-        .iter()
-        .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.0)))
-        .collect();
-    let u_acnt: Vec<String> = changed
-        .iter()
-        .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.1)))
-        .collect();
-    let u_lease: Vec<Option<Uuid>> = changed.iter().map(|(_, l)| l.cursor.lease_id).collect();
-    let u_rest: Vec<Option<i64>> = changed
-        .iter()
-        .map(|(_, l)| l.cursor.rest_ms.map(|m| m as i64))
-        .collect();
-    let d_id: Vec<Uuid> = dead.iter().map(|_| Uuid::now_v7()).collect();
-    let d_qid: Vec<Uuid> = dead.iter().map(|d| d.queue_id).collect();
-    let d_pid: Vec<Uuid> = dead.iter().map(|d| d.partition_id).collect();
-    let d_group: Vec<&str> = dead.iter().map(|d| d.group.as_str()).collect();
-    let d_pos: Vec<i64> = dead.iter().map(|d| d.pos).collect();
-    let d_att: Vec<i32> = dead.iter().map(|d| d.attempts).collect();
-    let d_err: Vec<Option<&str>> = dead.iter().map(|d| d.error.as_deref()).collect();
-    let dead_params: [&(dyn ToSql + Sync); 7] =
-        [&d_id, &d_qid, &d_pid, &d_group, &d_pos, &d_att, &d_err];
-    let update_params: [&(dyn ToSql + Sync); 9] = [
-        &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
-    ];
-    let write_dead = async {
-        if dead.is_empty() {
-            return Ok(());
-        }
-        tx.execute(&statements.dead, &dead_params).await.map(|_| ())
-    };
-    let write_cursors = async {
-        if changed.is_empty() {
-            return Ok(());
-        }
-        tx.execute(&statements.write, &update_params)
-            .await
-            .map(|_| ())
-    };
-    let (u, d) = tokio::join!(write_cursors, write_dead);
+    let (u, d) = tokio::join!(
+        statements.states.write(tx, cursors),
+        statements.dead.write(tx, dead)
+    );
     u?;
     d?;
     Ok(())
-}
-
-/// A PostgreSQL array literal such as `{1,2,3}`.
-fn array_literal<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
-    let mut s = String::from("{");
-    for (i, v) in items.enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push_str(&v.to_string());
-    }
-    s.push('}');
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn array_literals() {
-        assert_eq!(array_literal([1i64, 2, 3].iter()), "{1,2,3}");
-        assert_eq!(array_literal(Vec::<i64>::new().iter()), "{}");
-    }
 }

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::params::Params;
 use super::{Problem, State};
+use crate::code::Code;
 use crate::dead_letter::{self, Filter, MAX_LIMIT, MAX_OFFSET};
 use crate::queue::{validate_group_name, validate_partition_name, validate_queue_name};
 
@@ -20,32 +21,32 @@ pub async fn list(
     let params = Params::Query(
         query
             .map(|q| q.0)
-            .map_err(|e| Problem::bad_request("parameter_invalid", e.body_text()))?,
+            .map_err(|e| Problem::bad_request(Code::ParameterInvalid, e.body_text()))?,
     );
     let queue = params
         .text("queue")?
-        .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
-    validate_queue_name(&queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
+        .ok_or_else(|| Problem::bad_request(Code::QueueNameInvalid, "`queue` is required"))?;
+    validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
     let group = params.text("consumerGroup")?.filter(|g| !g.is_empty());
     if let Some(g) = &group {
-        validate_group_name(g).map_err(|e| Problem::bad_request("consumer_group_invalid", e))?;
+        validate_group_name(g).map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))?;
     }
     let partition = params.text("partition")?.filter(|p| !p.is_empty());
     if let Some(p) = &partition {
         validate_partition_name(p)
-            .map_err(|e| Problem::bad_request("partition_name_invalid", e))?;
+            .map_err(|e| Problem::bad_request(Code::PartitionNameInvalid, e))?;
     }
     let limit = params.uint("limit")?.unwrap_or(100) as i64;
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(Problem::bad_request(
-            "parameter_invalid",
+            Code::ParameterInvalid,
             format!("parameter `limit` must be between 1 and {MAX_LIMIT}"),
         ));
     }
     let offset = params.uint("offset")?.unwrap_or(0) as i64;
     if offset > MAX_OFFSET {
         return Err(Problem::bad_request(
-            "parameter_invalid",
+            Code::ParameterInvalid,
             format!("parameter `offset` must be at most {MAX_OFFSET}"),
         ));
     }
@@ -60,7 +61,7 @@ pub async fn list(
     };
     let Some(page) = dead_letter::list(&app.pool, &filter).await? else {
         return Err(Problem::not_found(
-            "queue_not_found",
+            Code::QueueNotFound,
             format!("queue `{}` does not exist", filter.queue),
         ));
     };
@@ -118,7 +119,7 @@ fn time(params: &Params, name: &str) -> Result<Option<DateTime<Utc>>, Problem> {
         })
         .map_err(|_| {
             Problem::bad_request(
-                "parameter_invalid",
+                Code::ParameterInvalid,
                 format!("parameter `{name}` must be an RFC 3339 time or a date, got {text:?}"),
             )
         })?;

@@ -42,6 +42,7 @@ pub(crate) use problem::Problem;
 
 use crate::ack::Acker;
 use crate::catalog::Catalog;
+use crate::code::Code;
 use crate::config::ServeConfig;
 use crate::pop::Popper;
 use crate::push::Pusher;
@@ -322,11 +323,11 @@ pub(crate) fn router(state: State) -> Router {
         router = router.route(path, handler.route_layer(timed));
     }
     router = router
-        .fallback(|| async { Problem::not_found("route_not_found", "no such route") })
+        .fallback(|| async { Problem::not_found(Code::RouteNotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                Code::MethodNotAllowed,
                 "this route does not accept that method",
             )
         });
@@ -355,7 +356,7 @@ async fn refuse_nul_in_query(
     });
     if nul {
         return Problem::bad_request(
-            "parameter_invalid",
+            Code::ParameterInvalid,
             "query parameters may not contain a NUL byte (%00)",
         )
         .into_response();

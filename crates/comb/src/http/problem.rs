@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::code::Code;
 use crate::db::DbError;
 use crate::refusal::{Kind, Refusal};
 
@@ -14,7 +15,7 @@ use crate::refusal::{Kind, Refusal};
 pub(crate) struct Problem {
     pub(crate) status: StatusCode,
     /// Stable, documented, machine-readable.
-    pub(crate) code: &'static str,
+    pub(crate) code: Code,
     pub(crate) detail: String,
     /// Seconds, sent as `Retry-After` on 429 and 503.
     pub(crate) retry_after: Option<u64>,
@@ -47,11 +48,7 @@ pub(crate) async fn with_request_id(
 
 impl Problem {
     /// A problem with any status.
-    pub(crate) fn new(
-        status: StatusCode,
-        code: &'static str,
-        detail: impl Into<String>,
-    ) -> Problem {
+    pub(crate) fn new(status: StatusCode, code: Code, detail: impl Into<String>) -> Problem {
         Problem {
             status,
             code,
@@ -63,17 +60,17 @@ impl Problem {
     }
 
     /// 400: the request itself is wrong.
-    pub(crate) fn bad_request(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn bad_request(code: Code, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::BAD_REQUEST, code, detail)
     }
 
     /// 404: the thing named does not exist.
-    pub(crate) fn not_found(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn not_found(code: Code, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::NOT_FOUND, code, detail)
     }
 
     /// 409: the request conflicts with current state (a stale lease, say).
-    pub(crate) fn conflict(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn conflict(code: Code, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::CONFLICT, code, detail)
     }
 }
@@ -114,17 +111,17 @@ impl IntoResponse for Problem {
         if let Some(cause) = &self.cause {
             let id = request_id.as_deref().unwrap_or("-");
             if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
-                tracing::error!(request_id = id, code = self.code, cause = %cause, "request failed");
+                tracing::error!(request_id = id, code = self.code.as_str(), cause = %cause, "request failed");
             } else {
-                tracing::warn!(request_id = id, code = self.code, cause = %cause, "request refused");
+                tracing::warn!(request_id = id, code = self.code.as_str(), cause = %cause, "request refused");
             }
         }
         let mut body = json!({
-            "type": format!("urn:comb:problem:{}", self.code),
+            "type": format!("urn:comb:problem:{}", self.code.as_str()),
             "title": self.status.canonical_reason().unwrap_or("Error"),
             "status": self.status.as_u16(),
             "detail": self.detail,
-            "code": self.code,
+            "code": self.code.as_str(),
             "error": self.detail,
         });
         if let Some(id) = request_id {

@@ -3,8 +3,9 @@
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
-use crate::ack::{DeadLetter, STATE_SQL, WriteStatements, locked_cursors, write_back};
+use crate::cursor::{STATE_SQL, StateWrites, locked_cursors};
 use crate::db::{self, DbError};
+use crate::dead_letter::{self, NewDeadLetter};
 
 /// Like [`LOCK_SQL`] for the cursors of one group whose lease ended, skipping busy ones.
 const EXPIRED_LOCK_SQL: &str = "
@@ -29,7 +30,8 @@ pub(crate) async fn expire_leases(
     let statements = Statements {
         lock: client.prepare_cached(EXPIRED_LOCK_SQL).await?,
         state: client.prepare_cached(STATE_SQL).await?,
-        writes: WriteStatements::prepare(client).await?,
+        states: StateWrites::prepare(client).await?,
+        dead: dead_letter::Writes::prepare(client).await?,
     };
     client.batch_execute("BEGIN").await?;
     match expire_in(client, &statements, group, partitions).await {
@@ -49,7 +51,8 @@ pub(crate) async fn expire_leases(
 struct Statements {
     lock: Statement,
     state: Statement,
-    writes: WriteStatements,
+    states: StateWrites,
+    dead: dead_letter::Writes,
 }
 
 /// What an expiry did to the messages of the ended leases.
@@ -93,7 +96,7 @@ async fn expire_in(
                 discarded += 1;
                 continue;
             }
-            dead.push(DeadLetter {
+            dead.push(NewDeadLetter {
                 queue_id: state.queue_id,
                 partition_id: *partition_id,
                 group: group.clone(),
@@ -103,7 +106,13 @@ async fn expire_in(
             });
         }
     }
-    write_back(client, &statements.writes, &cursors, &dead).await?;
+    // Pipelined: one round trip for both.
+    let (written, copied) = tokio::join!(
+        statements.states.write(client, &cursors),
+        statements.dead.write(client, &dead)
+    );
+    written?;
+    copied?;
     Ok(Expired {
         discarded,
         dead_lettered: dead.len() as u64,

@@ -4,11 +4,12 @@
 
 use deadpool_postgres::Client;
 
-use crate::ack::{DeadLetter, STATE_SQL, WriteStatements, locked_cursors, write_back};
+use crate::cursor::{STATE_SQL, StateWrites, locked_cursors};
 use crate::db::DbError;
+use crate::dead_letter::{self, NewDeadLetter};
 
 /// Cursors whose next message is overdue, locked (busy ones skipped); their state is read
-/// afterwards with `ack::STATE_SQL`.
+/// afterwards with `cursor::STATE_SQL`.
 const OVERDUE_CURSORS_SQL: &str = "
 SELECT c.partition_id, c.consumer_group
 FROM comb.cursors c
@@ -66,7 +67,7 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             if pos <= state.cursor.cursor_pos || state.cursor.settled.binary_search(&pos).is_ok() {
                 continue;
             }
-            dead.push(DeadLetter {
+            dead.push(NewDeadLetter {
                 queue_id: state.queue_id,
                 partition_id: *partition_id,
                 group: group.clone(),
@@ -80,8 +81,11 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             state.changed = true;
         }
     }
-    let writes = WriteStatements::prepare(&tx).await?;
-    write_back(&tx, &writes, &cursors, &dead).await?;
+    let states = StateWrites::prepare(&tx).await?;
+    let letters = dead_letter::Writes::prepare(&tx).await?;
+    let (written, copied) = tokio::join!(states.write(&tx, &cursors), letters.write(&tx, &dead));
+    written?;
+    copied?;
     tx.commit().await?;
     Ok(dead.len() as i64)
 }

@@ -275,7 +275,7 @@ span AS (
 ),
 claimed AS (
     {insert_state}
-    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+    SELECT st.partition_id, $2, {newest_gen}, st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
@@ -300,6 +300,7 @@ SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
 FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id",
         insert_state = crate::cursor::insert_state!(),
+        newest_gen = crate::cursor::newest_gen!(),
     )
 }
 
@@ -749,7 +750,16 @@ async fn settle_unreadable(
     unreadable: &[Unreadable],
     alone: bool,
 ) -> Result<(), DbError> {
-    let n = unreadable::settle(client, shape, unreadable, alone).await?;
+    let n = unreadable::settle(
+        client,
+        unreadable::Claimant {
+            queue_id: shape.queue_id,
+            group: &shape.group,
+        },
+        unreadable,
+        alone,
+    )
+    .await?;
     ctx.metrics.messages.unreadable.add(n);
     ctx.metrics.messages.dead_lettered.add(n);
     let counts = QueueCounts {

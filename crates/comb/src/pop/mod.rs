@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::catalog::{Catalog, StartFrom};
+use crate::code::Code;
 use crate::fusion::Fuser;
 use crate::metrics::{Metrics, QueueCounts};
 use crate::refusal::{Kind, Refusal};
@@ -221,7 +222,7 @@ impl Popper {
         self.waiting.enter().ok_or_else(|| {
             Refusal::new(
                 Kind::Full,
-                "waiting_pops_exhausted",
+                Code::WaitingPopsExhausted,
                 "the server holds its maximum number of waiting pops; retry shortly or pop without wait",
             )
         })
@@ -237,7 +238,7 @@ impl Popper {
         let Some(queue_id) = self.catalog.find_queue(&self.pool, &req.queue).await? else {
             if req.partition.is_some() {
                 return Err(Refusal::not_found(
-                    "queue_not_found",
+                    Code::QueueNotFound,
                     format!("queue `{}` does not exist", req.queue),
                 ));
             }

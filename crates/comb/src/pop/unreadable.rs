@@ -8,12 +8,18 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-use super::claim::PopShape;
-use crate::ack::{
-    AckStatus, DeadLetter, LOCK_SQL, STATE_SQL, WriteStatements, locked_cursors, write_back,
-};
+use crate::ack::{AckStatus, WriteStatements, write_back};
+use crate::cursor::{LOCK_SQL, STATE_SQL, locked_cursors};
 use crate::db::{self, DbError};
+use crate::dead_letter::NewDeadLetter;
 use crate::encryption::OpenError;
+
+/// The queue and group whose claim read the messages.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claimant<'a> {
+    pub(crate) queue_id: Uuid,
+    pub(crate) group: &'a str,
+}
 
 /// A message a claim handed out nothing of.
 #[derive(Debug)]
@@ -43,7 +49,7 @@ fn reason(why: &OpenError) -> &'static str {
 /// committed), which locks them first. Returns how many were dead-lettered.
 pub(crate) async fn settle(
     client: &deadpool_postgres::Client,
-    shape: &PopShape,
+    shape: Claimant<'_>,
     unreadable: &[Unreadable],
     alone: bool,
 ) -> Result<u64, DbError> {
@@ -55,7 +61,7 @@ pub(crate) async fn settle(
     }
     client.batch_execute("BEGIN").await?;
     let pids: Vec<Uuid> = unreadable.iter().map(|u| u.partition_id).collect();
-    let groups: Vec<&str> = unreadable.iter().map(|_| shape.group.as_str()).collect();
+    let groups: Vec<&str> = unreadable.iter().map(|_| shape.group).collect();
     let done = match client.query(&lock, &[&pids, &groups]).await {
         Ok(_) => settle_in(client, shape, unreadable, &state, &writes).await,
         Err(e) => Err(e.into()),
@@ -74,7 +80,7 @@ pub(crate) async fn settle(
 
 async fn settle_in(
     client: &deadpool_postgres::Client,
-    shape: &PopShape,
+    shape: Claimant<'_>,
     unreadable: &[Unreadable],
     state: &tokio_postgres::Statement,
     writes: &WriteStatements,
@@ -89,7 +95,7 @@ async fn settle_in(
         }
     }
     let pids: Vec<Uuid> = leased.keys().copied().collect();
-    let groups: Vec<&str> = pids.iter().map(|_| shape.group.as_str()).collect();
+    let groups: Vec<&str> = pids.iter().map(|_| shape.group).collect();
     let rows = if pids.is_empty() {
         Vec::new()
     } else {
@@ -125,11 +131,11 @@ async fn settle_in(
     Ok(dead.len() as u64)
 }
 
-fn dead_letter(shape: &PopShape, u: &Unreadable, attempts: i32) -> DeadLetter {
-    DeadLetter {
+fn dead_letter(shape: Claimant<'_>, u: &Unreadable, attempts: i32) -> NewDeadLetter {
+    NewDeadLetter {
         queue_id: shape.queue_id,
         partition_id: u.partition_id,
-        group: shape.group.clone(),
+        group: shape.group.to_string(),
         pos: u.pos,
         attempts,
         error: Some(reason(&u.why).to_string()),
