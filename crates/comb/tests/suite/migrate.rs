@@ -151,7 +151,7 @@ fn planner_settings_reach_tables_that_hold_rows() {
         pg.psql(
             &db,
             &format!(
-                "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none')
+                "SELECT string_agg(DISTINCT coalesce('{{' || (SELECT string_agg(o.option_name || '=' || o.option_value, ',') FROM pg_options_to_table(a.attoptions) o WHERE o.option_name <> 'pg_attver') || '}}', 'none')
                                    || ' analysed ' || EXISTS (
                                        SELECT 1 FROM pg_statistic st WHERE st.starelid = c.oid),
                                    ',')
