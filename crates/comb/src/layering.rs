@@ -46,6 +46,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "pop",
             "push",
             "transaction",
+            "streams",
             "maintenance",
         ],
     ),

@@ -88,6 +88,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "queue_counts",
         sql: include_str!("migrations/0014_queue_counts.sql"),
     },
+    Migration {
+        version: 15,
+        name: "streams",
+        sql: include_str!("migrations/0015_streams.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

@@ -43,5 +43,6 @@ mod retention;
 mod retries;
 mod routes;
 mod shutdown;
+mod streams;
 mod tls;
 mod transactions;
