@@ -10,6 +10,11 @@
 //! The copy may race with writers: a writer that read version v and writes v + 1 into the
 //! newest generation while v is being carried is harmless, because the highest version is
 //! the state.
+//!
+//! The state versions of streams queries (`comb.stream_states`) live in the same
+//! generations: each has a table per generation, made ahead with the cursors' one, and the
+//! newest version of every pair whose query is current is carried forward before the old
+//! table is dropped (a query registered again after a reset leaves its old state behind).
 
 use deadpool_postgres::Client;
 
@@ -20,6 +25,17 @@ use crate::db::DbError;
 
 fn table(generation: i32) -> String {
     format!("comb.cursor_states_{generation}")
+}
+
+fn stream_table(generation: i32) -> String {
+    format!("comb.stream_states_{generation}")
+}
+
+async fn exists(client: &Client, table: &str) -> Result<bool, DbError> {
+    Ok(client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get(0))
 }
 
 /// Every generation, oldest first, and how long ago the newest was started.
@@ -52,12 +68,23 @@ pub(crate) async fn make_ahead(
         return Ok(());
     };
     let next = newest + 1;
+    let s = stream_table(next);
+    if !exists(client, &s).await? {
+        let sql = format!(
+            "BEGIN; {lt};
+             CREATE TABLE {s} (LIKE comb.stream_states INCLUDING DEFAULTS INCLUDING STORAGE);
+             CREATE INDEX ON {s} (partition_id, query_id, gen, ver);
+             ALTER TABLE {s} ADD CONSTRAINT stream_states_{next}_gen
+                 CHECK (gen >= {next} AND gen < {end});
+             ALTER TABLE comb.stream_states ATTACH PARTITION {s} FOR VALUES FROM ({next}) TO ({end});
+             COMMIT;",
+            lt = lock_timeout_sql(settings),
+            end = next + 1
+        );
+        give_way(client, &sql).await?;
+    }
     let t = table(next);
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&t])
-        .await?
-        .get(0);
-    if exists {
+    if exists(client, &t).await? {
         return Ok(());
     }
     // Built standalone and then attached: ATTACH takes only SHARE UPDATE EXCLUSIVE on the
@@ -96,10 +123,8 @@ pub(crate) async fn rotate(client: &Client, settings: &Settings) -> Result<(), D
         return Ok(());
     }
     let next = newest + 1;
-    let ready: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table(next)])
-        .await?
-        .get(0);
+    // Writers of both kinds of state must find the generation's table.
+    let ready = exists(client, &table(next)).await? && exists(client, &stream_table(next)).await?;
     if ready {
         client
             .execute(
@@ -198,6 +223,73 @@ pub(crate) async fn carry_forward_and_drop(
                 break;
             }
         }
+    }
+    Ok(())
+}
+
+/// Carries the newest state version of every current streams query on every partition that
+/// still exists out of each generation older than the newest, then drops that generation's
+/// `comb.stream_states` table. Runs over the tables that exist, so a drop that had to give
+/// way is tried again next cycle even after the cursors' table of that generation is gone.
+pub(crate) async fn carry_streams_forward_and_drop(
+    client: &Client,
+    settings: &Settings,
+) -> Result<(), DbError> {
+    let (gens, _) = generations(client).await?;
+    let Some(&newest) = gens.last() else {
+        return Ok(());
+    };
+    let older: Vec<i32> = client
+        .query(
+            "SELECT substr(c.relname, length('stream_states_') + 1)::integer AS gen
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'comb.stream_states'::regclass
+             ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get::<_, i32>(0))
+        .filter(|&g| g < newest)
+        .collect();
+    for generation in older {
+        let t = stream_table(generation);
+        let sql = format!(
+            "BEGIN; {lt}; LOCK TABLE {t} IN SHARE MODE;
+             INSERT INTO {into} (partition_id, query_id, gen, ver, state, updated, keys, bytes,
+                                 written_at)
+             SELECT s.partition_id, s.query_id, {newest}, s.ver, s.state, s.updated, s.keys,
+                    s.bytes, s.written_at
+             FROM comb.stream_partitions sp
+             JOIN comb.stream_queries q ON q.id = sp.query_id
+             CROSS JOIN LATERAL (
+                 SELECT * FROM {t} s
+                 WHERE s.partition_id = sp.partition_id AND s.query_id = sp.query_id
+                 ORDER BY s.gen DESC, s.ver DESC LIMIT 1
+             ) s
+             WHERE q.id = (SELECT n.id FROM comb.stream_queries n WHERE n.name = q.name
+                           ORDER BY n.registered_at DESC LIMIT 1)
+               AND EXISTS (SELECT 1 FROM comb.partitions p WHERE p.id = sp.partition_id)
+               AND NOT EXISTS (
+                 SELECT 1 FROM comb.stream_states n
+                 WHERE n.gen >= {newer}
+                   AND n.partition_id = s.partition_id
+                   AND n.query_id = s.query_id
+                   AND n.ver >= s.ver);
+             DROP TABLE {t};
+             COMMIT;",
+            lt = lock_timeout_sql(settings),
+            into = stream_table(newest),
+            newer = generation + 1,
+        );
+        if !give_way(client, &sql).await? {
+            tracing::info!(
+                generation,
+                "stream state generation busy; dropping it next cycle"
+            );
+            break;
+        }
+        tracing::info!(generation, "dropped stream state generation");
     }
     Ok(())
 }

@@ -39,15 +39,19 @@ const LOCK_PAIR_SQL: &str = "
 SELECT 1 FROM comb.stream_partitions WHERE partition_id = $1 AND query_id = $2
 FOR NO KEY UPDATE";
 
-/// The newest state version of a pair: one descent of the primary key.
+/// The newest state version of a pair: one descent of the index, newest generation first
+/// (ordered by (gen, ver) as the index is: by `ver` alone every version would be read).
 const NEWEST_STATE_SQL: &str = "
 SELECT ver, state, updated FROM comb.stream_states
 WHERE partition_id = $1 AND query_id = $2
-ORDER BY ver DESC LIMIT 1";
+ORDER BY gen DESC, ver DESC LIMIT 1";
 
+/// A new version, into the newest generation (read inside the statement, as cursor state
+/// writers do).
 const INSERT_STATE_SQL: &str = "
-INSERT INTO comb.stream_states (partition_id, query_id, ver, state, updated, keys, bytes)
-VALUES ($1, $2, $3, $4, $5, $6, $7)";
+INSERT INTO comb.stream_states (partition_id, query_id, gen, ver, state, updated, keys, bytes)
+SELECT $1::uuid, $2::uuid, (SELECT max(gen) FROM comb.cursor_gens), $3::bigint, $4::jsonb,
+       $5::jsonb, $6::integer, $7::integer";
 
 /// Every current query (the newest registration of each name) with its partitions and the
 /// size of each one's newest state version.
@@ -66,7 +70,7 @@ SELECT coalesce(json_agg(json_build_object(
         LEFT JOIN LATERAL (
             SELECT v.ver, v.keys, v.bytes, v.written_at FROM comb.stream_states v
             WHERE v.partition_id = sp.partition_id AND v.query_id = sp.query_id
-            ORDER BY v.ver DESC LIMIT 1
+            ORDER BY v.gen DESC, v.ver DESC LIMIT 1
         ) s ON true
         WHERE sp.query_id = q.id), '[]'::json)
 ) ORDER BY q.name), '[]'::json)

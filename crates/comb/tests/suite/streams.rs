@@ -433,3 +433,68 @@ async fn bad_cycles_are_refused_with_their_code_and_commit_nothing() {
     );
     assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "1");
 }
+
+/// State versions live in the cursor state generations: a pair's newest version is carried
+/// forward and older generations are dropped whole, so versions do not pile up; the state of
+/// a query replaced by a reset is left behind.
+#[tokio::test]
+async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() {
+    let env = Env::start_with(&[
+        "--generation-seconds",
+        "1",
+        "--maintenance-interval-ms",
+        "200",
+    ])
+    .await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 1, 1).await;
+    let partition = pop["partitionId"].clone();
+    let set = |n: i64| {
+        json!({"query_id": query, "partition_id": partition, "consumer_group": GROUP,
+               "state_ops": [{"type": "upsert", "key": "k", "value": n}]})
+    };
+    for n in 0..20 {
+        let (s, body) = env.post("/streams/v1/cycle", &set(n)).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+    }
+    assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "20");
+    let first_gen = env.sql("SELECT max(gen) FROM comb.cursor_gens");
+    // Two rotations later, only the newest version is left, carried forward.
+    crate::common::eventually(crate::common::PATIENCE, "two generations rotated", || {
+        let now: i64 = env.sql("SELECT max(gen) FROM comb.cursor_gens").parse().unwrap();
+        let older: i64 = env
+            .sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'comb' AND tablename LIKE 'stream\\_states\\_%'")
+            .parse()
+            .unwrap();
+        now >= first_gen.parse::<i64>().unwrap() + 2 && older <= 2
+    })
+    .await;
+    assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "1");
+    assert_eq!(
+        state(&env, &query, &partition).await[0]["value"],
+        19,
+        "the newest version survives"
+    );
+    // Writes go on after the rotations, from the carried version.
+    let (s, _) = env.post("/streams/v1/cycle", &set(20)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(state(&env, &query, &partition).await[0]["value"], 20);
+    // A reset leaves the old query's state behind: it is not carried.
+    register(&env, "h2", true).await;
+    let gen_now: i64 = env
+        .sql("SELECT max(gen) FROM comb.cursor_gens")
+        .parse()
+        .unwrap();
+    crate::common::eventually(
+        crate::common::PATIENCE,
+        "the replaced state dropped",
+        || {
+            let now: i64 = env
+                .sql("SELECT max(gen) FROM comb.cursor_gens")
+                .parse()
+                .unwrap();
+            now >= gen_now + 2 && env.sql("SELECT count(*) FROM comb.stream_states") == "0"
+        },
+    )
+    .await;
+}

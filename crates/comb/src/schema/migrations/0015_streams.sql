@@ -27,21 +27,37 @@ CREATE TABLE comb.stream_partitions (
 CREATE INDEX stream_partitions_query ON comb.stream_partitions (query_id);
 
 -- The state of a (source partition, query): each cycle that changes it inserts the whole
--- state as a new version, `ver` one above the last; the highest `ver` is the state, read by
--- one descent of the primary key. `state` maps each key to its value, `updated` each key to
--- the time (ms since the epoch) it was last written; `keys` and `bytes` are its size, for
--- listings. Keyed by partition first, so it can be distributed with the partition.
+-- state as a new version, `ver` one above the last; the highest (gen, ver) is the state, read
+-- by one descent of the index. `state` maps each key to its value, `updated` each key to the
+-- time (ms since the epoch) it was last written; `keys` and `bytes` are its size, for
+-- listings. Keyed by partition first, so it can be distributed with the partition. Versions
+-- go into the newest cursor state generation (`comb.cursor_gens`) and are reclaimed with it:
+-- maintenance carries each current pair's newest version forward and drops the old
+-- generation's table whole.
 CREATE TABLE comb.stream_states (
     partition_id uuid NOT NULL,
     query_id     uuid NOT NULL,
+    gen          integer NOT NULL,
     ver          bigint NOT NULL,
     state        jsonb NOT NULL,
     updated      jsonb NOT NULL,
     keys         integer NOT NULL,
     bytes        integer NOT NULL,
-    written_at   timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (partition_id, query_id, ver)
-);
+    written_at   timestamptz NOT NULL DEFAULT now()
+) PARTITION BY RANGE (gen);
+CREATE INDEX stream_states_latest ON comb.stream_states (partition_id, query_id, gen, ver);
+
+-- A table for every generation there is, and the next (maintenance makes later ones ahead).
+DO $$
+DECLARE
+    g integer;
+BEGIN
+    FOR g IN SELECT gen FROM comb.cursor_gens
+             UNION SELECT coalesce(max(gen), 0) + 1 FROM comb.cursor_gens LOOP
+        EXECUTE format('CREATE TABLE comb.%I PARTITION OF comb.stream_states FOR VALUES FROM (%s) TO (%s)',
+                       'stream_states_' || g, g, g + 1);
+    END LOOP;
+END $$;
 
 -- The state as rows, one per (query, partition, key), as Queen keeps it: what an operator
 -- queries by hand. Reads each pair's newest version.
@@ -53,6 +69,6 @@ JOIN comb.stream_queries q ON q.id = p.query_id
 CROSS JOIN LATERAL (
     SELECT v.state, v.updated FROM comb.stream_states v
     WHERE v.partition_id = p.partition_id AND v.query_id = p.query_id
-    ORDER BY v.ver DESC LIMIT 1
+    ORDER BY v.gen DESC, v.ver DESC LIMIT 1
 ) s
 CROSS JOIN LATERAL jsonb_each(s.state) e;
