@@ -53,8 +53,10 @@ INSERT INTO comb.stream_states (partition_id, query_id, gen, ver, state, updated
 SELECT $1::uuid, $2::uuid, (SELECT max(gen) FROM comb.cursor_gens), $3::bigint, $4::jsonb,
        $5::jsonb, $6::integer, $7::integer";
 
-/// Every current query (the newest registration of each name) with its partitions and the
-/// size of each one's newest state version.
+/// Every current query (the newest registration of each name) with its partitions, the size
+/// of each one's newest state version, and the lag (messages not yet settled) of the SDK's
+/// consumer group on it (`streams.<name>`, the group Queen's SDKs read with unless told
+/// otherwise).
 const LIST_SQL: &str = "
 SELECT coalesce(json_agg(json_build_object(
     'queryId', q.id, 'name', q.name, 'sourceQueue', q.source_queue, 'sinkQueue', q.sink_queue,
@@ -63,7 +65,8 @@ SELECT coalesce(json_agg(json_build_object(
         SELECT json_agg(json_build_object(
             'partitionId', sp.partition_id, 'partition', pa.name,
             'stateKeys', coalesce(s.keys, 0), 'stateBytes', coalesce(s.bytes, 0),
-            'stateVersion', coalesce(s.ver, 0), 'updatedAt', comb.iso(s.written_at))
+            'stateVersion', coalesce(s.ver, 0), 'updatedAt', comb.iso(s.written_at),
+            'lag', (SELECT l.lag FROM comb.cursor_lag(sp.partition_id, 'streams.' || q.name) l))
             ORDER BY pa.name)
         FROM comb.stream_partitions sp
         LEFT JOIN comb.partitions pa ON pa.id = sp.partition_id

@@ -173,6 +173,10 @@ async fn a_cycle_commits_state_sink_and_ack_together() {
     );
     assert_eq!(q["partitions"][0]["partition"], "p");
     assert_eq!(q["partitions"][0]["stateKeys"], 2);
+    assert_eq!(
+        q["partitions"][0]["lag"], 0,
+        "every source message settled: {q}"
+    );
     // And a line of the dashboard's overview.
     let page = reqwest::get(env.url("/"))
         .await
