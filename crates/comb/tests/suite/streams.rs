@@ -264,6 +264,28 @@ async fn release_lease_false_acks_a_prefix_and_holds_the_rest_in_order() {
         "held back, not failed: no attempt counted (retryLimit 0 would dead-letter): {again}"
     );
     assert_eq!(env.sql("SELECT count(*) FROM comb.dead_letters"), "0");
+
+    // With release_lease true, what is left of the lease comes back at once, in order.
+    let first = &again["messages"][0];
+    let (s, done) = env
+        .post(
+            "/streams/v1/cycle",
+            &json!({"query_id": query, "partition_id": again["partitionId"],
+                    "consumer_group": GROUP,
+                    "ack": {"transactionId": first["transactionId"], "leaseId": first["leaseId"],
+                            "count": 1},
+                    "release_lease": true}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    assert_eq!(done["ack_result"]["lease_released"], true);
+    let rest = env
+        .pop(&format!(
+            "/api/v1/pop/queue/src?consumerGroup={GROUP}&batch=10"
+        ))
+        .await
+        .expect("the rest at once");
+    assert_eq!(numbers(&rest), vec![3, 4]);
 }
 
 #[tokio::test]
