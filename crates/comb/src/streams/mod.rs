@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 use crate::ack::{AckOutcome, AckStatus, Acker, settle_run_in};
 use crate::db::DbError;
+use crate::fusion::{Fuser, Reply};
 use crate::push::{Item, NewMessage, Pusher, Stored, store_in};
 use crate::refusal::Refusal;
 use crate::wake::Wake;
@@ -123,6 +124,7 @@ pub(crate) struct Streams {
     pusher: Arc<Pusher>,
     acker: Arc<Acker>,
     wake: Arc<Wake>,
+    fuser: Fuser<CycleJob>,
 }
 
 impl Streams {
@@ -132,12 +134,15 @@ impl Streams {
         pusher: Arc<Pusher>,
         acker: Arc<Acker>,
         wake: Arc<Wake>,
+        stage: Arc<crate::metrics::Stage>,
     ) -> Streams {
+        let fuser = store::start(pool.clone(), stage);
         Streams {
             pool,
             pusher,
             acker,
             wake,
+            fuser,
         }
     }
 
@@ -185,7 +190,9 @@ impl Streams {
 
     /// Commits one cycle: the acks, the new state version and the sink pushes in one
     /// transaction. Any refusal rolls all of it back. `body` holds the bytes the pushed
-    /// items were decoded from.
+    /// items were decoded from. Cycles arriving together are fused: one transaction for all of
+    /// them, each under a savepoint of its own, so a refused cycle takes nothing of the others
+    /// with it, and one commit (one WAL flush) answers them all.
     pub(crate) async fn cycle(
         &self,
         cycle: Cycle<'_>,
@@ -199,102 +206,45 @@ impl Streams {
             self.pusher.check_capacity(&cycle.items).await?;
             self.pusher.resolve(cycle.items, body, producer_sub).await?
         };
-        let mut client = self.pool.get().await.map_err(DbError::from)?;
-        let tx = client.transaction().await.map_err(DbError::from)?;
-        store::lock_pair(&tx, cycle.partition_id, cycle.query_id).await?;
-
-        let mut acked = None;
-        let mut settled = None;
-        if let Some(ack) = &cycle.ack {
-            let run = settle_run_in(
-                &tx,
-                cycle.partition_id,
-                &cycle.group,
-                ack.count,
-                ack.lease_id,
-                cycle.release_lease,
-            )
-            .await?
-            .map_err(|r| r.refusal("ack: "))?;
-            if !run.completed.contains(&ack.transaction_id) {
-                return Err(Refusal::conflict(
-                    "stream_ack_mismatch",
-                    format!(
-                        "ack: transactionId `{}` is not among the first {} unsettled messages \
-                         of the lease",
-                        ack.transaction_id, ack.count
-                    ),
-                ));
-            }
-            acked = Some((ack.count, run.lease_released));
-            settled = Some(run);
-        }
-
-        let state_ops_applied = cycle.state_ops.len();
-        if !cycle.state_ops.is_empty() {
-            let (ver, mut state, mut updated) =
-                store::newest_state(&tx, cycle.partition_id, cycle.query_id)
-                    .await?
-                    .unwrap_or_default();
-            let now = store::now_ms();
-            for op in cycle.state_ops {
-                match op {
-                    StateOp::Upsert { key, value } => {
-                        updated.insert(key.clone(), Value::from(now));
-                        state.insert(key, value);
-                    }
-                    StateOp::Delete { key } => {
-                        state.remove(&key);
-                        updated.remove(&key);
-                    }
-                }
-            }
-            let state = Value::Object(state);
-            let bytes = serde_json::to_string(&state).map_or(0, |s| s.len());
-            if bytes > STATE_MAX_BYTES {
-                return Err(Refusal::invalid(
-                    "stream_state_too_large",
-                    format!(
-                        "the state of this query on this partition would hold {bytes} bytes; \
-                         at most {STATE_MAX_BYTES} are kept per partition"
-                    ),
-                ));
-            }
-            store::insert_state(
-                &tx,
-                cycle.partition_id,
-                cycle.query_id,
-                ver + 1,
-                &state,
-                &Value::Object(std::mem::take(&mut updated)),
-                bytes,
-            )
-            .await?;
-        }
-
-        let msg_refs: Vec<&NewMessage> = messages.iter().collect();
-        let stored = if messages.is_empty() {
-            Vec::new()
-        } else {
-            store_in(&tx, &msg_refs).await?
+        let fused = Fused {
+            query_id: cycle.query_id,
+            partition_id: cycle.partition_id,
+            group: cycle.group,
+            state_ops: cycle.state_ops,
+            messages: messages.clone(),
+            ack: cycle.ack,
+            release_lease: cycle.release_lease,
         };
-        if let Some(i) = stored.iter().position(|s| *s == Stored::PartitionGone) {
-            self.pusher.forget_queue(&messages[i].queue);
-            return Err(crate::push::queue_deleted(&messages[i].queue));
+        let committed = self
+            .fuser
+            .ask(0, |reply| CycleJob {
+                cycle: fused,
+                reply,
+            })
+            .await?;
+        let (partition, group) = (cycle.partition_id, committed.group.clone());
+        let committed = match committed.result {
+            Ok(c) => c,
+            Err(refusal) => {
+                if refusal.code == "queue_deleted"
+                    && let Some(m) = messages.first()
+                {
+                    self.pusher.forget_queue(&m.queue);
+                }
+                return Err(refusal);
+            }
+        };
+        if let Some(run) = &committed.run {
+            self.record_acks(partition, &group, run);
         }
-        tx.commit().await.map_err(DbError::from)?;
-
-        if let Some(run) = settled {
-            self.record_acks(cycle.partition_id, &cycle.group, &run);
-        }
-        self.pusher.record(&messages, &stored);
+        self.pusher.record(&messages, &committed.stored);
         crate::push::announce(&self.wake, messages.iter());
         Ok(CycleDone {
             source_queue,
-            state_ops_applied,
+            state_ops_applied: committed.state_ops_applied,
             messages,
-            stored,
-            acked,
+            stored: committed.stored,
+            acked: committed.run.map(|r| (r.completed.len(), r.lease_released)),
         })
     }
 
@@ -396,3 +346,124 @@ impl Streams {
 
 /// The state of one pair: its keys' values and when each was written.
 pub(crate) type StateMaps = (i64, Map<String, Value>, Map<String, Value>);
+
+/// A cycle as the fused transaction runs it: names resolved, pushed messages ready.
+pub(crate) struct Fused {
+    query_id: Uuid,
+    partition_id: Uuid,
+    group: String,
+    state_ops: Vec<StateOp>,
+    messages: Vec<NewMessage>,
+    ack: Option<CycleAck>,
+    release_lease: bool,
+}
+
+/// A cycle waiting for its fused transaction.
+pub(crate) struct CycleJob {
+    cycle: Fused,
+    reply: Reply<Outcome>,
+}
+
+/// What became of one fused cycle: committed, or refused with nothing of it kept.
+pub(crate) struct Outcome {
+    group: String,
+    result: Result<Committed, Refusal>,
+}
+
+/// What a committed cycle wrote.
+pub(crate) struct Committed {
+    state_ops_applied: usize,
+    stored: Vec<Stored>,
+    run: Option<crate::ack::RunSettled>,
+}
+
+/// Runs one cycle inside `tx` (a savepoint of the fused transaction): lock the pair, the
+/// ack, the new state version, the pushes. A refusal is returned for the caller to roll the
+/// savepoint back.
+async fn run_cycle(
+    tx: &deadpool_postgres::Transaction<'_>,
+    cycle: &Fused,
+) -> Result<Result<Committed, Refusal>, DbError> {
+    store::lock_pair(tx, cycle.partition_id, cycle.query_id).await?;
+    let mut run = None;
+    if let Some(ack) = &cycle.ack {
+        let settled = match settle_run_in(
+            tx,
+            cycle.partition_id,
+            &cycle.group,
+            ack.count,
+            ack.lease_id,
+            cycle.release_lease,
+        )
+        .await?
+        {
+            Ok(s) => s,
+            Err(r) => return Ok(Err(r.refusal("ack: "))),
+        };
+        if !settled.completed.contains(&ack.transaction_id) {
+            return Ok(Err(Refusal::conflict(
+                "stream_ack_mismatch",
+                format!(
+                    "ack: transactionId `{}` is not among the first {} unsettled messages \
+                     of the lease",
+                    ack.transaction_id, ack.count
+                ),
+            )));
+        }
+        run = Some(settled);
+    }
+    if !cycle.state_ops.is_empty() {
+        let (ver, mut state, mut updated) =
+            store::newest_state(tx, cycle.partition_id, cycle.query_id)
+                .await?
+                .unwrap_or_default();
+        let now = store::now_ms();
+        for op in &cycle.state_ops {
+            match op {
+                StateOp::Upsert { key, value } => {
+                    updated.insert(key.clone(), Value::from(now));
+                    state.insert(key.clone(), value.clone());
+                }
+                StateOp::Delete { key } => {
+                    state.remove(key);
+                    updated.remove(key);
+                }
+            }
+        }
+        let state = Value::Object(state);
+        let bytes = serde_json::to_string(&state).map_or(0, |s| s.len());
+        if bytes > STATE_MAX_BYTES {
+            return Ok(Err(Refusal::invalid(
+                "stream_state_too_large",
+                format!(
+                    "the state of this query on this partition would hold {bytes} bytes; \
+                     at most {STATE_MAX_BYTES} are kept per partition"
+                ),
+            )));
+        }
+        store::insert_state(
+            tx,
+            cycle.partition_id,
+            cycle.query_id,
+            ver + 1,
+            &state,
+            &Value::Object(updated),
+            bytes,
+        )
+        .await?;
+    }
+    let refs: Vec<&NewMessage> = cycle.messages.iter().collect();
+    let stored = if refs.is_empty() {
+        Vec::new()
+    } else {
+        store_in(tx, &refs).await?
+    };
+    if let Some(i) = stored.iter().position(|s| *s == Stored::PartitionGone) {
+        return Ok(Err(crate::push::queue_deleted(&cycle.messages[i].queue)));
+    }
+    Ok(Ok(Committed {
+        state_ops_applied: cycle.state_ops.len(),
+        stored,
+        run,
+    }))
+}

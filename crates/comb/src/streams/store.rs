@@ -5,8 +5,84 @@ use deadpool_postgres::GenericClient;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use super::{Registration, StateMaps};
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+
+use super::{CycleJob, Outcome, Registration, StateMaps, run_cycle};
 use crate::db::DbError;
+use crate::fusion::{Fuser, Runner};
+use crate::metrics::Stage;
+
+/// Most cycles fused into one transaction.
+const MAX_FUSED_CYCLES: usize = 64;
+
+/// Starts the cycle worker: one, so fused batches of cycles never wait on each other's locks,
+/// and each batch is one transaction (each cycle under its own savepoint) with one commit.
+pub(super) fn start(pool: Pool, stage: Arc<Stage>) -> Fuser<CycleJob> {
+    let run: Runner<CycleJob> = Arc::new(move |jobs| {
+        let pool = pool.clone();
+        Box::pin(async move { run_batch(&pool, jobs).await })
+    });
+    Fuser::start(1, MAX_FUSED_CYCLES, |_| 1, run, stage)
+}
+
+/// Commits a batch of cycles, in a stable order (partition, query) so that the locks of two
+/// batches are taken alike. If the batch fails as a whole (a deadlock with other traffic, a
+/// lost connection), each cycle is tried again alone, so that one cycle's trouble is its own.
+async fn run_batch(pool: &Pool, mut jobs: Vec<CycleJob>) {
+    jobs.sort_by_key(|j| (j.cycle.partition_id, j.cycle.query_id));
+    let outcomes = match commit(pool, &jobs).await {
+        Err(_) if jobs.len() > 1 => {
+            for job in jobs {
+                let result = commit(pool, std::slice::from_ref(&job)).await;
+                reply(job, result.map(|mut o| o.pop().expect("one outcome")));
+            }
+            return;
+        }
+        other => other,
+    };
+    match outcomes {
+        Ok(outcomes) => {
+            for (job, o) in jobs.into_iter().zip(outcomes) {
+                reply(job, Ok(o));
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+fn reply(job: CycleJob, result: Result<Outcome, DbError>) {
+    let _ = job.reply.send(result.map_err(Arc::new));
+}
+
+/// One transaction for `jobs`, each cycle under a savepoint: a refused cycle is rolled back
+/// to its savepoint and the others go on.
+async fn commit(pool: &Pool, jobs: &[CycleJob]) -> Result<Vec<Outcome>, DbError> {
+    let mut client = pool.get().await?;
+    let mut tx = client.transaction().await?;
+    let mut outcomes = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let savepoint = tx.transaction().await?;
+        let result = run_cycle(&savepoint, &job.cycle).await?;
+        if result.is_ok() {
+            savepoint.commit().await?;
+        } else {
+            savepoint.rollback().await?;
+        }
+        outcomes.push(Outcome {
+            group: job.cycle.group.clone(),
+            result,
+        });
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
 
 /// The newest registration of a name, under a transaction-scoped lock of the name, so that
 /// two registrations of one name never both insert.

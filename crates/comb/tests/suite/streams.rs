@@ -524,3 +524,58 @@ async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() 
     )
     .await;
 }
+
+/// Cycles arriving together share one transaction, each under its own savepoint: refused ones
+/// keep nothing and take nothing of the others with them.
+#[tokio::test]
+async fn concurrent_cycles_commit_or_fail_each_on_its_own() {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let items: Vec<Value> = (0..12)
+        .map(|i| json!({"queue": "src", "partition": format!("p{i}"), "payload": {"n": i}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    let mut bodies = Vec::new();
+    for i in 0..12 {
+        let pop = env
+            .pop(&format!(
+                "/api/v1/pop/queue/src/partition/p{i}?consumerGroup={GROUP}"
+            ))
+            .await
+            .expect("one message each");
+        let mut body = cycle(
+            &query,
+            &pop,
+            1,
+            json!([{"type": "upsert", "key": format!("k{i}"), "value": i}]),
+        );
+        body["push_items"][0]["partition"] = json!(format!("p{i}"));
+        if i % 3 == 0 {
+            // Not the live lease: refused.
+            body["ack"]["leaseId"] = json!(uuid::Uuid::new_v4().to_string());
+        }
+        bodies.push(body);
+    }
+    let answers =
+        futures_util::future::join_all(bodies.iter().map(|b| env.post("/streams/v1/cycle", b)))
+            .await;
+    for (i, (s, body)) in answers.iter().enumerate() {
+        if i % 3 == 0 {
+            assert_eq!(*s, StatusCode::CONFLICT, "{i}: {body}");
+            assert_eq!(body["code"], "lease_invalid", "{i}");
+        } else {
+            assert_eq!(*s, StatusCode::OK, "{i}: {body}");
+        }
+    }
+    assert_eq!(sink_count(&env), "8");
+    assert_eq!(
+        env.sql("SELECT string_agg(key, ',' ORDER BY key) FROM comb.stream_state_now"),
+        "k1,k10,k11,k2,k4,k5,k7,k8"
+    );
+    // Every cycle went through the cycle fuser (how many shared a batch is up to timing).
+    let text = env.metrics_text().await;
+    assert!(
+        text.contains("comb_fused_wait_seconds_count{kind=\"cycle\"} 12"),
+        "{text}"
+    );
+}
