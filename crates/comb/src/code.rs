@@ -100,6 +100,18 @@ codes! {
     DatabaseUnavailable "database_unavailable" "The database does not answer or refuses connections; retry shortly (503).",
     DatabaseError "database_error" "The database refused a statement: a defect of the server, not of the request; the cause is in the server's log under the answer's `requestId` (500).",
     ShuttingDown "shutting_down" "The server is stopping and takes no new work; retry on another (503).",
+    // Streams (Queen's streams SDK).
+    QueryIdInvalid "query_id_invalid" "A stream request's `query_id` is not a UUID.",
+    StreamQueryInvalid "stream_query_invalid" "A stream query's registration lacks a valid name, source or config hash.",
+    StreamQueryNotFound "stream_query_not_found" "No stream query is registered under that id (404).",
+    StreamQueryReplaced "stream_query_replaced" "The stream query was registered again under a new id (a reset); register it again to continue (409).",
+    StreamConfigChanged "stream_config_changed" "A running stream query was registered with another config hash without asking to reset its state (409).",
+    StreamPartitionNotRead "stream_partition_not_read" "The cycle names a partition that is not in the query's source queue.",
+    StreamAckMismatch "stream_ack_mismatch" "The cycle's ack names a message that is not among the first unsettled messages of its lease (409).",
+    StreamStateTooLarge "stream_state_too_large" "The cycle would make a query's state on one partition larger than the server keeps; nothing was committed.",
+    StateOpInvalid "state_op_invalid" "A cycle's state operation is malformed: an unknown type, or no key.",
+    StateValueTooLarge "state_value_too_large" "A state value is larger than the server keeps (413); nothing was committed.",
+    AckInvalid "ack_invalid" "A cycle's ack is malformed: no transaction id, partition or count.",
 }
 
 impl std::fmt::Display for Code {

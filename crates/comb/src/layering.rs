@@ -56,6 +56,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "pop",
             "push",
             "transaction",
+            "streams",
             "maintenance",
         ],
     ),
@@ -88,6 +89,10 @@ const OWNERS: &[(&str, &str)] = &[
     ("cursor_state", "cursor"),
     ("claimable_now", "pop"),
     ("refuse_sealed_payload", "pop"),
+    ("stream_queries", "streams"),
+    ("stream_partitions", "streams"),
+    ("stream_states", "streams"),
+    ("stream_state_now", "streams"),
     ("retention_secs", "queue"),
     ("completed_retention_secs", "maintenance"),
     ("dead_letters", "dead_letter"),
@@ -132,6 +137,9 @@ const PENDING_OWNERSHIP: &[&str] = &[
     // Dead letters: written by acks, read and counted by administration and backlog.
     "dead_letters",
     "dead_letter_requeues",
+    // Administration's figures, read by the stream query listing for its lag and times.
+    "cursor_lag",
+    "iso",
 ];
 
 fn src() -> PathBuf {

@@ -39,6 +39,7 @@ mod lease;
 mod maintenance;
 pub mod pop;
 mod push;
+mod streams;
 mod transaction;
 
 // The edge and the wiring; the dashboard's pages are a client of the edge, in process.

@@ -93,12 +93,14 @@ pub(crate) struct Stage {
     pub(crate) ran: Durations,
 }
 
-/// The stages of the three kinds of fused requests, shared with their workers.
+/// The stages of the kinds of fused requests, shared with their workers.
 #[derive(Debug, Default)]
 pub(crate) struct Fusion {
     pub(crate) push: Arc<Stage>,
     pub(crate) pop: Arc<Stage>,
     pub(crate) ack: Arc<Stage>,
+    /// Streams cycles.
+    pub(crate) cycle: Arc<Stage>,
 }
 
 /// Messages through this server's edge. Counted after the database answered, from the
@@ -381,15 +383,16 @@ impl Metrics {
         }
 
         let f = &self.fusion;
-        let kinds: [(&[(&str, &str)], &Stage); 3] = [
+        let kinds: [(&[(&str, &str)], &Stage); 4] = [
             (&[("kind", "push")], &f.push),
             (&[("kind", "pop")], &f.pop),
             (&[("kind", "ack")], &f.ack),
+            (&[("kind", "cycle")], &f.cycle),
         ];
         let waited: Vec<_> = kinds.iter().map(|(l, s)| (*l, &s.waited)).collect();
         out.histogram(
             "comb_fused_wait_seconds",
-            "Time a push, pop or ack waited for a worker of its kind to take it into a fused batch, by kind.",
+            "Time a push, pop, ack or streams cycle waited for a worker of its kind to take it into a fused batch, by kind.",
             &waited,
         );
         let ran: Vec<_> = kinds.iter().map(|(l, s)| (*l, &s.ran)).collect();

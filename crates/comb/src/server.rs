@@ -94,11 +94,19 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         },
     );
     let transactions = Transactions::new(pool.clone(), pusher.clone(), acker.clone(), wake.clone());
+    let streams = crate::streams::Streams::new(
+        pool.clone(),
+        pusher.clone(),
+        acker.clone(),
+        wake.clone(),
+        metrics.fusion.cycle.clone(),
+    );
     let app = Arc::new(App {
         pusher,
         popper,
         acker,
         transactions,
+        streams,
         catalog,
         wake,
         pool,

@@ -56,7 +56,7 @@ impl Cursor {
             }
             AckStatus::Failed => {
                 let attempts = self.attempts_of(pos) + 1;
-                if attempts as i64 >= opts.retry_limit as i64 {
+                if opts.exhausted(attempts) {
                     if opts.dead_letters_exhausted() {
                         applied.dead_letter = Some(attempts);
                     } else {
@@ -82,7 +82,8 @@ impl Cursor {
     }
 
     /// Ends an expired lease: every message it handed out and nobody settled counts an
-    /// attempt; those at the retry limit are dead-lettered (returned with their attempts).
+    /// attempt; those past the retry limit (their first attempt and `retryLimit` retries all
+    /// failed) are dead-lettered (returned with their attempts).
     pub(crate) fn expire(&mut self, opts: &QueueOptions) -> Vec<(i64, i32)> {
         let mut dead = Vec::new();
         for pos in (self.cursor_pos + 1)..=self.lease_upto {
@@ -90,7 +91,7 @@ impl Cursor {
                 continue;
             }
             let attempts = self.attempts_of(pos) + 1;
-            if attempts as i64 >= opts.retry_limit as i64 {
+            if opts.exhausted(attempts) {
                 dead.push((pos, attempts));
                 self.settle(pos, self.cursor_seg);
             } else {
@@ -233,8 +234,9 @@ mod tests {
 
     #[test]
     fn retry_limit_dead_letters_and_moves_on() {
+        // retryLimit 1: the first attempt and one retry, then a dead letter.
         let o = QueueOptions {
-            retry_limit: 2,
+            retry_limit: 1,
             ..opts()
         };
         let (mut c, l) = leased(2);
@@ -323,7 +325,7 @@ mod tests {
     #[test]
     fn an_expired_lease_counts_an_attempt_for_each_unsettled_message() {
         let o = QueueOptions {
-            retry_limit: 2,
+            retry_limit: 1,
             ..opts()
         };
         let (mut c, l) = leased(3);
@@ -335,7 +337,7 @@ mod tests {
             (1, 0, 1)
         );
         assert_eq!(c.lease_id, None);
-        // Second expiry reaches the limit: 1 and 3 are dead-lettered, the position moves on.
+        // The second expiry passes retryLimit 1: 1 and 3 are dead-lettered, the position moves on.
         c.lease_id = Some(l);
         let dead = c.expire(&o);
         assert_eq!(dead, vec![(1, 2), (3, 2)]);

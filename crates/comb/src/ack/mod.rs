@@ -3,8 +3,8 @@
 //! The rules live in [`cursor`]: [`Cursor::apply`](crate::cursor::Cursor::apply), a pure function over one (partition,
 //! group) cursor:
 //! acks may arrive in any order; the position moves over the longest run of settled messages;
-//! a failure ends the lease and counts an attempt for that message only; at the retry limit
-//! the message is dead-lettered, which settles it for the group so the partition moves on.
+//! a failure ends the lease and counts an attempt for that message only; once its first
+//! attempt and `retryLimit` retries have failed the message is dead-lettered, which settles it for the group so the partition moves on.
 //!
 //! [`completed`] judges the common case in SQL: cursors whose every ack completes a message
 //! under their live lease are locked, moved and committed in one round trip. [`store`] holds
@@ -32,7 +32,9 @@ pub use crate::cursor::{LOCK_SQL, STATE_SQL};
 /// The ack path's statements, public for the test suite's plan checks.
 pub use completed::JUDGE_SQL;
 pub use store::{ACK_STATE_SQL, LOOKUP_SQL, PLANS};
-pub(crate) use store::{WriteStatements, queues_of, settle_in, write_back};
+pub(crate) use store::{
+    RunSettled, WriteStatements, queues_of, settle_in, settle_run_in, write_back,
+};
 
 /// What the consumer says of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

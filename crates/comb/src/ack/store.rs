@@ -9,7 +9,7 @@ use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::{AckItem, AckJob, AckOutcome, AckRefusal, completed};
+use super::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus, completed};
 use crate::cursor::{self, LOCK_SQL, Locked, locked_columns, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
@@ -196,6 +196,126 @@ pub(crate) async fn settle_in(
     let judged = judge(tx, &reads, items, strict).await?;
     write_back(tx, &writes, &judged.cursors, &judged.dead).await?;
     Ok(judged.outcomes)
+}
+
+/// What [`settle_run_in`] did to its cursor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunSettled {
+    /// The transaction ids of the messages it completed, in position order.
+    pub(crate) completed: Vec<String>,
+    /// The lease ended (every message of it settled, or the rest given back).
+    pub(crate) lease_released: bool,
+    /// The source queue's name, for the counters.
+    pub(crate) queue_name: Option<String>,
+}
+
+/// How long the rest of a lease still runs, in milliseconds, read after the cursor's lock.
+const LEASE_LEFT_SQL: &str = "
+SELECT greatest(0, ceil(extract(epoch FROM s.lease_expires_at - now()) * 1000))::bigint
+FROM comb.cursor_state($1, $2) s";
+
+/// Completes, inside the caller's transaction, the first `count` messages that the live
+/// lease of (`partition`, `group`) handed out and nobody settled yet, in position order:
+/// the ordered acks of a streams cycle, judged by the same rules as every ack
+/// ([`Cursor::apply`], strict: every one under the live lease, named by `lease_id` or not).
+/// Messages of the lease left unsettled are given back without counting an attempt, as a
+/// `retry` ack gives them: with `release` at once, otherwise with the partition resting until
+/// the lease would have ended, so that nobody gets them earlier and they come back then, in
+/// order (a gate holding a partition back keeps its order and spends no attempts).
+pub(crate) async fn settle_run_in(
+    tx: &Transaction<'_>,
+    partition: Uuid,
+    group: &str,
+    count: usize,
+    lease_id: Option<Uuid>,
+    release: bool,
+) -> Result<Result<RunSettled, AckRefusal>, DbError> {
+    tx.batch_execute(PLANS).await?;
+    let reads = ReadStatements::prepare(tx).await?;
+    let writes = WriteStatements::prepare(tx).await?;
+    let pids = vec![partition];
+    let groups = vec![group];
+    let counts = vec![count as i64];
+    let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
+    let state_params: [&(dyn ToSql + Sync); 3] = [&pids, &groups, &counts];
+    let names_params: [&(dyn ToSql + Sync); 1] = [&pids];
+    // Pipelined: one round trip. The state is read after the lock statement has finished.
+    let (lock, locked, named) = tokio::join!(
+        tx.query(&reads.lock, &lock_params),
+        tx.query(&reads.state, &state_params),
+        tx.query(&reads.names, &names_params),
+    );
+    lock?;
+    let locked = locked?;
+    let queue_name: Option<String> = named?.first().map(|r| r.get(2));
+    let Some(row) = locked.first() else {
+        return Ok(Err(AckRefusal::NotConsumed));
+    };
+    let mut handed: Vec<(i64, i32, String)> = match (
+        row.get::<_, Option<Vec<i64>>>(12),
+        row.get::<_, Option<Vec<i32>>>(13),
+        row.get::<_, Option<Vec<String>>>(14),
+    ) {
+        (Some(p), Some(s), Some(t)) => p
+            .into_iter()
+            .zip(s)
+            .zip(t)
+            .map(|((p, s), t)| (p, s, t))
+            .collect(),
+        _ => Vec::new(),
+    };
+    handed.sort_unstable_by_key(|h| h.0);
+    let mut cursors = locked_cursors(&locked);
+    let Some(state) = cursors.get_mut(&(partition, group.to_string())) else {
+        return Ok(Err(AckRefusal::NotConsumed));
+    };
+    state.cursor.begin_request();
+    if state.cursor.request_lease.is_none() {
+        return Ok(Err(AckRefusal::LeaseInvalid));
+    }
+    handed.retain(|h| state.cursor.settled.binary_search(&h.0).is_err());
+    if handed.len() < count {
+        return Ok(Err(AckRefusal::NotDelivered));
+    }
+    let mut completed = Vec::with_capacity(count);
+    let mut lease_released = false;
+    for (pos, seg, txid) in handed.drain(..count) {
+        match state.cursor.apply(
+            pos,
+            seg,
+            AckStatus::Completed,
+            lease_id,
+            &state.options,
+            true,
+        ) {
+            Ok(applied) => lease_released |= applied.lease_released,
+            Err(refusal) => return Ok(Err(refusal)),
+        }
+        completed.push(txid);
+    }
+    if let Some((pos, seg, _)) = handed.first().filter(|_| state.cursor.lease_id.is_some()) {
+        let rest_ms = if release {
+            None
+        } else {
+            let left = tx.query_one(LEASE_LEFT_SQL, &[&partition, &group]).await?;
+            left.get::<_, Option<i64>>(0).map(|ms| ms.max(0) as u64)
+        };
+        match state
+            .cursor
+            .apply(*pos, *seg, AckStatus::Retry, lease_id, &state.options, true)
+        {
+            Ok(applied) => lease_released |= applied.lease_released,
+            Err(refusal) => return Ok(Err(refusal)),
+        }
+        state.cursor.rest_ms = rest_ms;
+    }
+    state.changed = true;
+    write_back(tx, &writes, &cursors, &[]).await?;
+    Ok(Ok(RunSettled {
+        completed,
+        lease_released,
+        queue_name,
+    }))
 }
 
 /// The statements that read what acks are judged against.

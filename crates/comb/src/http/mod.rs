@@ -23,6 +23,7 @@ pub(crate) mod queues;
 /// Sizes, depth and lag of queues, partitions, namespaces and tasks; clearing a queue.
 mod resources;
 mod status;
+mod streams;
 mod system;
 /// HTTPS on the listener.
 pub(crate) mod tls;
@@ -63,6 +64,8 @@ pub(crate) struct App {
     pub(crate) popper: Popper,
     pub(crate) acker: Arc<Acker>,
     pub(crate) transactions: Transactions,
+    /// Queen's streams: queries, cycles, state.
+    pub(crate) streams: crate::streams::Streams,
     /// This process's counters, served by `GET /metrics`.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Whether acknowledged writes would survive a failover, as last checked.
@@ -292,6 +295,14 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
         ),
         (Method::POST, "/api/v1/stats/refresh", post(status::refresh)),
         (Method::GET, "/api/v1/dlq", get(dlq::list)),
+        (Method::POST, "/streams/v1/queries", post(streams::register)),
+        (Method::POST, "/streams/v1/cycle", post(streams::cycle)),
+        (
+            Method::POST,
+            "/streams/v1/state/get",
+            post(streams::state_get),
+        ),
+        (Method::GET, "/api/v1/streams/queries", get(streams::list)),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
         (Method::GET, "/metrics", get(metrics::metrics)),

@@ -17,7 +17,7 @@ ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED";
 
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
-/// unsettled messages and dead-letters those at the retry limit (or, in queues that keep no
+/// unsettled messages and dead-letters those past the retry limit (or, in queues that keep no
 /// dead letters for that, skips them). Cursors another claim or
 /// ack holds right now are skipped; they are seen again on a later pop. Runs in a transaction
 /// of its own on the claim's connection (whose claim has committed): a claim never waits for

@@ -10,6 +10,11 @@
 //! The copy may race with writers: a writer that read version v and writes v + 1 into the
 //! newest generation while v is being carried is harmless, because the highest version is
 //! the state.
+//!
+//! The state versions of streams queries (`comb.stream_states`) live in the same
+//! generations: each has a table per generation, made ahead with the cursors' one, and the
+//! newest version of every pair whose query is current is carried forward before the old
+//! table is dropped (a query registered again after a reset leaves its old state behind).
 
 use deadpool_postgres::Client;
 
@@ -19,6 +24,14 @@ use super::{Report, Settings};
 use crate::db::DbError;
 
 use crate::cursor::generations::{self as statements, table};
+use crate::streams::generations as streams;
+
+async fn exists(client: &Client, table: &str) -> Result<bool, DbError> {
+    Ok(client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get(0))
+}
 
 /// Every generation, oldest first, and how long ago the newest was started.
 async fn generations(client: &Client) -> Result<(Vec<i32>, f64), DbError> {
@@ -44,12 +57,13 @@ pub(crate) async fn make_ahead(
         return Ok(());
     };
     let next = newest + 1;
+    let s = streams::table(next);
+    if !exists(client, &s).await? {
+        let sql = streams::make_ahead_sql(next, &lock_timeout_sql(settings));
+        give_way(client, &sql).await?;
+    }
     let t = table(next);
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&t])
-        .await?
-        .get(0);
-    if exists {
+    if exists(client, &t).await? {
         return Ok(());
     }
     let sql = format!(
@@ -75,10 +89,9 @@ pub(crate) async fn rotate(client: &Client, settings: &Settings) -> Result<(), D
         return Ok(());
     }
     let next = newest + 1;
-    let ready: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table(next)])
-        .await?
-        .get(0);
+    // Writers of both kinds of state must find the generation's table.
+    let ready =
+        exists(client, &table(next)).await? && exists(client, &streams::table(next)).await?;
     if ready {
         client.execute(statements::START_SQL, &[&next]).await?;
         tracing::info!(generation = next, "cursor state generation started");
@@ -130,6 +143,39 @@ pub(crate) async fn carry_forward_and_drop(
                 break;
             }
         }
+    }
+    Ok(())
+}
+
+/// Carries the newest state version of every current streams query on every partition that
+/// still exists out of each generation older than the newest, then drops that generation's
+/// `comb.stream_states` table. Runs over the tables that exist, so a drop that had to give
+/// way is tried again next cycle even after the cursors' table of that generation is gone.
+pub(crate) async fn carry_streams_forward_and_drop(
+    client: &Client,
+    settings: &Settings,
+) -> Result<(), DbError> {
+    let (gens, _) = generations(client).await?;
+    let Some(&newest) = gens.last() else {
+        return Ok(());
+    };
+    let older: Vec<i32> = client
+        .query(streams::LIST_SQL, &[])
+        .await?
+        .iter()
+        .map(|r| r.get::<_, i32>(0))
+        .filter(|&g| g < newest)
+        .collect();
+    for generation in older {
+        let sql = streams::carry_forward_sql(generation, newest, &lock_timeout_sql(settings));
+        if !give_way(client, &sql).await? {
+            tracing::info!(
+                generation,
+                "stream state generation busy; dropping it next cycle"
+            );
+            break;
+        }
+        tracing::info!(generation, "dropped stream state generation");
     }
     Ok(())
 }

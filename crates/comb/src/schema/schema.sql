@@ -469,6 +469,74 @@ CREATE TABLE comb.server_minutes (
 )
 PARTITION BY RANGE (day);
 
+CREATE TABLE comb.stream_partitions (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.stream_queries (
+    id uuid NOT NULL,
+    name text NOT NULL,
+    source_queue text NOT NULL,
+    sink_queue text,
+    config_hash text NOT NULL,
+    registered_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+CREATE TABLE comb.stream_states (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    ver bigint NOT NULL,
+    state jsonb NOT NULL,
+    updated jsonb NOT NULL,
+    keys integer NOT NULL,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+)
+PARTITION BY RANGE (gen);
+
+CREATE VIEW comb.stream_state_now AS
+ SELECT q.name AS query,
+    p.partition_id,
+    e.key,
+    e.value,
+    to_timestamp((((s.updated ->> e.key))::double precision / (1000)::double precision)) AS updated_at
+   FROM (((comb.stream_partitions p
+     JOIN comb.stream_queries q ON ((q.id = p.query_id)))
+     CROSS JOIN LATERAL ( SELECT v.state,
+            v.updated
+           FROM comb.stream_states v
+          WHERE ((v.partition_id = p.partition_id) AND (v.query_id = p.query_id))
+          ORDER BY v.gen DESC, v.ver DESC
+         LIMIT 1) s)
+     CROSS JOIN LATERAL jsonb_each(s.state) e(key, value));
+
+CREATE TABLE comb.stream_states_1 (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    ver bigint NOT NULL,
+    state jsonb NOT NULL,
+    updated jsonb NOT NULL,
+    keys integer NOT NULL,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.stream_states_2 (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    ver bigint NOT NULL,
+    state jsonb NOT NULL,
+    updated jsonb NOT NULL,
+    keys integer NOT NULL,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE comb.subscriptions (
     queue_id uuid NOT NULL,
     consumer_group text NOT NULL,
@@ -496,6 +564,10 @@ CREATE TABLE comb.traces (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 )
 PARTITION BY RANGE (day);
+
+ALTER TABLE ONLY comb.stream_states ATTACH PARTITION comb.stream_states_1 FOR VALUES FROM (1) TO (2);
+
+ALTER TABLE ONLY comb.stream_states ATTACH PARTITION comb.stream_states_2 FOR VALUES FROM (2) TO (3);
 
 ALTER TABLE ONLY comb.maintenance_runs ALTER COLUMN id SET DEFAULT nextval('comb.maintenance_runs_id_seq'::regclass);
 
@@ -544,6 +616,12 @@ ALTER TABLE ONLY comb.segment_partitions
 ALTER TABLE ONLY comb.segments
     ADD CONSTRAINT segments_pkey PRIMARY KEY (seg);
 
+ALTER TABLE ONLY comb.stream_partitions
+    ADD CONSTRAINT stream_partitions_pkey PRIMARY KEY (partition_id, query_id);
+
+ALTER TABLE ONLY comb.stream_queries
+    ADD CONSTRAINT stream_queries_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY comb.subscriptions
     ADD CONSTRAINT subscriptions_pkey PRIMARY KEY (queue_id, consumer_group);
 
@@ -570,9 +648,23 @@ CREATE INDEX segment_partitions_partition ON comb.segment_partitions USING btree
 
 CREATE INDEX server_minutes_minute ON ONLY comb.server_minutes USING btree (minute);
 
+CREATE INDEX stream_partitions_query ON comb.stream_partitions USING btree (query_id);
+
+CREATE INDEX stream_queries_name ON comb.stream_queries USING btree (name, registered_at DESC);
+
+CREATE INDEX stream_states_latest ON ONLY comb.stream_states USING btree (partition_id, query_id, gen, ver);
+
+CREATE INDEX stream_states_1_partition_id_query_id_gen_ver_idx ON comb.stream_states_1 USING btree (partition_id, query_id, gen, ver);
+
+CREATE INDEX stream_states_2_partition_id_query_id_gen_ver_idx ON comb.stream_states_2 USING btree (partition_id, query_id, gen, ver);
+
 CREATE INDEX traces_message ON ONLY comb.traces USING btree (partition_id, transaction_id, created_at);
 
 CREATE INDEX traces_name ON ONLY comb.traces USING btree (name, created_at);
+
+ALTER INDEX comb.stream_states_latest ATTACH PARTITION comb.stream_states_1_partition_id_query_id_gen_ver_idx;
+
+ALTER INDEX comb.stream_states_latest ATTACH PARTITION comb.stream_states_2_partition_id_query_id_gen_ver_idx;
 
 ALTER TABLE ONLY comb.partitions
     ADD CONSTRAINT partitions_queue_id_fkey FOREIGN KEY (queue_id) REFERENCES comb.queues(id) ON DELETE CASCADE;

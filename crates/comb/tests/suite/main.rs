@@ -44,6 +44,7 @@ mod retention;
 mod retries;
 mod routes;
 mod shutdown;
+mod streams;
 mod tls;
 mod transactions;
 mod unreadable;
