@@ -46,10 +46,15 @@ fn ids(partition: &str, transaction: String) -> Result<(Uuid, String), Problem> 
             format!("partitionId must be a UUID, got {partition:?}"),
         )
     })?;
-    if transaction.is_empty() || transaction.len() > crate::queue::MAX_NAME_LEN {
+    // A control character (NUL above all, which PostgreSQL text cannot hold) is in no stored
+    // transaction id: pushes refuse them.
+    if transaction.is_empty()
+        || transaction.len() > crate::queue::MAX_NAME_LEN
+        || transaction.chars().any(char::is_control)
+    {
         return Err(Problem::bad_request(
             Code::TransactionIdInvalid,
-            "transactionId must hold 1 to 255 bytes",
+            "transactionId must hold 1 to 255 bytes without control characters",
         ));
     }
     Ok((partition, transaction))

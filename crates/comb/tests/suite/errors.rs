@@ -568,6 +568,28 @@ async fn nul_characters_never_reach_the_database() {
         env.sql("SELECT error FROM comb.dead_letters"),
         "line 1\nline\t2 \u{FFFD} end"
     );
+    // A transaction id in a path: refused before any statement, on every message route.
+    let pid = pid.as_str().unwrap();
+    for (method, path) in [
+        ("GET", format!("/api/v1/messages/{pid}/nul%00inside")),
+        ("DELETE", format!("/api/v1/messages/{pid}/nul%00inside")),
+        ("POST", format!("/api/v1/messages/{pid}/nul%00inside/retry")),
+        ("POST", format!("/api/v1/messages/{pid}/nul%00inside/dlq")),
+    ] {
+        let r = env
+            .http
+            .request(method.parse().unwrap(), env.url(&path))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {path}: {body}");
+        assert_eq!(
+            body["code"], "transaction_id_invalid",
+            "{method} {path}: {body}"
+        );
+    }
 }
 
 /// A NUL byte in a query string is refused at the edge on every route, before any statement.
