@@ -11,29 +11,20 @@ use crate::common::{Env, numbers};
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 const KEY2: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 
-async fn post_to(env: &Env, base: &str, path: &str, body: &Value) -> (StatusCode, Value) {
-    let r = env
-        .http
-        .post(format!("{base}{path}"))
-        .json(body)
-        .send()
-        .await
-        .expect("request");
+/// The status and JSON body (null when there is none) of a request.
+async fn answer(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let r = request.send().await.expect("request");
     let status = r.status();
     let text = r.text().await.unwrap_or_default();
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+async fn post_to(env: &Env, base: &str, path: &str, body: &Value) -> (StatusCode, Value) {
+    answer(env.http.post(format!("{base}{path}")).json(body)).await
+}
+
 async fn get_from(env: &Env, base: &str, path: &str) -> (StatusCode, Value) {
-    let r = env
-        .http
-        .get(format!("{base}{path}"))
-        .send()
-        .await
-        .expect("request");
-    let status = r.status();
-    let text = r.text().await.unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    answer(env.http.get(format!("{base}{path}"))).await
 }
 
 async fn text_from(env: &Env, url: &str) -> String {
