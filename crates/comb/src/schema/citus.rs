@@ -14,7 +14,19 @@
 //! server starting on a distributed schema does nothing, and a table added by a later
 //! migration is distributed on the next start that knows it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tokio_postgres::Client;
+
+/// Whether this server's database is a Citus coordinator: set when `comb migrate` (run by
+/// every server at start) finds the extension. The few statements Citus cannot plan as
+/// written have a form of their own for it, chosen by [`on`].
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// Whether the database is a Citus coordinator (known once the schema was migrated).
+pub(crate) fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
 
 /// The tables read and written with every request: a copy on every node.
 pub(crate) const REFERENCE: &[&str] = &[
@@ -69,12 +81,23 @@ const FUNCTIONS: &[&str] = &[
 /// referencing distributed tables are not supported"): PostgreSQL would inline the function
 /// only after Citus has refused it. A PL/pgSQL function runs its query on its own, a router
 /// query on the partition's worker. Same result as the migrations' SQL version.
+///
+/// It returns its columns by name, not the table's row type: a function of the table's type
+/// makes the table depend on itself in Citus's eyes, which then refuses to attach a new
+/// generation to it.
 const CURSOR_STATE: &str = "
 CREATE FUNCTION comb.cursor_state(p uuid, g text)
-RETURNS SETOF comb.cursor_states
+RETURNS TABLE (partition_id uuid, consumer_group text, gen integer, ver bigint,
+               cursor_pos bigint, cursor_seg integer, settled bigint[], attempt_pos bigint[],
+               attempt_cnt integer[], lease_id uuid, lease_expires_at timestamptz,
+               lease_upto bigint, available_at timestamptz, last_claimed_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
 BEGIN
-    RETURN QUERY SELECT * FROM comb.cursor_states s
+    RETURN QUERY SELECT s.partition_id, s.consumer_group, s.gen, s.ver, s.cursor_pos,
+                        s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
+                        s.lease_expires_at, s.lease_upto, s.available_at, s.last_claimed_at
+    FROM comb.cursor_states s
     WHERE s.partition_id = p AND s.consumer_group = g
     ORDER BY s.gen DESC, s.ver DESC LIMIT 1;
 END $$";
@@ -120,6 +143,7 @@ pub(crate) async fn distribute(client: &Client) -> Result<Vec<String>, tokio_pos
     if !present(client).await? {
         return Ok(Vec::new());
     }
+    ON.store(true, Ordering::Relaxed);
     client
         .execute("SELECT pg_advisory_lock($1)", &[&DISTRIBUTION_LOCK])
         .await?;
