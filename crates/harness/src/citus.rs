@@ -2,8 +2,8 @@
 //! with Citus preloaded, for the tests that check Comb on a distributed database.
 
 use std::io;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use crate::{Postgres, sanitize_db_prefix};
 
@@ -79,6 +79,10 @@ impl Citus {
     /// of it.
     pub fn create_database(&self, prefix: &str) -> io::Result<String> {
         static COUNTER: AtomicU64 = AtomicU64::new(1);
+        // Citus changes its catalogs on every node when a database joins: one at a time
+        // ("tuple concurrently updated" otherwise).
+        static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+        let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}_{n}_{}", sanitize_db_prefix(prefix), std::process::id());
         for node in std::iter::once(&self.coordinator).chain(&self.workers) {

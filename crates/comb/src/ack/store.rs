@@ -40,6 +40,19 @@ WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2
 ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c";
 
+/// [`LOCK_SQL`] on Citus, which locks rows only in a statement of one shard: the
+/// coordinator locks each cursor with one of its own (`comb.lock_cursors`), in the same order.
+const LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_cursors($1, $2)";
+
+/// The cursor lock this database takes: [`LOCK_SQL`], or its Citus form.
+pub(crate) fn lock_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        LOCK_CITUS_SQL
+    } else {
+        LOCK_SQL
+    }
+}
+
 /// The columns [`locked_cursors`] reads, of a cursor's state `s` and its queue `q`, shared
 /// by the statements that read locked cursors.
 macro_rules! locked_columns {
@@ -209,10 +222,30 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     let chosen = completed::completing(items);
     let mut outcomes: Vec<Option<AckOutcome>> = if chosen.is_empty() {
         (0..items.len()).map(|_| None).collect()
+    } else if crate::schema::citus::on() {
+        // On Citus, a transaction per partition, each run on its partition's worker.
+        let lock = client.prepare_cached(lock_sql()).await?;
+        let judge = client.prepare_cached(&completed::JUDGE_CITUS_SQL).await?;
+        let mut by_partition: HashMap<Uuid, Vec<usize>> = HashMap::new();
+        for &k in &chosen {
+            by_partition
+                .entry(items[k].partition_id)
+                .or_default()
+                .push(k);
+        }
+        let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
+        for (partition, ks) in by_partition {
+            let mut part =
+                completed::settle(&client, &lock, &judge, items, &ks, Some(partition)).await?;
+            for k in ks {
+                outcomes[k] = part[k].take();
+            }
+        }
+        outcomes
     } else {
-        let lock = client.prepare_cached(LOCK_SQL).await?;
+        let lock = client.prepare_cached(lock_sql()).await?;
         let judge = client.prepare_cached(completed::JUDGE_SQL).await?;
-        completed::settle(&client, &lock, &judge, items, &chosen).await?
+        completed::settle(&client, &lock, &judge, items, &chosen, None).await?
     };
     let rest: Vec<usize> = (0..items.len())
         .filter(|&k| outcomes[k].is_none())
@@ -292,7 +325,7 @@ impl ReadStatements {
     async fn prepare<C: GenericClient>(client: &C) -> Result<ReadStatements, DbError> {
         Ok(ReadStatements {
             lookup: client.prepare_cached(LOOKUP_SQL).await?,
-            lock: client.prepare_cached(LOCK_SQL).await?,
+            lock: client.prepare_cached(lock_sql()).await?,
             state: client.prepare_cached(ACK_STATE_SQL).await?,
             names: client.prepare_cached(NAMES_SQL).await?,
         })

@@ -15,6 +15,10 @@ WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
 ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED";
 
+/// [`EXPIRED_LOCK_SQL`] on Citus: a router statement per partition, run by the coordinator
+/// (`comb.lock_expired`).
+const EXPIRED_LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_expired($1, $2)";
+
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
 /// unsettled messages and dead-letters those at the retry limit (or, in queues that keep no
 /// dead letters for that, skips them). Cursors another claim or
@@ -27,7 +31,13 @@ pub(crate) async fn expire_leases(
     partitions: &[Uuid],
 ) -> Result<Expired, DbError> {
     let statements = Statements {
-        lock: client.prepare_cached(EXPIRED_LOCK_SQL).await?,
+        lock: client
+            .prepare_cached(if crate::schema::citus::on() {
+                EXPIRED_LOCK_CITUS_SQL
+            } else {
+                EXPIRED_LOCK_SQL
+            })
+            .await?,
         state: client.prepare_cached(STATE_SQL).await?,
         writes: WriteStatements::prepare(client).await?,
     };

@@ -276,6 +276,97 @@ JOIN leased l ON l.partition_id = m.partition_id",
     )
 }
 
+/// [`CANDIDATES_SQL`] for a Citus cluster, where every walk names one partition (`$3`): each
+/// distributed table is filtered by it in so many words, so Citus plans the statement with
+/// one task on the worker holding the partition (a router statement) and lets it lock rows,
+/// which it refuses across shards.
+static CANDIDATES_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let sql = CANDIDATES_SQL
+        .replace(
+            "($3::uuid IS NULL OR c.partition_id = $3)",
+            "c.partition_id = $3",
+        )
+        .replace(
+            "WHERE m.partition_id = f.partition_id",
+            "WHERE m.partition_id = f.partition_id AND m.partition_id = $3",
+        )
+        .replace(
+            "ON c.partition_id = e.partition_id AND c.consumer_group = $2",
+            "ON c.partition_id = e.partition_id AND c.consumer_group = $2 AND c.partition_id = $3",
+        )
+        .replace(
+            "CROSS JOIN LATERAL comb.cursor_state(w.partition_id, $2) s",
+            &format!("CROSS JOIN LATERAL {} s", citus_state("w", "$3")),
+        );
+    debug_assert_eq!(sql.matches("$3").count(), 5, "{sql}");
+    sql
+});
+
+/// A cursor's latest state (`comb.cursor_state`) written out for a router statement on
+/// Citus: the function, run on the worker, would itself be a distributed query from a shard,
+/// which Citus refuses. `of` is the alias whose `partition_id` names the partition, `one` the
+/// parameter holding it.
+fn citus_state(of: &str, one: &str) -> String {
+    format!(
+        "(SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = {of}.partition_id AND s.partition_id = {one}
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
+    )
+}
+
+/// [`CLAIM_SQL`] (or [`SHARED_CLAIM_SQL`]) for a Citus cluster: one partition (`one`, a
+/// parameter holding the only element of `$3`), named to every distributed table, for the
+/// reason of [`CANDIDATES_CITUS_SQL`].
+fn claim_citus_sql(sql: &str, one: &str) -> String {
+    sql.replace(
+        "CROSS JOIN LATERAL comb.cursor_state(c.partition_id, $2) s",
+        &format!("CROSS JOIN LATERAL {} s", citus_state("c", one)),
+    )
+    .replace(
+        "WHERE p.id = c.partition_id)",
+        &format!("WHERE p.id = c.partition_id AND p.id = {one})"),
+    )
+    .replace(
+        "WHERE m.partition_id = st.partition_id",
+        &format!("WHERE m.partition_id = st.partition_id AND m.partition_id = {one}"),
+    )
+    .replace(
+        "FROM unnest($3::uuid[]) AS c(partition_id)",
+        &format!(
+            "FROM (SELECT {one}::uuid WHERE {one}::uuid = ANY($3::uuid[])) AS c(partition_id)"
+        ),
+    )
+}
+
+/// The plain claim has six parameters: its partition is the seventh.
+static CLAIM_CITUS_SQL: LazyLock<String> = LazyLock::new(|| claim_citus_sql(&CLAIM_SQL, "$7"));
+static SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
+    LazyLock::new(|| claim_citus_sql(&SHARED_CLAIM_SQL, "$9"));
+
+/// On a Citus cluster, a pop over the whole queue first lists the group's partitions that may
+/// have something to hand out, without locking (Citus locks rows only in a statement of one
+/// shard): a query run on every worker at once, in walk order from after the last partition
+/// claimed (`$3`). Each is then claimed as a named partition, a router statement that
+/// locks its cursor and skips it if another claim holds it. Queue options
+/// (`windowBuffer`, `retentionSeconds`, `delayedProcessing`) are left to that claim.
+pub static CANDIDATES_LIST_CITUS_SQL: &str = "
+SELECT c.partition_id
+FROM comb.cursors c
+CROSS JOIN LATERAL (
+    SELECT s.cursor_pos, s.cursor_seg, s.lease_id, s.lease_expires_at, s.available_at
+    FROM comb.cursor_states s
+    WHERE s.partition_id = c.partition_id AND s.consumer_group = c.consumer_group
+    ORDER BY s.gen DESC, s.ver DESC LIMIT 1) f
+WHERE c.queue_id = $1 AND c.consumer_group = $2
+  AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
+       OR (f.lease_id IS NULL AND f.available_at <= now()
+           AND EXISTS (SELECT 1 FROM comb.messages m
+                       WHERE m.partition_id = c.partition_id
+                         AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
+ORDER BY c.partition_id <= $3, c.partition_id
+LIMIT $4";
+
 /// Where the next claim of each (queue, group) starts its walk over the partitions: just
 /// after the last partition this server claimed. Only a hint for fairness (another server
 /// keeps its own); losing it costs nothing but one walk from the start.
@@ -427,6 +518,9 @@ impl Claiming<'_> {
         partitions: usize,
         walk_done: &mut Option<oneshot::Sender<()>>,
     ) -> Result<Vec<Claim>, DbError> {
+        if crate::schema::citus::on() && self.shape.partition_id.is_none() {
+            return self.run_listed(client, partitions, walk_done).await;
+        }
         let mut claims: Vec<Claim> = Vec::new();
         // A walk claims less than wanted when leases ended (settled here, then their
         // partitions are free) or when other servers' claims held cursors it saw: the next
@@ -489,6 +583,50 @@ impl Claiming<'_> {
     }
 }
 
+impl Claiming<'_> {
+    /// A pop over the whole queue on Citus: the candidates listed across the workers
+    /// ([`CANDIDATES_LIST_CITUS_SQL`]), then each claimed as a named partition until enough
+    /// are.
+    async fn run_listed(
+        &self,
+        client: &deadpool_postgres::Client,
+        partitions: usize,
+        walk_done: &mut Option<oneshot::Sender<()>>,
+    ) -> Result<Vec<Claim>, DbError> {
+        let rover = self.rovers.get(self.shape.queue_id, &self.shape.group);
+        let limit = (partitions as i64) + LOOKAHEAD;
+        let listed = client
+            .query(
+                CANDIDATES_LIST_CITUS_SQL,
+                &[&self.shape.queue_id, &self.shape.group, &rover, &limit],
+            )
+            .await?;
+        let mut claims: Vec<Claim> = Vec::new();
+        for row in listed {
+            if claims.len() >= partitions {
+                break;
+            }
+            let shape = PopShape {
+                partition_id: Some(row.get(0)),
+                ..self.shape.clone()
+            };
+            let one = Claiming {
+                rovers: self.rovers,
+                shape: &shape,
+                default_lease_seconds: self.default_lease_seconds,
+                metrics: self.metrics,
+                lease: self.lease,
+            };
+            let mut none = None;
+            claims.extend(Box::pin(one.run(client, 1, &mut none)).await?);
+        }
+        if let Some(done) = walk_done.take() {
+            let _ = done.send(());
+        }
+        Ok(claims)
+    }
+}
+
 /// How many free cursors beyond those it wants a claim's first walk reads.
 const LOOKAHEAD: i64 = 2;
 
@@ -537,11 +675,19 @@ async fn claim_once(
     shared: Shared,
     walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
-    let candidates = client.prepare_cached(&CANDIDATES_SQL).await?;
-    let stmt = if shared.cap.is_some() {
-        client.prepare_cached(&SHARED_CLAIM_SQL).await?
-    } else {
-        client.prepare_cached(&CLAIM_SQL).await?
+    let citus = crate::schema::citus::on();
+    let candidates = client
+        .prepare_cached(if citus {
+            &CANDIDATES_CITUS_SQL
+        } else {
+            &CANDIDATES_SQL
+        })
+        .await?;
+    let stmt = match (shared.cap.is_some(), citus) {
+        (true, false) => client.prepare_cached(&SHARED_CLAIM_SQL).await?,
+        (false, false) => client.prepare_cached(&CLAIM_SQL).await?,
+        (true, true) => client.prepare_cached(&SHARED_CLAIM_CITUS_SQL).await?,
+        (false, true) => client.prepare_cached(&CLAIM_CITUS_SQL).await?,
     };
     let pg: &tokio_postgres::Client = client;
     let limit = partitions as i64;
@@ -593,7 +739,8 @@ async fn claim_once(
         });
     }
     let cap = shared.cap.unwrap_or(0);
-    let claim_params: [&(dyn ToSql + Sync); 8] = [
+    let one = locked[0];
+    let claim_params: [&(dyn ToSql + Sync); 9] = [
         &shape.queue_id,
         &shape.group,
         &locked,
@@ -602,14 +749,20 @@ async fn claim_once(
         &shape.auto_ack,
         &shared.lease,
         &cap,
+        &one,
     ];
-    // The plain claim has no $7 and $8.
-    let params = if shared.cap.is_some() {
-        &claim_params[..]
-    } else {
-        &claim_params[..6]
+    // The plain claim has no $7 and $8; only Citus's has $9 (its one partition).
+    let params: Vec<&(dyn ToSql + Sync)> = match (shared.cap.is_some(), citus) {
+        (true, false) => claim_params[..8].to_vec(),
+        (false, false) => claim_params[..6].to_vec(),
+        (true, true) => claim_params.to_vec(),
+        (false, true) => {
+            let mut p = claim_params[..6].to_vec();
+            p.push(&one);
+            p
+        }
     };
-    let (rows, commit) = tokio::join!(pg.query(&stmt, params), pg.batch_execute("COMMIT"));
+    let (rows, commit) = tokio::join!(pg.query(&stmt, &params), pg.batch_execute("COMMIT"));
     // A failed claim makes the pipelined COMMIT roll back.
     let rows = rows?;
     commit?;

@@ -122,6 +122,54 @@ BEGIN
     ORDER BY h.pos DESC LIMIT 1;
 END $$";
 
+/// Row locks of several partitions, taken on the coordinator one partition at a time.
+///
+/// Citus locks rows (`FOR UPDATE`, `FOR NO KEY UPDATE`) only in a statement of one shard; a
+/// push of several partitions, an ack of several cursors and the expiry of several leases lock
+/// rows on several. These functions run on the coordinator and lock each partition's row with
+/// a router statement of its own, in the same order as the one statement they replace, so the
+/// caller still sends one statement. Each returns the ids it locked, as the statement did.
+const LOCKS: &str = "
+CREATE OR REPLACE FUNCTION comb.lock_partitions(ids uuid[]) RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    one uuid;
+BEGIN
+    FOR one IN SELECT DISTINCT i FROM unnest(ids) i ORDER BY 1 LOOP
+        RETURN QUERY SELECT p.id FROM comb.partitions p WHERE p.id = one FOR NO KEY UPDATE;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.lock_cursors(ids uuid[], groups text[]) RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    one record;
+BEGIN
+    FOR one IN SELECT DISTINCT i, g FROM unnest(ids, groups) AS x(i, g) ORDER BY 1, 2 LOOP
+        RETURN QUERY SELECT c.partition_id FROM comb.cursors c
+        WHERE c.partition_id = one.i AND c.consumer_group = one.g FOR NO KEY UPDATE;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.lock_expired(ids uuid[], grp text) RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    one uuid;
+BEGIN
+    FOR one IN SELECT DISTINCT i FROM unnest(ids) i ORDER BY 1 LOOP
+        RETURN QUERY SELECT c.partition_id FROM comb.cursors c
+        CROSS JOIN LATERAL (
+            SELECT s.lease_id, s.lease_expires_at FROM comb.cursor_states s
+            WHERE s.partition_id = c.partition_id AND s.partition_id = one
+              AND s.consumer_group = grp
+            ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+        WHERE c.partition_id = one AND c.consumer_group = grp
+          AND s.lease_id IS NOT NULL AND s.lease_expires_at <= now()
+        FOR NO KEY UPDATE OF c SKIP LOCKED;
+    END LOOP;
+END $$;
+";
+
 /// Key of the advisory lock that serialises distribution among servers starting together
 /// (the migrations' key plus one).
 const DISTRIBUTION_LOCK: i64 = 0x636f_6d62_0002;
@@ -251,6 +299,7 @@ async fn distribute_in(client: &Client) -> Result<Vec<String>, tokio_postgres::E
         client.batch_execute(&sql).await?;
     }
     client.batch_execute(PARTITION_HEAD).await?;
+    client.batch_execute(LOCKS).await?;
     for f in FUNCTIONS {
         let is: bool = client
             .query_one(
