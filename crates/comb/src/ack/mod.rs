@@ -32,7 +32,7 @@ pub use completed::JUDGE_SQL;
 pub(crate) use cursor::Cursor;
 pub use store::{ACK_STATE_SQL, LOCK_SQL, LOOKUP_SQL, PLANS, STATE_SQL};
 pub(crate) use store::{
-    DeadLetter, WriteStatements, locked_cursors, queues_of, settle_in, write_back,
+    DeadLetter, STATE_CITUS_SQL, WriteStatements, locked_cursors, queues_of, settle_in, write_back,
 };
 
 /// What the consumer says of a message.

@@ -2,7 +2,7 @@
 //! append their next versions and the dead letters.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 use tokio_postgres::Statement;
@@ -115,6 +115,94 @@ WHERE p.id = ANY($1)";
 
 /// The queues of the partitions that exist among `partitions` (a probe of the partitions'
 /// primary key each): what a token limited to some queues is checked against before it acks.
+/// A cursor's (`u`) latest state written out for a router statement on Citus: through
+/// `comb.cursor_state` Citus would refuse the statement (a function reading a distributed
+/// table), and with it run on the worker, a distributed query from a shard.
+fn citus_state(one: &str) -> String {
+    format!(
+        "(SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = u.partition_id AND s.partition_id = {one}
+            AND s.consumer_group = u.consumer_group
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
+    )
+}
+
+/// The Citus forms of the statements of judged acks and lease expiry: each reads and writes
+/// one partition (its last parameter), named to every distributed table, so that Citus plans
+/// it on that partition's worker. Callers split their work by partition on Citus.
+static LOOKUP_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    LOOKUP_SQL.replace(
+        "WHERE m.partition_id = i.partition_id AND",
+        "WHERE m.partition_id = i.partition_id AND m.partition_id = $3 AND",
+    )
+});
+pub(crate) static STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    STATE_SQL
+        .replace(
+            "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
+            "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+                AND c.partition_id = $3",
+        )
+        .replace(
+            "CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s",
+            &format!("CROSS JOIN LATERAL {} s", citus_state("$3")),
+        )
+});
+static ACK_STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    ACK_STATE_SQL
+        .replace(
+            "WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
+            "WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+               AND c.partition_id = $4",
+        )
+        .replace(
+            "CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s",
+            &format!("CROSS JOIN LATERAL {} s", citus_state("$4")),
+        )
+        .replace(
+            "WHERE m.partition_id = u.partition_id",
+            "WHERE m.partition_id = u.partition_id AND m.partition_id = $4",
+        )
+});
+static WRITE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    WRITE_SQL.replace(
+        "CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s",
+        &format!("CROSS JOIN LATERAL {} s", citus_state("$10")),
+    )
+});
+static DEAD_LETTER_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    DEAD_LETTER_SQL.replace(
+        "JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos",
+        "JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos
+             AND m.partition_id = $8",
+    )
+});
+
+/// The partition a Citus statement is about, as its last parameter; nothing on PostgreSQL.
+fn with_partition<'a>(
+    params: &[&'a (dyn ToSql + Sync)],
+    one: &'a Option<Uuid>,
+) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut all = params.to_vec();
+    if one.is_some() {
+        all.push(one);
+    }
+    all
+}
+
+/// `items` grouped by partition, first appearance first (Citus's statements take one).
+fn by_partition<'a, T>(items: &'a [T], of: impl Fn(&T) -> Uuid) -> Vec<(Uuid, Vec<usize>)> {
+    let mut out: Vec<(Uuid, Vec<usize>)> = Vec::new();
+    for (k, i) in items.iter().enumerate() {
+        let p = of(i);
+        match out.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, ks)) => ks.push(k),
+            None => out.push((p, vec![k])),
+        }
+    }
+    out
+}
+
 pub(crate) async fn queues_of(pool: &Pool, partitions: &[Uuid]) -> Result<Vec<String>, DbError> {
     let client = pool.get().await?;
     let names = client.prepare_cached(NAMES_SQL).await?;
@@ -198,6 +286,7 @@ pub(crate) struct Locked {
 }
 
 /// A message to dead-letter, gathered while acks are applied.
+#[derive(Clone)]
 pub(crate) struct DeadLetter {
     pub(crate) queue_id: Uuid,
     pub(crate) partition_id: Uuid,
@@ -324,9 +413,21 @@ struct ReadStatements {
 impl ReadStatements {
     async fn prepare<C: GenericClient>(client: &C) -> Result<ReadStatements, DbError> {
         Ok(ReadStatements {
-            lookup: client.prepare_cached(LOOKUP_SQL).await?,
+            lookup: client
+                .prepare_cached(if citus() {
+                    &LOOKUP_CITUS_SQL
+                } else {
+                    LOOKUP_SQL
+                })
+                .await?,
             lock: client.prepare_cached(lock_sql()).await?,
-            state: client.prepare_cached(ACK_STATE_SQL).await?,
+            state: client
+                .prepare_cached(if citus() {
+                    &ACK_STATE_CITUS_SQL
+                } else {
+                    ACK_STATE_SQL
+                })
+                .await?,
             names: client.prepare_cached(NAMES_SQL).await?,
         })
     }
@@ -348,6 +449,37 @@ async fn judge<C: GenericClient>(
     items: &[&AckItem],
     strict: bool,
 ) -> Result<Judged, DbError> {
+    if !citus() {
+        return judge_one(tx, statements, items, strict, None).await;
+    }
+    // On Citus, a partition at a time; outcomes put back in the items' order.
+    let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
+    let mut cursors = HashMap::new();
+    let mut dead = Vec::new();
+    for (partition, ks) in by_partition(items, |i| i.partition_id) {
+        let mine: Vec<&AckItem> = ks.iter().map(|&k| items[k]).collect();
+        let judged = judge_one(tx, statements, &mine, strict, Some(partition)).await?;
+        for (k, o) in ks.into_iter().zip(judged.outcomes) {
+            outcomes[k] = Some(o);
+        }
+        cursors.extend(judged.cursors);
+        dead.extend(judged.dead);
+    }
+    Ok(Judged {
+        outcomes: outcomes.into_iter().map(|o| o.expect("judged")).collect(),
+        cursors,
+        dead,
+    })
+}
+
+/// [`judge`] of items all of `one` partition on Citus (`None`: any, on PostgreSQL).
+async fn judge_one<C: GenericClient>(
+    tx: &C,
+    statements: &ReadStatements,
+    items: &[&AckItem],
+    strict: bool,
+    one: Option<Uuid>,
+) -> Result<Judged, DbError> {
     // Each cursor once, with its acks counted: a batch acks many messages of few cursors.
     let mut acks: HashMap<(Uuid, &str), i64> = HashMap::new();
     for i in items {
@@ -360,7 +492,7 @@ async fn judge<C: GenericClient>(
     partitions.sort_unstable();
     partitions.dedup();
     let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
-    let state_params: [&(dyn ToSql + Sync); 3] = [&pids, &groups, &counts];
+    let state_params = with_partition(&[&pids, &groups, &counts], &one);
     let names_params: [&(dyn ToSql + Sync); 1] = [&partitions];
     // Pipelined: one round trip. The state is read after the lock statement has finished.
     let (lock, locked, named) = tokio::join!(
@@ -370,7 +502,7 @@ async fn judge<C: GenericClient>(
     );
     lock?;
     let locked = locked?;
-    let position = positions(tx, &statements.lookup, items, &locked).await?;
+    let position = positions(tx, &statements.lookup, items, &locked, one).await?;
     let mut cursors = locked_cursors(&locked);
     for state in cursors.values_mut() {
         state.cursor.begin_request();
@@ -441,6 +573,7 @@ async fn positions<C: GenericClient>(
     lookup: &Statement,
     items: &[&AckItem],
     locked: &[tokio_postgres::Row],
+    one: Option<Uuid>,
 ) -> Result<Vec<Option<(i64, i32)>>, DbError> {
     let mut delivered: HashMap<(Uuid, &str), (i64, i32)> = HashMap::new();
     for r in locked {
@@ -476,7 +609,7 @@ async fn positions<C: GenericClient>(
         .iter()
         .map(|&k| items[k].transaction_id.as_str())
         .collect();
-    let params: [&(dyn ToSql + Sync); 2] = [&pids, &txids];
+    let params = with_partition(&[&pids, &txids], &one);
     for r in tx.query(lookup, &params).await? {
         let ord: i64 = r.get(0);
         position[missing[(ord - 1) as usize]] = Some((r.get(1), r.get(2)));
@@ -524,8 +657,16 @@ pub(crate) struct WriteStatements {
 impl WriteStatements {
     pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<WriteStatements, DbError> {
         Ok(WriteStatements {
-            write: client.prepare_cached(WRITE_SQL).await?,
-            dead: client.prepare_cached(DEAD_LETTER_SQL).await?,
+            write: client
+                .prepare_cached(if citus() { &WRITE_CITUS_SQL } else { WRITE_SQL })
+                .await?,
+            dead: client
+                .prepare_cached(if citus() {
+                    &DEAD_LETTER_CITUS_SQL
+                } else {
+                    DEAD_LETTER_SQL
+                })
+                .await?,
         })
     }
 }
@@ -541,6 +682,30 @@ pub(crate) async fn write_back<C: GenericClient>(
 ) -> Result<(), DbError> {
     let changed: Vec<(&(Uuid, String), &Locked)> =
         cursors.iter().filter(|(_, l)| l.changed).collect();
+    if !citus() {
+        return write_one(tx, statements, &changed, dead, None).await;
+    }
+    // On Citus, a partition at a time.
+    for (partition, ks) in by_partition(&changed, |c| c.0.0) {
+        let mine: Vec<(&(Uuid, String), &Locked)> = ks.iter().map(|&k| changed[k]).collect();
+        let buried: Vec<DeadLetter> = dead
+            .iter()
+            .filter(|d| d.partition_id == partition)
+            .cloned()
+            .collect();
+        write_one(tx, statements, &mine, &buried, Some(partition)).await?;
+    }
+    Ok(())
+}
+
+/// [`write_back`] of cursors (and their dead letters) all of `one` partition on Citus.
+async fn write_one<C: GenericClient>(
+    tx: &C,
+    statements: &WriteStatements,
+    changed: &[(&(Uuid, String), &Locked)],
+    dead: &[DeadLetter],
+    one: Option<Uuid>,
+) -> Result<(), DbError> {
     if changed.is_empty() {
         return Ok(());
     }
@@ -572,11 +737,16 @@ pub(crate) async fn write_back<C: GenericClient>(
     let d_pos: Vec<i64> = dead.iter().map(|d| d.pos).collect();
     let d_att: Vec<i32> = dead.iter().map(|d| d.attempts).collect();
     let d_err: Vec<Option<&str>> = dead.iter().map(|d| d.error.as_deref()).collect();
-    let dead_params: [&(dyn ToSql + Sync); 7] =
-        [&d_id, &d_qid, &d_pid, &d_group, &d_pos, &d_att, &d_err];
-    let update_params: [&(dyn ToSql + Sync); 9] = [
-        &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
-    ];
+    let dead_params = with_partition(
+        &[&d_id, &d_qid, &d_pid, &d_group, &d_pos, &d_att, &d_err],
+        &one,
+    );
+    let update_params = with_partition(
+        &[
+            &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
+        ],
+        &one,
+    );
     let write_dead = async {
         if dead.is_empty() {
             return Ok(());
@@ -587,6 +757,11 @@ pub(crate) async fn write_back<C: GenericClient>(
     u?;
     d?;
     Ok(())
+}
+
+/// Whether the database is a Citus coordinator (its statements take one partition each).
+fn citus() -> bool {
+    crate::schema::citus::on()
 }
 
 /// A PostgreSQL array literal such as `{1,2,3}`.

@@ -3,7 +3,9 @@
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
-use crate::ack::{DeadLetter, STATE_SQL, WriteStatements, locked_cursors, write_back};
+use crate::ack::{
+    DeadLetter, STATE_CITUS_SQL, STATE_SQL, WriteStatements, locked_cursors, write_back,
+};
 use crate::db::{self, DbError};
 
 /// Like [`LOCK_SQL`] for the cursors of one group whose lease ended, skipping busy ones.
@@ -38,9 +40,28 @@ pub(crate) async fn expire_leases(
                 EXPIRED_LOCK_SQL
             })
             .await?,
-        state: client.prepare_cached(STATE_SQL).await?,
+        state: client
+            .prepare_cached(if crate::schema::citus::on() {
+                &STATE_CITUS_SQL
+            } else {
+                STATE_SQL
+            })
+            .await?,
         writes: WriteStatements::prepare(client).await?,
     };
+    if crate::schema::citus::on() && partitions.len() > 1 {
+        // On Citus, a partition at a time: its statements read one partition each.
+        let mut all = Expired {
+            discarded: 0,
+            dead_lettered: 0,
+        };
+        for p in partitions {
+            let one = Box::pin(expire_leases(client, group, std::slice::from_ref(p))).await?;
+            all.discarded += one.discarded;
+            all.dead_lettered += one.dead_lettered;
+        }
+        return Ok(all);
+    }
     client.batch_execute("BEGIN").await?;
     match expire_in(client, &statements, group, partitions).await {
         Ok(done) => {
@@ -90,7 +111,14 @@ async fn expire_in(
         });
     }
     let groups: Vec<&str> = locked.iter().map(|_| group).collect();
-    let rows = client.query(&statements.state, &[&locked, &groups]).await?;
+    let one = locked[0];
+    let rows = if crate::schema::citus::on() {
+        client
+            .query(&statements.state, &[&locked, &groups, &one])
+            .await?
+    } else {
+        client.query(&statements.state, &[&locked, &groups]).await?
+    };
     let mut cursors = locked_cursors(&rows);
     // Read again under the lock: only leases still ended are expired.
     cursors.retain(|_, l| l.cursor.lease_id.is_some() && !l.cursor.lease_live);

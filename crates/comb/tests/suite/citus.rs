@@ -267,13 +267,7 @@ async fn every_consumer_group_reads_every_message() {
     }
 }
 
-/// Not yet on Citus: an ack that fails a message (or mixes statuses) is judged by statements
-/// reading several partitions' cursors through `comb.cursor_state`, which Citus refuses
-/// ("complex joins are only supported when all distributed tables are co-located and joined
-/// on their distribution columns"); the ack is answered 500 `database_error` and nothing is
-/// written. See `docs/scale-out.md`.
 #[tokio::test]
-#[ignore = "failed acks are not yet supported on Citus (docs/scale-out.md)"]
 async fn a_failed_message_is_retried_then_dead_lettered() {
     let env = on_citus("citus_retries").await;
     env.configure("q", json!({"retryLimit": 1, "retryDelay": 0}))
@@ -311,4 +305,39 @@ async fn a_waiting_pop_wakes_up_on_a_push() {
     let (status, body, _) = waiting.await.unwrap();
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(numbers(&body), vec![7]);
+}
+
+#[tokio::test]
+async fn a_lease_that_ends_unsettled_hands_the_message_out_again() {
+    let env = on_citus("citus_lease").await;
+    env.configure("q", json!({"leaseTime": 1, "retryLimit": 5}))
+        .await;
+    env.push(json!([
+        {"queue": "q", "partition": "a", "payload": {"n": 1}},
+        {"queue": "q", "partition": "b", "payload": {"n": 2}},
+    ]))
+    .await;
+    let first = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
+    let second = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
+    let mut got = [numbers(&first), numbers(&second)].concat();
+    got.sort();
+    assert_eq!(got, vec![1, 2]);
+    // Not acked: once the leases end, both come back with their second attempt.
+    let mut again = Vec::new();
+    let start = std::time::Instant::now();
+    while again.len() < 2 && start.elapsed() < common::PATIENCE {
+        match env.pop("/api/v1/pop/queue/q?batch=10").await {
+            Some(pop) => {
+                for m in pop["messages"].as_array().unwrap() {
+                    again.push((
+                        m["data"]["n"].as_i64().unwrap(),
+                        m["attempt"].as_i64().unwrap(),
+                    ));
+                }
+            }
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    again.sort();
+    assert_eq!(again, vec![(1, 2), (2, 2)]);
 }
