@@ -191,7 +191,7 @@ fn with_partition<'a>(
 }
 
 /// `items` grouped by partition, first appearance first (Citus's statements take one).
-fn by_partition<'a, T>(items: &'a [T], of: impl Fn(&T) -> Uuid) -> Vec<(Uuid, Vec<usize>)> {
+fn by_partition<T>(items: &[T], of: impl Fn(&T) -> Uuid) -> Vec<(Uuid, Vec<usize>)> {
     let mut out: Vec<(Uuid, Vec<usize>)> = Vec::new();
     for (k, i) in items.iter().enumerate() {
         let p = of(i);
