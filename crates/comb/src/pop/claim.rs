@@ -280,7 +280,7 @@ JOIN leased l ON l.partition_id = m.partition_id",
 /// distributed table is filtered by it in so many words, so Citus plans the statement with
 /// one task on the worker holding the partition (a router statement) and lets it lock rows,
 /// which it refuses across shards.
-static CANDIDATES_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+pub static CANDIDATES_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
     let sql = CANDIDATES_SQL
         .replace(
             "($3::uuid IS NULL OR c.partition_id = $3)",
@@ -340,7 +340,7 @@ fn claim_citus_sql(sql: &str, one: &str) -> String {
 }
 
 /// The plain claim has six parameters: its partition is the seventh.
-static CLAIM_CITUS_SQL: LazyLock<String> = LazyLock::new(|| claim_citus_sql(&CLAIM_SQL, "$7"));
+pub static CLAIM_CITUS_SQL: LazyLock<String> = LazyLock::new(|| claim_citus_sql(&CLAIM_SQL, "$7"));
 static SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
     LazyLock::new(|| claim_citus_sql(&SHARED_CLAIM_SQL, "$9"));
 

@@ -341,3 +341,86 @@ async fn a_lease_that_ends_unsettled_hands_the_message_out_again() {
     again.sort();
     assert_eq!(again, vec![(1, 2), (2, 2)]);
 }
+
+/// The plan Citus makes of `statement` (prepared, custom plan, not run) with `args`.
+fn citus_plan(db: &str, statement: &str, args: &str) -> String {
+    Citus::shared()
+        .coordinator()
+        .psql(
+            db,
+            &format!(
+                "SET plan_cache_mode = force_custom_plan;
+                 PREPARE s AS {statement};
+                 EXPLAIN (COSTS OFF) EXECUTE s({args})"
+            ),
+        )
+        .unwrap()
+}
+
+/// Every distributed step of `plan` is one task: no step reads or writes every shard.
+fn assert_single_shard_steps(what: &str, plan: &str) {
+    let counts: Vec<&str> = plan
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Task Count: "))
+        .collect();
+    assert!(
+        !counts.is_empty(),
+        "{what}: not a distributed plan:\n{plan}"
+    );
+    assert!(
+        counts.iter().all(|c| *c == "1"),
+        "{what}: {counts:?}\n{plan}"
+    );
+}
+
+/// `plan` is one task, sent whole to one worker: a router statement.
+fn assert_one_task(what: &str, plan: &str) {
+    assert_single_shard_steps(what, plan);
+    assert!(
+        !plan.contains("Distributed Subplan"),
+        "{what}: planned in steps\n{plan}"
+    );
+}
+
+#[tokio::test]
+async fn a_claims_walk_is_one_task_and_its_claim_touches_one_shard_per_step() {
+    let env = on_citus("citus_plans").await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    // The first pop subscribes the queue-mode group: its cursor exists from now on.
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 2}}]))
+        .await;
+    let row = Citus::shared()
+        .coordinator()
+        .psql(
+            &env.db_name,
+            "SELECT c.queue_id || ' ' || c.partition_id || ' ' || c.consumer_group
+             FROM comb.cursors c",
+        )
+        .unwrap();
+    let f: Vec<&str> = row.split(' ').collect();
+    let (queue, partition, group) = (f[0], f[1], f[2]);
+    let walk = citus_plan(
+        &env.db_name,
+        &comb::pop::CANDIDATES_CITUS_SQL,
+        &format!(
+            "'{queue}', '{group}', '{partition}', 1, 30, \
+             '00000000-0000-0000-0000-000000000000', 2"
+        ),
+    );
+    assert_one_task("the walk", &walk);
+    let claim = citus_plan(
+        &env.db_name,
+        &comb::pop::CLAIM_CITUS_SQL,
+        &format!(
+            "'{queue}', '{group}', ARRAY['{partition}']::uuid[], 10, 30, false, '{partition}'"
+        ),
+    );
+    // The claim is not yet one task: Citus plans its materialised steps one by one (each of
+    // one task), and its insert of the cursor's next state pulls through the coordinator
+    // (docs/scale-out.md). No step touches every shard.
+    assert_single_shard_steps("the claim", &claim);
+    assert!(claim.contains("Distributed Subplan"), "{claim}");
+}
