@@ -298,7 +298,16 @@ pub static CANDIDATES_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
             "CROSS JOIN LATERAL comb.cursor_state(w.partition_id, $2) s",
             &format!("CROSS JOIN LATERAL {} s", citus_state("w", "$3")),
         );
-    debug_assert_eq!(sql.matches("$3").count(), 5, "{sql}");
+    // `comb.claimable_now` written out: run on the worker, the function's own queries would
+    // be distributed queries from a shard, which Citus refuses.
+    let start = sql.find("comb.claimable_now(").expect("the call");
+    let end = start
+        + sql[start..]
+            .find("(SELECT delay_secs FROM q))")
+            .expect("its last argument")
+        + "(SELECT delay_secs FROM q))".len();
+    let sql = format!("{}{CLAIMABLE_CITUS}{}", &sql[..start], &sql[end..]);
+    debug_assert!(sql.matches("$3").count() >= 5, "{sql}");
     sql
 });
 
@@ -314,6 +323,39 @@ fn citus_state(of: &str, one: &str) -> String {
           ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
     )
 }
+
+/// `comb.claimable_now(f.partition_id, …)` of the walk for one partition (`$3`), as an
+/// expression of the statement: the partition's head time (`comb.partition_head`) against
+/// `windowBuffer` and `retentionSeconds`, its next message's time against
+/// `delayedProcessing`.
+const CLAIMABLE_CITUS: &str = "(
+    ((SELECT window_secs FROM q) = 0
+     OR ((SELECT h.at FROM (
+              (SELECT m.pos, m.created_at AS at FROM comb.messages m
+               WHERE m.partition_id = $3
+                 AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
+               ORDER BY m.pos DESC LIMIT 1)
+              UNION ALL
+              (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
+               WHERE sp.partition_id = $3 ORDER BY sp.seg DESC LIMIT 1)) h
+          ORDER BY h.pos DESC LIMIT 1)
+         <= now() - make_interval(secs => (SELECT window_secs FROM q))) IS TRUE)
+    AND ((SELECT retention_secs FROM q) = 0
+     OR ((SELECT h.at FROM (
+              (SELECT m.pos, m.created_at AS at FROM comb.messages m
+               WHERE m.partition_id = $3
+                 AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
+               ORDER BY m.pos DESC LIMIT 1)
+              UNION ALL
+              (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
+               WHERE sp.partition_id = $3 ORDER BY sp.seg DESC LIMIT 1)) h
+          ORDER BY h.pos DESC LIMIT 1)
+         > now() - make_interval(secs => (SELECT retention_secs FROM q))) IS TRUE)
+    AND ((SELECT delay_secs FROM q) = 0
+     OR ((SELECT m.created_at FROM comb.messages m
+          WHERE m.partition_id = $3 AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
+          ORDER BY m.pos LIMIT 1)
+         <= now() - make_interval(secs => (SELECT delay_secs FROM q))) IS TRUE))";
 
 /// [`CLAIM_SQL`] (or [`SHARED_CLAIM_SQL`]) for a Citus cluster: one partition (`one`, a
 /// parameter holding the only element of `$3`), named to every distributed table, for the

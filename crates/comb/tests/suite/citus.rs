@@ -424,3 +424,19 @@ async fn a_claims_walk_is_one_task_and_its_claim_touches_one_shard_per_step() {
     assert_single_shard_steps("the claim", &claim);
     assert!(claim.contains("Distributed Subplan"), "{claim}");
 }
+
+#[tokio::test]
+async fn a_delayed_message_waits_for_its_delay() {
+    let env = on_citus("citus_delay").await;
+    env.configure("d", json!({"delayedProcessing": 2})).await;
+    env.push(json!([{"queue": "d", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    let pushed_at = std::time::Instant::now();
+    let pop = env.pop_now_or_wait("d").await;
+    assert_eq!(numbers(&pop), vec![1]);
+    assert!(
+        pushed_at.elapsed() >= Duration::from_secs(2),
+        "handed out {:?} after the push, before its delay",
+        pushed_at.elapsed()
+    );
+}
