@@ -182,10 +182,15 @@ async fn without_citus_the_schema_keeps_its_keys() {
 /// (`sslmode` left to its default, `prefer`: Citus serves TLS with a self-signed version 1
 /// certificate).
 async fn on_citus(prefix: &'static str) -> Env {
+    on_citus_with(prefix, &[]).await
+}
+
+/// [`on_citus`] with extra `comb serve` flags.
+async fn on_citus_with(prefix: &'static str, args: &'static [&'static str]) -> Env {
     tokio::task::spawn_blocking(move || {
         let db_url = Citus::shared().create_database(prefix).unwrap();
         let db_name = db_url.rsplit('/').next().unwrap().to_string();
-        let server = Server::start(common::comb_bin(), &db_url, &[]).expect("server starts");
+        let server = Server::start(common::comb_bin(), &db_url, args).expect("server starts");
         Env {
             server,
             db_url,
@@ -438,5 +443,37 @@ async fn a_delayed_message_waits_for_its_delay() {
         pushed_at.elapsed() >= Duration::from_secs(2),
         "handed out {:?} after the push, before its delay",
         pushed_at.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn messages_pending_past_max_wait_are_dead_lettered() {
+    let env = on_citus_with("citus_max_wait", &["--maintenance-interval-ms", "200"]).await;
+    env.push(json!([
+        {"queue": "slow", "partition": "p", "payload": {"n": 1}},
+        {"queue": "slow", "partition": "p", "payload": {"n": 2}},
+    ]))
+    .await;
+    let first = env
+        .pop("/api/v1/pop/queue/slow?consumerGroup=g&autoAck=true")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&first), vec![1]);
+    env.configure("slow", json!({"maxWaitTimeSeconds": 1}))
+        .await;
+    let dead = || {
+        Citus::shared()
+            .coordinator()
+            .psql(
+                &env.db_name,
+                "SELECT count(*) FROM comb.dead_letters WHERE consumer_group = 'g'",
+            )
+            .unwrap()
+    };
+    common::eventually(common::PATIENCE, "dead-lettered", || dead() == "1").await;
+    assert!(
+        env.pop("/api/v1/pop/queue/slow?consumerGroup=g")
+            .await
+            .is_none()
     );
 }
