@@ -477,3 +477,53 @@ async fn messages_pending_past_max_wait_are_dead_lettered() {
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn retention_drops_whole_segments_on_the_cluster() {
+    let env = on_citus_with(
+        "citus_retention",
+        &["--segment-seconds", "1", "--maintenance-interval-ms", "200"],
+    )
+    .await;
+    let sql = |q: &str| Citus::shared().coordinator().psql(&env.db_name, q).unwrap();
+    env.push(json!([
+        {"queue": "short", "partition": "p", "payload": {"n": 1}},
+        {"queue": "short", "partition": "p", "payload": {"n": 2}},
+    ]))
+    .await;
+    let seg: i32 = sql("SELECT DISTINCT seg FROM comb.messages")
+        .parse()
+        .unwrap();
+    env.configure("short", json!({"retentionSeconds": 1})).await;
+    let start = std::time::Instant::now();
+    // The segment is rolled over, summarised and dropped as a whole table, shards and all.
+    while sql(&format!(
+        "SELECT to_regclass('comb.messages_{seg}') IS NOT NULL"
+    )) == "t"
+    {
+        assert!(
+            start.elapsed() < common::PATIENCE,
+            "segment {seg} not dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let shards = sql(&format!(
+        "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid::text = 'comb.messages_{seg}'"
+    ));
+    assert_eq!(shards, "0");
+    // Newer segments made since are distributed like their parent.
+    assert_eq!(
+        sql(
+            "SELECT count(*) FROM pg_inherits i WHERE i.inhparent = 'comb.messages'::regclass
+             AND NOT EXISTS (SELECT 1 FROM pg_dist_partition d WHERE d.logicalrelid = i.inhrelid)"
+        ),
+        "0"
+    );
+    // The summary outlives the segment: the partition's head, so new messages come after.
+    env.configure("short", json!({"retentionSeconds": 0})).await;
+    env.push(json!([{"queue": "short", "partition": "p", "payload": {"n": 3}}]))
+        .await;
+    assert_eq!(sql("SELECT max(pos) FROM comb.messages"), "3");
+    let pop = env.pop("/api/v1/pop/queue/short?batch=10").await.unwrap();
+    assert_eq!(numbers(&pop), vec![3]);
+}
