@@ -170,9 +170,10 @@ BEGIN
 END $$;
 ";
 
-/// Key of the advisory lock that serialises distribution among servers starting together
-/// (the migrations' key plus one).
-const DISTRIBUTION_LOCK: i64 = 0x636f_6d62_0002;
+/// Key of the advisory lock that serialises distribution among servers starting together.
+/// Comb's other keys count up from `0x636f_6d62_0001` (migrations, the maintenance leader,
+/// snapshots); this one stands apart from them.
+const DISTRIBUTION_LOCK: i64 = 0x636f_6d62_c175;
 
 /// Whether the database is a Citus coordinator (has the extension).
 pub(crate) async fn present(client: &Client) -> Result<bool, tokio_postgres::Error> {

@@ -527,3 +527,36 @@ async fn retention_drops_whole_segments_on_the_cluster() {
     let pop = env.pop("/api/v1/pop/queue/short?batch=10").await.unwrap();
     assert_eq!(numbers(&pop), vec![3]);
 }
+
+#[tokio::test]
+async fn a_push_through_one_server_wakes_a_pop_waiting_on_another() {
+    let env = on_citus("citus_two").await;
+    let url = env.db_url.clone();
+    let other = tokio::task::spawn_blocking(move || {
+        Server::start(common::comb_bin(), &url, &[]).expect("second server")
+    })
+    .await
+    .unwrap();
+    let waiting = common::waiting_pop(format!(
+        "{}/api/v1/pop/queue/w?wait=true&timeout=60000",
+        other.base_url()
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.push(json!([{"queue": "w", "partition": "p", "payload": {"n": 9}}]))
+        .await;
+    let (status, body, _) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(numbers(&body), vec![9]);
+    // One maintenance leader between them: the advisory lock lives on the coordinator.
+    let leaders = Citus::shared()
+        .coordinator()
+        .psql(
+            &env.db_name,
+            // The leader lock's key, 0x636f_6d62_0002, as pg_locks splits it.
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+             WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()
+               AND l.classid = x'636f'::int AND l.objid = x'6d620002'::bigint",
+        )
+        .unwrap();
+    assert_eq!(leaders, "1", "one maintenance leader on the coordinator");
+}
