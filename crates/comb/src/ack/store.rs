@@ -395,6 +395,11 @@ pub(crate) async fn settle_in(
     // Cached plans of these statements are shared with the ack path's own transactions:
     // they are made under the same settings wherever they are made.
     tx.batch_execute(PLANS).await?;
+    if citus() {
+        // Citus routes a statement to one worker only in a custom plan (see `db`).
+        tx.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            .await?;
+    }
     let reads = ReadStatements::prepare(tx).await?;
     let writes = WriteStatements::prepare(tx).await?;
     let judged = judge(tx, &reads, items, strict).await?;

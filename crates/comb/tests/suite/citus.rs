@@ -560,3 +560,29 @@ async fn a_push_through_one_server_wakes_a_pop_waiting_on_another() {
         .unwrap();
     assert_eq!(leaders, "1", "one maintenance leader on the coordinator");
 }
+
+#[tokio::test]
+async fn a_transaction_acks_and_pushes_across_partitions() {
+    let env = on_citus("citus_tx").await;
+    env.push(json!([{"queue": "in", "partition": "a", "payload": {"n": 1}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/in").await.unwrap();
+    let m = one(&pop);
+    let (status, body) = env
+        .post(
+            "/api/v1/transaction",
+            &json!({"operations": [
+                {"type": "ack", "transactionId": m["transactionId"],
+                 "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+                 "status": "completed"},
+                {"type": "push", "items": [{"queue": "out", "partition": "b", "payload": {"n": 2}}]},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["success"], true, "{body}");
+    // The ack took: nothing left in `in`; the push took: `out` holds its message.
+    assert!(env.pop("/api/v1/pop/queue/in").await.is_none());
+    let out = env.pop("/api/v1/pop/queue/out").await.unwrap();
+    assert_eq!(numbers(&out), vec![2]);
+}
