@@ -133,12 +133,12 @@ def test_queues_and_partitions_show_depth_in_flight_and_dead_letters(url, name):
     ns = name + "-ns"
 
     async def body(q):
-        await q.queue(name).namespace(ns).config({"retry_limit": 1, "retry_delay": 0}).create()
+        await q.queue(name).namespace(ns).config({"retry_limit": 0, "retry_delay": 0}).create()
         await q.queue(name).partition("a").push(items(4))
         await q.queue(name).partition("b").push(items(2, 10))
         leased = await pop_builder(q, name, batch=2).partition("a").pop()
         listed = await q.admin.list_queues(namespace=ns)
-        # The first fails: at retryLimit 1 it is a dead letter, and the lease ends.
+        # The first fails: at retryLimit 0 it is a dead letter, and the lease ends.
         await q.ack(leased[0], False, {"error": "boom"})
         detail = await q.admin.get_queue(name)
         partitions = await q.admin.get_partitions(queue=name)
@@ -226,7 +226,7 @@ def test_messages_are_listed_found_and_deleted(url, name):
 
 def test_a_retried_dead_letter_is_delivered_again(url, name):
     async def body(q):
-        await q.queue(name).config({"retry_limit": 1, "retry_delay": 0}).create()
+        await q.queue(name).config({"retry_limit": 0, "retry_delay": 0}).create()
         await q.queue(name).push(items(2))
         got = await pop_builder(q, name, batch=2).pop()
         # The success first: a failure ends the lease.
@@ -324,7 +324,7 @@ async def settled_totals(q, **params):
 
 def test_status_and_analytics_count_what_the_client_did(url, name):
     async def body(q):
-        await q.queue(name).config({"retry_limit": 1, "retry_delay": 0}).create()
+        await q.queue(name).config({"retry_limit": 0, "retry_delay": 0}).create()
         # Throughput of one queue, counted by each server per queue: read before and after
         # (the queue is new, so before is zero).
         before = await settled_totals(q, queue=name)

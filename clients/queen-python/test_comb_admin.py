@@ -7,7 +7,7 @@ from comb_client import pop_builder, session
 
 def dead_letter(q, name, group, partition, failing):
     """Pops `partition` one message at a time for `group`, failing the numbers in `failing`
-    (at retryLimit 1 each is a dead letter at once) and completing the others."""
+    (at retryLimit 0 each is a dead letter at once) and completing the others."""
 
     async def run():
         while True:
@@ -22,7 +22,7 @@ def dead_letter(q, name, group, partition, failing):
 
 def test_requeued_dead_letters_come_back_in_their_order_to_their_group_only(url, http, name):
     async def setup(q):
-        await q.queue(name).config({"retry_limit": 1, "retry_delay": 0}).create()
+        await q.queue(name).config({"retry_limit": 0, "retry_delay": 0}).create()
         await q.queue(name).partition("p").push([{"data": {"n": i}} for i in range(8)])
         await dead_letter(q, name, "w", "p", {1, 4, 5, 7})
         other = await pop_builder(q, name, batch=10).group("other").pop()
@@ -51,7 +51,7 @@ def test_requeued_dead_letters_come_back_in_their_order_to_their_group_only(url,
 
 def test_purge_drops_the_dead_letters_of_one_partition(url, http, name):
     async def setup(q):
-        await q.queue(name).config({"retry_limit": 1, "retry_delay": 0}).create()
+        await q.queue(name).config({"retry_limit": 0, "retry_delay": 0}).create()
         for partition in ("a", "b"):
             await q.queue(name).partition(partition).push([{"data": {"n": i}} for i in range(3)])
             await dead_letter(q, name, "w", partition, {0, 2})

@@ -67,7 +67,7 @@ def test_a_failing_handler_retries_then_dead_letters(url, name):
         raise RuntimeError("cannot process")
 
     async def body(q):
-        await q.queue(name).config({"retry_limit": 2, "retry_delay": 0}).create()
+        await q.queue(name).config({"retry_limit": 1, "retry_delay": 0}).create()
         await q.queue(name).push({"data": {"poison": True}})
         await consumer(q, name).each().limit(2).consume(handler)
         dlq = await q.queue(name).dlq().get()

@@ -5,7 +5,7 @@ from comb_client import pop_builder, session
 
 def test_dead_letters_are_listed_by_queue_and_group(url, name):
     async def body(q):
-        await q.queue(name).config({"retry_limit": 1}).create()
+        await q.queue(name).config({"retry_limit": 0}).create()
         await q.queue(name).push([{"data": {"n": i}} for i in range(3)])
         for group in (None, "workers"):
             got = await pop_builder(q, name, batch=3).group(group).pop() if group else await pop_builder(q, name, batch=3).pop()

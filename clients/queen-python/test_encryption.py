@@ -7,7 +7,7 @@ def test_an_encrypted_queue_round_trips_payloads(url, name):
     secret = {"card": "4111 1111 1111 1111", "nested": [1, {"ok": True}]}
 
     async def body(q):
-        created = await q.queue(name).config({"encryption_enabled": True, "retry_limit": 1}).create()
+        created = await q.queue(name).config({"encryption_enabled": True, "retry_limit": 0}).create()
         await q.queue(name).push([{"data": secret}, {"data": "second"}])
         got = await pop_builder(q, name, batch=2).pop()
         await q.ack(got[0], "failed", {"error": "rejected"})

@@ -74,6 +74,22 @@ enum Cmd {
         #[arg(long)]
         tokens: bool,
     },
+    /// Flood a new server with requests on random names that exist nowhere and print its
+    /// resident memory and registry sizes before and after.
+    Flood {
+        /// The comb binary to run.
+        #[arg(long, default_value = "target/release/comb")]
+        comb: PathBuf,
+        /// Requests to send (ack batches carry 32 names each, so 25,000 carry about 100,000).
+        #[arg(long, default_value_t = 25_000)]
+        requests: usize,
+        /// Floods one after another on the same server, each with new names: memory that
+        /// stays flat from one to the next holds nothing per name.
+        #[arg(long, default_value_t = 1)]
+        rounds: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -211,6 +227,51 @@ fn main() -> ExitCode {
                         eprintln!("fuzz could not run: {e}");
                         ExitCode::FAILURE
                     }
+                }
+            }
+            Cmd::Flood {
+                comb,
+                requests,
+                rounds,
+                seed,
+            } => {
+                let pg = tokio::task::spawn_blocking(comb_harness::Postgres::start)
+                    .await
+                    .expect("task")
+                    .expect("PostgreSQL");
+                let url = pg.create_database("flood").expect("database");
+                let server = tokio::task::spawn_blocking(move || {
+                    comb_harness::Server::start(&comb, &url, &[])
+                })
+                .await
+                .expect("task")
+                .expect("comb");
+                let mut failed = false;
+                for round in 0..rounds {
+                    println!("round {} of {rounds}", round + 1);
+                    match comb_audit::fuzz::flood::flood(
+                        server.addr(),
+                        server.pid(),
+                        requests,
+                        seed.wrapping_add(round),
+                        None,
+                    )
+                    .await
+                    {
+                        Ok(report) => {
+                            print!("{}", report.summary());
+                            failed |= !report.findings.is_empty();
+                        }
+                        Err(e) => {
+                            eprintln!("flood could not run: {e}");
+                            failed = true;
+                        }
+                    }
+                }
+                if failed {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
                 }
             }
         }

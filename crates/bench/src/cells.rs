@@ -52,6 +52,19 @@ pub enum Kind {
         /// Pop batch size.
         batch: usize,
     },
+    /// Fixed-rate pushes read by streams runners: a tumbling-window count per partition
+    /// (one-second windows), each cycle committing its state, the closed windows to a sink
+    /// queue and the ack of its batch through `POST /streams/v1/cycle`.
+    Streams {
+        /// Messages per second, fixed.
+        rate: f64,
+        /// Partitions.
+        partitions: usize,
+        /// Runner connections.
+        runners: usize,
+        /// Pop batch size.
+        batch: usize,
+    },
     /// Binary `COPY` of Comb-shaped rows straight into PostgreSQL.
     Ceiling {
         /// Connections.
@@ -265,6 +278,17 @@ pub fn all() -> Vec<Cell> {
             },
             compare: None,
             about: "drain a pre-filled queue of 1,000 partitions: 50 consumers, batch 50 + ack",
+        },
+        Cell {
+            name: "streams",
+            kind: Kind::Streams {
+                rate: 2_000.0,
+                partitions: 100,
+                runners: 4,
+                batch: 50,
+            },
+            compare: None,
+            about: "streams: 1 s tumbling count per partition over 100 partitions at 2,000 msg/s, 4 runners; msg/s = source messages acked by cycles",
         },
     ]
 }

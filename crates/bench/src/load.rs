@@ -301,6 +301,185 @@ pub async fn consume(
     all
 }
 
+/// The streams query of the `streams` cell: its name and the group its runners read with.
+const STREAM_QUERY: &str = "bench.window_count";
+
+/// Registers the `streams` cell's query (reading [`QUEUE`], writing `bench-sums`); returns
+/// its id.
+pub async fn register_stream(addr: SocketAddr) -> Result<Arc<str>, BoxError> {
+    let mut conn = Conn::new(addr);
+    conn.open().await?;
+    let body = serde_json::json!({"name": STREAM_QUERY, "source_queue": QUEUE,
+                                  "sink_queue": "bench-sums", "config_hash": "bench", "reset": true});
+    let answer = conn
+        .send(
+            Method::POST,
+            "/streams/v1/queries",
+            Some(Bytes::from(body.to_string())),
+        )
+        .await?;
+    if answer.status != 200 {
+        return Err(format!(
+            "registering the streams query answered {}: {}",
+            answer.status,
+            String::from_utf8_lossy(&answer.body)
+        )
+        .into());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&answer.body)?;
+    Ok(v["query_id"].as_str().unwrap_or_default().into())
+}
+
+/// What streams runners did.
+#[derive(Debug, Default, Clone)]
+pub struct StreamsRun {
+    /// Committed cycles.
+    pub cycles: u64,
+    /// Source messages acked by them.
+    pub messages: u64,
+    /// Windows pushed to the sink.
+    pub emitted: u64,
+    /// HTTP requests sent (pops, state reads, cycles).
+    pub requests: u64,
+    /// Failed requests.
+    pub errors: u64,
+}
+
+/// Streams runners until `window.end`, as Queen's SDK runs a tumbling window: pop a batch
+/// of one partition for the query's group, read the partition's state, count each message
+/// into its one-second window (by its send stamp), and commit one cycle — the windows still
+/// open as state upserts, the closed ones pushed to `bench-sums` and deleted, the batch
+/// acked.
+pub async fn run_streams(
+    addr: SocketAddr,
+    query: Arc<str>,
+    runners: usize,
+    batch: usize,
+    window: Window,
+) -> StreamsRun {
+    let pop_path: Arc<str> = format!(
+        "/api/v1/pop/queue/{QUEUE}?batch={batch}&wait=true&timeout=500&consumerGroup=streams.{STREAM_QUERY}"
+    )
+    .into();
+    let tasks: Vec<_> = (0..runners)
+        .map(|_| {
+            let (query, pop_path) = (query.clone(), pop_path.clone());
+            tokio::spawn(async move {
+                let mut conn = Conn::new(addr);
+                let _ = conn.open().await;
+                let mut out = StreamsRun::default();
+                while Instant::now() < window.end {
+                    if let Err(e) = stream_cycle(&mut conn, &pop_path, &query, &mut out).await {
+                        out.errors += 1;
+                        tracing_error(&e);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                out
+            })
+        })
+        .collect();
+    let mut all = StreamsRun::default();
+    for t in tasks {
+        if let Ok(r) = t.await {
+            all.cycles += r.cycles;
+            all.messages += r.messages;
+            all.emitted += r.emitted;
+            all.requests += r.requests;
+            all.errors += r.errors;
+        }
+    }
+    all
+}
+
+async fn stream_cycle(
+    conn: &mut Conn,
+    pop_path: &str,
+    query: &str,
+    out: &mut StreamsRun,
+) -> Result<(), BoxError> {
+    use serde_json::{Value, json};
+    out.requests += 1;
+    let answer = conn.send(Method::GET, pop_path, None).await?;
+    if !popped(&answer)? {
+        return Ok(());
+    }
+    let got: PopAnswer = serde_json::from_slice(&answer.body)?;
+    let Some(last) = got.messages.last() else {
+        return Ok(());
+    };
+    let partition = last.partition_id;
+    out.requests += 1;
+    let read = conn
+        .send(
+            Method::POST,
+            "/streams/v1/state/get",
+            Some(Bytes::from(
+                json!({"query_id": query, "partition_id": partition}).to_string(),
+            )),
+        )
+        .await?;
+    if read.status != 200 {
+        return Err(format!("state/get answered {}", read.status).into());
+    }
+    let state: Value = serde_json::from_slice(&read.body)?;
+    let mut windows: std::collections::BTreeMap<u64, u64> = state["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let second = r["key"].as_str()?.strip_prefix("w:")?.parse().ok()?;
+            Some((second, r["value"]["n"].as_u64()?))
+        })
+        .collect();
+    let mut newest = 0;
+    for m in &got.messages {
+        let second = m.data.t / 1_000_000;
+        newest = newest.max(second);
+        *windows.entry(second).or_default() += 1;
+    }
+    let mut ops = Vec::new();
+    let mut items = Vec::new();
+    for (second, n) in windows {
+        let key = format!("w:{second}");
+        if second < newest {
+            ops.push(json!({"type": "delete", "key": key}));
+            items.push(json!({"queue": "bench-sums", "partition": partition,
+                              "payload": {"second": second, "n": n}}));
+        } else {
+            ops.push(json!({"type": "upsert", "key": key, "value": {"n": n}}));
+        }
+    }
+    let emitted = items.len() as u64;
+    let body = json!({
+        "query_id": query, "partition_id": partition,
+        "consumer_group": format!("streams.{STREAM_QUERY}"),
+        "state_ops": ops, "push_items": items,
+        "ack": {"transactionId": last.transaction_id, "leaseId": last.lease_id,
+                "status": "completed", "count": got.messages.len()},
+    });
+    out.requests += 1;
+    let done = conn
+        .send(
+            Method::POST,
+            "/streams/v1/cycle",
+            Some(Bytes::from(body.to_string())),
+        )
+        .await?;
+    if done.status != 200 {
+        return Err(format!(
+            "cycle answered {}: {}",
+            done.status,
+            String::from_utf8_lossy(&done.body)
+        )
+        .into());
+    }
+    out.cycles += 1;
+    out.messages += got.messages.len() as u64;
+    out.emitted += emitted;
+    Ok(())
+}
+
 /// Prints the first few consumer errors: they mean the cell's numbers are suspect.
 fn tracing_error(e: &BoxError) {
     static SHOWN: AtomicU64 = AtomicU64::new(0);

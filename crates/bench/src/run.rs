@@ -207,7 +207,8 @@ impl Runner {
                 rate: Offered::Fixed(r),
                 ..
             }
-            | Kind::SkipLocked { rate: Some(r), .. } => {
+            | Kind::SkipLocked { rate: Some(r), .. }
+            | Kind::Streams { rate: r, .. } => {
                 return (r, "fixed by the cell".into());
             }
             Kind::Steady {
@@ -266,6 +267,9 @@ impl Runner {
                 }
                 Kind::Pop { partitions, .. } => {
                     load::fill(addr, *partitions, opts.pop_fill_per_partition, 4).await?;
+                }
+                Kind::Streams { partitions, .. } => {
+                    load::fill(addr, *partitions, 1, 4).await?;
                 }
                 _ => unreachable!("peers run elsewhere"),
             }
@@ -430,6 +434,37 @@ impl Runner {
                     // The messages are as old as the pre-fill: their age says nothing.
                     row.e2e_p50_ms = None;
                     row.e2e_p99_ms = None;
+                }
+                Kind::Streams {
+                    partitions,
+                    runners,
+                    batch,
+                    ..
+                } => {
+                    let query = load::register_stream(addr).await?;
+                    let pushed = Arc::new(AtomicU64::new(0));
+                    let rate = Rate {
+                        msgs_per_sec: offered,
+                        msgs_per_req: 1,
+                        conns: 20,
+                        partitions,
+                    };
+                    let (p, s) = tokio::join!(
+                        load::open_push(addr, rate, window, pushed),
+                        load::run_streams(addr, query, runners, batch, window)
+                    );
+                    requests = p.requests + s.requests;
+                    set_main(&mut row, &p, window);
+                    row.pushed_per_sec = Some(p.messages as f64 / window.secs());
+                    row.msgs_per_sec = s.messages as f64 / window.secs();
+                    row.consumed_per_sec = Some(row.msgs_per_sec);
+                    row.errors += s.errors;
+                    row.offered_per_sec = Some(offered);
+                    row.note = Some(format!(
+                        "{:.0} cycles/s, {} windows emitted; CPU per msg = per source message",
+                        s.cycles as f64 / window.secs(),
+                        s.emitted
+                    ));
                 }
                 _ => unreachable!(),
             }

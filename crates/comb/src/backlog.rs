@@ -109,3 +109,26 @@ pub(crate) async fn measure(pool: &Pool) -> Result<Backlog, DbError> {
     }
     Ok(out)
 }
+
+/// Joins `st`, the figures of the queue `q` ranges over, taken together for the queues whose
+/// ids the SQL array expression `ids` lists (which must include `q`'s).
+pub(crate) fn queue_figures(ids: &str) -> String {
+    format!("JOIN comb.queue_figures({ids}, {LIVE_PARTITIONS}) st ON st.queue_id = q.id")
+}
+
+/// Lag of the (queue, group) pairs of the subscriptions `sub` ranges over, as columns of `l`,
+/// taken together for the pairs the query `pairs` lists (a select of `queue_id,
+/// consumer_group` rows from `comb.subscriptions`, which must include `sub`'s).
+pub(crate) fn group_lag(pairs: &str) -> String {
+    format!(
+        "
+JOIN (
+    SELECT f.queue_id, f.consumer_group, f.partitions, f.lag, f.leased AS leased,
+           f.oldest_unsettled_at, f.figures_at, f.live,
+           coalesce(extract(epoch FROM now() - f.oldest_unsettled_at), 0)::float8 AS lag_seconds
+    FROM (SELECT array_agg(x.queue_id) AS queue_ids, array_agg(x.consumer_group) AS groups
+          FROM ({pairs}) x) a
+    CROSS JOIN LATERAL comb.group_figures(a.queue_ids, a.groups, {LIVE_PARTITIONS}) f
+) l ON l.queue_id = sub.queue_id AND l.consumer_group = sub.consumer_group"
+    )
+}

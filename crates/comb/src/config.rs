@@ -74,8 +74,8 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_MAX_WAITING_POPS", default_value_t = 10_000)]
     pub max_waiting_pops: usize,
 
-    /// Push workers, each with its own database connection and its own share of the
-    /// partitions (pushes to one partition always go to the same worker).
+    /// Push workers, each running one push transaction at a time on its own connection.
+    /// Which worker takes a push is `push::store::shard_key`'s choice.
     #[arg(long, env = "COMB_PUSH_WORKERS", default_value_t = 4)]
     pub push_workers: usize,
 

@@ -1,9 +1,23 @@
 //! The cursor of a (partition, group): its identity row in `comb.cursors` and its state as
 //! insert-only versions in `comb.cursor_states`.
 //!
-//! Every writer of a state version (claims, acks, lease extension, lease expiry) inserts one
-//! full row with `ver` one above the version it follows; the column list is written once,
-//! here, so the writers cannot disagree on it.
+//! Every writer of a state version (claims, acks, lease extension, lease expiry, moves) inserts
+//! one full row with `ver` one above the version it follows; the column list is written once,
+//! here, so the writers cannot disagree on it. Here too: the state as Rust sees it
+//! ([`Cursor`]), locking a set of cursors ([`LOCK_SQL`]), reading their latest state after the
+//! lock ([`STATE_SQL`], [`locked_cursors`]) and appending the next versions ([`StateWrites`]),
+//! and the statements of the state's generations ([`generations`]). The claim and ack
+//! statements, one round trip each, are built from this module's fragments.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Statement;
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::queue::QueueOptions;
 
 /// `INSERT INTO comb.cursor_states (…every column…)`, for statements that append a full state
 /// version; the `SELECT` that follows gives the columns in this order: partition, group,
@@ -18,8 +32,405 @@ macro_rules! insert_state {
 }
 pub(crate) use insert_state;
 
+/// `INSERT INTO comb.cursor_states (…)` for a cursor's first version: its position and its
+/// lease bound given, every other column the table's default (no lease, nothing settled).
+/// The `SELECT` that follows gives partition, group, generation, version, position, lease
+/// bound.
+macro_rules! insert_first_state {
+    () => {
+        "INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, lease_upto)"
+    };
+}
+pub(crate) use insert_first_state;
+
+/// The generation a new state version goes into: the newest, read inside the writing
+/// statement itself, so a statement never writes into a generation maintenance has left.
+macro_rules! newest_gen {
+    () => {
+        "(SELECT max(gen) FROM comb.cursor_gens)"
+    };
+}
+pub(crate) use newest_gen;
+
+/// The state of one (partition, group) cursor, as the ack rules see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub(crate) cursor_pos: i64,
+    pub(crate) cursor_seg: i32,
+    /// Settled positions above `cursor_pos`, sorted.
+    pub(crate) settled: Vec<i64>,
+    /// (position, failed attempts) above `cursor_pos`, sorted by position.
+    pub(crate) attempts: Vec<(i64, i32)>,
+    pub(crate) lease_id: Option<Uuid>,
+    /// The lease has not expired.
+    pub(crate) lease_live: bool,
+    /// The lease acks of this request are judged against: the live lease as the request found
+    /// it. A failure in the middle of a batch ends the lease for later requests, not for the
+    /// rest of its own batch.
+    pub(crate) request_lease: Option<Uuid>,
+    pub(crate) lease_upto: i64,
+    /// Set when a failure asks for the partition to rest this many milliseconds.
+    pub(crate) rest_ms: Option<u64>,
+}
+
+/// A cursor locked for update, with what the rules need to know about its queue.
+pub(crate) struct Locked {
+    pub(crate) cursor: Cursor,
+    pub(crate) queue_id: Uuid,
+    pub(crate) options: QueueOptions,
+    pub(crate) changed: bool,
+}
+
+/// Locks cursor rows in a stable order (acks of one batch never deadlock with another's).
+/// The rows only serialise writers; the state is read by a later statement ([`STATE_SQL`]),
+/// whose snapshot then holds every version written before the lock was granted.
+pub const LOCK_SQL: &str = "
+SELECT c.partition_id FROM comb.cursors c
+WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
+ORDER BY c.partition_id, c.consumer_group
+FOR NO KEY UPDATE OF c";
+
+/// [`LOCK_SQL`] on Citus, which locks rows only in a statement of one shard: the
+/// coordinator locks each cursor with one of its own (`comb.lock_cursors`), in the same order.
+const LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_cursors($1, $2)";
+
+/// The cursor lock this database takes: [`LOCK_SQL`], or its Citus form.
+pub(crate) fn lock_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        LOCK_CITUS_SQL
+    } else {
+        LOCK_SQL
+    }
+}
+
+/// The columns [`locked_cursors`] reads, of a cursor's state `s` and its queue `q`, shared
+/// by the statements that read locked cursors.
+macro_rules! locked_columns {
+    () => {
+        "
+SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
+       s.attempt_pos, s.attempt_cnt, s.lease_id,
+       coalesce(s.lease_expires_at > now(), false), s.lease_upto,
+       q.options, q.id"
+    };
+}
+pub(crate) use locked_columns;
+
+/// The latest state of locked cursors, in the columns [`locked_cursors`] reads.
+pub const STATE_SQL: &str = concat!(
+    locked_columns!(),
+    "
+FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS u(partition_id, consumer_group)
+JOIN comb.cursors c
+  ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+JOIN comb.queues q ON q.id = c.queue_id
+CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
+);
+
+/// The latest state of the cursor of (`partition`, `group`), two SQL expressions, written out
+/// as a subquery for Citus: `comb.cursor_state`, run on a worker, would itself be a
+/// distributed query from a shard, which Citus refuses, and Citus pushes no function but an
+/// immutable one down to the workers. `one`, the parameter naming the statement's one
+/// partition, makes it a router statement on that partition's worker; without it the
+/// statement runs on every worker, each subquery correlated by partition.
+pub(crate) fn latest_state(partition: &str, group: &str, one: Option<&str>) -> String {
+    let one = one.map_or(String::new(), |p| format!(" AND s.partition_id = {p}"));
+    format!(
+        "(SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = {partition}{one}
+            AND s.consumer_group = {group}
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
+    )
+}
+
+/// [`latest_state`] of the cursor `u` of the statements here, in partition `one`.
+fn citus_state(one: &str) -> String {
+    latest_state("u.partition_id", "u.consumer_group", Some(one))
+}
+
+/// The state read through [`citus_state`] in place of `comb.cursor_state`.
+pub(crate) fn with_citus_state(sql: &str, one: &str) -> String {
+    sql.replace(
+        "CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s",
+        &format!("CROSS JOIN LATERAL {} s", citus_state(one)),
+    )
+}
+
+/// [`STATE_SQL`] on Citus, of cursors all of one partition (`$3`): a router statement on that
+/// partition's worker. Callers split their cursors by partition on Citus.
+pub(crate) static STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    with_citus_state(
+        &STATE_SQL.replace(
+            "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
+            "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+                AND c.partition_id = $3",
+        ),
+        "$3",
+    )
+});
+
+/// Cursors as read by [`STATE_SQL`].
+pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
+    let mut cursors = HashMap::new();
+    for r in rows {
+        let attempt_pos: Vec<i64> = r.get(5);
+        let attempt_cnt: Vec<i32> = r.get(6);
+        let options: serde_json::Value = r.get(10);
+        let set = serde_json::from_value(options).unwrap_or_default();
+        cursors.insert(
+            (r.get(0), r.get(1)),
+            Locked {
+                cursor: Cursor {
+                    cursor_pos: r.get(2),
+                    cursor_seg: r.get(3),
+                    settled: r.get(4),
+                    attempts: attempt_pos.into_iter().zip(attempt_cnt).collect(),
+                    lease_id: r.get(7),
+                    lease_live: r.get(8),
+                    request_lease: None,
+                    lease_upto: r.get(9),
+                    rest_ms: None,
+                },
+                options: QueueOptions::from_set(&set),
+                queue_id: r.get(11),
+                changed: false,
+            },
+        );
+    }
+    cursors
+}
+
+/// Appends the next version of changed cursors. What the rules do not decide (lease expiry,
+/// last claim) is carried over from the version it follows.
+const WRITE_SQL: &str = concat!(
+    "\n",
+    insert_state!(),
+    "
+SELECT u.partition_id, u.consumer_group, ",
+    newest_gen!(),
+    ", s.ver + 1,
+       u.cursor_pos, u.cursor_seg, u.settled::bigint[], u.attempt_pos::bigint[],
+       u.attempt_cnt::integer[], u.lease_id,
+       CASE WHEN u.lease_id IS NULL THEN NULL ELSE s.lease_expires_at END,
+       s.lease_upto,
+       CASE WHEN u.rest_ms IS NULL THEN s.available_at
+           ELSE now() + make_interval(secs => u.rest_ms / 1000.0) END,
+       s.last_claimed_at
+FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::integer[], $5::text[], $6::text[],
+            $7::text[], $8::uuid[], $9::bigint[])
+    AS u(partition_id, consumer_group, cursor_pos, cursor_seg, settled, attempt_pos,
+         attempt_cnt, lease_id, rest_ms)
+CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
+);
+
+/// [`WRITE_SQL`] on Citus, of cursors all of one partition (`$10`).
+static WRITE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| with_citus_state(WRITE_SQL, "$10"));
+
+/// The prepared statement that appends the next version of changed cursors.
+pub(crate) struct StateWrites {
+    write: Statement,
+}
+
+impl StateWrites {
+    pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<StateWrites, DbError> {
+        Ok(StateWrites {
+            write: client
+                .prepare_cached(if crate::schema::citus::on() {
+                    &WRITE_CITUS_SQL
+                } else {
+                    WRITE_SQL
+                })
+                .await?,
+        })
+    }
+
+    /// Appends the next version of each changed cursor (none changed: nothing is sent). The
+    /// cursors must have been locked in this transaction; no statement is prepared on the
+    /// way, so whatever the caller pipelines with it follows it. On Citus, one statement per
+    /// partition, each a router statement on its worker.
+    pub(crate) async fn write<C: GenericClient>(
+        &self,
+        tx: &C,
+        cursors: &HashMap<(Uuid, String), Locked>,
+    ) -> Result<(), DbError> {
+        let changed: Vec<(&(Uuid, String), &Locked)> =
+            cursors.iter().filter(|(_, l)| l.changed).collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        if !crate::schema::citus::on() {
+            return self.write_one(tx, &changed, None).await;
+        }
+        for (partition, ks) in crate::schema::citus::by_partition(&changed, |c| c.0.0) {
+            let mine: Vec<(&(Uuid, String), &Locked)> = ks.iter().map(|&k| changed[k]).collect();
+            self.write_one(tx, &mine, Some(partition)).await?;
+        }
+        Ok(())
+    }
+
+    /// [`StateWrites::write`] of changed cursors, all of `one` partition on Citus (`None`:
+    /// any, on PostgreSQL).
+    async fn write_one<C: GenericClient>(
+        &self,
+        tx: &C,
+        changed: &[(&(Uuid, String), &Locked)],
+        one: Option<Uuid>,
+    ) -> Result<(), DbError> {
+        let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
+        let u_group: Vec<&str> = changed.iter().map(|(k, _)| k.1.as_str()).collect();
+        let u_pos: Vec<i64> = changed.iter().map(|(_, l)| l.cursor.cursor_pos).collect();
+        let u_seg: Vec<i32> = changed.iter().map(|(_, l)| l.cursor.cursor_seg).collect();
+        let u_settled: Vec<String> = changed
+            .iter()
+            .map(|(_, l)| array_literal(l.cursor.settled.iter()))
+            .collect();
+        let u_apos: Vec<String> = changed
+            .iter()
+            .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.0)))
+            .collect();
+        let u_acnt: Vec<String> = changed
+            .iter()
+            .map(|(_, l)| array_literal(l.cursor.attempts.iter().map(|a| &a.1)))
+            .collect();
+        let u_lease: Vec<Option<Uuid>> = changed.iter().map(|(_, l)| l.cursor.lease_id).collect();
+        let u_rest: Vec<Option<i64>> = changed
+            .iter()
+            .map(|(_, l)| l.cursor.rest_ms.map(|m| m as i64))
+            .collect();
+        let params = crate::schema::citus::with_partition(
+            &[
+                &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
+            ],
+            &one,
+        );
+        tx.execute(&self.write, &params).await?;
+        Ok(())
+    }
+}
+
+/// A PostgreSQL array literal such as `{1,2,3}`.
+fn array_literal<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+    let mut s = String::from("{");
+    for (i, v) in items.enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&v.to_string());
+    }
+    s.push('}');
+    s
+}
+
+/// The (partition, group) pairs any state version of which holds lease `$1`, each once: a
+/// subquery for statements that find a lease's cursors.
+macro_rules! lease_holders {
+    () => {
+        "SELECT DISTINCT partition_id, consumer_group FROM comb.cursor_states WHERE lease_id = $1"
+    };
+}
+pub(crate) use lease_holders;
+
+/// The statements of the state generations' lifecycle, which `maintenance::generations`
+/// runs (when, and under which lock timeout, is its choice).
+pub(crate) mod generations {
+    /// The table of one generation.
+    pub(crate) fn table(generation: i32) -> String {
+        format!("comb.cursor_states_{generation}")
+    }
+
+    /// Every generation, oldest first, with the age of each in seconds.
+    pub(crate) const LIST_SQL: &str = "SELECT gen, extract(epoch FROM now() - created_at)::float8
+             FROM comb.cursor_gens ORDER BY gen";
+
+    /// Sends writers to generation `$1`: they read the newest inside their own statements.
+    pub(crate) const START_SQL: &str =
+        "INSERT INTO comb.cursor_gens (gen) VALUES ($1) ON CONFLICT DO NOTHING";
+
+    /// Every column of the state, quoted, in order.
+    pub(crate) const COLUMNS_SQL: &str = "SELECT quote_ident(attname) FROM pg_attribute
+             WHERE attrelid = 'comb.cursor_states'::regclass AND attnum > 0 AND NOT attisdropped
+             ORDER BY attnum";
+
+    /// Makes generation `next`'s table and attaches it, with `n_distinct` partitions assumed.
+    /// Built standalone and then attached: ATTACH takes only SHARE UPDATE EXCLUSIVE on the
+    /// parent, which neither readers nor writers conflict with, where CREATE … PARTITION OF
+    /// would queue an ACCESS EXCLUSIVE lock in front of all traffic. The indexes match the
+    /// parent's, so ATTACH adopts them instead of building its own; the CHECK constraint
+    /// spares it a validation scan.
+    pub(crate) fn make_sql(next: i32, n_distinct: u32) -> String {
+        let t = table(next);
+        let end = next + 1;
+        format!(
+            "CREATE TABLE {t} (LIKE comb.cursor_states INCLUDING DEFAULTS INCLUDING STORAGE);
+         CREATE INDEX ON {t} (partition_id, consumer_group, gen, ver);
+         CREATE INDEX ON {t} (lease_id) WHERE lease_id IS NOT NULL;
+         ALTER TABLE {t} ALTER COLUMN partition_id SET (n_distinct = {n_distinct});
+         ALTER TABLE {t} ADD CONSTRAINT cursor_states_{next}_gen
+             CHECK (gen >= {next} AND gen < {end});
+         ALTER TABLE comb.cursor_states ATTACH PARTITION {t} FOR VALUES FROM ({next}) TO ({end});"
+        )
+    }
+
+    /// Locks generation `old`, copies the latest version of each cursor still living there
+    /// into generation `newest` (`columns` of [`COLUMNS_SQL`]), drops its table and forgets
+    /// it: four statements, the copy second.
+    ///
+    /// SHARE waits for any writer still inserting into the old generation (its statement
+    /// chose it just before the newest took over) and keeps new ones out; readers go on.
+    /// The copy starts from the cursors that exist, so states of deleted queues stay
+    /// behind, and skips cursors that already have this version or a later one in a newer
+    /// generation. (`gen >= n + 1` rather than `gen > n`: only the former prunes `n`.)
+    /// The latest version is ordered by (gen, ver), as the index is: by `ver` alone the
+    /// planner would read and sort every version of the cursor.
+    pub(crate) fn carry_forward_sql(old: i32, newest: i32, columns: &[String]) -> String {
+        let t = table(old);
+        let values: Vec<String> = columns
+            .iter()
+            .map(|c| {
+                if c == "gen" {
+                    newest.to_string()
+                } else {
+                    format!("s.{c}")
+                }
+            })
+            .collect();
+        format!(
+            "LOCK TABLE {t} IN SHARE MODE;
+             INSERT INTO {into} ({columns})
+             SELECT {values}
+             FROM comb.cursors c
+             CROSS JOIN LATERAL (
+                 SELECT * FROM {t} s
+                 WHERE s.partition_id = c.partition_id AND s.consumer_group = c.consumer_group
+                 ORDER BY s.gen DESC, s.ver DESC LIMIT 1
+             ) s
+             WHERE NOT EXISTS (
+                 SELECT 1 FROM comb.cursor_states n
+                 WHERE n.gen >= {newer}
+                   AND n.partition_id = s.partition_id
+                   AND n.consumer_group = s.consumer_group
+                   AND n.ver >= s.ver);
+             DROP TABLE {t};
+             DELETE FROM comb.cursor_gens WHERE gen = {old};",
+            into = table(newest),
+            columns = columns.join(", "),
+            values = values.join(", "),
+            newer = old + 1,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::array_literal;
+
+    #[test]
+    fn array_literals() {
+        assert_eq!(array_literal([1i64, 2, 3].iter()), "{1,2,3}");
+        assert_eq!(array_literal(Vec::<i64>::new().iter()), "{}");
+    }
+
     /// The list names every column of the table as the migrations create it, in order.
     #[test]
     fn the_column_list_is_the_tables() {

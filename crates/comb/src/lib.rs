@@ -11,6 +11,7 @@ pub mod cli;
 
 // The bottom: imports nothing from the modules above it.
 mod auth;
+mod code;
 pub mod config;
 mod cursor;
 mod db;
@@ -38,6 +39,7 @@ mod lease;
 mod maintenance;
 pub mod pop;
 mod push;
+mod streams;
 mod transaction;
 
 // The edge and the wiring; the dashboard's pages are a client of the edge, in process.

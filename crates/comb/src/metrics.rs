@@ -93,12 +93,14 @@ pub(crate) struct Stage {
     pub(crate) ran: Durations,
 }
 
-/// The stages of the three kinds of fused requests, shared with their workers.
+/// The stages of the kinds of fused requests, shared with their workers.
 #[derive(Debug, Default)]
 pub(crate) struct Fusion {
     pub(crate) push: Arc<Stage>,
     pub(crate) pop: Arc<Stage>,
     pub(crate) ack: Arc<Stage>,
+    /// Streams cycles.
+    pub(crate) cycle: Arc<Stage>,
 }
 
 /// Messages through this server's edge. Counted after the database answered, from the
@@ -123,6 +125,9 @@ pub(crate) struct Messages {
     /// (`deadLetterQueue` or `dlqAfterMaxRetries` false): skipped, by a failed ack or by the
     /// expiry of a lease (noticed by a pop).
     pub(crate) discarded: Counter,
+    /// Messages a pop read but could not open (sealed with a key this server lacks, or not
+    /// JSON): dead-lettered with `payload_unreadable` instead of handed out.
+    pub(crate) unreadable: Counter,
 }
 
 impl Messages {
@@ -158,8 +163,9 @@ pub(crate) struct Settled {
     pub(crate) discarded: u64,
 }
 
-/// Messages this process dead-lettered when leases expired unsettled. A process-wide
-/// counter: expiry runs inside a claim's fused batch, which reports no counters of its own.
+/// Messages this process dead-lettered when leases expired unsettled, counted by
+/// `lease::expire_leases` after its transaction commits. A process-wide counter because that
+/// function holds no [`Metrics`]: a claim worker calls it on its own connection.
 pub(crate) static LEASE_DEAD_LETTERED: Counter = Counter::new();
 
 /// What this server's maintenance loop did; everything stays at zero while it is not leader.
@@ -225,6 +231,11 @@ impl PerQueue {
         }
     }
 
+    /// Queues counted since the last record.
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().expect("per-queue counters poisoned").len()
+    }
+
     /// Everything counted since the last call, leaving nothing.
     pub(crate) fn take(&self) -> Vec<(Arc<str>, QueueCounts)> {
         let mut map = self.0.lock().expect("per-queue counters poisoned");
@@ -285,8 +296,13 @@ impl Metrics {
         );
         out.counter(
             "comb_messages_dead_lettered_total",
-            "Messages dead-lettered by this server: by acks (status dlq, or failed past retryLimit) and by leases that expired unsettled past retryLimit.",
+            "Messages dead-lettered by this server: by acks (status dlq, or failed past retryLimit), by leases that expired unsettled past retryLimit, and by pops that could not open a payload.",
             m.dead_lettered.get() + LEASE_DEAD_LETTERED.get(),
+        );
+        out.counter(
+            "comb_messages_unreadable_total",
+            "Messages pops read but could not open (sealed with a key this server does not have, or not JSON), dead-lettered with payload_unreadable instead of handed out.",
+            m.unreadable.get(),
         );
         out.counter(
             "comb_messages_discarded_total",
@@ -367,15 +383,16 @@ impl Metrics {
         }
 
         let f = &self.fusion;
-        let kinds: [(&[(&str, &str)], &Stage); 3] = [
+        let kinds: [(&[(&str, &str)], &Stage); 4] = [
             (&[("kind", "push")], &f.push),
             (&[("kind", "pop")], &f.pop),
             (&[("kind", "ack")], &f.ack),
+            (&[("kind", "cycle")], &f.cycle),
         ];
         let waited: Vec<_> = kinds.iter().map(|(l, s)| (*l, &s.waited)).collect();
         out.histogram(
             "comb_fused_wait_seconds",
-            "Time a push, pop or ack waited for a worker of its kind to take it into a fused batch, by kind.",
+            "Time a push, pop, ack or streams cycle waited for a worker of its kind to take it into a fused batch, by kind.",
             &waited,
         );
         let ran: Vec<_> = kinds.iter().map(|(l, s)| (*l, &s.ran)).collect();

@@ -143,7 +143,8 @@ impl OptionsSet {
 pub(crate) struct QueueOptions {
     /// Lease length for a pop, in seconds.
     pub(crate) lease_time: u32,
-    /// Failed attempts before a message goes to the dead-letter queue.
+    /// Retries after a failed attempt, as Queen means it: a message is handed out at most
+    /// `1 + retry_limit` times, then dead-lettered (see `exhausted`).
     pub(crate) retry_limit: u32,
     /// Wait before a failed message is handed out again, in milliseconds.
     pub(crate) retry_delay: u64,
@@ -229,6 +230,14 @@ impl QueueOptions {
     /// regardless.
     pub(crate) fn dead_letters_exhausted(&self) -> bool {
         self.dead_letter_queue && self.dlq_after_max_retries
+    }
+
+    /// Whether a message whose attempts failed this many times (failed acks and leases that
+    /// ended unsettled alike) is done: its first attempt and `retryLimit` retries all failed.
+    /// Queen's ack procedure retries while its count is below `retryLimit`, so `retryLimit: 1`
+    /// hands a message out twice; every comparison with the limit goes through here.
+    pub(crate) fn exhausted(&self, failed_attempts: i32) -> bool {
+        i64::from(failed_attempts) > i64::from(self.retry_limit)
     }
 }
 

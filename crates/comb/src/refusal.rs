@@ -4,6 +4,7 @@
 //! is, a stable machine code and a sentence for people. The HTTP edge turns the kind into a
 //! status code; nothing below the edge knows about HTTP.
 
+use crate::code::Code;
 use crate::db::DbError;
 
 /// What kind of refusal, which the edge maps to a status code.
@@ -28,36 +29,40 @@ pub(crate) enum Kind {
 pub(crate) struct Refusal {
     pub(crate) kind: Kind,
     /// Stable, documented, machine-readable.
-    pub(crate) code: &'static str,
+    pub(crate) code: Code,
     pub(crate) detail: String,
     /// Seconds after which a retry may succeed (for `Full` and `Unavailable`).
     pub(crate) retry_after: Option<u64>,
+    /// What went wrong inside (a database's own error text): logged by the edge with the
+    /// request's id, never sent to the client.
+    pub(crate) cause: Option<String>,
 }
 
 impl Refusal {
     /// A refusal of any kind.
-    pub(crate) fn new(kind: Kind, code: &'static str, detail: impl Into<String>) -> Refusal {
+    pub(crate) fn new(kind: Kind, code: Code, detail: impl Into<String>) -> Refusal {
         let retry_after = matches!(kind, Kind::Full | Kind::Unavailable).then_some(1);
         Refusal {
             kind,
             code,
             detail: detail.into(),
             retry_after,
+            cause: None,
         }
     }
 
     /// The request itself is wrong.
-    pub(crate) fn invalid(code: &'static str, detail: impl Into<String>) -> Refusal {
+    pub(crate) fn invalid(code: Code, detail: impl Into<String>) -> Refusal {
         Refusal::new(Kind::Invalid, code, detail)
     }
 
     /// The thing named does not exist.
-    pub(crate) fn not_found(code: &'static str, detail: impl Into<String>) -> Refusal {
+    pub(crate) fn not_found(code: Code, detail: impl Into<String>) -> Refusal {
         Refusal::new(Kind::NotFound, code, detail)
     }
 
     /// The request conflicts with current state.
-    pub(crate) fn conflict(code: &'static str, detail: impl Into<String>) -> Refusal {
+    pub(crate) fn conflict(code: Code, detail: impl Into<String>) -> Refusal {
         Refusal::new(Kind::Conflict, code, detail)
     }
 
@@ -65,31 +70,56 @@ impl Refusal {
     pub(crate) fn shutting_down() -> Refusal {
         Refusal::new(
             Kind::Unavailable,
-            "shutting_down",
+            Code::ShuttingDown,
             "the server is shutting down",
         )
     }
 }
 
 impl From<&DbError> for Refusal {
+    /// The client learns the kind of failure and a stable code; the database's own text (which
+    /// names tables, constraints and functions) goes only to the server's log, with the
+    /// request's id that the answer carries.
     fn from(e: &DbError) -> Refusal {
         match e {
-            DbError::Unavailable(m) => Refusal::new(
-                Kind::Unavailable,
-                "database_unavailable",
-                format!("database unavailable: {m}"),
-            ),
+            DbError::Unavailable(m) => Refusal {
+                cause: Some(format!("database unavailable: {m}")),
+                ..Refusal::new(
+                    Kind::Unavailable,
+                    Code::DatabaseUnavailable,
+                    "the database is unavailable; retry shortly",
+                )
+            },
             DbError::Postgres(pg) => {
-                tracing::error!(error = %pg, "database error");
-                let detail = match pg.as_db_error() {
-                    Some(db) => format!("database error: {}", db.message()),
-                    None => format!("database error: {pg}"),
+                let cause = match pg.as_db_error() {
+                    Some(db) => {
+                        let mut text =
+                            format!("{} ({}): {}", db.severity(), db.code().code(), db.message());
+                        for (what, part) in [
+                            ("detail", db.detail()),
+                            ("hint", db.hint()),
+                            ("where", db.where_()),
+                        ] {
+                            if let Some(part) = part {
+                                text.push_str(&format!("; {what}: {part}"));
+                            }
+                        }
+                        text
+                    }
+                    None => pg.to_string(),
                 };
-                Refusal::new(Kind::Internal, "database_error", detail)
+                Refusal {
+                    cause: Some(cause),
+                    ..Refusal::new(Kind::Internal, Code::DatabaseError, INTERNAL_DETAIL)
+                }
             }
         }
     }
 }
+
+/// What a client is told of an internal failure: nothing of its cause, which the server's
+/// log holds under the request's id.
+pub(crate) const INTERNAL_DETAIL: &str = "the server could not complete the request; its log holds the cause under this answer's requestId";
 
 impl From<DbError> for Refusal {
     fn from(e: DbError) -> Refusal {
@@ -136,17 +166,20 @@ mod tests {
         let e = DbError::from(e);
         assert!(matches!(e, DbError::Postgres(_)), "{e}");
         let r = Refusal::from(&e);
-        assert_eq!((r.kind, r.code), (Kind::Internal, "database_error"));
+        assert_eq!((r.kind, r.code), (Kind::Internal, Code::DatabaseError));
     }
 
     #[test]
     fn only_refusals_worth_retrying_say_when() {
         assert_eq!(Refusal::shutting_down().retry_after, Some(1));
         assert_eq!(
-            Refusal::new(Kind::Full, "queue_full", "").retry_after,
+            Refusal::new(Kind::Full, Code::QueueFull, "").retry_after,
             Some(1)
         );
-        assert_eq!(Refusal::not_found("queue_not_found", "").retry_after, None);
-        assert_eq!(Refusal::conflict("lease_invalid", "").retry_after, None);
+        assert_eq!(
+            Refusal::not_found(Code::QueueNotFound, "").retry_after,
+            None
+        );
+        assert_eq!(Refusal::conflict(Code::LeaseInvalid, "").retry_after, None);
     }
 }

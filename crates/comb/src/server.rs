@@ -84,6 +84,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         catalog.clone(),
         wake.clone(),
         metrics.clone(),
+        keys.clone(),
         config.pop_workers,
         default_lease,
         pop::Waits {
@@ -93,11 +94,19 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         },
     );
     let transactions = Transactions::new(pool.clone(), pusher.clone(), acker.clone(), wake.clone());
+    let streams = crate::streams::Streams::new(
+        pool.clone(),
+        pusher.clone(),
+        acker.clone(),
+        wake.clone(),
+        metrics.fusion.cycle.clone(),
+    );
     let app = Arc::new(App {
         pusher,
         popper,
         acker,
         transactions,
+        streams,
         catalog,
         wake,
         pool,

@@ -11,6 +11,7 @@ use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use crate::ack::{AckItem, AckOutcome, AckStatus, Acker, settle_in};
+use crate::code::Code;
 use crate::db::DbError;
 use crate::push::{Item, NewMessage, Pusher, Stored, store_in};
 use crate::refusal::Refusal;
@@ -88,7 +89,7 @@ impl Transactions {
         if let Some(i) = stored.iter().position(|s| *s == Stored::PartitionGone) {
             self.pusher.forget_queue(&messages[i].queue);
             return Err(Refusal::conflict(
-                "queue_deleted",
+                Code::QueueDeleted,
                 format!(
                     "queue `{}` was deleted while the transaction was in flight; retry it",
                     messages[i].queue

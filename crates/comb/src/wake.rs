@@ -277,17 +277,75 @@ impl Default for Wake {
 }
 
 impl Wake {
-    /// The hints and waiting pops of `group` on `queue` (made on first use: until a pop of the
-    /// group has walked, it walks).
-    pub(crate) fn ready(&self, queue: &str, group: &str) -> Arc<Ready> {
+    /// The hints and waiting pops of `group` on `queue`, held while the returned hold lives
+    /// (made on first use: until a pop of the group has walked, it walks). The entry goes when
+    /// its last hold goes and no partition of it waits for a lease to end, so names that no
+    /// pop uses any more (a client trying random names) leave nothing behind.
+    pub(crate) fn ready(&self, queue: &str, group: &str) -> ReadyHold<'_> {
         let mut map = self.ready.lock().expect("wake registry poisoned");
         let groups = map.entry(queue.to_string()).or_default();
-        if let Some(r) = groups.get(group) {
-            return r.clone();
+        let ready = match groups.get(group) {
+            Some(r) => r.clone(),
+            None => {
+                if groups.len() >= READY_MAX {
+                    // Entries kept only for a lease's end (no pop holds them) are hints, and
+                    // a group without its entry walks: drop them rather than grow.
+                    groups.retain(|_, r| Arc::strong_count(r) > 1);
+                }
+                let r = Arc::new(Ready::default());
+                groups.insert(group.to_string(), r.clone());
+                r
+            }
+        };
+        ReadyHold {
+            wake: self,
+            queue: queue.to_string(),
+            group: group.to_string(),
+            ready,
         }
-        let r = Arc::new(Ready::default());
-        groups.insert(group.to_string(), r.clone());
-        r
+    }
+
+    /// Removes the entry of (`queue`, `group`) if nothing holds it (the registry's own
+    /// reference aside) and nothing of it waits for a lease to end. Called with the map locked.
+    fn tidy(
+        map: &mut HashMap<String, HashMap<String, Arc<Ready>>>,
+        queue: &str,
+        group: &str,
+        extra_refs: usize,
+    ) {
+        let Some(groups) = map.get_mut(queue) else {
+            return;
+        };
+        let idle = groups.get(group).is_some_and(|r| {
+            Arc::strong_count(r) <= 1 + extra_refs
+                && r.state
+                    .lock()
+                    .expect("ready hints poisoned")
+                    .blocked
+                    .is_empty()
+        });
+        if idle {
+            groups.remove(group);
+            if groups.is_empty() {
+                map.remove(queue);
+            }
+        }
+    }
+
+    /// Entries of the registries keyed by names clients send: (queue, group) hints and
+    /// queues with pops of a named partition waiting. What `/metrics` reports, so that
+    /// operators (and tests) see that they follow the pops that wait, not the names ever
+    /// tried.
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        let groups = self
+            .ready
+            .lock()
+            .expect("wake registry poisoned")
+            .values()
+            .map(HashMap::len)
+            .sum();
+        let queues = self.queues.lock().expect("wake registry poisoned").len();
+        (groups, queues)
     }
 
     /// Lease of `group` on `partition` of `queue` ended here (an ack settled it). If messages
@@ -309,6 +367,9 @@ impl Wake {
             if blocked || returned {
                 r.hint(&[partition]);
             }
+            // The entry stayed for this lease's end; with no pop holding it, it goes now.
+            let mut map = self.ready.lock().expect("wake registry poisoned");
+            Wake::tidy(&mut map, queue, group, 1);
         }
     }
 
@@ -319,15 +380,20 @@ impl Wake {
             .unwrap_or_default()
     }
 
-    /// A receiver whose `changed()` fires on the next push to `queue`.
-    pub(crate) fn listen(&self, queue: &str) -> watch::Receiver<u64> {
+    /// A receiver whose `changed()` fires on the next push to `queue`. The queue's entry goes
+    /// when its last listener is dropped.
+    pub(crate) fn listen(&self, queue: &str) -> Listening<'_> {
         let mut map = self.queues.lock().expect("wake registry poisoned");
         let tx = map
             .entry(queue.to_string())
             .or_insert_with(|| watch::channel(0).0);
         let mut rx = tx.subscribe();
         rx.mark_unchanged();
-        rx
+        Listening {
+            wake: self,
+            queue: queue.to_string(),
+            rx,
+        }
     }
 
     /// A push into `partitions` of `queue` committed: hand them to the groups waiting here
@@ -563,6 +629,60 @@ fn pushed_elsewhere(payload: &str, origin: Uuid) -> Pushed<'_> {
     }
 }
 
+/// A pop's hold on its group's [`Ready`]; the registry forgets the entry once no hold is
+/// left and no lease of it is awaited (see [`Wake::ready`]).
+pub(crate) struct ReadyHold<'a> {
+    wake: &'a Wake,
+    queue: String,
+    group: String,
+    ready: Arc<Ready>,
+}
+
+impl std::ops::Deref for ReadyHold<'_> {
+    type Target = Ready;
+
+    fn deref(&self) -> &Ready {
+        &self.ready
+    }
+}
+
+impl Drop for ReadyHold<'_> {
+    fn drop(&mut self) {
+        let mut map = self.wake.ready.lock().expect("wake registry poisoned");
+        // This hold's own reference is still alive here: one beyond the registry's.
+        Wake::tidy(&mut map, &self.queue, &self.group, 1);
+    }
+}
+
+/// A pop listening for pushes to a queue (see [`Wake::listen`]); the queue's entry goes with
+/// its last listener.
+pub(crate) struct Listening<'a> {
+    wake: &'a Wake,
+    queue: String,
+    rx: watch::Receiver<u64>,
+}
+
+impl Listening<'_> {
+    /// Fires on the next push to the queue after this listener was made.
+    pub(crate) async fn changed(&mut self) {
+        // The sender lives in the registry while this receiver does.
+        let _ = self.rx.changed().await;
+    }
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        let mut map = self.wake.queues.lock().expect("wake registry poisoned");
+        // New listeners subscribe under this lock, so a count of one is this listener alone.
+        if map
+            .get(&self.queue)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            map.remove(&self.queue);
+        }
+    }
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -583,8 +703,38 @@ mod tests {
         wake.notify("q");
         tokio::time::timeout(Duration::from_secs(1), rx.changed())
             .await
-            .expect("woken")
-            .unwrap();
+            .expect("woken");
+    }
+
+    /// Entries follow their users: a listener's queue and a waiting pop's group are forgotten
+    /// when the last of them goes, so names nobody uses any more leave nothing behind.
+    #[test]
+    fn entries_go_with_their_last_user() {
+        let wake = Wake::default();
+        let (a, b) = (wake.listen("q"), wake.listen("q"));
+        let (r1, r2) = (wake.ready("q", "g"), wake.ready("q", "g"));
+        let _other = wake.ready("q2", "g");
+        assert_eq!(wake.sizes(), (2, 1));
+        drop(a);
+        drop(r1);
+        assert_eq!(wake.sizes(), (2, 1), "still used");
+        drop(b);
+        drop(r2);
+        assert_eq!(wake.sizes(), (1, 0));
+    }
+
+    /// An entry whose partition waits for a lease to end stays while no pop holds it (the
+    /// lease's end hands the partition to the next pop), and goes with that end.
+    #[test]
+    fn an_entry_awaiting_a_lease_end_stays_until_it_ends() {
+        let wake = Wake::default();
+        let p = Uuid::now_v7();
+        let ready = wake.ready("q", "g");
+        ready.may_be_blocked(p);
+        drop(ready);
+        assert_eq!(wake.sizes(), (1, 0), "kept for the lease's end");
+        wake.released("q", "g", p, false);
+        assert_eq!(wake.sizes(), (0, 0), "gone with it");
     }
 
     #[tokio::test]

@@ -19,10 +19,13 @@
 //! * [`generator`]: requests generated from the OpenAPI description, then broken.
 //! * [`cases`]: the hand-written edge cases.
 //! * [`runner`]: runs the cases against a server and judges each answer and the database.
+//! * [`flood`]: random names that exist nowhere, by the hundred thousand; the server's
+//!   registries keyed by names must not grow.
 //! * [`tokens`]: valid and broken bearer tokens, for a server that requires them: most
 //!   cases carry the valid one, the others a broken one that must get 401.
 
 pub mod cases;
+pub mod flood;
 pub mod generator;
 pub mod hostile;
 pub mod runner;

@@ -363,6 +363,18 @@ async fn fuzz_new_server(
     .map_err(|e| e.to_string())?
     .map_err(|e| format!("comb: {e}"))?;
     let mut report = run(server.addr(), database_url, cases, seed, MAX_BODY, tokens).await?;
+    // The same server, then flooded with names that exist nowhere: its registries keyed by
+    // names must hold no more than before.
+    let requests = (cases * 2).clamp(1_000, 25_000);
+    let token = tokens.map(|t| t.valid.clone());
+    let flood = super::flood::flood(server.addr(), server.pid(), requests, seed, token).await?;
+    report.cases += flood.requests;
+    for (status, n) in &flood.statuses {
+        *report.statuses.entry(*status).or_default() += n;
+    }
+    report
+        .findings
+        .extend(flood.findings.iter().map(|f| format!("flood: {f}")));
     if !crate::scenario::alive(server.pid()) {
         report
             .findings

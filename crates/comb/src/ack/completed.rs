@@ -2,7 +2,7 @@
 //! in SQL: the cursors are locked, their next versions written and the transaction committed
 //! in one round trip of two statements, where the general path ([`super::store`]) reads the
 //! state, applies the rules in memory and writes back in two. The SQL follows the rules of
-//! [`super::cursor::Cursor::apply`] for this case exactly; a cursor it cannot judge (a
+//! [`Cursor::apply`](crate::cursor::Cursor::apply) for this case exactly; a cursor it cannot judge (a
 //! message not in the lease, one settled already, another lease, an expired one, no cursor)
 //! is left untouched, and its acks go the general way.
 
@@ -71,7 +71,9 @@ written AS (
     ",
     crate::cursor::insert_state!(),
     "
-    SELECT m.partition_id, m.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), m.ver + 1,
+    SELECT m.partition_id, m.consumer_group, ",
+    crate::cursor::newest_gen!(),
+    ", m.ver + 1,
            m.next_pos,
            greatest(m.cursor_seg, (SELECT max(a.seg) FROM unnest(m.acked, m.acked_seg)
                                        AS a(pos, seg) WHERE a.pos <= m.next_pos)),
@@ -99,10 +101,10 @@ pub static JUDGE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::n
     JUDGE_SQL
         .replace(
             "CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s",
-            "CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
-                WHERE s.partition_id = c.partition_id AND s.partition_id = $5
-                  AND s.consumer_group = c.consumer_group
-                ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s",
+            &format!(
+                "CROSS JOIN LATERAL {} s",
+                crate::cursor::latest_state("c.partition_id", "c.consumer_group", Some("$5"))
+            ),
         )
         .replace(
             "WHERE m.partition_id = c.partition_id AND",
@@ -129,7 +131,7 @@ pub(crate) fn completing(items: &[&AckItem]) -> Vec<usize> {
 }
 
 /// Settles the items at `chosen` in a transaction of their own, in one round trip: BEGIN,
-/// the cursors' lock (`lock`, [`super::store::LOCK_SQL`]), [`JUDGE_SQL`] (`judge`) and COMMIT.
+/// the cursors' lock (`lock`, [`crate::cursor::LOCK_SQL`]), [`JUDGE_SQL`] (`judge`) and COMMIT.
 /// Returns an outcome for each chosen item whose cursor was judged, `None` for the others
 /// (nothing of their cursor changed). The last item of a cursor whose lease ended says so.
 pub(crate) async fn settle(

@@ -3,28 +3,8 @@
 use uuid::Uuid;
 
 use super::{AckRefusal, AckStatus};
+use crate::cursor::Cursor;
 use crate::queue::QueueOptions;
-
-/// The state of one (partition, group) cursor, as the ack rules see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Cursor {
-    pub(crate) cursor_pos: i64,
-    pub(crate) cursor_seg: i32,
-    /// Settled positions above `cursor_pos`, sorted.
-    pub(crate) settled: Vec<i64>,
-    /// (position, failed attempts) above `cursor_pos`, sorted by position.
-    pub(crate) attempts: Vec<(i64, i32)>,
-    pub(crate) lease_id: Option<Uuid>,
-    /// The lease has not expired.
-    pub(crate) lease_live: bool,
-    /// The lease acks of this request are judged against: the live lease as the request found
-    /// it. A failure in the middle of a batch ends the lease for later requests, not for the
-    /// rest of its own batch.
-    pub(crate) request_lease: Option<Uuid>,
-    pub(crate) lease_upto: i64,
-    /// Set when a failure asks for the partition to rest this many milliseconds.
-    pub(crate) rest_ms: Option<u64>,
-}
 
 /// What applying one ack did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,7 +56,7 @@ impl Cursor {
             }
             AckStatus::Failed => {
                 let attempts = self.attempts_of(pos) + 1;
-                if attempts as i64 >= opts.retry_limit as i64 {
+                if opts.exhausted(attempts) {
                     if opts.dead_letters_exhausted() {
                         applied.dead_letter = Some(attempts);
                     } else {
@@ -102,7 +82,8 @@ impl Cursor {
     }
 
     /// Ends an expired lease: every message it handed out and nobody settled counts an
-    /// attempt; those at the retry limit are dead-lettered (returned with their attempts).
+    /// attempt; those past the retry limit (their first attempt and `retryLimit` retries all
+    /// failed) are dead-lettered (returned with their attempts).
     pub(crate) fn expire(&mut self, opts: &QueueOptions) -> Vec<(i64, i32)> {
         let mut dead = Vec::new();
         for pos in (self.cursor_pos + 1)..=self.lease_upto {
@@ -110,7 +91,7 @@ impl Cursor {
                 continue;
             }
             let attempts = self.attempts_of(pos) + 1;
-            if attempts as i64 >= opts.retry_limit as i64 {
+            if opts.exhausted(attempts) {
                 dead.push((pos, attempts));
                 self.settle(pos, self.cursor_seg);
             } else {
@@ -253,8 +234,9 @@ mod tests {
 
     #[test]
     fn retry_limit_dead_letters_and_moves_on() {
+        // retryLimit 1: the first attempt and one retry, then a dead letter.
         let o = QueueOptions {
-            retry_limit: 2,
+            retry_limit: 1,
             ..opts()
         };
         let (mut c, l) = leased(2);
@@ -343,7 +325,7 @@ mod tests {
     #[test]
     fn an_expired_lease_counts_an_attempt_for_each_unsettled_message() {
         let o = QueueOptions {
-            retry_limit: 2,
+            retry_limit: 1,
             ..opts()
         };
         let (mut c, l) = leased(3);
@@ -355,7 +337,7 @@ mod tests {
             (1, 0, 1)
         );
         assert_eq!(c.lease_id, None);
-        // Second expiry reaches the limit: 1 and 3 are dead-lettered, the position moves on.
+        // The second expiry passes retryLimit 1: 1 and 3 are dead-lettered, the position moves on.
         c.lease_id = Some(l);
         let dead = c.expire(&o);
         assert_eq!(dead, vec![(1, 2), (3, 2)]);

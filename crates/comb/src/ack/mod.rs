@@ -1,10 +1,10 @@
 //! Ack: settle leased messages and move the group's position.
 //!
-//! The rules live in [`cursor`]: [`Cursor::apply`], a pure function over one (partition,
+//! The rules live in [`cursor`]: [`Cursor::apply`](crate::cursor::Cursor::apply), a pure function over one (partition,
 //! group) cursor:
 //! acks may arrive in any order; the position moves over the longest run of settled messages;
-//! a failure ends the lease and counts an attempt for that message only; at the retry limit
-//! the message is dead-lettered, which settles it for the group so the partition moves on.
+//! a failure ends the lease and counts an attempt for that message only; once its first
+//! attempt and `retryLimit` retries have failed the message is dead-lettered, which settles it for the group so the partition moves on.
 //!
 //! [`completed`] judges the common case in SQL: cursors whose every ack completes a message
 //! under their live lease are locked, moved and committed in one round trip. [`store`] holds
@@ -22,17 +22,18 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use uuid::Uuid;
 
+use crate::code::Code;
 use crate::fusion::{Fuser, Reply};
 use crate::metrics::{Metrics, QueueCounts, Settled};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
+pub use crate::cursor::{LOCK_SQL, STATE_SQL};
 /// The ack path's statements, public for the test suite's plan checks.
 pub use completed::JUDGE_SQL;
-pub(crate) use cursor::Cursor;
-pub use store::{ACK_STATE_SQL, LOCK_SQL, LOOKUP_SQL, PLANS, STATE_SQL};
+pub use store::{ACK_STATE_SQL, LOOKUP_SQL, PLANS};
 pub(crate) use store::{
-    DeadLetter, STATE_CITUS_SQL, WriteStatements, locked_cursors, queues_of, settle_in, write_back,
+    RunSettled, WriteStatements, queues_of, settle_in, settle_run_in, write_back,
 };
 
 /// What the consumer says of a message.
@@ -74,12 +75,12 @@ pub(crate) enum AckRefusal {
 
 impl AckRefusal {
     /// Stable machine code.
-    pub(crate) fn code(self) -> &'static str {
+    pub(crate) fn code(self) -> Code {
         match self {
-            AckRefusal::MessageNotFound => "message_not_found",
-            AckRefusal::NotConsumed => "consumer_group_not_found",
-            AckRefusal::LeaseInvalid => "lease_invalid",
-            AckRefusal::NotDelivered => "message_not_delivered",
+            AckRefusal::MessageNotFound => Code::MessageNotFound,
+            AckRefusal::NotConsumed => Code::ConsumerGroupNotFound,
+            AckRefusal::LeaseInvalid => Code::LeaseInvalid,
+            AckRefusal::NotDelivered => Code::MessageNotDelivered,
         }
     }
 

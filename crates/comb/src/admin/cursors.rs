@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::Refusal;
+use crate::cursor;
 
 /// Where a move puts cursors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +58,8 @@ FOR NO KEY UPDATE";
 /// The next version of each selected cursor at its target position, written from its
 /// latest version (read after the lock). Moving back lowers the segment bound to 0, which
 /// only costs the next read a look at older segments.
-const MOVE_SQL: &str = "
+const MOVE_SQL: &str = concat!(
+    "
 WITH plan AS (
     SELECT c.partition_id, c.consumer_group, s.ver, s.cursor_pos, s.cursor_seg,
            cardinality(s.settled) AS settled, s.last_claimed_at, h.pos AS head, t.pos
@@ -76,10 +78,12 @@ WITH plan AS (
     WHERE c.queue_id = $1 AND ($2::text IS NULL OR c.consumer_group = $2)
       AND ($3::uuid IS NULL OR c.partition_id = $3)
 ), moved AS (
-    INSERT INTO comb.cursor_states
-        (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-         attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-    SELECT p.partition_id, p.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), p.ver + 1,
+    ",
+    cursor::insert_state!(),
+    "
+    SELECT p.partition_id, p.consumer_group, ",
+    cursor::newest_gen!(),
+    ", p.ver + 1,
            p.pos, CASE WHEN p.pos >= p.cursor_pos THEN p.cursor_seg ELSE 0 END,
            '{}', '{}', '{}', NULL, NULL, p.pos, '-infinity', p.last_claimed_at
     FROM plan p
@@ -89,7 +93,8 @@ WITH plan AS (
 SELECT (SELECT count(*) FROM moved),
        coalesce(sum(greatest(head - cursor_pos - settled, 0)), 0)::bigint,
        coalesce(sum(greatest(head - CASE WHEN $6 THEN greatest(pos, cursor_pos) ELSE pos END, 0)), 0)::bigint
-FROM plan";
+FROM plan"
+);
 
 /// Moves the selected cursors to `target`, inside the caller's transaction.
 pub async fn move_in(
@@ -138,17 +143,20 @@ WHERE c.partition_id = $1 AND ($2::text IS NULL OR c.consumer_group = $2)";
 
 /// Appends the next version of changed cursors of one partition; what the edit does not
 /// decide (lease end, last claim) is carried over, and `available_at` is reset when asked.
-const EDIT_SQL: &str = "
-INSERT INTO comb.cursor_states
-    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-SELECT $1, u.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
+const EDIT_SQL: &str = concat!(
+    "\n",
+    cursor::insert_state!(),
+    "
+SELECT $1, u.consumer_group, ",
+    cursor::newest_gen!(),
+    ", s.ver + 1,
        u.cursor_pos, u.cursor_seg, u.settled::bigint[], u.attempt_pos::bigint[],
        u.attempt_cnt::integer[], s.lease_id, s.lease_expires_at, s.lease_upto,
        CASE WHEN $8 THEN '-infinity' ELSE s.available_at END, s.last_claimed_at
 FROM unnest($2::text[], $3::bigint[], $4::integer[], $5::text[], $6::text[], $7::text[])
     AS u(consumer_group, cursor_pos, cursor_seg, settled, attempt_pos, attempt_cnt)
-CROSS JOIN LATERAL comb.cursor_state($1, u.consumer_group) s";
+CROSS JOIN LATERAL comb.cursor_state($1, u.consumer_group) s"
+);
 
 fn pg_array<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
     let parts: Vec<String> = items.map(|i| i.to_string()).collect();
@@ -163,7 +171,7 @@ pub async fn edit_in(
     partition: Uuid,
     group: Option<&str>,
     reset_rest: bool,
-    mut edit: impl FnMut(&str, &mut crate::ack::Cursor) -> bool,
+    mut edit: impl FnMut(&str, &mut crate::cursor::Cursor) -> bool,
 ) -> Result<Vec<String>, Refusal> {
     tx.query(LOCK_PARTITION_SQL, &[&partition, &group]).await?;
     let rows = tx.query(PARTITION_STATE_SQL, &[&partition, &group]).await?;
@@ -174,7 +182,7 @@ pub async fn edit_in(
         let name: String = r.get(0);
         let attempt_pos: Vec<i64> = r.get(4);
         let attempt_cnt: Vec<i32> = r.get(5);
-        let mut cursor = crate::ack::Cursor {
+        let mut cursor = crate::cursor::Cursor {
             cursor_pos: r.get(1),
             cursor_seg: r.get(2),
             settled: r.get(3),

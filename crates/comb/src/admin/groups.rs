@@ -4,7 +4,7 @@
 //! A cursor's lag comes from `comb.cursor_lag` (schema version 9): its latest state, its
 //! partition's head and the first unsettled message's time, all index probes. A group's lag
 //! on a queue comes from `comb.group_figures` (schema version 12): computed now for the
-//! smallest (queue, group) pairs of the answer (up to [`LIVE_PARTITIONS`] cursors in all) and
+//! smallest (queue, group) pairs of the answer (up to [`LIVE_PARTITIONS`](crate::backlog::LIVE_PARTITIONS) cursors in all) and
 //! for pairs made since the newest per-minute snapshot, read from that snapshot for the
 //! others (`figuresAt` says when).
 
@@ -16,25 +16,9 @@ use uuid::Uuid;
 
 use super::cursors::{self, Selection, Target};
 use super::{MAX_LIMIT, Page, Refusal};
-use crate::backlog::LIVE_PARTITIONS;
+use crate::backlog::group_lag;
 use crate::catalog::{Catalog, StartFrom};
-
-/// Lag of the (queue, group) pairs of the subscriptions `sub` ranges over, as columns of `l`,
-/// taken together for the pairs the query `pairs` lists (a select of `queue_id,
-/// consumer_group` rows from `comb.subscriptions`, which must include `sub`'s).
-fn group_lag(pairs: &str) -> String {
-    format!(
-        "
-JOIN (
-    SELECT f.queue_id, f.consumer_group, f.partitions, f.lag, f.leased AS leased,
-           f.oldest_unsettled_at, f.figures_at, f.live,
-           coalesce(extract(epoch FROM now() - f.oldest_unsettled_at), 0)::float8 AS lag_seconds
-    FROM (SELECT array_agg(x.queue_id) AS queue_ids, array_agg(x.consumer_group) AS groups
-          FROM ({pairs}) x) a
-    CROSS JOIN LATERAL comb.group_figures(a.queue_ids, a.groups, {LIVE_PARTITIONS}) f
-) l ON l.queue_id = sub.queue_id AND l.consumer_group = sub.consumer_group"
-    )
-}
+use crate::code::Code;
 
 /// How old a lag figure is, as JSON members, for objects built over [`group_lag`]'s `l`.
 const FIGURES_AT: &str = "'figuresAt', comb.iso(l.figures_at),
@@ -142,11 +126,11 @@ pub async fn detail(
         .get(0);
     let queues = queues.ok_or_else(|| match queue {
         Some(queue) => Refusal::not_found(
-            "consumer_group_not_found",
+            Code::ConsumerGroupNotFound,
             format!("consumer group `{group}` does not read queue `{queue}`"),
         ),
         None => Refusal::not_found(
-            "consumer_group_not_found",
+            Code::ConsumerGroupNotFound,
             format!("consumer group `{group}` reads no queue"),
         ),
     })?;
@@ -218,7 +202,7 @@ pub async fn delete_for_queue(
         .await?
         .ok_or_else(|| {
             Refusal::not_found(
-                "consumer_group_not_found",
+                Code::ConsumerGroupNotFound,
                 format!("consumer group `{group}` does not read queue `{queue}`"),
             )
         })?;
@@ -302,7 +286,7 @@ pub async fn set_subscription(
         .collect();
     if queues.is_empty() {
         return Err(Refusal::not_found(
-            "consumer_group_not_found",
+            Code::ConsumerGroupNotFound,
             format!("consumer group `{group}` reads no queue"),
         ));
     }

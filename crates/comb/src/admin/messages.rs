@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::{Page, Refusal};
 use crate::catalog::Catalog;
+use crate::code::Code;
 use crate::queue::QUEUE_MODE_GROUP;
 
 /// Most partitions one listing visits.
@@ -101,7 +102,7 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Ref
         ),
         (Some(_), None) => {
             return Err(Refusal::invalid(
-                "queue_required",
+                Code::QueueRequired,
                 "a partition filter needs the queue",
             ));
         }
@@ -230,7 +231,7 @@ async fn find(
 
 fn not_found(partition: Uuid, transaction: &str) -> Refusal {
     Refusal::not_found(
-        "message_not_found",
+        Code::MessageNotFound,
         format!("partition {partition} holds no message with transaction id `{transaction}`"),
     )
 }
@@ -347,7 +348,7 @@ pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Va
     tx.commit().await?;
     if groups.is_empty() {
         return Err(Refusal::conflict(
-            "message_not_failed",
+            Code::MessageNotFailed,
             "the message is neither dead-lettered nor failed for any group",
         ));
     }
@@ -367,7 +368,7 @@ async fn settle_for_every_group(
     tx: &deadpool_postgres::Transaction<'_>,
     partition: Uuid,
     pos: i64,
-    mut before: impl FnMut(&crate::ack::Cursor),
+    mut before: impl FnMut(&crate::cursor::Cursor),
 ) -> Result<Vec<String>, Refusal> {
     super::cursors::edit_in(tx, partition, None, false, |_, c| {
         if pos <= c.cursor_pos || c.settled.binary_search(&pos).is_ok() {
@@ -399,7 +400,7 @@ pub async fn dead_letter(
         settle_for_every_group(&tx, partition, pos, |c| attempts.push(c.attempts_of(pos))).await?;
     if groups.is_empty() {
         return Err(Refusal::conflict(
-            "message_settled",
+            Code::MessageSettled,
             "every group reading the partition has already settled the message",
         ));
     }

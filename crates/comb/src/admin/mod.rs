@@ -16,6 +16,7 @@ pub mod resources;
 pub mod status;
 pub mod traces;
 
+use crate::code::Code;
 use crate::refusal::Refusal;
 
 /// Most rows a listing answers at once.
@@ -40,14 +41,14 @@ impl Page {
         let limit = limit.map_or(DEFAULT_LIMIT, |l| l.min(i64::MAX as u64) as i64);
         if !(1..=MAX_LIMIT).contains(&limit) {
             return Err(Refusal::invalid(
-                "limit_invalid",
+                Code::LimitInvalid,
                 format!("limit must be between 1 and {MAX_LIMIT}"),
             ));
         }
         let offset = offset.unwrap_or(0);
         if offset > MAX_OFFSET {
             return Err(Refusal::invalid(
-                "offset_invalid",
+                Code::OffsetInvalid,
                 format!("offset may be at most {MAX_OFFSET}"),
             ));
         }
@@ -106,7 +107,10 @@ pub(crate) async fn queue_id(
         .await?
         .map(|r| r.get(0))
         .ok_or_else(|| {
-            Refusal::not_found("queue_not_found", format!("queue `{queue}` does not exist"))
+            Refusal::not_found(
+                Code::QueueNotFound,
+                format!("queue `{queue}` does not exist"),
+            )
         })
 }
 
@@ -126,7 +130,7 @@ pub(crate) async fn partition_id(
         .map(|r| r.get(0))
         .ok_or_else(|| {
             Refusal::not_found(
-                "partition_not_found",
+                Code::PartitionNotFound,
                 format!("queue `{queue}` has no partition `{partition}`"),
             )
         })

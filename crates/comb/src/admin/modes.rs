@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
+use crate::code::Code;
 use crate::db::DbError;
 use crate::refusal::{Kind, Refusal};
 
@@ -98,7 +99,7 @@ impl Modes {
         if self.is_on(pool, Mode::Push).await {
             return Err(Refusal::new(
                 Kind::Unavailable,
-                "maintenance_mode",
+                Code::MaintenanceMode,
                 "pushes are paused by maintenance mode; retry later",
             ));
         }

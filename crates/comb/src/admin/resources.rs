@@ -5,7 +5,7 @@
 //! partition's head, its cursors' latest states and the one message after the slowest cursor,
 //! all index probes, computed for the page of partitions shown. A queue's totals come from
 //! `comb.queue_figures` (schema version 12): computed now for the smallest queues of the
-//! answer (up to [`LIVE_PARTITIONS`] partitions in all) and for queues made since the newest
+//! answer (up to [`LIVE_PARTITIONS`](crate::backlog::LIVE_PARTITIONS) partitions in all) and for queues made since the newest
 //! per-minute snapshot, read from that snapshot for the others; `figuresAt` says when they
 //! were taken. A listing pages over catalog rows first and takes figures for that page only.
 
@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::cursors::{self, Selection, Target};
 use super::{Page, Refusal};
-use crate::backlog::LIVE_PARTITIONS;
+use crate::backlog::queue_figures;
 use crate::catalog::Catalog;
 
 /// A queue's figures as a JSON object, for a query over `comb.queues q` joined with
@@ -34,12 +34,6 @@ pub(crate) const QUEUE_JSON: &str = "jsonb_build_object(
     'figuresAt', comb.iso(st.figures_at),
     'figuresAgeSeconds', greatest(extract(epoch FROM now() - st.figures_at), 0)::float8,
     'figuresLive', st.live)";
-
-/// Joins `st`, the figures of the queue `q` ranges over, taken together for the queues whose
-/// ids the SQL array expression `ids` lists (which must include `q`'s).
-pub(crate) fn queue_figures(ids: &str) -> String {
-    format!("JOIN comb.queue_figures({ids}, {LIVE_PARTITIONS}) st ON st.queue_id = q.id")
-}
 
 /// Which queues a listing shows.
 #[derive(Debug, Default, Clone)]

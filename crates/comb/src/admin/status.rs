@@ -15,6 +15,7 @@ use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 
 use super::{Page, Refusal};
+use crate::code::Code;
 use crate::metrics::{Metrics, QueueCounts};
 
 /// Most buckets one analytics answer holds; longer ranges get wider buckets.
@@ -40,13 +41,13 @@ impl Range {
         let from = from.unwrap_or(to - chrono::TimeDelta::hours(1));
         if from >= to {
             return Err(Refusal::invalid(
-                "range_invalid",
+                Code::RangeInvalid,
                 "`from` must be before `to`",
             ));
         }
         if to - from > MAX_RANGE {
             return Err(Refusal::invalid(
-                "range_invalid",
+                Code::RangeInvalid,
                 "the range may span at most 7 days",
             ));
         }

@@ -5,6 +5,7 @@
 //! whole days are dropped once past retention, so neither a held snapshot nor months of
 //! traffic make them grow beyond their days. A trace with several names is a row per name.
 
+use crate::code::Code;
 use deadpool_postgres::Pool;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -43,7 +44,7 @@ pub async fn record(pool: &Pool, trace: &NewTrace) -> Result<Value, Refusal> {
         .get(0);
     if !known {
         return Err(Refusal::not_found(
-            "message_not_found",
+            Code::MessageNotFound,
             format!(
                 "partition {} holds no message with transaction id `{}`",
                 trace.partition_id, trace.transaction_id

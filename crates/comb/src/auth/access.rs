@@ -62,6 +62,9 @@ const RULES: &[(Methods, &str, Access)] = &[
     (Methods::Post, "/api/v1/ack/batch", Access::Consume),
     (Methods::Post, "/api/v1/transaction", Access::Consume),
     (Methods::Post, "/api/v1/lease/*/extend", Access::Consume),
+    // A streams cycle acks and pushes, like a transaction; registering a query and reading
+    // its state belong to running it.
+    (Methods::Post, "/streams/v1/**", Access::Consume),
     (Methods::Any, "/api/v1/configure", Access::Admin),
     (Methods::Any, "/api/v1/system/**", Access::Admin),
     (Methods::Any, "/api/v1/admin/**", Access::Admin),
@@ -171,6 +174,8 @@ mod tests {
             (Method::POST, "/api/v1/ack/batch", Access::Consume),
             (Method::POST, "/api/v1/transaction", Access::Consume),
             (Method::POST, "/api/v1/lease/abc/extend", Access::Consume),
+            (Method::POST, "/streams/v1/cycle", Access::Consume),
+            (Method::GET, "/api/v1/streams/queries", Access::Read),
             (Method::POST, "/api/v1/configure", Access::Admin),
             (Method::DELETE, "/api/v1/resources/queues/q", Access::Admin),
             (Method::GET, "/api/v1/resources/queues", Access::Read),

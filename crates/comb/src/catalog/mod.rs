@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use uuid::Uuid;
 
+use crate::cursor;
 use crate::db::DbError;
 use crate::queue::{OptionsSet, QueueOptions};
 use crate::wake::{OnStale, Stale};
@@ -201,7 +202,8 @@ impl Catalog {
             }
         }
         tx.execute(
-            "WITH created AS (
+            concat!(
+                "WITH created AS (
                  INSERT INTO comb.partitions (id, queue_id, name)
                  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) ORDER BY 2, 3
                  ON CONFLICT DO NOTHING
@@ -214,9 +216,14 @@ impl Catalog {
                  ON CONFLICT DO NOTHING
                  RETURNING partition_id, consumer_group
              )
-             INSERT INTO comb.cursor_states (partition_id, consumer_group, gen, ver)
-             SELECT a.partition_id, a.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), 1
-             FROM anchors a",
+             ",
+                cursor::insert_first_state!(),
+                "
+             SELECT a.partition_id, a.consumer_group, ",
+                cursor::newest_gen!(),
+                ", 1, 0, 0
+             FROM anchors a"
+            ),
             &[&make_ids, &make_queues, &make_names],
         )
         .await?;
@@ -273,15 +280,19 @@ impl Catalog {
             .is_some();
         if created {
             tx.execute(
-                "WITH anchors AS (
+                concat!(
+                    "WITH anchors AS (
                      INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
                      SELECT p.id, $2, p.queue_id FROM comb.partitions p WHERE p.queue_id = $1
                      ON CONFLICT DO NOTHING
                      RETURNING partition_id
                  )
-                 INSERT INTO comb.cursor_states
-                     (partition_id, consumer_group, gen, ver, cursor_pos, lease_upto)
-                 SELECT a.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens),
+                 ",
+                    cursor::insert_first_state!(),
+                    "
+                 SELECT a.partition_id, $2, ",
+                    cursor::newest_gen!(),
+                    ",
                         coalesce(o.ver, 0) + 1, s.pos, s.pos
                  FROM anchors a
                  -- A group deleted and subscribed again continues its versions: the old
@@ -295,7 +306,8 @@ impl Catalog {
                              WHERE m.partition_id = a.partition_id AND m.created_at < $4
                              ORDER BY m.pos DESC LIMIT 1), 0)
                          ELSE 0 END AS pos
-                 ) s",
+                 ) s"
+                ),
                 &[&queue_id, &group, &mode, &start_at],
             )
             .await?;
@@ -388,6 +400,21 @@ impl Catalog {
         self.partitions.lock().unwrap().clear();
         self.subscriptions.lock().unwrap().clear();
         self.options.lock().unwrap().clear();
+    }
+
+    /// Entries of each cache: queue names, partition names, subscriptions, queue options.
+    /// Each holds only what exists in the database (lookups of names that do not exist are
+    /// not remembered) and is capped at [`CACHE_LIMIT`].
+    pub(crate) fn sizes(&self) -> [(&'static str, usize); 4] {
+        [
+            ("catalog_queues", self.queues.lock().unwrap().len()),
+            ("catalog_partitions", self.partitions.lock().unwrap().len()),
+            (
+                "catalog_subscriptions",
+                self.subscriptions.lock().unwrap().len(),
+            ),
+            ("catalog_options", self.options.lock().unwrap().len()),
+        ]
     }
 
     fn remember_queue(&self, name: &str, id: Uuid) {

@@ -7,6 +7,7 @@
 use uuid::Uuid;
 
 use super::Catalog;
+use crate::code::Code;
 use crate::db::DbError;
 use crate::queue::{OptionsSet, QueueOptions};
 use crate::refusal::Refusal;
@@ -73,7 +74,7 @@ impl Catalog {
             .map_err(DbError::from)?;
         let Some(row) = row else {
             return Err(Refusal::not_found(
-                "queue_not_found",
+                Code::QueueNotFound,
                 format!("queue `{queue}` does not exist"),
             ));
         };

@@ -44,7 +44,7 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     let now = Utc::now();
     let hour_ago = now - Duration::hours(1);
     let recent = now - Duration::minutes(2);
-    let (status, workers, queues) = tokio::join!(
+    let (status, workers, queues, streams) = tokio::join!(
         api.get(format!(
             "/api/v1/status?from={}&to={}",
             enc(&hour_ago.to_rfc3339()),
@@ -55,6 +55,7 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
             enc(&recent.to_rfc3339())
         )),
         api.get("/api/v1/resources/queues?limit=1000"),
+        api.get("/api/v1/streams/queries"),
     );
     let mut notes = Vec::new();
     let mut throughput_note = None;
@@ -71,6 +72,18 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     let oldest = oldest_pending(&status);
     let dead = status.count(DEAD);
     let queue_count = status.count(&["queues"]);
+    // Streams queries registered (Queen's streams SDK), with the source partitions they run on.
+    let streams = streams
+        .map(|s| {
+            let queries = s.list(&["queries"]);
+            let partitions: usize = queries.iter().map(|q| q.list(&["partitions"]).len()).sum();
+            format!(
+                "{} ({} partitions)",
+                figures::count(queries.len() as i64),
+                figures::count(partitions as i64)
+            )
+        })
+        .unwrap_or_else(|_| "—".to_string());
     // Servers that wrote their per-minute counters in the last two minutes.
     let servers = workers
         .map(|w| figures::count(w.list(&["workers"]).len() as i64))
@@ -150,6 +163,12 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
                 label: "Queues",
                 value: figures::count(queue_count),
                 id: "queue-count",
+                warn: false,
+            },
+            Card {
+                label: "Stream queries",
+                value: streams,
+                id: "stream-queries",
                 warn: false,
             },
             Card {

@@ -10,6 +10,7 @@ use super::body::JsonBody;
 use super::{Problem, State};
 use crate::ack::{AckItem, AckOutcome, AckStatus};
 use crate::auth::Principal;
+use crate::code::Code;
 use crate::queue::{QUEUE_MODE_GROUP, validate_group_name};
 
 /// One acknowledgement as sent by a consumer.
@@ -87,7 +88,7 @@ pub(crate) async fn ack_batch(
     if body.acknowledgments.len() > max {
         return Err(Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "batch_too_large",
+            Code::BatchTooLarge,
             format!(
                 "an ack batch may hold at most {max} items, got {}",
                 body.acknowledgments.len()
@@ -133,7 +134,7 @@ pub(super) fn validate(
 ) -> Result<AckItem, Problem> {
     let partition_id = Uuid::parse_str(&a.partition_id).map_err(|_| {
         Problem::bad_request(
-            "partition_id_invalid",
+            Code::PartitionIdInvalid,
             format!("{at}partitionId must be a UUID, got {:?}", a.partition_id),
         )
     })?;
@@ -144,7 +145,7 @@ pub(super) fn validate(
         "dlq" => AckStatus::Dlq,
         other => {
             return Err(Problem::bad_request(
-                "ack_status_invalid",
+                Code::AckStatusInvalid,
                 format!("{at}status must be completed, failed, retry or dlq, got {other:?}"),
             ));
         }
@@ -154,7 +155,7 @@ pub(super) fn validate(
         .map(|l| {
             Uuid::parse_str(&l).map_err(|_| {
                 Problem::bad_request(
-                    "lease_id_invalid",
+                    Code::LeaseIdInvalid,
                     format!("{at}leaseId must be a UUID, got {l:?}"),
                 )
             })
@@ -165,13 +166,13 @@ pub(super) fn validate(
         .or_else(|| default_group.map(str::to_string))
         .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
     validate_group_name(&group)
-        .map_err(|e| Problem::bad_request("consumer_group_invalid", format!("{at}{e}")))?;
+        .map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, format!("{at}{e}")))?;
     if a.transaction_id.is_empty()
         || a.transaction_id.len() > 255
         || a.transaction_id.chars().any(char::is_control)
     {
         return Err(Problem::bad_request(
-            "transaction_id_invalid",
+            Code::TransactionIdInvalid,
             format!("{at}transactionId must be 1-255 bytes without control characters"),
         ));
     }

@@ -1,5 +1,6 @@
 //! Reading JSON bodies at the edge: size limit first, then syntax, then shape.
 
+use crate::code::Code;
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
 use axum::http::header;
@@ -48,7 +49,10 @@ pub(crate) async fn read_limited(body: Body, limit: usize) -> Result<Bytes, Prob
         if e.to_string().contains("length limit") {
             too_large(limit)
         } else {
-            Problem::bad_request("body_unreadable", format!("could not read the body: {e}"))
+            Problem::bad_request(
+                Code::BodyUnreadable,
+                format!("could not read the body: {e}"),
+            )
         }
     })
 }
@@ -57,15 +61,15 @@ pub(crate) async fn read_limited(body: Body, limit: usize) -> Result<Bytes, Prob
 pub(crate) fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Problem> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(Problem::bad_request(
-            "body_missing",
+            Code::BodyMissing,
             "a JSON request body is required",
         ));
     }
     serde_json::from_slice(bytes).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => {
-            Problem::bad_request("field_invalid", format!("invalid request: {e}"))
+            Problem::bad_request(Code::FieldInvalid, format!("invalid request: {e}"))
         }
-        _ => Problem::bad_request("json_invalid", format!("malformed JSON: {e}")),
+        _ => Problem::bad_request(Code::JsonInvalid, format!("malformed JSON: {e}")),
     })
 }
 
@@ -75,7 +79,7 @@ fn too_large(limit: usize) -> Problem {
         closes_connection: true,
         ..Problem::new(
             axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            Code::BodyTooLarge,
             format!("request body exceeds the limit of {limit} bytes"),
         )
     }

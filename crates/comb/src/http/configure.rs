@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::body::JsonBody;
 use super::{Problem, State};
+use crate::code::Code;
 use crate::queue::{OPTION_NAMES, OptionsSet, QueueOptions, validate_queue_name};
 
 #[derive(Deserialize)]
@@ -30,14 +31,15 @@ pub(crate) async fn configure(
     principal: Option<axum::Extension<crate::auth::Principal>>,
     JsonBody(body): JsonBody<ConfigureIn>,
 ) -> Result<axum::Json<ConfigureOut>, Problem> {
-    validate_queue_name(&body.queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
+    validate_queue_name(&body.queue)
+        .map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
     super::guard::check_queues(principal.as_deref(), std::iter::once(body.queue.as_str()))?;
     for (what, v) in [("namespace", &body.namespace), ("task", &body.task)] {
         if let Some(v) = v
             && (v.len() > 255 || v.chars().any(char::is_control))
         {
             return Err(Problem::bad_request(
-                "field_invalid",
+                Code::FieldInvalid,
                 format!("{what} must be at most 255 bytes without control characters"),
             ));
         }
@@ -45,7 +47,7 @@ pub(crate) async fn configure(
     let raw = body.options.unwrap_or_default();
     if let Some(unknown) = raw.keys().find(|k| !OPTION_NAMES.contains(&k.as_str())) {
         return Err(Problem::bad_request(
-            "option_unknown",
+            Code::OptionUnknown,
             format!(
                 "unknown queue option {unknown:?}; known options: {}",
                 OPTION_NAMES.join(", ")
@@ -56,16 +58,16 @@ pub(crate) async fn configure(
     for (name, value) in &raw {
         let one = serde_json::Map::from_iter([(name.clone(), value.clone())]);
         serde_json::from_value::<OptionsSet>(serde_json::Value::Object(one)).map_err(|e| {
-            Problem::bad_request("option_invalid", format!("invalid option {name}: {e}"))
+            Problem::bad_request(Code::OptionInvalid, format!("invalid option {name}: {e}"))
         })?;
     }
     let set: OptionsSet = serde_json::from_value(serde_json::Value::Object(raw))
-        .map_err(|e| Problem::bad_request("option_invalid", format!("invalid option: {e}")))?;
+        .map_err(|e| Problem::bad_request(Code::OptionInvalid, format!("invalid option: {e}")))?;
     set.validate()
-        .map_err(|e| Problem::bad_request("option_invalid", e))?;
+        .map_err(|e| Problem::bad_request(Code::OptionInvalid, e))?;
     if set.encryption_enabled == Some(true) && !app.keys.can_seal() {
         return Err(Problem::bad_request(
-            "encryption_unavailable",
+            Code::EncryptionUnavailable,
             "encryptionEnabled needs an encryption key in the server configuration, and this server has none",
         ));
     }

@@ -14,6 +14,7 @@ use super::resources::{check_partition, check_queue};
 use super::{Problem, State};
 use crate::admin::dead_letters::{self, Selection};
 use crate::admin::{partition_id, queue_id};
+use crate::code::Code;
 use crate::refusal::Refusal;
 
 /// Most entry ids one request names.
@@ -25,7 +26,7 @@ async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Sel
         Some(Value::Array(items)) => {
             if items.len() > MAX_IDS {
                 return Err(Problem::bad_request(
-                    "ids_too_many",
+                    Code::IdsTooMany,
                     format!("at most {MAX_IDS} ids per request"),
                 ));
             }
@@ -36,7 +37,7 @@ async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Sel
                         .and_then(|s| Uuid::parse_str(s).ok())
                         .ok_or_else(|| {
                             Problem::bad_request(
-                                "ids_invalid",
+                                Code::IdsInvalid,
                                 "`ids` must be dead letter ids (UUIDs)",
                             )
                         })?,
@@ -46,7 +47,7 @@ async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Sel
         }
         Some(_) => {
             return Err(Problem::bad_request(
-                "ids_invalid",
+                Code::IdsInvalid,
                 "`ids` must be an array of dead letter ids",
             ));
         }
@@ -54,7 +55,7 @@ async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Sel
     let params = Params::Json(body);
     let queue = params
         .text("queue")?
-        .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
+        .ok_or_else(|| Problem::bad_request(Code::QueueNameInvalid, "`queue` is required"))?;
     check_queue(&queue)?;
     let group = params.text("consumerGroup")?;
     let partition = params.text("partition")?;

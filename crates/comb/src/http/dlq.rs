@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::params::Params;
 use super::{Problem, State};
+use crate::code::Code;
 use crate::dead_letter::{self, Filter, MAX_LIMIT, MAX_OFFSET};
 use crate::queue::{validate_group_name, validate_partition_name, validate_queue_name};
 
@@ -20,32 +21,32 @@ pub async fn list(
     let params = Params::Query(
         query
             .map(|q| q.0)
-            .map_err(|e| Problem::bad_request("parameter_invalid", e.body_text()))?,
+            .map_err(|e| Problem::bad_request(Code::ParameterInvalid, e.body_text()))?,
     );
     let queue = params
         .text("queue")?
-        .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
-    validate_queue_name(&queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
+        .ok_or_else(|| Problem::bad_request(Code::QueueNameInvalid, "`queue` is required"))?;
+    validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
     let group = params.text("consumerGroup")?.filter(|g| !g.is_empty());
     if let Some(g) = &group {
-        validate_group_name(g).map_err(|e| Problem::bad_request("consumer_group_invalid", e))?;
+        validate_group_name(g).map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))?;
     }
     let partition = params.text("partition")?.filter(|p| !p.is_empty());
     if let Some(p) = &partition {
         validate_partition_name(p)
-            .map_err(|e| Problem::bad_request("partition_name_invalid", e))?;
+            .map_err(|e| Problem::bad_request(Code::PartitionNameInvalid, e))?;
     }
     let limit = params.uint("limit")?.unwrap_or(100) as i64;
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(Problem::bad_request(
-            "parameter_invalid",
+            Code::ParameterInvalid,
             format!("parameter `limit` must be between 1 and {MAX_LIMIT}"),
         ));
     }
     let offset = params.uint("offset")?.unwrap_or(0) as i64;
     if offset > MAX_OFFSET {
         return Err(Problem::bad_request(
-            "parameter_invalid",
+            Code::ParameterInvalid,
             format!("parameter `offset` must be at most {MAX_OFFSET}"),
         ));
     }
@@ -60,20 +61,23 @@ pub async fn list(
     };
     let Some(page) = dead_letter::list(&app.pool, &filter).await? else {
         return Err(Problem::not_found(
-            "queue_not_found",
+            Code::QueueNotFound,
             format!("queue `{}` does not exist", filter.queue),
         ));
     };
     let ms = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
     let mut messages = Vec::with_capacity(page.letters.len());
     for d in &page.letters {
-        let data = app.keys.open_json(&d.payload).map_err(|_| {
-            Problem::new(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "payload_corrupt",
-                "a stored payload could not be read back (not valid JSON, or sealed with a key this server does not have)",
-            )
-        })?;
+        // A dead letter is often there because its payload could not be read: listing it
+        // must not fail on that. It shows as the administration listings show a payload no
+        // key opens (`{"encrypted": true}`), or as a string saying it is not JSON.
+        let data = match app.keys.open_json(&d.payload) {
+            Ok(data) => serde_json::to_value(&data).unwrap_or(serde_json::Value::Null),
+            Err(crate::encryption::OpenError::NoKey) => json!({"encrypted": true}),
+            Err(crate::encryption::OpenError::NotJson) => {
+                json!("payload not shown: the stored payload is not valid JSON")
+            }
+        };
         messages.push(json!({
             "id": d.id,
             "messageId": d.message_id,
@@ -115,7 +119,7 @@ fn time(params: &Params, name: &str) -> Result<Option<DateTime<Utc>>, Problem> {
         })
         .map_err(|_| {
             Problem::bad_request(
-                "parameter_invalid",
+                Code::ParameterInvalid,
                 format!("parameter `{name}` must be an RFC 3339 time or a date, got {text:?}"),
             )
         })?;

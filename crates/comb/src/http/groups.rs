@@ -10,10 +10,11 @@ use super::resources::{check_partition, check_queue, optional_queue};
 use super::{Problem, State};
 use crate::admin::cursors::Target;
 use crate::admin::groups;
+use crate::code::Code;
 use crate::queue::validate_group_name;
 
 fn check_group(group: &str) -> Result<(), Problem> {
-    validate_group_name(group).map_err(|e| Problem::bad_request("consumer_group_invalid", e))
+    validate_group_name(group).map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))
 }
 
 /// Every group with its queues' lag.
@@ -70,7 +71,10 @@ pub async fn subscription(
     check_group(&group)?;
     let params = Params::Json(body);
     let at = params.time("subscriptionTimestamp")?.ok_or_else(|| {
-        Problem::bad_request("parameter_missing", "`subscriptionTimestamp` is required")
+        Problem::bad_request(
+            Code::ParameterMissing,
+            "`subscriptionTimestamp` is required",
+        )
     })?;
     Ok(Json(groups::set_subscription(&app.pool, &group, at).await?))
 }
@@ -90,7 +94,7 @@ fn target(body: Map<String, Value>) -> Result<Target, Problem> {
         (false, true, None) => Ok(Target::Start),
         (false, false, Some(t)) => Ok(Target::Time(t)),
         _ => Err(Problem::bad_request(
-            "seek_target_invalid",
+            Code::SeekTargetInvalid,
             "give exactly one of toEnd=true, toStart=true or a timestamp",
         )),
     }

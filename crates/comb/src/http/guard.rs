@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::Problem;
 use crate::auth::{Auth, Denied, Principal};
+use crate::code::Code;
 
 /// Admits the request, handing its handler the [`Principal`], or answers the refusal.
 pub(super) async fn guard(auth: Arc<Auth>, mut request: Request, next: Next) -> Response {
@@ -55,16 +56,16 @@ pub(super) async fn guard(auth: Arc<Auth>, mut request: Request, next: Next) -> 
 }
 
 fn refusal(denied: Denied) -> Problem {
-    let forbidden = |detail| Problem::new(StatusCode::FORBIDDEN, "forbidden", detail);
+    let forbidden = |detail| Problem::new(StatusCode::FORBIDDEN, Code::Forbidden, detail);
     match denied {
         Denied::MissingToken => Problem::new(
             StatusCode::UNAUTHORIZED,
-            "missing_token",
+            Code::MissingToken,
             "this route needs a bearer token",
         ),
         Denied::InvalidToken => Problem::new(
             StatusCode::UNAUTHORIZED,
-            "invalid_token",
+            Code::InvalidToken,
             "the bearer token is not valid",
         ),
         Denied::NoRole => forbidden("the token carries no role this server knows"),
@@ -77,7 +78,7 @@ fn refusal(denied: Denied) -> Problem {
 pub(super) fn out_of_scope() -> Problem {
     Problem::new(
         StatusCode::FORBIDDEN,
-        "queue_forbidden",
+        Code::QueueForbidden,
         "the token may not touch this queue, or this route spans queues it may not touch",
     )
 }

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::body::{LimitedBody, parse_json};
 use super::{Problem, State};
 use crate::auth::Principal;
+use crate::code::Code;
 use crate::lease::Extended;
 use crate::queue::MAX_LEASE_SECONDS;
 
@@ -40,7 +41,7 @@ pub(crate) async fn extend(
     };
     let lease = Uuid::parse_str(&lease_id).map_err(|_| {
         Problem::bad_request(
-            "lease_id_invalid",
+            Code::LeaseIdInvalid,
             format!("leaseId must be a UUID, got {lease_id:?}"),
         )
     })?;
@@ -49,7 +50,7 @@ pub(crate) async fn extend(
         .is_some_and(|s| !(1..=MAX_LEASE_SECONDS).contains(&s))
     {
         return Err(Problem::bad_request(
-            "field_invalid",
+            Code::FieldInvalid,
             format!("seconds must be between 1 and {MAX_LEASE_SECONDS}"),
         ));
     }
@@ -65,7 +66,7 @@ pub(crate) async fn extend(
         Extended::Until(expires) => expires,
         Extended::NoLiveLease => {
             return Err(Problem::conflict(
-                "lease_invalid",
+                Code::LeaseInvalid,
                 "no live lease with this id: it ended, was released, or never existed (an ended lease cannot be revived)",
             ));
         }

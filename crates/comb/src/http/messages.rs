@@ -9,6 +9,7 @@ use super::params::{PathParams, QueryString, query};
 use super::resources::{check_partition, optional_queue};
 use super::{Problem, State};
 use crate::admin::messages::{self, Filter, Status};
+use crate::code::Code;
 
 /// A page of messages by queue, partition, status (for `consumerGroup`) and time.
 pub async fn list(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
@@ -17,7 +18,7 @@ pub async fn list(AxState(app): AxState<State>, q: QueryString) -> Result<Json<V
         None => None,
         Some(s) => Some(Status::parse(&s).ok_or_else(|| {
             Problem::bad_request(
-                "status_invalid",
+                Code::StatusInvalid,
                 format!("status must be pending, processing, completed or dead_letter, got {s:?}"),
             )
         })?),
@@ -41,13 +42,13 @@ pub async fn list(AxState(app): AxState<State>, q: QueryString) -> Result<Json<V
 fn ids(partition: &str, transaction: String) -> Result<(Uuid, String), Problem> {
     let partition = Uuid::parse_str(partition).map_err(|_| {
         Problem::bad_request(
-            "partition_id_invalid",
+            Code::PartitionIdInvalid,
             format!("partitionId must be a UUID, got {partition:?}"),
         )
     })?;
     if transaction.is_empty() || transaction.len() > crate::queue::MAX_NAME_LEN {
         return Err(Problem::bad_request(
-            "transaction_id_invalid",
+            Code::TransactionIdInvalid,
             "transactionId must hold 1 to 255 bytes",
         ));
     }

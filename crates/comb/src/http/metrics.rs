@@ -63,6 +63,25 @@ pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
         "Most pops that may wait at once on this server; more are answered 429.",
         max_waiting as f64,
     );
+    let (wake_groups, wake_queues) = app.wake.sizes();
+    let mut registries: Vec<(&str, usize)> = vec![
+        ("wake_groups", wake_groups),
+        ("wake_queues", wake_queues),
+        ("queue_counters", app.metrics.queues.len()),
+    ];
+    registries.extend(app.catalog.sizes());
+    let labels: Vec<[(&str, &str); 1]> =
+        registries.iter().map(|(r, _)| [("registry", *r)]).collect();
+    let entries: Vec<(&[(&str, &str)], f64)> = labels
+        .iter()
+        .zip(&registries)
+        .map(|(l, (_, n))| (&l[..], *n as f64))
+        .collect();
+    out.gauge_labelled(
+        "comb_registry_entries",
+        "Entries of this server's in-memory registries keyed by names clients send: each holds only what exists in the database or what a waiting pop uses, under a cap (see ARCHITECTURE.md, \"Bounded memory\").",
+        &entries,
+    );
     // The pool refuses at once while the database is known to be down; the timeout covers
     // a database that stops answering mid-statement.
     let stats = tokio::time::timeout(backlog::TIMEOUT, backlog::measure(&app.pool)).await;

@@ -23,6 +23,7 @@ pub(crate) mod queues;
 /// Sizes, depth and lag of queues, partitions, namespaces and tasks; clearing a queue.
 mod resources;
 mod status;
+mod streams;
 mod system;
 /// HTTPS on the listener.
 pub(crate) mod tls;
@@ -42,6 +43,7 @@ pub(crate) use problem::Problem;
 
 use crate::ack::Acker;
 use crate::catalog::Catalog;
+use crate::code::Code;
 use crate::config::ServeConfig;
 use crate::pop::Popper;
 use crate::push::Pusher;
@@ -62,6 +64,8 @@ pub(crate) struct App {
     pub(crate) popper: Popper,
     pub(crate) acker: Arc<Acker>,
     pub(crate) transactions: Transactions,
+    /// Queen's streams: queries, cycles, state.
+    pub(crate) streams: crate::streams::Streams,
     /// This process's counters, served by `GET /metrics`.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Whether acknowledged writes would survive a failover, as last checked.
@@ -291,6 +295,14 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
         ),
         (Method::POST, "/api/v1/stats/refresh", post(status::refresh)),
         (Method::GET, "/api/v1/dlq", get(dlq::list)),
+        (Method::POST, "/streams/v1/queries", post(streams::register)),
+        (Method::POST, "/streams/v1/cycle", post(streams::cycle)),
+        (
+            Method::POST,
+            "/streams/v1/state/get",
+            post(streams::state_get),
+        ),
+        (Method::GET, "/api/v1/streams/queries", get(streams::list)),
         (Method::GET, "/health", get(health::health)),
         (Method::GET, "/ready", get(health::ready)),
         (Method::GET, "/metrics", get(metrics::metrics)),
@@ -322,11 +334,11 @@ pub(crate) fn router(state: State) -> Router {
         router = router.route(path, handler.route_layer(timed));
     }
     router = router
-        .fallback(|| async { Problem::not_found("route_not_found", "no such route") })
+        .fallback(|| async { Problem::not_found(Code::RouteNotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                Code::MethodNotAllowed,
                 "this route does not accept that method",
             )
         });
@@ -336,6 +348,8 @@ pub(crate) fn router(state: State) -> Router {
             guard::guard(auth.clone(), request, next)
         }));
     }
+    // Outermost: every answer, refusals of the layers above included, carries its id.
+    router = router.layer(axum::middleware::from_fn(problem::with_request_id));
     router.with_state(state)
 }
 
@@ -353,7 +367,7 @@ async fn refuse_nul_in_query(
     });
     if nul {
         return Problem::bad_request(
-            "parameter_invalid",
+            Code::ParameterInvalid,
             "query parameters may not contain a NUL byte (%00)",
         )
         .into_response();

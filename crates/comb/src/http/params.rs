@@ -1,5 +1,6 @@
 //! Options of a request that may come as URL query parameters or as JSON members.
 
+use crate::code::Code;
 use std::collections::HashMap;
 
 use axum::extract::{FromRequestParts, Path};
@@ -23,7 +24,7 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
         match Path::<T>::from_request_parts(parts, state).await {
             Ok(Path(v)) => Ok(PathParams(v)),
-            Err(e) => Err(Problem::bad_request("parameter_invalid", e.body_text())),
+            Err(e) => Err(Problem::bad_request(Code::ParameterInvalid, e.body_text())),
         }
     }
 }
@@ -36,7 +37,7 @@ pub(crate) enum Params {
 
 fn invalid(name: &str, expected: &str) -> Problem {
     Problem::bad_request(
-        "parameter_invalid",
+        Code::ParameterInvalid,
         format!("parameter `{name}` must be {expected}"),
     )
 }
@@ -103,7 +104,7 @@ pub type QueryString =
 /// Named options of a query string; a malformed query string is a problem.
 pub fn query(q: QueryString) -> Result<Params, Problem> {
     q.map(|q| Params::Query(q.0))
-        .map_err(|e| Problem::bad_request("parameter_invalid", e.body_text()))
+        .map_err(|e| Problem::bad_request(Code::ParameterInvalid, e.body_text()))
 }
 
 /// Parses a time given as RFC 3339 (`2026-01-31T12:00:00Z`) or as a date (`2026-01-31`,
@@ -116,7 +117,7 @@ pub fn parse_time(name: &str, text: &str) -> Result<chrono::DateTime<chrono::Utc
         return Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc());
     }
     Err(Problem::bad_request(
-        "parameter_invalid",
+        Code::ParameterInvalid,
         format!(
             "parameter `{name}` must be an RFC 3339 time such as 2026-01-31T12:00:00Z or a date such as 2026-01-31, got {text:?}"
         ),
@@ -167,8 +168,8 @@ mod tests {
             ("batch".to_string(), "-1".to_string()),
             ("wait".to_string(), "yes".to_string()),
         ]));
-        assert_eq!(q.uint("batch").unwrap_err().code, "parameter_invalid");
-        assert_eq!(q.flag("wait").unwrap_err().code, "parameter_invalid");
+        assert_eq!(q.uint("batch").unwrap_err().code, Code::ParameterInvalid);
+        assert_eq!(q.flag("wait").unwrap_err().code, Code::ParameterInvalid);
         let j = Params::Json(
             serde_json::json!({"batch": 1.5})
                 .as_object()

@@ -15,6 +15,7 @@ use super::body::JsonBody;
 use super::params::{Params, PathParams};
 use super::{Problem, State};
 use crate::catalog::StartFrom;
+use crate::code::Code;
 use crate::pop::Claim;
 use crate::queue::{
     MAX_NAME_LEN, QUEUE_MODE_GROUP, validate_group_name, validate_partition_name,
@@ -58,7 +59,7 @@ pub(crate) async fn pop_body(
     let params = Params::Json(body);
     let queue = params
         .text("queue")?
-        .ok_or_else(|| Problem::bad_request("queue_name_invalid", "`queue` is required"))?;
+        .ok_or_else(|| Problem::bad_request(Code::QueueNameInvalid, "`queue` is required"))?;
     super::guard::check_queues(principal.as_deref(), std::iter::once(queue.as_str()))?;
     let partition = params.text("partition")?;
     let req = parse(&app, queue, partition, &params)?;
@@ -70,7 +71,7 @@ fn query_params(
 ) -> Result<HashMap<String, String>, Problem> {
     query
         .map(|q| q.0)
-        .map_err(|e| Problem::bad_request("parameter_invalid", e.body_text()))
+        .map_err(|e| Problem::bad_request(Code::ParameterInvalid, e.body_text()))
 }
 
 fn parse(
@@ -79,27 +80,27 @@ fn parse(
     partition: Option<String>,
     params: &Params,
 ) -> Result<PopRequest, Problem> {
-    validate_queue_name(&queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
+    validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
     if let Some(p) = &partition {
         validate_partition_name(p)
-            .map_err(|e| Problem::bad_request("partition_name_invalid", e))?;
+            .map_err(|e| Problem::bad_request(Code::PartitionNameInvalid, e))?;
     }
     let group = params
         .text("consumerGroup")?
         .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
-    validate_group_name(&group).map_err(|e| Problem::bad_request("consumer_group_invalid", e))?;
+    validate_group_name(&group).map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))?;
     let max_batch = app.config.max_pop_batch as u64;
     let batch = params.uint("batch")?.unwrap_or(1);
     if !(1..=max_batch).contains(&batch) {
         return Err(Problem::bad_request(
-            "parameter_invalid",
+            Code::ParameterInvalid,
             format!("parameter `batch` must be between 1 and {max_batch}"),
         ));
     }
     let partitions = params.uint("partitions")?.unwrap_or(1);
     if !(1..=MAX_PARTITIONS_PER_POP).contains(&partitions) {
         return Err(Problem::bad_request(
-            "parameter_invalid",
+            Code::ParameterInvalid,
             format!("parameter `partitions` must be between 1 and {MAX_PARTITIONS_PER_POP}"),
         ));
     }
@@ -114,7 +115,7 @@ fn parse(
             DateTime::parse_from_rfc3339(&from)
                 .map_err(|_| {
                     Problem::bad_request(
-                        "subscription_from_invalid",
+                        Code::SubscriptionFromInvalid,
                         format!(
                             "subscriptionFrom must be `now` or an RFC 3339 time such as 2026-01-31T12:00:00Z, got {from:?}"
                         ),
@@ -127,7 +128,7 @@ fn parse(
         // `from_beginning`, …) at the start.
         (None, Some(mode)) if mode.len() > MAX_NAME_LEN || mode.chars().any(char::is_control) => {
             return Err(Problem::bad_request(
-                "subscription_mode_invalid",
+                Code::SubscriptionModeInvalid,
                 format!(
                     "subscriptionMode must be at most {MAX_NAME_LEN} bytes without control characters"
                 ),
@@ -162,7 +163,7 @@ async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     match app.popper.pop(&req).await? {
-        Some(claims) => respond(app, &req, claims),
+        Some(claims) => Ok(respond(&req, claims)),
         None => Ok(StatusCode::NO_CONTENT.into_response()),
     }
 }
@@ -189,7 +190,7 @@ struct MessageOut<'a> {
     /// Who pushed the message (its token's subject), when tokens were required.
     #[serde(skip_serializing_if = "Option::is_none")]
     producer_sub: Option<&'a str>,
-    data: Box<RawValue>,
+    data: &'a RawValue,
     created_at: String,
     partition_id: Uuid,
     partition: &'a str,
@@ -198,7 +199,7 @@ struct MessageOut<'a> {
     attempt: i32,
 }
 
-fn respond(app: &State, req: &PopRequest, claims: Vec<Claim>) -> Result<Response, Problem> {
+fn respond(req: &PopRequest, claims: Vec<Claim>) -> Response {
     let first = &claims[0];
     let mut messages = Vec::new();
     for c in &claims {
@@ -208,10 +209,7 @@ fn respond(app: &State, req: &PopRequest, claims: Vec<Claim>) -> Result<Response
                 transaction_id: &m.transaction_id,
                 trace_id: m.trace_id.as_deref(),
                 producer_sub: m.producer_sub.as_deref(),
-                data: app
-                    .keys
-                    .open_json(&m.payload)
-                    .map_err(|_| stored_corrupt())?,
+                data: &m.data,
                 created_at: m.created_at.to_rfc3339_opts(SecondsFormat::Millis, true),
                 partition_id: c.partition_id,
                 partition: &c.partition,
@@ -231,13 +229,5 @@ fn respond(app: &State, req: &PopRequest, claims: Vec<Claim>) -> Result<Response
         messages,
         partitions_claimed: claims.len(),
     };
-    Ok(axum::Json(body).into_response())
-}
-
-fn stored_corrupt() -> Problem {
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "payload_corrupt",
-        "a stored payload could not be read back: not valid JSON, or sealed with a key this server does not have",
-    )
+    axum::Json(body).into_response()
 }

@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::code::Code;
 use crate::db::DbError;
 use crate::refusal::{Kind, Refusal};
 
@@ -14,43 +15,62 @@ use crate::refusal::{Kind, Refusal};
 pub(crate) struct Problem {
     pub(crate) status: StatusCode,
     /// Stable, documented, machine-readable.
-    pub(crate) code: &'static str,
+    pub(crate) code: Code,
     pub(crate) detail: String,
     /// Seconds, sent as `Retry-After` on 429 and 503.
     pub(crate) retry_after: Option<u64>,
     /// Sent with `Connection: close`: the request was answered before its body was read
     /// whole, so the connection cannot carry another request.
     pub(crate) closes_connection: bool,
+    /// What went wrong inside: logged with the request's id, never sent.
+    pub(crate) cause: Option<String>,
+}
+
+tokio::task_local! {
+    /// The id of the request being answered (see [`with_request_id`]).
+    static REQUEST_ID: String;
+}
+
+/// Gives every request an id, sent back as `x-request-id` and in problem bodies as
+/// `requestId`: the server's log line of an internal failure carries the same id and the
+/// whole cause, so an operator finds what a client was told only in general terms.
+pub(crate) async fn with_request_id(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let mut response = REQUEST_ID.scope(id.clone(), next.run(request)).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
 }
 
 impl Problem {
     /// A problem with any status.
-    pub(crate) fn new(
-        status: StatusCode,
-        code: &'static str,
-        detail: impl Into<String>,
-    ) -> Problem {
+    pub(crate) fn new(status: StatusCode, code: Code, detail: impl Into<String>) -> Problem {
         Problem {
             status,
             code,
             detail: detail.into(),
             retry_after: None,
             closes_connection: false,
+            cause: None,
         }
     }
 
     /// 400: the request itself is wrong.
-    pub(crate) fn bad_request(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn bad_request(code: Code, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::BAD_REQUEST, code, detail)
     }
 
     /// 404: the thing named does not exist.
-    pub(crate) fn not_found(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn not_found(code: Code, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::NOT_FOUND, code, detail)
     }
 
     /// 409: the request conflicts with current state (a stale lease, say).
-    pub(crate) fn conflict(code: &'static str, detail: impl Into<String>) -> Problem {
+    pub(crate) fn conflict(code: Code, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::CONFLICT, code, detail)
     }
 }
@@ -67,6 +87,7 @@ impl From<Refusal> for Problem {
         };
         Problem {
             retry_after: r.retry_after,
+            cause: r.cause,
             ..Problem::new(status, r.code, r.detail)
         }
     }
@@ -86,14 +107,26 @@ impl From<&DbError> for Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = json!({
-            "type": format!("urn:comb:problem:{}", self.code),
+        let request_id = REQUEST_ID.try_with(String::clone).ok();
+        if let Some(cause) = &self.cause {
+            let id = request_id.as_deref().unwrap_or("-");
+            if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+                tracing::error!(request_id = id, code = self.code.as_str(), cause = %cause, "request failed");
+            } else {
+                tracing::warn!(request_id = id, code = self.code.as_str(), cause = %cause, "request refused");
+            }
+        }
+        let mut body = json!({
+            "type": format!("urn:comb:problem:{}", self.code.as_str()),
             "title": self.status.canonical_reason().unwrap_or("Error"),
             "status": self.status.as_u16(),
             "detail": self.detail,
-            "code": self.code,
+            "code": self.code.as_str(),
             "error": self.detail,
         });
+        if let Some(id) = request_id {
+            body["requestId"] = serde_json::Value::String(id);
+        }
         let mut resp = (self.status, body.to_string()).into_response();
         let headers = resp.headers_mut();
         headers.insert(

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::body::{LimitedBody, parse_json};
 use super::{Problem, State};
 use crate::auth::Principal;
+use crate::code::Code;
 use crate::push::{NewMessage, Stored, TransactionId};
 use crate::queue::{validate_partition_name, validate_queue_name};
 
@@ -209,14 +210,14 @@ pub(super) fn validate(
 ) -> Result<(), Problem> {
     if items.is_empty() {
         return Err(Problem::bad_request(
-            "items_empty",
+            Code::ItemsEmpty,
             "`items` must hold at least one message",
         ));
     }
     if items.len() > max_batch {
         return Err(Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "batch_too_large",
+            Code::BatchTooLarge,
             format!(
                 "a push may hold at most {max_batch} items, got {}",
                 items.len()
@@ -224,18 +225,19 @@ pub(super) fn validate(
         ));
     }
     for (i, item) in items.iter().enumerate() {
-        validate_queue_name(&item.queue)
-            .map_err(|e| Problem::bad_request("queue_name_invalid", format!("items[{i}]: {e}")))?;
+        validate_queue_name(&item.queue).map_err(|e| {
+            Problem::bad_request(Code::QueueNameInvalid, format!("items[{i}]: {e}"))
+        })?;
         if let Some(p) = &item.partition {
             validate_partition_name(p).map_err(|e| {
-                Problem::bad_request("partition_name_invalid", format!("items[{i}]: {e}"))
+                Problem::bad_request(Code::PartitionNameInvalid, format!("items[{i}]: {e}"))
             })?;
         }
         if let Some(t) = &item.transaction_id
             && (t.is_empty() || t.len() > MAX_ID_LEN || t.chars().any(char::is_control))
         {
             return Err(Problem::bad_request(
-                "transaction_id_invalid",
+                Code::TransactionIdInvalid,
                 format!(
                     "items[{i}]: transactionId must be 1-{MAX_ID_LEN} bytes without control characters"
                 ),
@@ -245,7 +247,7 @@ pub(super) fn validate(
             && (t.len() > MAX_ID_LEN || t.chars().any(char::is_control))
         {
             return Err(Problem::bad_request(
-                "trace_id_invalid",
+                Code::TraceIdInvalid,
                 format!(
                     "items[{i}]: traceId must be at most {MAX_ID_LEN} bytes without control characters"
                 ),

@@ -6,6 +6,7 @@ use super::params::PathParams;
 use serde_json::{Value, json};
 
 use super::{Problem, State};
+use crate::code::Code;
 use crate::queue::validate_queue_name;
 
 /// Deletes a queue and everything the catalog knows of it.
@@ -13,7 +14,7 @@ pub(crate) async fn delete_queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
 ) -> Result<axum::Json<Value>, Problem> {
-    validate_queue_name(&queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))?;
+    validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
     app.catalog.delete_queue(&app.pool, &queue).await?;
     Ok(axum::Json(json!({"deleted": true, "queue": queue})))
 }

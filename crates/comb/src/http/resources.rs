@@ -7,10 +7,11 @@ use serde_json::Value;
 use super::params::{PathParams, QueryString, query};
 use super::{Problem, State};
 use crate::admin::resources::{self, Grouping, QueueFilter};
+use crate::code::Code;
 use crate::queue::{validate_partition_name, validate_queue_name};
 
 pub(super) fn check_queue(queue: &str) -> Result<(), Problem> {
-    validate_queue_name(queue).map_err(|e| Problem::bad_request("queue_name_invalid", e))
+    validate_queue_name(queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))
 }
 
 /// The optional `queue` parameter of a listing, checked like a queue name in a path.
@@ -24,7 +25,7 @@ pub(super) fn optional_queue(params: &super::params::Params) -> Result<Option<St
 
 pub(super) fn check_partition(partition: &str) -> Result<(), Problem> {
     validate_partition_name(partition)
-        .map_err(|e| Problem::bad_request("partition_name_invalid", e))
+        .map_err(|e| Problem::bad_request(Code::PartitionNameInvalid, e))
 }
 
 /// Counts and depth of everything.

@@ -9,11 +9,12 @@ use super::body::JsonBody;
 use super::params::Params;
 use super::{Problem, State};
 use crate::admin::modes::Mode;
+use crate::code::Code;
 
 async fn set(app: &State, mode: Mode, body: Map<String, Value>) -> Result<Json<Value>, Problem> {
     let enabled = Params::Json(body)
         .flag("enabled")?
-        .ok_or_else(|| Problem::bad_request("parameter_missing", "`enabled` is required"))?;
+        .ok_or_else(|| Problem::bad_request(Code::ParameterMissing, "`enabled` is required"))?;
     Ok(Json(app.modes.set(&app.pool, mode, enabled).await?))
 }
 

@@ -10,12 +10,13 @@ use super::body::JsonBody;
 use super::params::{Params, PathParams, QueryString, query};
 use super::{Problem, State};
 use crate::admin::traces::{self, MAX_DATA_BYTES, MAX_NAMES, NewTrace};
+use crate::code::Code;
 use crate::queue::{MAX_NAME_LEN, QUEUE_MODE_GROUP, validate_group_name};
 
 fn partition_id(text: &str) -> Result<Uuid, Problem> {
     Uuid::parse_str(text).map_err(|_| {
         Problem::bad_request(
-            "partition_id_invalid",
+            Code::PartitionIdInvalid,
             format!("partitionId must be a UUID, got {text:?}"),
         )
     })
@@ -24,7 +25,7 @@ fn partition_id(text: &str) -> Result<Uuid, Problem> {
 fn short_text(name: &str, text: &str) -> Result<(), Problem> {
     if text.is_empty() || text.len() > MAX_NAME_LEN {
         return Err(Problem::bad_request(
-            "field_invalid",
+            Code::FieldInvalid,
             format!("`{name}` must hold 1 to {MAX_NAME_LEN} bytes"),
         ));
     }
@@ -39,10 +40,10 @@ pub async fn record(
 ) -> Result<(StatusCode, Json<Value>), Problem> {
     let data = body
         .remove("data")
-        .ok_or_else(|| Problem::bad_request("parameter_missing", "`data` is required"))?;
+        .ok_or_else(|| Problem::bad_request(Code::ParameterMissing, "`data` is required"))?;
     if serde_json::to_vec(&data).map_or(0, |v| v.len()) > MAX_DATA_BYTES {
         return Err(Problem::bad_request(
-            "data_too_large",
+            Code::DataTooLarge,
             format!("`data` may hold at most {MAX_DATA_BYTES} bytes of JSON"),
         ));
     }
@@ -54,21 +55,21 @@ pub async fn record(
             .map(|v| match v {
                 Value::String(s) => Ok(s),
                 _ => Err(Problem::bad_request(
-                    "field_invalid",
+                    Code::FieldInvalid,
                     "`traceNames` must be a name or a list of names",
                 )),
             })
             .collect::<Result<_, _>>()?,
         Some(_) => {
             return Err(Problem::bad_request(
-                "field_invalid",
+                Code::FieldInvalid,
                 "`traceNames` must be a name or a list of names",
             ));
         }
     };
     if names.len() > MAX_NAMES {
         return Err(Problem::bad_request(
-            "field_invalid",
+            Code::FieldInvalid,
             format!("at most {MAX_NAMES} trace names"),
         ));
     }
@@ -83,7 +84,7 @@ pub async fn record(
         .text("consumerGroup")?
         .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
     validate_group_name(&consumer_group)
-        .map_err(|e| Problem::bad_request("consumer_group_invalid", e))?;
+        .map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))?;
     let event_type = params.text("eventType")?.unwrap_or_else(|| "info".into());
     short_text("eventType", &event_type)?;
     let trace = NewTrace {

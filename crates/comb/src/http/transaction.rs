@@ -12,6 +12,7 @@ use super::body::{LimitedBody, parse_json};
 use super::push::{PushItem, PushResult, into_items, results};
 use super::{Problem, State};
 use crate::ack::AckItem;
+use crate::code::Code;
 
 /// The transaction request body. Operations are kept raw until their `type` is known:
 /// push payloads are captured verbatim, which serde's tagged-enum buffering cannot do.
@@ -43,7 +44,7 @@ impl<'a> Operation<'a> {
     fn parse(i: usize, raw: &'a RawValue) -> Result<Operation<'a>, Problem> {
         let text = raw.get();
         let invalid = |e: serde_json::Error| {
-            Problem::bad_request("field_invalid", format!("operations[{i}]: {e}"))
+            Problem::bad_request(Code::FieldInvalid, format!("operations[{i}]: {e}"))
         };
         let kind: Kind = serde_json::from_str(text).map_err(invalid)?;
         match kind.kind.as_deref() {
@@ -53,7 +54,7 @@ impl<'a> Operation<'a> {
                 Ok(Operation::Push { items: op.items })
             }
             other => Err(Problem::bad_request(
-                "operation_invalid",
+                Code::OperationInvalid,
                 format!("operations[{i}]: type must be \"ack\" or \"push\", got {other:?}"),
             )),
         }
@@ -91,7 +92,7 @@ pub(crate) async fn transaction(
     let body: TransactionIn = parse_json(&bytes)?;
     if body.operations.is_empty() {
         return Err(Problem::bad_request(
-            "items_empty",
+            Code::ItemsEmpty,
             "`operations` must hold at least one operation",
         ));
     }
@@ -111,7 +112,7 @@ pub(crate) async fn transaction(
             Operation::Push { items } => {
                 if items.is_empty() {
                     return Err(Problem::bad_request(
-                        "items_empty",
+                        Code::ItemsEmpty,
                         format!("operations[{i}]: `items` must hold at least one message"),
                     ));
                 }
@@ -125,7 +126,7 @@ pub(crate) async fn transaction(
     if acks.len() + push_items.len() > max {
         return Err(Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "batch_too_large",
+            Code::BatchTooLarge,
             format!("a transaction may hold at most {max} acks and messages together"),
         ));
     }

@@ -3,10 +3,9 @@
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
-use crate::ack::{
-    DeadLetter, STATE_CITUS_SQL, STATE_SQL, WriteStatements, locked_cursors, write_back,
-};
+use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, StateWrites, locked_cursors};
 use crate::db::{self, DbError};
+use crate::dead_letter::{self, NewDeadLetter};
 
 /// Like [`LOCK_SQL`] for the cursors of one group whose lease ended, skipping busy ones.
 const EXPIRED_LOCK_SQL: &str = "
@@ -22,7 +21,7 @@ FOR NO KEY UPDATE OF c SKIP LOCKED";
 const EXPIRED_LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_expired($1, $2)";
 
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
-/// unsettled messages and dead-letters those at the retry limit (or, in queues that keep no
+/// unsettled messages and dead-letters those past the retry limit (or, in queues that keep no
 /// dead letters for that, skips them). Cursors another claim or
 /// ack holds right now are skipped; they are seen again on a later pop. Runs in a transaction
 /// of its own on the claim's connection (whose claim has committed): a claim never waits for
@@ -47,7 +46,8 @@ pub(crate) async fn expire_leases(
                 STATE_SQL
             })
             .await?,
-        writes: WriteStatements::prepare(client).await?,
+        states: StateWrites::prepare(client).await?,
+        dead: dead_letter::Writes::prepare(client).await?,
     };
     if crate::schema::citus::on() && partitions.len() > 1 {
         // On Citus, a partition at a time: its statements read one partition each.
@@ -80,7 +80,8 @@ pub(crate) async fn expire_leases(
 struct Statements {
     lock: Statement,
     state: Statement,
-    writes: WriteStatements,
+    states: StateWrites,
+    dead: dead_letter::Writes,
 }
 
 /// What an expiry did to the messages of the ended leases.
@@ -131,7 +132,7 @@ async fn expire_in(
                 discarded += 1;
                 continue;
             }
-            dead.push(DeadLetter {
+            dead.push(NewDeadLetter {
                 queue_id: state.queue_id,
                 partition_id: *partition_id,
                 group: group.clone(),
@@ -141,7 +142,13 @@ async fn expire_in(
             });
         }
     }
-    write_back(client, &statements.writes, &cursors, &dead).await?;
+    // Pipelined: one round trip for both.
+    let (written, copied) = tokio::join!(
+        statements.states.write(client, &cursors),
+        statements.dead.write(client, &dead)
+    );
+    written?;
+    copied?;
     Ok(Expired {
         discarded,
         dead_lettered: dead.len() as u64,

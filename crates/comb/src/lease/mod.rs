@@ -19,12 +19,16 @@ mod expiry;
 pub(crate) use expiry::expire_leases;
 
 /// The cursors a lease id was ever written to (any version holds it), with their queues.
-const FIND_SQL: &str = "
-SELECT DISTINCT s.partition_id, s.consumer_group, q.name
-FROM comb.cursor_states s
+const FIND_SQL: &str = concat!(
+    "
+SELECT s.partition_id, s.consumer_group, q.name
+FROM (",
+    cursor::lease_holders!(),
+    ") s
 JOIN comb.partitions p ON p.id = s.partition_id
 JOIN comb.queues q ON q.id = p.queue_id
-WHERE s.lease_id = $1 AND ($2::uuid IS NULL OR s.partition_id = $2)";
+WHERE $2::uuid IS NULL OR s.partition_id = $2"
+);
 
 const LOCK_SQL: &str = "
 SELECT 1 FROM comb.cursors WHERE partition_id = $1 AND consumer_group = $2
@@ -35,7 +39,9 @@ const EXTEND_SQL: &str = concat!(
     "\n",
     cursor::insert_state!(),
     "
-SELECT s.partition_id, s.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), s.ver + 1,
+SELECT s.partition_id, s.consumer_group, ",
+    cursor::newest_gen!(),
+    ", s.ver + 1,
        s.cursor_pos, s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
        now() + make_interval(secs => coalesce($4::float8,
            (SELECT coalesce((q.options->>'leaseTime')::float8, 300)

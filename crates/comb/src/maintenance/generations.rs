@@ -10,6 +10,11 @@
 //! The copy may race with writers: a writer that read version v and writes v + 1 into the
 //! newest generation while v is being carried is harmless, because the highest version is
 //! the state.
+//!
+//! The state versions of streams queries (`comb.stream_states`) live in the same
+//! generations: each has a table per generation, made ahead with the cursors' one, and the
+//! newest version of every pair whose query is current is carried forward before the old
+//! table is dropped (a query registered again after a reset leaves its old state behind).
 
 use deadpool_postgres::Client;
 
@@ -18,19 +23,19 @@ use super::statistics::PARTITIONS_PER_GENERATION;
 use super::{Report, Settings};
 use crate::db::DbError;
 
-fn table(generation: i32) -> String {
-    format!("comb.cursor_states_{generation}")
+use crate::cursor::generations::{self as statements, table};
+use crate::streams::generations as streams;
+
+async fn exists(client: &Client, table: &str) -> Result<bool, DbError> {
+    Ok(client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get(0))
 }
 
 /// Every generation, oldest first, and how long ago the newest was started.
 async fn generations(client: &Client) -> Result<(Vec<i32>, f64), DbError> {
-    let rows = client
-        .query(
-            "SELECT gen, extract(epoch FROM now() - created_at)::float8
-             FROM comb.cursor_gens ORDER BY gen",
-            &[],
-        )
-        .await?;
+    let rows = client.query(statements::LIST_SQL, &[]).await?;
     let age = rows.last().map_or(0.0, |r| r.get(1));
     Ok((rows.iter().map(|r| r.get(0)).collect(), age))
 }
@@ -52,31 +57,19 @@ pub(crate) async fn make_ahead(
         return Ok(());
     };
     let next = newest + 1;
+    let s = streams::table(next);
+    if !exists(client, &s).await? {
+        let sql = streams::make_ahead_sql(next, &lock_timeout_sql(settings));
+        give_way(client, &sql).await?;
+    }
     let t = table(next);
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&t])
-        .await?
-        .get(0);
-    if exists {
+    if exists(client, &t).await? {
         return Ok(());
     }
-    // Built standalone and then attached: ATTACH takes only SHARE UPDATE EXCLUSIVE on the
-    // parent, which neither readers nor writers conflict with, where CREATE … PARTITION OF
-    // would queue an ACCESS EXCLUSIVE lock in front of all traffic. The indexes match the
-    // parent's, so ATTACH adopts them instead of building its own; the CHECK constraint
-    // spares it a validation scan.
     let sql = format!(
-        "BEGIN; {lt};
-         CREATE TABLE {t} (LIKE comb.cursor_states INCLUDING DEFAULTS INCLUDING STORAGE);
-         CREATE INDEX ON {t} (partition_id, consumer_group, gen, ver);
-         CREATE INDEX ON {t} (lease_id) WHERE lease_id IS NOT NULL;
-         ALTER TABLE {t} ALTER COLUMN partition_id SET (n_distinct = {PARTITIONS_PER_GENERATION});
-         ALTER TABLE {t} ADD CONSTRAINT cursor_states_{next}_gen
-             CHECK (gen >= {next} AND gen < {end});
-         ALTER TABLE comb.cursor_states ATTACH PARTITION {t} FOR VALUES FROM ({next}) TO ({end});
-         COMMIT;",
+        "BEGIN; {lt};\n{make}\nCOMMIT;",
         lt = lock_timeout_sql(settings),
-        end = next + 1
+        make = statements::make_sql(next, PARTITIONS_PER_GENERATION),
     );
     if give_way(client, &sql).await? {
         report.generations_created += 1;
@@ -96,17 +89,11 @@ pub(crate) async fn rotate(client: &Client, settings: &Settings) -> Result<(), D
         return Ok(());
     }
     let next = newest + 1;
-    let ready: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table(next)])
-        .await?
-        .get(0);
+    // Writers of both kinds of state must find the generation's table.
+    let ready =
+        exists(client, &table(next)).await? && exists(client, &streams::table(next)).await?;
     if ready {
-        client
-            .execute(
-                "INSERT INTO comb.cursor_gens (gen) VALUES ($1) ON CONFLICT DO NOTHING",
-                &[&next],
-            )
-            .await?;
+        client.execute(statements::START_SQL, &[&next]).await?;
         tracing::info!(generation = next, "cursor state generation started");
     }
     Ok(())
@@ -128,59 +115,17 @@ pub(crate) async fn carry_forward_and_drop(
     }
     // Every column, so that a column added to the state later is carried too.
     let columns: Vec<String> = client
-        .query(
-            "SELECT quote_ident(attname) FROM pg_attribute
-             WHERE attrelid = 'comb.cursor_states'::regclass AND attnum > 0 AND NOT attisdropped
-             ORDER BY attnum",
-            &[],
-        )
+        .query(statements::COLUMNS_SQL, &[])
         .await?
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let values: Vec<String> = columns
-        .iter()
-        .map(|c| {
-            if c == "gen" {
-                newest.to_string()
-            } else {
-                format!("s.{c}")
-            }
-        })
-        .collect();
     for &generation in older {
-        let t = table(generation);
-        // SHARE waits for any writer still inserting into the old generation (its statement
-        // chose it just before the newest took over) and keeps new ones out; readers go on.
-        // The copy starts from the cursors that exist, so states of deleted queues stay
-        // behind, and skips cursors that already have this version or a later one in a newer
-        // generation. (`gen >= n + 1` rather than `gen > n`: only the former prunes `n`.)
-        // The latest version is ordered by (gen, ver), as the index is: by `ver` alone the
-        // planner would read and sort every version of the cursor.
+        // BEGIN, SET, then the lock and the copy (see `carry_forward_sql`).
         let sql = format!(
-            "BEGIN; {lt}; LOCK TABLE {t} IN SHARE MODE;
-             INSERT INTO {into} ({columns})
-             SELECT {values}
-             FROM comb.cursors c
-             CROSS JOIN LATERAL (
-                 SELECT * FROM {t} s
-                 WHERE s.partition_id = c.partition_id AND s.consumer_group = c.consumer_group
-                 ORDER BY s.gen DESC, s.ver DESC LIMIT 1
-             ) s
-             WHERE NOT EXISTS (
-                 SELECT 1 FROM comb.cursor_states n
-                 WHERE n.gen >= {newer}
-                   AND n.partition_id = s.partition_id
-                   AND n.consumer_group = s.consumer_group
-                   AND n.ver >= s.ver);
-             DROP TABLE {t};
-             DELETE FROM comb.cursor_gens WHERE gen = {generation};
-             COMMIT;",
+            "BEGIN; {lt}; {carry}\nCOMMIT;",
             lt = lock_timeout_sql(settings),
-            into = table(newest),
-            columns = columns.join(", "),
-            values = values.join(", "),
-            newer = generation + 1,
+            carry = statements::carry_forward_sql(generation, newest, &columns),
         );
         match give_way_counting(client, &sql).await? {
             Some(counts) => {
@@ -198,6 +143,39 @@ pub(crate) async fn carry_forward_and_drop(
                 break;
             }
         }
+    }
+    Ok(())
+}
+
+/// Carries the newest state version of every current streams query on every partition that
+/// still exists out of each generation older than the newest, then drops that generation's
+/// `comb.stream_states` table. Runs over the tables that exist, so a drop that had to give
+/// way is tried again next cycle even after the cursors' table of that generation is gone.
+pub(crate) async fn carry_streams_forward_and_drop(
+    client: &Client,
+    settings: &Settings,
+) -> Result<(), DbError> {
+    let (gens, _) = generations(client).await?;
+    let Some(&newest) = gens.last() else {
+        return Ok(());
+    };
+    let older: Vec<i32> = client
+        .query(streams::LIST_SQL, &[])
+        .await?
+        .iter()
+        .map(|r| r.get::<_, i32>(0))
+        .filter(|&g| g < newest)
+        .collect();
+    for generation in older {
+        let sql = streams::carry_forward_sql(generation, newest, &lock_timeout_sql(settings));
+        if !give_way(client, &sql).await? {
+            tracing::info!(
+                generation,
+                "stream state generation busy; dropping it next cycle"
+            );
+            break;
+        }
+        tracing::info!(generation, "dropped stream state generation");
     }
     Ok(())
 }

@@ -4,13 +4,12 @@
 
 use deadpool_postgres::Client;
 
-use crate::ack::{
-    DeadLetter, STATE_CITUS_SQL, STATE_SQL, WriteStatements, locked_cursors, write_back,
-};
+use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, StateWrites, locked_cursors};
 use crate::db::DbError;
+use crate::dead_letter::{self, NewDeadLetter};
 
 /// Cursors whose next message is overdue, locked (busy ones skipped); their state is read
-/// afterwards with `ack::STATE_SQL`.
+/// afterwards with `cursor::STATE_SQL`.
 const OVERDUE_CURSORS_SQL: &str = "
 SELECT c.partition_id, c.consumer_group
 FROM comb.cursors c
@@ -32,14 +31,13 @@ FOR NO KEY UPDATE OF c SKIP LOCKED";
 /// the overdue cursors listed across the workers without locking (the head's test is implied
 /// by an overdue next message), then locked by the coordinator a partition at a time
 /// (`comb.lock_cursors`, which waits for a busy cursor instead of skipping it).
-const OVERDUE_CURSORS_CITUS_SQL: &str = "
+static OVERDUE_CURSORS_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "
 SELECT c.partition_id, c.consumer_group
 FROM comb.cursors c
 JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL (
-    SELECT s.cursor_pos, s.cursor_seg, s.lease_id FROM comb.cursor_states s
-    WHERE s.partition_id = c.partition_id AND s.consumer_group = c.consumer_group
-    ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+CROSS JOIN LATERAL {state} s
 WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
   AND s.lease_id IS NULL
   AND (SELECT m.created_at FROM comb.messages m
@@ -47,7 +45,10 @@ WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
        ORDER BY m.pos LIMIT 1)
       < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
 ORDER BY c.partition_id, c.consumer_group
-LIMIT 1000";
+LIMIT 1000",
+        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+    )
+});
 
 /// Overdue messages of one partition after a position (a prefix: times grow with positions).
 const OVERDUE_MESSAGES_SQL: &str = "
@@ -64,7 +65,7 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
     let overdue = tx
         .query(
             if citus {
-                OVERDUE_CURSORS_CITUS_SQL
+                OVERDUE_CURSORS_CITUS_SQL.as_str()
             } else {
                 OVERDUE_CURSORS_SQL
             },
@@ -77,7 +78,7 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
     let pids: Vec<uuid::Uuid> = overdue.iter().map(|r| r.get(0)).collect();
     let groups: Vec<String> = overdue.iter().map(|r| r.get(1)).collect();
     let rows = if citus {
-        tx.query("SELECT * FROM comb.lock_cursors($1, $2)", &[&pids, &groups])
+        tx.query(crate::cursor::lock_sql(), &[&pids, &groups])
             .await?;
         // The state a partition at a time, each read on its partition's worker.
         let mut rows = Vec::new();
@@ -113,7 +114,7 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             if pos <= state.cursor.cursor_pos || state.cursor.settled.binary_search(&pos).is_ok() {
                 continue;
             }
-            dead.push(DeadLetter {
+            dead.push(NewDeadLetter {
                 queue_id: state.queue_id,
                 partition_id: *partition_id,
                 group: group.clone(),
@@ -127,8 +128,11 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             state.changed = true;
         }
     }
-    let writes = WriteStatements::prepare(&tx).await?;
-    write_back(&tx, &writes, &cursors, &dead).await?;
+    let states = StateWrites::prepare(&tx).await?;
+    let letters = dead_letter::Writes::prepare(&tx).await?;
+    let (written, copied) = tokio::join!(states.write(&tx, &cursors), letters.write(&tx, &dead));
+    written?;
+    copied?;
     tx.commit().await?;
     Ok(dead.len() as i64)
 }

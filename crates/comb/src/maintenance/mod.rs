@@ -175,6 +175,7 @@ pub(crate) async fn cycle(client: &mut Client, settings: &Settings) -> Result<Re
     // replaced is left a whole cycle for writers that chose it to finish; the next one is
     // made after the switch, so that it is attached a whole cycle before writers go to it.
     generations::carry_forward_and_drop(client, settings, &mut report).await?;
+    generations::carry_streams_forward_and_drop(client, settings).await?;
     generations::rotate(client, settings).await?;
     generations::make_ahead(client, settings, &mut report).await?;
     let analysed = statistics::refresh(client, settings).await?;

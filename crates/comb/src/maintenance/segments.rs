@@ -183,9 +183,9 @@ const HELD_BY: &str = "
 const STATE: &str = "comb.cursor_state(c.partition_id, c.consumer_group)";
 
 /// [`STATE`] for Citus, which pushes no function but an immutable one down to the workers.
-const STATE_CITUS: &str = "(SELECT s.cursor_pos FROM comb.cursor_states s
-      WHERE s.partition_id = c.partition_id AND s.consumer_group = c.consumer_group
-      ORDER BY s.gen DESC, s.ver DESC LIMIT 1)";
+static STATE_CITUS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+});
 
 /// [`RECLAIMABLE_SQL`] as Citus plans it: the held segments first (a query of the workers,
 /// every subquery correlated by partition), then the segments not among them.
@@ -197,7 +197,7 @@ static RECLAIMABLE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
            AND s.seg < (SELECT max(seg) FROM comb.segments)
            AND s.seg NOT IN (SELECT seg FROM held)
          ORDER BY s.seg",
-        held = HELD_BY.replace("{state}", STATE_CITUS)
+        held = HELD_BY.replace("{state}", &STATE_CITUS)
     )
 });
 

@@ -42,14 +42,18 @@ const SAMPLE_TARGET: u32 = 10;
 pub(crate) async fn refresh(client: &Client, settings: &Settings) -> Result<u32, DbError> {
     let due = client
         .query(
-            "SELECT c.oid::regclass::text
+            concat!(
+                "SELECT c.oid::regclass::text
              FROM pg_class c
              JOIN pg_stat_user_tables t ON t.relid = c.oid
              WHERE c.relnamespace = 'comb'::regnamespace
                AND ((c.relname = 'messages_' || (SELECT max(seg) FROM comb.segments)
                      AND t.n_mod_since_analyze >= greatest(1000, 0.2 * greatest(c.reltuples, 0)))
-                 OR (c.relname = 'cursor_states_' || (SELECT max(gen) FROM comb.cursor_gens)
-                     AND t.n_mod_since_analyze >= greatest(1000, greatest(c.reltuples, 0))))",
+                 OR (c.relname = 'cursor_states_' || ",
+                crate::cursor::newest_gen!(),
+                "
+                     AND t.n_mod_since_analyze >= greatest(1000, greatest(c.reltuples, 0))))"
+            ),
             &[],
         )
         .await?;

@@ -23,7 +23,11 @@ use tokio::sync::{Semaphore, oneshot};
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
+use serde_json::value::RawValue;
+
+use super::unreadable::{self, Unreadable};
 use crate::db::{self, DbError};
+use crate::encryption::Keys;
 use crate::fusion::{Fuser, Reply, Runner};
 use crate::metrics::{Metrics, QueueCounts, Stage};
 
@@ -44,6 +48,9 @@ pub(crate) struct PopShape {
     /// leased under one lease id, and `batch` caps the messages over all of them. Such pops
     /// are claimed one at a time, each with its own lease.
     pub(crate) shared_lease: bool,
+    /// The queue seals payloads (`encryptionEnabled`): the claim opens them before it commits,
+    /// so that one this server cannot open is dead-lettered instead of consumed unseen.
+    pub(crate) sealed: bool,
 }
 
 impl PopShape {
@@ -85,7 +92,8 @@ pub(crate) struct Delivered {
     pub(crate) trace_id: Option<String>,
     /// The subject of the token the message was pushed with.
     pub(crate) producer_sub: Option<String>,
-    pub(crate) payload: Vec<u8>,
+    /// The payload, opened (see [`crate::encryption`]): JSON as the producer sent it.
+    pub(crate) data: Box<RawValue>,
     pub(crate) created_at: DateTime<Utc>,
     /// 1 for the first delivery, then one more per failed attempt.
     pub(crate) attempt: i32,
@@ -184,16 +192,35 @@ WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = 
 /// particular order ([`claims_from_rows`] groups them): sorting the handed-out payloads
 /// again, and looking up a partition's name for each of them, cost a third of the
 /// statement.
-pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(false));
+pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(false, false));
 
 /// [`CLAIM_SQL`] for a pop whose partitions share one lease (`$7`, a uuid) and whose `batch`
 /// caps the messages over all of them (`$8`): the next messages of every partition are
 /// ranked in the walk's order of the partitions (`$3`), then by position, and only the first
 /// `$8` are handed out, so each partition still hands out a prefix of what it holds. A
 /// partition left without messages by the cap is not leased (its lock ends with the claim).
-pub static SHARED_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(true));
+pub static SHARED_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(true, false));
 
-fn claim_sql(shared: bool) -> String {
+/// [`CLAIM_SQL`] for claims that open payloads before they commit (queues that seal them):
+/// the same statement without the refusal of sealed payloads.
+static OPENING_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(false, true));
+
+/// [`SHARED_CLAIM_SQL`] for claims that open payloads before they commit.
+static OPENING_SHARED_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(true, true));
+
+/// The SQLSTATE of `comb.refuse_sealed_payload()` (schema version 15).
+const SEALED_IN_CLAIM: &str = "CB001";
+
+/// Builds the claim statement. A claim whose COMMIT is pipelined behind it (`opening` false)
+/// cannot look at what it read before it commits, so a sealed payload makes it fail (and
+/// roll back) instead: the claim is then made again by one that opens payloads first.
+fn claim_sql(shared: bool, opening: bool) -> String {
+    let refuse_sealed = if opening {
+        ""
+    } else {
+        ",
+       CASE WHEN substr(m.payload, 1, 1) = '\\x00'::bytea THEN comb.refuse_sealed_payload() END"
+    };
     let (picked, capped, lease) = if shared {
         (
             "picked",
@@ -248,7 +275,7 @@ span AS (
 ),
 claimed AS (
     {insert_state}
-    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+    SELECT st.partition_id, $2, {newest_gen}, st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
@@ -269,10 +296,11 @@ leased AS MATERIALIZED (
 )
 SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
-       m.producer_sub
+       m.producer_sub{refuse_sealed}
 FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id",
         insert_state = crate::cursor::insert_state!(),
+        newest_gen = crate::cursor::newest_gen!(),
     )
 }
 
@@ -311,17 +339,11 @@ pub static CANDIDATES_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
     sql
 });
 
-/// A cursor's latest state (`comb.cursor_state`) written out for a router statement on
-/// Citus: the function, run on the worker, would itself be a distributed query from a shard,
-/// which Citus refuses. `of` is the alias whose `partition_id` names the partition, `one` the
-/// parameter holding it.
+/// A cursor's latest state (`comb.cursor_state`) of group `$2` written out for a router
+/// statement on Citus ([`crate::cursor::latest_state`]). `of` is the alias whose
+/// `partition_id` names the partition, `one` the parameter holding it.
 fn citus_state(of: &str, one: &str) -> String {
-    format!(
-        "(SELECT * FROM comb.cursor_states s
-          WHERE s.partition_id = {of}.partition_id AND s.partition_id = {one}
-            AND s.consumer_group = $2
-          ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
-    )
+    crate::cursor::latest_state(&format!("{of}.partition_id"), "$2", Some(one))
 }
 
 /// `comb.claimable_now(f.partition_id, …)` of the walk for one partition (`$3`), as an
@@ -381,10 +403,15 @@ fn claim_citus_sql(sql: &str, one: &str) -> String {
     )
 }
 
-/// The plain claim has six parameters: its partition is the seventh.
+/// The plain claim has six parameters: its partition is the seventh; the shared claim's is
+/// the ninth. Pipelined and opening claims alike have a Citus form.
 pub static CLAIM_CITUS_SQL: LazyLock<String> = LazyLock::new(|| claim_citus_sql(&CLAIM_SQL, "$7"));
 static SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
     LazyLock::new(|| claim_citus_sql(&SHARED_CLAIM_SQL, "$9"));
+static OPENING_CLAIM_CITUS_SQL: LazyLock<String> =
+    LazyLock::new(|| claim_citus_sql(&OPENING_CLAIM_SQL, "$7"));
+static OPENING_SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
+    LazyLock::new(|| claim_citus_sql(&OPENING_SHARED_CLAIM_SQL, "$9"));
 
 /// On a Citus cluster, a pop over the whole queue first lists the group's partitions that may
 /// have something to hand out, without locking (Citus locks rows only in a statement of one
@@ -392,14 +419,12 @@ static SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
 /// claimed (`$3`). Each is then claimed as a named partition, a router statement that
 /// locks its cursor and skips it if another claim holds it. Queue options
 /// (`windowBuffer`, `retentionSeconds`, `delayedProcessing`) are left to that claim.
-pub static CANDIDATES_LIST_CITUS_SQL: &str = "
+pub static CANDIDATES_LIST_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
 SELECT c.partition_id
 FROM comb.cursors c
-CROSS JOIN LATERAL (
-    SELECT s.cursor_pos, s.cursor_seg, s.lease_id, s.lease_expires_at, s.available_at
-    FROM comb.cursor_states s
-    WHERE s.partition_id = c.partition_id AND s.consumer_group = c.consumer_group
-    ORDER BY s.gen DESC, s.ver DESC LIMIT 1) f
+CROSS JOIN LATERAL {state} f
 WHERE c.queue_id = $1 AND c.consumer_group = $2
   AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
        OR (f.lease_id IS NULL AND f.available_at <= now()
@@ -407,7 +432,10 @@ WHERE c.queue_id = $1 AND c.consumer_group = $2
                        WHERE m.partition_id = c.partition_id
                          AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
 ORDER BY c.partition_id <= $3, c.partition_id
-LIMIT $4";
+LIMIT $4",
+        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+    )
+});
 
 /// Where the next claim of each (queue, group) starts its walk over the partitions: just
 /// after the last partition this server claimed. Only a hint for fairness (another server
@@ -445,34 +473,39 @@ pub(crate) fn start(
     workers: usize,
     default_lease_seconds: f64,
     metrics: Arc<Metrics>,
+    keys: Arc<Keys>,
     stage: Arc<Stage>,
 ) -> Fuser<PopJob> {
-    let rovers = Arc::new(Rovers::default());
+    let ctx = Arc::new(Context {
+        rovers: Rovers::default(),
+        default_lease_seconds,
+        metrics,
+        keys,
+    });
     let running = Arc::new(Semaphore::new(workers.max(1)));
     let run: Runner<PopJob> = Arc::new(move |jobs| {
         let pool = pool.clone();
-        let rovers = rovers.clone();
         let running = running.clone();
-        let metrics = metrics.clone();
-        Box::pin(async move {
-            run_batch(pool, running, rovers, default_lease_seconds, metrics, jobs).await
-        })
+        let ctx = ctx.clone();
+        Box::pin(async move { run_batch(pool, running, ctx, jobs).await })
     });
     Fuser::start_keyed(workers.max(1) * LANES_PER_WORKER, 256, |_| 1, run, stage)
+}
+
+/// What every claim of the pop workers shares.
+struct Context {
+    rovers: Rovers,
+    default_lease_seconds: f64,
+    metrics: Arc<Metrics>,
+    /// Opens sealed payloads before they are handed out.
+    keys: Arc<Keys>,
 }
 
 /// Runs the claims of one lane's batch and returns once each has walked: the lane's next
 /// claim may start while these read their messages and commit. Its walk starts after the
 /// cursors these locked (the rover has moved past them) and skips them if it wraps around,
 /// so claims of one lane still never walk the same cursors at once.
-async fn run_batch(
-    pool: Pool,
-    running: Arc<Semaphore>,
-    rovers: Arc<Rovers>,
-    default_lease_seconds: f64,
-    metrics: Arc<Metrics>,
-    jobs: Vec<PopJob>,
-) {
+async fn run_batch(pool: Pool, running: Arc<Semaphore>, ctx: Arc<Context>, jobs: Vec<PopJob>) {
     let mut by_shape: HashMap<PopShape, Vec<PopJob>> = HashMap::new();
     for job in jobs {
         by_shape.entry(job.shape.clone()).or_default().push(job);
@@ -482,8 +515,7 @@ async fn run_batch(
     for (shape, jobs) in by_shape {
         let (walk_done, walk_seen) = oneshot::channel();
         walked.push(walk_seen);
-        let (pool, running, rovers) = (pool.clone(), running.clone(), rovers.clone());
-        let metrics = metrics.clone();
+        let (pool, running, ctx) = (pool.clone(), running.clone(), ctx.clone());
         tokio::spawn(async move {
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
             let _turn = running.acquire().await.expect("never closed");
@@ -493,10 +525,8 @@ async fn run_batch(
                 Err(e) => return answer(jobs, Err(DbError::from(e))),
             };
             let claim = |lease| Claiming {
-                rovers: &rovers,
+                ctx: &ctx,
                 shape: &shape,
-                default_lease_seconds,
-                metrics: &metrics,
                 lease,
             };
             if shape.shared_lease {
@@ -543,10 +573,8 @@ fn answer(jobs: Vec<PopJob>, result: Result<Vec<Claim>, DbError>) {
 
 /// One claim for the pops of one shape.
 struct Claiming<'a> {
-    rovers: &'a Rovers,
+    ctx: &'a Context,
     shape: &'a PopShape,
-    default_lease_seconds: f64,
-    metrics: &'a Metrics,
     /// The lease every partition of a shared-lease pop is claimed under.
     lease: Option<Uuid>,
 }
@@ -574,11 +602,10 @@ impl Claiming<'_> {
         for round in 0..3 {
             let walk = claim_once(
                 client,
-                self.rovers,
+                self.ctx,
                 self.shape,
                 partitions - claims.len(),
                 lookahead,
-                self.default_lease_seconds,
                 Shared {
                     lease: self.lease,
                     cap: left,
@@ -600,6 +627,9 @@ impl Claiming<'_> {
                     .map(|c| c.messages.len() as i64)
                     .sum::<i64>();
             }
+            // Messages dead-lettered unread leave their partitions' next messages to hand
+            // out: a walk that handed out nothing else looks again.
+            let look_again = walk.unreadable > 0 && walk.claims.is_empty();
             claims.extend(walk.claims);
             if left.is_some_and(|l| l <= 0) {
                 break;
@@ -607,14 +637,16 @@ impl Claiming<'_> {
             if !walk.expired.is_empty() {
                 let expired =
                     crate::lease::expire_leases(client, &self.shape.group, &walk.expired).await?;
-                self.metrics.messages.discarded.add(expired.discarded);
+                self.ctx.metrics.messages.discarded.add(expired.discarded);
                 let counts = QueueCounts {
                     dead_lettered: expired.dead_lettered,
                     ..QueueCounts::default()
                 };
-                self.metrics.queues.add(&self.shape.queue, counts);
+                self.ctx.metrics.queues.add(&self.shape.queue, counts);
             }
-            if claims.len() >= partitions || (walk.expired.is_empty() && !walk.passed_held) {
+            if claims.len() >= partitions
+                || (walk.expired.is_empty() && !walk.passed_held && !look_again)
+            {
                 break;
             }
             if walk.passed_held {
@@ -635,11 +667,11 @@ impl Claiming<'_> {
         partitions: usize,
         walk_done: &mut Option<oneshot::Sender<()>>,
     ) -> Result<Vec<Claim>, DbError> {
-        let rover = self.rovers.get(self.shape.queue_id, &self.shape.group);
+        let rover = self.ctx.rovers.get(self.shape.queue_id, &self.shape.group);
         let limit = (partitions as i64) + LOOKAHEAD;
         let listed = client
             .query(
-                CANDIDATES_LIST_CITUS_SQL,
+                CANDIDATES_LIST_CITUS_SQL.as_str(),
                 &[&self.shape.queue_id, &self.shape.group, &rover, &limit],
             )
             .await?;
@@ -653,10 +685,8 @@ impl Claiming<'_> {
                 ..self.shape.clone()
             };
             let one = Claiming {
-                rovers: self.rovers,
+                ctx: self.ctx,
                 shape: &shape,
-                default_lease_seconds: self.default_lease_seconds,
-                metrics: self.metrics,
                 lease: self.lease,
             };
             let mut none = None;
@@ -679,6 +709,8 @@ struct Walk {
     expired: Vec<Uuid>,
     /// It claimed less than wanted and passed over free cursors another claim held.
     passed_held: bool,
+    /// Messages it dead-lettered because their payload could not be opened.
+    unreadable: u64,
 }
 
 /// How a claim begins, on a connection of the consumer pool (whose settings plan it, see
@@ -709,31 +741,26 @@ struct Shared {
 #[allow(clippy::too_many_arguments)]
 async fn claim_once(
     client: &deadpool_postgres::Client,
-    rovers: &Rovers,
+    ctx: &Context,
     shape: &PopShape,
     partitions: usize,
     lookahead: i64,
-    default_lease_seconds: f64,
     shared: Shared,
     walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
-    let citus = crate::schema::citus::on();
+    let (rovers, default_lease_seconds) = (&ctx.rovers, ctx.default_lease_seconds);
     let candidates = client
-        .prepare_cached(if citus {
+        .prepare_cached(if crate::schema::citus::on() {
             &CANDIDATES_CITUS_SQL
         } else {
             &CANDIDATES_SQL
         })
         .await?;
-    let stmt = match (shared.cap.is_some(), citus) {
-        (true, false) => client.prepare_cached(&SHARED_CLAIM_SQL).await?,
-        (false, false) => client.prepare_cached(&CLAIM_SQL).await?,
-        (true, true) => client.prepare_cached(&SHARED_CLAIM_CITUS_SQL).await?,
-        (false, true) => client.prepare_cached(&CLAIM_CITUS_SQL).await?,
-    };
+    let stmt = client
+        .prepare_cached(claim_sql_for(&shared, shape.sealed))
+        .await?;
     let pg: &tokio_postgres::Client = client;
     let limit = partitions as i64;
-    let batch = shape.batch as i64;
     let rover = rovers.get(shape.queue_id, &shape.group);
     let params: [&(dyn ToSql + Sync); 7] = [
         &shape.queue_id,
@@ -778,16 +805,113 @@ async fn claim_once(
             claims: Vec::new(),
             expired,
             passed_held,
+            unreadable: 0,
         });
     }
+    let mut claimed = claim_locked(client, ctx, shape, &stmt, &locked, &shared, shape.sealed).await;
+    if claimed.as_ref().is_err_and(refused_sealed) {
+        // A sealed payload in a queue not known to seal them (its encryption was switched
+        // off since): the claim rolled back. Lock the same cursors again (those another
+        // claim took meanwhile are skipped) and claim them opening payloads before the
+        // commit.
+        let citus = crate::schema::citus::on();
+        let relock = client
+            .prepare_cached(if citus { RELOCK_CITUS_SQL } else { RELOCK_SQL })
+            .await?;
+        let opening = client.prepare_cached(claim_sql_for(&shared, true)).await?;
+        let one = locked[0];
+        let relock_params: [&(dyn ToSql + Sync); 3] = [&locked, &shape.group, &one];
+        // Only the Citus form names its one partition ($3).
+        let relock_params = if citus {
+            &relock_params[..]
+        } else {
+            &relock_params[..2]
+        };
+        let (begin, relocked) = tokio::join!(
+            pg.batch_execute(begin_claim(shape.auto_ack)),
+            pg.query(&relock, relock_params)
+        );
+        let relocked: Vec<Uuid> = match begin.and(relocked) {
+            Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
+            Err(e) => return Err(rollback(pg, e).await),
+        };
+        claimed = if relocked.is_empty() {
+            pg.batch_execute("COMMIT").await?;
+            Ok((Vec::new(), 0))
+        } else {
+            claim_locked(client, ctx, shape, &opening, &relocked, &shared, true).await
+        };
+    }
+    let (claims, unreadable) = claimed?;
+    Ok(Walk {
+        claims,
+        expired,
+        passed_held,
+        unreadable,
+    })
+}
+
+/// The claim statement for a pop of this kind (see [`claim_sql`]), in its Citus form on a
+/// Citus cluster.
+fn claim_sql_for(shared: &Shared, opening: bool) -> &'static str {
+    match (shared.cap.is_some(), opening, crate::schema::citus::on()) {
+        (false, false, false) => &CLAIM_SQL,
+        (true, false, false) => &SHARED_CLAIM_SQL,
+        (false, true, false) => &OPENING_CLAIM_SQL,
+        (true, true, false) => &OPENING_SHARED_CLAIM_SQL,
+        (false, false, true) => &CLAIM_CITUS_SQL,
+        (true, false, true) => &SHARED_CLAIM_CITUS_SQL,
+        (false, true, true) => &OPENING_CLAIM_CITUS_SQL,
+        (true, true, true) => &OPENING_SHARED_CLAIM_CITUS_SQL,
+    }
+}
+
+/// Locks cursors of a group again, by partition (see [`claim_once`]).
+const RELOCK_SQL: &str = "
+SELECT c.partition_id FROM comb.cursors c
+WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
+ORDER BY c.partition_id
+FOR NO KEY UPDATE OF c SKIP LOCKED";
+
+/// [`RELOCK_SQL`] on Citus, where a claim holds one partition (`$3`): named to the cursors
+/// so that the lock is a router statement on its worker.
+const RELOCK_CITUS_SQL: &str = "
+SELECT c.partition_id FROM comb.cursors c
+WHERE c.partition_id = ANY($1) AND c.partition_id = $3 AND c.consumer_group = $2
+ORDER BY c.partition_id
+FOR NO KEY UPDATE OF c SKIP LOCKED";
+
+/// Whether a claim failed on a sealed payload it could not open before committing.
+fn refused_sealed(e: &DbError) -> bool {
+    matches!(e, DbError::Postgres(pg)
+        if pg.code().is_some_and(|c| c.code() == SEALED_IN_CLAIM))
+}
+
+/// The second half of a claim (`stmt`, from [`claim_sql_for`]) in the transaction that
+/// locked `locked`, and its commit. Without `opening`, the COMMIT is pipelined behind the
+/// claim statement, which refuses sealed payloads. With it, the claim's payloads are opened
+/// before the commit, and those that cannot be (sealed with a key this server lacks) are
+/// dead-lettered in the same transaction: nothing is consumed that was not handed out.
+async fn claim_locked(
+    client: &deadpool_postgres::Client,
+    ctx: &Context,
+    shape: &PopShape,
+    stmt: &tokio_postgres::Statement,
+    locked: &[Uuid],
+    shared: &Shared,
+    opening: bool,
+) -> Result<(Vec<Claim>, u64), DbError> {
+    let pg: &tokio_postgres::Client = client;
+    let batch = shape.batch as i64;
     let cap = shared.cap.unwrap_or(0);
+    let citus = crate::schema::citus::on();
     let one = locked[0];
     let claim_params: [&(dyn ToSql + Sync); 9] = [
         &shape.queue_id,
         &shape.group,
         &locked,
         &batch,
-        &default_lease_seconds,
+        &ctx.default_lease_seconds,
         &shape.auto_ack,
         &shared.lease,
         &cap,
@@ -804,21 +928,70 @@ async fn claim_once(
             p
         }
     };
-    let (rows, commit) = tokio::join!(pg.query(&stmt, &params), pg.batch_execute("COMMIT"));
-    // A failed claim makes the pipelined COMMIT roll back.
-    let rows = rows?;
-    commit?;
-    Ok(Walk {
-        claims: claims_from_rows(&rows),
-        expired,
-        passed_held,
-    })
+    if !opening {
+        let (rows, commit) = tokio::join!(pg.query(stmt, &params), pg.batch_execute("COMMIT"));
+        // A failed claim makes the pipelined COMMIT roll back.
+        let rows = rows?;
+        commit?;
+        let (claims, unreadable) = claims_from_rows(&rows, &ctx.keys);
+        if !unreadable.is_empty() {
+            // Not sealed, yet not JSON: bytes changed behind the broker's back, after the
+            // claim committed. They are dead-lettered now, in a transaction of their own.
+            settle_unreadable(client, ctx, shape, &unreadable, true).await?;
+        }
+        return Ok((claims, unreadable.len() as u64));
+    }
+    let rows = match pg.query(stmt, &params).await {
+        Ok(rows) => rows,
+        Err(e) => return Err(rollback(pg, e).await),
+    };
+    let (claims, unreadable) = claims_from_rows(&rows, &ctx.keys);
+    if !unreadable.is_empty()
+        && let Err(e) = settle_unreadable(client, ctx, shape, &unreadable, false).await
+    {
+        db::roll_back(pg).await;
+        return Err(e);
+    }
+    pg.batch_execute("COMMIT").await?;
+    Ok((claims, unreadable.len() as u64))
+}
+
+/// Dead-letters what a claim could not open (inside its transaction, or in one of its own
+/// when `alone`) and counts it.
+async fn settle_unreadable(
+    client: &deadpool_postgres::Client,
+    ctx: &Context,
+    shape: &PopShape,
+    unreadable: &[Unreadable],
+    alone: bool,
+) -> Result<(), DbError> {
+    let n = unreadable::settle(
+        client,
+        unreadable::Claimant {
+            queue_id: shape.queue_id,
+            group: &shape.group,
+        },
+        unreadable,
+        alone,
+    )
+    .await?;
+    ctx.metrics.messages.unreadable.add(n);
+    ctx.metrics.messages.dead_lettered.add(n);
+    let counts = QueueCounts {
+        dead_lettered: n,
+        ..QueueCounts::default()
+    };
+    ctx.metrics.queues.add(&shape.queue, counts);
+    Ok(())
 }
 
 /// The claims of [`CLAIM_SQL`]'s rows, which come in no particular order: one per partition,
-/// in partition id order, each with its messages in position order.
-fn claims_from_rows(rows: &[tokio_postgres::Row]) -> Vec<Claim> {
+/// in partition id order, each with its messages in position order and their payloads
+/// opened; and the messages whose payload could not be opened, which are left out (as is a
+/// partition left with no message).
+fn claims_from_rows(rows: &[tokio_postgres::Row], keys: &Keys) -> (Vec<Claim>, Vec<Unreadable>) {
     let mut by_partition: HashMap<Uuid, Claim> = HashMap::new();
+    let mut unreadable = Vec::new();
     for r in rows {
         let partition_id: Uuid = r.get(0);
         let claim = by_partition.entry(partition_id).or_insert_with(|| Claim {
@@ -827,23 +1000,40 @@ fn claims_from_rows(rows: &[tokio_postgres::Row]) -> Vec<Claim> {
             lease_id: r.get(2),
             messages: Vec::new(),
         });
+        let attempt: i32 = r.get(10);
+        let data = match keys.open_json(r.get::<_, &[u8]>(8)) {
+            Ok(data) => data,
+            Err(why) => {
+                unreadable.push(Unreadable {
+                    partition_id,
+                    pos: r.get(4),
+                    attempt,
+                    lease_id: claim.lease_id,
+                    why,
+                });
+                continue;
+            }
+        };
         claim.messages.push(Delivered {
             pos: r.get(4),
             message_id: r.get(5),
             transaction_id: r.get(6),
             trace_id: r.get(7),
-            payload: r.get(8),
+            data,
             created_at: r.get(9),
-            attempt: r.get(10),
+            attempt,
             producer_sub: r.get(11),
         });
     }
-    let mut claims: Vec<Claim> = by_partition.into_values().collect();
+    let mut claims: Vec<Claim> = by_partition
+        .into_values()
+        .filter(|c| !c.messages.is_empty())
+        .collect();
     claims.sort_unstable_by_key(|c| c.partition_id);
     for c in &mut claims {
         c.messages.sort_unstable_by_key(|m| m.pos);
     }
-    claims
+    (claims, unreadable)
 }
 
 /// Ends a transaction that failed part-way (see [`db::roll_back`]) and hands back the error

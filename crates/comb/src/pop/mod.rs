@@ -6,6 +6,7 @@
 //! The HTTP edge only parses the options and writes the answer.
 
 mod claim;
+mod unreadable;
 mod waiting;
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::catalog::{Catalog, StartFrom};
+use crate::code::Code;
 use crate::fusion::Fuser;
 use crate::metrics::{Metrics, QueueCounts};
 use crate::refusal::{Kind, Refusal};
@@ -78,11 +80,13 @@ impl Popper {
     }
 
     /// Starts the pop workers and returns the handle in front of them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         pools: &crate::db::Pools,
         catalog: Arc<Catalog>,
         wake: Arc<Wake>,
         metrics: Arc<Metrics>,
+        keys: Arc<crate::encryption::Keys>,
         workers: usize,
         default_lease_seconds: f64,
         waits: Waits,
@@ -93,6 +97,7 @@ impl Popper {
             workers,
             default_lease_seconds,
             metrics.clone(),
+            keys,
             stage,
         );
         Popper {
@@ -219,7 +224,7 @@ impl Popper {
         self.waiting.enter().ok_or_else(|| {
             Refusal::new(
                 Kind::Full,
-                "waiting_pops_exhausted",
+                Code::WaitingPopsExhausted,
                 "the server holds its maximum number of waiting pops; retry shortly or pop without wait",
             )
         })
@@ -235,7 +240,7 @@ impl Popper {
         let Some(queue_id) = self.catalog.find_queue(&self.pool, &req.queue).await? else {
             if req.partition.is_some() {
                 return Err(Refusal::not_found(
-                    "queue_not_found",
+                    Code::QueueNotFound,
                     format!("queue `{}` does not exist", req.queue),
                 ));
             }
@@ -255,6 +260,12 @@ impl Popper {
         self.catalog
             .ensure_subscription(&self.pool, queue_id, &req.group, req.start)
             .await?;
+        // Payloads of a queue that seals them are opened before the claim commits.
+        let sealed = self
+            .catalog
+            .options(&self.pool, queue_id)
+            .await?
+            .encryption_enabled;
         let shape = PopShape {
             queue_id,
             queue: req.queue.clone(),
@@ -263,6 +274,7 @@ impl Popper {
             batch: req.batch,
             auto_ack: req.auto_ack,
             shared_lease: req.partitions > 1,
+            sealed,
         };
         let partitions = req.partitions;
         let lane = shape.lane();

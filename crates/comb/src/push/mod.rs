@@ -17,6 +17,7 @@ use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use crate::catalog::Catalog;
+use crate::code::Code;
 use crate::encryption::Keys;
 use crate::fusion::Fuser;
 use crate::metrics::{Metrics, QueueCounts};
@@ -160,7 +161,7 @@ impl Pusher {
             if pending + n > max {
                 return Err(Refusal::new(
                     Kind::Full,
-                    "queue_full",
+                    Code::QueueFull,
                     format!(
                         "queue `{queue}` holds {pending} pending messages; its maxSize is {max}"
                     ),
@@ -222,7 +223,7 @@ impl Pusher {
             if encrypts && !self.keys.can_seal() {
                 return Err(Refusal::new(
                     Kind::Unavailable,
-                    "encryption_unavailable",
+                    Code::EncryptionUnavailable,
                     "this queue encrypts its payloads, and this server has no encryption key (COMB_ENCRYPTION_KEY); nothing was stored",
                 ));
             }
@@ -319,7 +320,7 @@ impl Pusher {
 /// The refusal of a push whose queue was deleted and recreated under it twice.
 pub(crate) fn queue_deleted(queue: &str) -> Refusal {
     Refusal::conflict(
-        "queue_deleted",
+        Code::QueueDeleted,
         format!("queue `{queue}` is being deleted and recreated; retry the push"),
     )
 }

@@ -17,6 +17,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_postgres::Client;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
 
 /// Whether this server's database is a Citus coordinator: set when `comb migrate` (run by
 /// every server at start) finds the extension. The few statements Citus cannot plan as
@@ -28,6 +30,32 @@ pub(crate) fn on() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
+/// The partition a Citus statement is about, as its last parameter; nothing on PostgreSQL.
+pub(crate) fn with_partition<'a>(
+    params: &[&'a (dyn ToSql + Sync)],
+    one: &'a Option<Uuid>,
+) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut all = params.to_vec();
+    if one.is_some() {
+        all.push(one);
+    }
+    all
+}
+
+/// The indexes of `items` grouped by partition, first appearance first: Citus's forms of the
+/// data path's statements take one partition each.
+pub(crate) fn by_partition<T>(items: &[T], of: impl Fn(&T) -> Uuid) -> Vec<(Uuid, Vec<usize>)> {
+    let mut out: Vec<(Uuid, Vec<usize>)> = Vec::new();
+    for (k, i) in items.iter().enumerate() {
+        let p = of(i);
+        match out.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, ks)) => ks.push(k),
+            None => out.push((p, vec![k])),
+        }
+    }
+    out
+}
+
 /// The tables read and written with every request: a copy on every node.
 pub(crate) const REFERENCE: &[&str] = &[
     "comb.queues",
@@ -35,6 +63,7 @@ pub(crate) const REFERENCE: &[&str] = &[
     "comb.segments",
     "comb.cursor_gens",
     "comb.system_modes",
+    "comb.stream_queries",
 ];
 
 /// The table every distributed table is co-located with, and its distribution column.
@@ -50,6 +79,8 @@ pub(crate) const BY_PARTITION: &[&str] = &[
     "comb.dead_letters",
     "comb.dead_letter_requeues",
     "comb.traces",
+    "comb.stream_partitions",
+    "comb.stream_states",
 ];
 
 /// Unique keys that must include the distribution column on Citus (it enforces uniqueness per

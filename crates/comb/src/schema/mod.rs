@@ -90,6 +90,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "queue_counts",
         sql: include_str!("migrations/0014_queue_counts.sql"),
     },
+    Migration {
+        version: 15,
+        name: "sealed_claims",
+        sql: include_str!("migrations/0015_sealed_claims.sql"),
+    },
+    Migration {
+        version: 16,
+        name: "streams",
+        sql: include_str!("migrations/0016_streams.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

@@ -42,7 +42,7 @@ async fn resources_show_depth_in_flight_dead_letters_and_oldest_pending() {
         .post(
             "/api/v1/configure",
             &json!({"queue": "orders", "namespace": "billing", "task": "invoice",
-                    "options": {"retryLimit": 1}}),
+                    "options": {"retryLimit": 0}}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{body}");
@@ -76,7 +76,7 @@ async fn resources_show_depth_in_flight_dead_letters_and_oldest_pending() {
     assert_eq!(page["queues"].as_array().unwrap().len(), 1);
     assert_eq!(page["queues"][0]["name"], "other");
 
-    // The first message fails once: at retryLimit 1 it is a dead letter.
+    // The first message fails once: at retryLimit 0 it is a dead letter.
     let first = &pop["messages"][0];
     let (s, body) = env.ack(first, "failed", None, Some("boom")).await;
     assert_eq!(s, StatusCode::OK, "{body}");
@@ -445,7 +445,7 @@ async fn a_message_deleted_or_dead_lettered_before_any_group_reads_it_stays_so()
 
 /// Makes every third message of each partition a dead letter of group `w`.
 async fn dead_letter_every_third(env: &Env, queue: &str, partitions: usize, per: i64) {
-    env.configure(queue, json!({"retryLimit": 1})).await;
+    env.configure(queue, json!({"retryLimit": 0})).await;
     for p in 0..partitions {
         env.push(items(queue, &format!("p{p}"), 0, per)).await;
     }
@@ -862,7 +862,7 @@ async fn traces_are_recorded_and_read_by_message_by_name_and_as_names() {
 #[tokio::test]
 async fn status_and_analytics_count_per_minute_from_every_server() {
     let env = Env::start_with(&["--stats-interval-ms", "200"]).await;
-    env.configure("s", json!({"retryLimit": 1})).await;
+    env.configure("s", json!({"retryLimit": 0})).await;
     env.push(items("s", "p", 0, 5)).await;
     // Another queue's traffic, which analytics of `s` alone must not count.
     env.push(items("t", "p", 0, 2)).await;
@@ -966,14 +966,14 @@ async fn status_and_analytics_count_per_minute_from_every_server() {
 #[tokio::test]
 async fn a_dead_letter_from_an_expired_lease_counts_for_its_queue() {
     let env = Env::start_with(&["--stats-interval-ms", "200"]).await;
-    env.configure("x", json!({"retryLimit": 1, "leaseTime": 1}))
+    env.configure("x", json!({"retryLimit": 0, "leaseTime": 1}))
         .await;
     env.push(items("x", "p", 0, 1)).await;
     env.push(items("y", "p", 0, 1)).await;
     env.pop("/api/v1/pop/queue/x?batch=1")
         .await
         .expect("a message");
-    // The lease ends unsettled; a later claim dead-letters the message (retryLimit 1).
+    // The lease ends unsettled; a later claim dead-letters the message (retryLimit 0).
     let mut dead = false;
     for _ in 0..600 {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -1038,7 +1038,7 @@ fn dead_tuples(env: &Env) -> i64 {
 async fn administration_under_a_held_snapshot_leaves_no_dead_rows() {
     let env = Env::start().await;
     env.sql("CREATE EXTENSION IF NOT EXISTS pgstattuple");
-    env.configure("h", json!({"retryLimit": 1})).await;
+    env.configure("h", json!({"retryLimit": 0})).await;
     env.push(items("h", "p1", 0, 6)).await;
     let pushed = env.push(items("h", "p2", 0, 3)).await;
     let pid = pushed[0]["partition_id"].as_str().unwrap().to_string();
@@ -1112,12 +1112,12 @@ fn metric(text: &str, line_start: &str) -> Option<f64> {
 #[tokio::test]
 async fn metrics_show_oldest_pending_age_dead_letters_from_expired_leases_and_lag_seconds() {
     let env = Env::start().await;
-    env.configure("x", json!({"retryLimit": 1, "leaseTime": 1}))
+    env.configure("x", json!({"retryLimit": 0, "leaseTime": 1}))
         .await;
     env.push(items("x", "p", 0, 2)).await;
     let pop = env.pop("/api/v1/pop/queue/x?batch=1").await.unwrap();
     assert_eq!(numbers(&pop), vec![0]);
-    // The lease ends unsettled; the next claim dead-letters the message (retryLimit 1).
+    // The lease ends unsettled; the next claim dead-letters the message (retryLimit 0).
     common::until("the expired lease dead-lettered its message", || async {
         let _ = env.pop("/api/v1/pop/queue/x?batch=1&autoAck=true").await;
         env.sql("SELECT count(*) FROM comb.dead_letters") == "1"

@@ -84,6 +84,8 @@ async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_
         "comb.dead_letters",
         "comb.dead_letter_requeues",
         "comb.traces",
+        "comb.stream_partitions",
+        "comb.stream_states",
     ] {
         let r = of(t);
         assert_eq!(
@@ -98,6 +100,7 @@ async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_
         "comb.segments",
         "comb.cursor_gens",
         "comb.system_modes",
+        "comb.stream_queries",
     ] {
         assert_eq!(of(t).1, "reference", "{t}");
     }
@@ -119,7 +122,8 @@ async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_
         .psql(
             &db,
             "SELECT count(*) FROM pg_inherits i
-             WHERE i.inhparent IN ('comb.messages'::regclass, 'comb.cursor_states'::regclass)
+             WHERE i.inhparent IN ('comb.messages'::regclass, 'comb.cursor_states'::regclass,
+                                   'comb.stream_states'::regclass)
                AND NOT EXISTS (SELECT 1 FROM pg_dist_partition d
                                WHERE d.logicalrelid = i.inhrelid)",
         )
@@ -282,14 +286,17 @@ async fn a_failed_message_is_retried_then_dead_lettered() {
         {"queue": "q", "partition": "p", "payload": {"n": 2}},
     ]))
     .await;
-    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
-    let m = one(&pop);
-    assert_eq!(
-        (m["data"]["n"].as_i64(), m["attempt"].as_i64()),
-        (Some(1), Some(1))
-    );
-    let r = env.ack_ok(m, "failed", None, Some("boom")).await;
-    assert_eq!(r["dlq"], true, "{r}");
+    // retryLimit 1: handed out twice (one retry), then dead-lettered.
+    for attempt in 1..=2 {
+        let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+        let m = one(&pop);
+        assert_eq!(
+            (m["data"]["n"].as_i64(), m["attempt"].as_i64()),
+            (Some(1), Some(attempt))
+        );
+        let r = env.ack_ok(m, "failed", None, Some("boom")).await;
+        assert_eq!(r["dlq"], attempt == 2, "{r}");
+    }
     // The dead letter is kept and the next message is delivered.
     let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
     assert_eq!(one(&pop)["data"]["n"], 2);
@@ -585,4 +592,118 @@ async fn a_transaction_acks_and_pushes_across_partitions() {
     assert!(env.pop("/api/v1/pop/queue/in").await.is_none());
     let out = env.pop("/api/v1/pop/queue/out").await.unwrap();
     assert_eq!(numbers(&out), vec![2]);
+}
+
+/// Streams' tables are distributed with the partitions they are about (`stream_partitions`,
+/// `stream_states` by partition, `stream_queries` a reference table): a cycle commits its
+/// state, its sink push and its source ack together on the cluster.
+#[tokio::test]
+async fn a_stream_cycle_commits_state_sink_and_ack_together() {
+    let env = on_citus("citus_streams").await;
+    let (s, registered) = env
+        .post(
+            "/streams/v1/queries",
+            &json!({"name": "q", "source_queue": "src", "sink_queue": "sink",
+                    "config_hash": "h", "reset": false}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{registered}");
+    let query = registered["query_id"].clone();
+    let items: Vec<Value> = (0..3)
+        .map(|i| json!({"queue": "src", "partition": "p", "payload": {"n": i}}))
+        .collect();
+    env.push(json!(items)).await;
+    let group = "streams.q";
+    let pop = env
+        .pop(&format!(
+            "/api/v1/pop/queue/src?consumerGroup={group}&batch=10"
+        ))
+        .await
+        .expect("the pushed messages");
+    let last = &pop["messages"][2];
+    let (s, done) = env
+        .post(
+            "/streams/v1/cycle",
+            &json!({
+                "query_id": query, "partition_id": pop["partitionId"], "consumer_group": group,
+                "state_ops": [{"type": "upsert", "key": "sum", "value": 3}],
+                "push_items": [{"queue": "sink", "partition": "p", "payload": {"sum": 3}}],
+                "ack": {"transactionId": last["transactionId"], "leaseId": last["leaseId"],
+                        "status": "completed", "count": 3},
+            }),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}\n{}", env.server.log_tail(30));
+    assert_eq!(done["ack_result"]["count"], 3, "{done}");
+    let (s, read) = env
+        .post(
+            "/streams/v1/state/get",
+            &json!({"query_id": query, "partition_id": pop["partitionId"], "keys": []}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{read}");
+    assert_eq!(read["rows"][0]["value"], 3, "{read}");
+    let sink = env
+        .pop("/api/v1/pop/queue/sink?autoAck=true")
+        .await
+        .expect("the sink push");
+    assert_eq!(sink["messages"][0]["data"]["sum"], 3);
+    assert!(
+        env.pop(&format!("/api/v1/pop/queue/src?consumerGroup={group}"))
+            .await
+            .is_none(),
+        "the source is settled for the query's group"
+    );
+}
+
+/// Failed acks of several partitions (on both workers) in one request: each cursor moves on
+/// and each message is dead-lettered in its own partition.
+#[tokio::test]
+async fn failed_acks_of_several_partitions_in_one_request_dead_letter_each() {
+    let env = on_citus("citus_many_failed").await;
+    env.configure("q", json!({"retryLimit": 0, "retryDelay": 0}))
+        .await;
+    let items: Vec<Value> = (1..=4)
+        .map(|n| json!({"queue": "q", "partition": format!("p{n}"), "payload": {"n": n}}))
+        .collect();
+    env.push(json!(items)).await;
+    let mut acks = Vec::new();
+    for n in 1..=4 {
+        let pop = env
+            .pop(&format!("/api/v1/pop/queue/q/partition/p{n}"))
+            .await
+            .unwrap();
+        let m = one(&pop);
+        acks.push(json!({
+            "transactionId": m["transactionId"], "partitionId": m["partitionId"],
+            "leaseId": m["leaseId"], "status": "failed", "error": "boom",
+        }));
+    }
+    let (s, body) = env
+        .post("/api/v1/ack/batch", &json!({"acknowledgments": acks}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    for r in body.as_array().unwrap() {
+        assert_eq!(
+            (r["success"].as_bool(), r["dlq"].as_bool()),
+            (Some(true), Some(true)),
+            "{body}"
+        );
+    }
+    let count = Citus::shared()
+        .coordinator()
+        .psql(
+            &env.db_name,
+            "SELECT count(DISTINCT partition_id) FROM comb.dead_letters",
+        )
+        .unwrap();
+    assert_eq!(count, "4");
+    for n in 1..=4 {
+        assert!(
+            env.pop(&format!("/api/v1/pop/queue/q/partition/p{n}"))
+                .await
+                .is_none(),
+            "p{n} moved past its dead letter"
+        );
+    }
 }

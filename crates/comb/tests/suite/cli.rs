@@ -47,7 +47,7 @@ fn parse(out: &str) -> Value {
 #[tokio::test]
 async fn the_cli_pushes_lists_and_steers_queues_groups_and_dead_letters() {
     let env = Env::start().await;
-    env.configure("orders", json!({"retryLimit": 1})).await;
+    env.configure("orders", json!({"retryLimit": 0})).await;
 
     let (code, out, err) = comb(
         &env,
@@ -99,7 +99,7 @@ async fn the_cli_pushes_lists_and_steers_queues_groups_and_dead_letters() {
     let (code, _, _) = comb(&env, &["messages", "orders", "--status", "lost"]).await;
     assert_eq!(code, 4);
 
-    // A message fails at retryLimit 1: a dead letter.
+    // A message fails at retryLimit 0: a dead letter.
     let pop = env
         .pop("/api/v1/pop/queue/orders/partition/p1")
         .await

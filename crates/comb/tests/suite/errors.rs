@@ -676,18 +676,81 @@ async fn deleting_a_queue_with_a_bad_or_unknown_name() {
     assert_eq!(env.message_count(), 1);
 }
 
-/// A stored payload that is no longer JSON (changed behind Comb's back) fails the pop with a
-/// problem naming it, instead of an answer that is not JSON.
+/// A stored payload that is no longer JSON (changed behind Comb's back) is not handed out and
+/// not lost: the pop dead-letters it with its reason and hands out the next message.
 #[tokio::test]
-async fn a_stored_payload_that_is_not_json_is_a_problem() {
+async fn a_stored_payload_that_is_not_json_is_dead_lettered_and_the_next_delivered() {
     let env = Env::start().await;
     env.push(json!([{"queue": "bent", "payload": {"n": 1}}]))
         .await;
     env.sql("UPDATE comb.messages SET payload = convert_to('{\"n\": 1', 'UTF8')");
-    let (s, b) = env.get("/api/v1/pop/queue/bent").await;
-    assert_eq!(
-        (s, b["code"].as_str()),
-        (StatusCode::INTERNAL_SERVER_ERROR, Some("payload_corrupt")),
-        "{b}"
+    env.push(json!([{"queue": "bent", "payload": {"n": 2}}]))
+        .await;
+    for auto_ack in [false, true] {
+        let group = if auto_ack { "auto" } else { "leased" };
+        let pop = env
+            .pop(&format!(
+                "/api/v1/pop/queue/bent?batch=10&autoAck={auto_ack}&consumerGroup={group}"
+            ))
+            .await
+            .expect("the readable message");
+        assert_eq!(common::numbers(&pop), vec![2], "{pop}");
+        let (s, dlq) = env
+            .get(&format!("/api/v1/dlq?queue=bent&consumerGroup={group}"))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{dlq}");
+        let letter = &dlq["messages"][0];
+        assert_eq!(
+            letter["errorMessage"], "payload_unreadable: the stored payload is not valid JSON",
+            "{dlq}"
+        );
+    }
+}
+
+/// A database error reaches the client as a stable code, a general sentence and the request's
+/// id, never as PostgreSQL's text; the server's log line with that id carries the whole cause.
+#[tokio::test]
+async fn an_internal_error_says_nothing_internal_and_the_log_says_all() {
+    let env = Env::start().await;
+    env.push(json!([{"queue": "broken", "payload": 1}])).await;
+    // Something an operator might do by mistake: a table the listing reads is gone.
+    env.sql("ALTER TABLE comb.dead_letters RENAME TO dead_letters_moved");
+    let r = env
+        .http
+        .get(env.url("/api/v1/dlq?queue=broken"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let header_id = r
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .expect("x-request-id");
+    let text = r.text().await.unwrap();
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["code"], "database_error", "{body}");
+    assert_eq!(body["requestId"], header_id.as_str(), "{body}");
+    for internal in [
+        "dead_letters",
+        "comb.",
+        "relation",
+        "does not exist",
+        "SELECT",
+    ] {
+        assert!(!text.contains(internal), "{internal:?} in {text}");
+    }
+    let log = std::fs::read_to_string(env.server.log_path()).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&header_id))
+        .unwrap_or_else(|| panic!("no log line with {header_id}:\n{log}"));
+    assert!(
+        line.contains("dead_letters") && line.contains("does not exist"),
+        "{line}"
     );
+    // Every answer carries an id, the successful ones too.
+    let r = env.http.get(env.url("/health")).send().await.unwrap();
+    assert!(r.headers().contains_key("x-request-id"));
 }

@@ -27,7 +27,7 @@ fn migrate_applies_every_version_once() {
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM comb.migrations",
         )
         .unwrap();
-    assert_eq!(versions.trim(), "1,2,3,4,5,6,7,8,9,10,11,12,13,14");
+    assert_eq!(versions.trim(), "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16");
     // Running it again changes nothing.
     let out = comb(&["migrate"], &url);
     assert!(out.status.success());
@@ -35,7 +35,7 @@ fn migrate_applies_every_version_once() {
         pg.psql(&db, "SELECT count(*) FROM comb.migrations")
             .unwrap()
             .trim(),
-        "14"
+        "16"
     );
     assert_eq!(
         pg.psql(&db, "SELECT count(*) FROM comb.segments")
@@ -151,7 +151,7 @@ fn planner_settings_reach_tables_that_hold_rows() {
         pg.psql(
             &db,
             &format!(
-                "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none')
+                "SELECT string_agg(DISTINCT coalesce('{{' || (SELECT string_agg(o.option_name || '=' || o.option_value, ',') FROM pg_options_to_table(a.attoptions) o WHERE o.option_name <> 'pg_attver') || '}}', 'none')
                                    || ' analysed ' || EXISTS (
                                        SELECT 1 FROM pg_statistic st WHERE st.starelid = c.oid),
                                    ',')
@@ -208,5 +208,116 @@ fn migrate(url: &str) {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Where the whole current schema is written down, generated from the migrations.
+const SCHEMA_SQL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/schema.sql");
+
+/// What heads `schema.sql`: what it is and how it is made.
+const SCHEMA_HEADER: &str = "\
+-- The whole schema `comb` as the migrations in `migrations/` leave it: every table, index,
+-- function and view once, in its current form. Generated, never edited by hand: a new
+-- migration changes it, and `cargo test -p comb --test suite -- migrate::schema_sql` fails
+-- until it is written again with
+--     COMB_WRITE_SCHEMA=1 cargo test -p comb --test suite -- migrate::schema_sql
+-- It is `pg_dump --schema-only --schema=comb` of a freshly migrated database without owners,
+-- privileges, session settings and pg_dump's own comments. Left out: the leaf tables of the
+-- partitioned tables (`messages_<seg>`, `cursor_states_<gen>`, `<table>_<yyyymmdd>`), which
+-- maintenance makes and drops as time passes.
+";
+
+/// `pg_dump` of the schema `comb` of database `db`, normalised as [`SCHEMA_HEADER`] says.
+fn schema_dump(pg: &Postgres, db: &str) -> String {
+    let bin = comb_harness::pg_bin_dir().unwrap().join("pg_dump");
+    let mut cmd = Command::new(bin);
+    for var in [
+        "PGHOST",
+        "PGHOSTADDR",
+        "PGPORT",
+        "PGDATABASE",
+        "PGUSER",
+        "PGSERVICE",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+        .arg(pg.port().to_string())
+        .args([
+            "--schema-only",
+            "--schema=comb",
+            "--no-owner",
+            "--no-privileges",
+        ])
+        .args([
+            "-T",
+            "comb.messages_[0-9]*",
+            "-T",
+            "comb.cursor_states_[0-9]*",
+        ])
+        .args(["-T", "comb.*_[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]"])
+        .arg(db)
+        .output()
+        .expect("pg_dump runs");
+    assert!(
+        out.status.success(),
+        "pg_dump: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dump = String::from_utf8(out.stdout).unwrap();
+    let own_lines = |l: &str| {
+        l == "--"
+            || [
+                "-- Name: ",
+                "-- Dumped ",
+                "-- PostgreSQL database dump",
+                "SET ",
+                "\\restrict",
+                "\\unrestrict",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+            || l.starts_with("SELECT pg_catalog.set_config('search_path'")
+    };
+    let mut text = String::from(SCHEMA_HEADER);
+    let mut blank = true;
+    for line in dump.lines().filter(|l| !own_lines(l)) {
+        let line = line.trim_end();
+        if line.is_empty() {
+            if !blank {
+                text.push('\n');
+            }
+            blank = true;
+        } else {
+            text.push_str(line);
+            text.push('\n');
+            blank = false;
+        }
+    }
+    while text.ends_with("\n\n") {
+        text.pop();
+    }
+    text
+}
+
+/// `schema.sql` is what the migrations make; a migration that changes the schema changes it
+/// too, so one file shows the schema as it is.
+#[test]
+fn schema_sql_is_what_the_migrations_make() {
+    let pg = Postgres::shared();
+    let url = pg.create_database("m_schema").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    migrate(&url);
+    let dump = schema_dump(pg, &db);
+    if std::env::var_os("COMB_WRITE_SCHEMA").is_some() {
+        std::fs::write(SCHEMA_SQL, &dump).unwrap();
+    }
+    let file = std::fs::read_to_string(SCHEMA_SQL).unwrap_or_default();
+    assert!(
+        file == dump,
+        "crates/comb/src/schema/schema.sql is not what the migrations make; write it again with\n    \
+         COMB_WRITE_SCHEMA=1 cargo test -p comb --test suite -- migrate::schema_sql\n\
+         and review the difference (git diff)"
     );
 }

@@ -97,10 +97,10 @@ async fn without_dead_letters_an_exhausted_message_is_skipped_and_counted() {
     let env = Env::start().await;
     env.configure(
         "q",
-        json!({"retryLimit": 1, "retryDelay": 0, "dlqAfterMaxRetries": false}),
+        json!({"retryLimit": 0, "retryDelay": 0, "dlqAfterMaxRetries": false}),
     )
     .await;
-    env.configure("kept", json!({"retryLimit": 1, "retryDelay": 0}))
+    env.configure("kept", json!({"retryLimit": 0, "retryDelay": 0}))
         .await;
     for q in ["q", "kept"] {
         env.push(json!([{"queue": q, "payload": 1}, {"queue": q, "payload": 2}]))
@@ -185,7 +185,7 @@ async fn subscription_modes_are_read_as_queen_reads_them() {
 #[tokio::test]
 async fn dead_letters_are_listed_in_queens_shape() {
     let env = Env::start().await;
-    env.configure("q", json!({"retryLimit": 1, "retryDelay": 0}))
+    env.configure("q", json!({"retryLimit": 0, "retryDelay": 0}))
         .await;
     env.configure("other", json!({})).await;
     let items: Vec<Value> = (0..5)
@@ -331,7 +331,7 @@ async fn encrypted_payloads_are_sealed_at_rest_and_opened_on_the_way_out() {
     let c = env
         .configure(
             "secret",
-            json!({"encryptionEnabled": true, "retryLimit": 1}),
+            json!({"encryptionEnabled": true, "retryLimit": 0}),
         )
         .await;
     assert_eq!(c["options"]["encryptionEnabled"], true);
@@ -422,7 +422,8 @@ async fn encrypted_payloads_are_sealed_at_rest_and_opened_on_the_way_out() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(env.sql("SELECT count(*) FROM comb.messages"), "103");
-    // And it cannot read sealed payloads: it says so instead of handing out ciphertext.
+    // And it cannot read sealed payloads: instead of handing out ciphertext, or consuming
+    // them unseen, it dead-letters them with the reason.
     let r = env
         .http
         .get(format!(
@@ -431,7 +432,19 @@ async fn encrypted_payloads_are_sealed_at_rest_and_opened_on_the_way_out() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let (_, dlq) = env.get("/api/v1/dlq?queue=secret").await;
+    let unreadable = dlq["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            m["errorMessage"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("payload_unreadable"))
+        })
+        .count();
+    assert!(unreadable >= 1, "{dlq}");
 }
 
 #[tokio::test]

@@ -102,7 +102,7 @@ async fn defect_02_retry_counter_is_per_message_and_lease_expiry_counts() {
     // Leases that outlast the acks below; only the one that must run out is short.
     env.configure(
         "q",
-        json!({"retryLimit": 2, "retryDelay": 0, "leaseTime": 30}),
+        json!({"retryLimit": 1, "retryDelay": 0, "leaseTime": 30}),
     )
     .await;
     env.push(json!([
@@ -123,7 +123,7 @@ async fn defect_02_retry_counter_is_per_message_and_lease_expiry_counts() {
     env.ack_ok(one(&pop), "completed", None, None).await;
 
     // Message 2 starts at attempt 1: message 1's failure is not counted against it. Its own
-    // single failure does not reach retryLimit 2.
+    // single failure leaves it the one retry of retryLimit 1.
     let pop = env.pop(pop_path).await.unwrap();
     assert_eq!(numbers(&pop), vec![2]);
     assert_eq!(one(&pop)["attempt"], 1, "attempts are per message: {pop}");

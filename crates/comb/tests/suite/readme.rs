@@ -87,3 +87,138 @@ fn shapes_hide_only_ids_and_times() {
         "{\"id\":\"<uuid>\",\"at\":\"<time>\",\"n\":1}"
     );
 }
+
+/// The repository's root, two levels above this crate.
+fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The pages a reader is sent to: `docs/*.md`, `README.md` and `ARCHITECTURE.md`.
+fn pages() -> Vec<(String, String)> {
+    let mut names = vec!["README.md".to_string(), "ARCHITECTURE.md".to_string()];
+    for entry in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            names.push(format!("docs/{name}"));
+        }
+    }
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| {
+            let text = std::fs::read_to_string(repo().join(&n)).unwrap();
+            (n, text)
+        })
+        .collect()
+}
+
+/// A page longer than this has become a notebook: its history belongs in
+/// `bench/results/history/` (or another page), not in what a reader must get through.
+const PAGE_LIMIT: usize = 30 * 1024;
+
+#[test]
+fn every_page_is_at_most_30_kb() {
+    let long: Vec<String> = pages()
+        .into_iter()
+        .filter(|(_, text)| text.len() > PAGE_LIMIT)
+        .map(|(name, text)| format!("{name}: {} bytes", text.len()))
+        .collect();
+    assert!(long.is_empty(), "pages over {PAGE_LIMIT} bytes: {long:#?}");
+}
+
+/// Files the pages name that a command writes rather than the repository holding them.
+const WRITTEN_BY_COMMANDS: &[&str] = &["bench/results/subset.json"];
+
+/// Where a path named in a page may be relative to: the root, a crate, the server's sources.
+const BASES: &[&str] = &[
+    "",
+    "crates/comb",
+    "crates/comb/src",
+    "crates/bench",
+    "crates/audit",
+    "crates/harness",
+];
+
+/// Every file name below `dir`, leaving out build output and version control.
+fn file_names(dir: &std::path::Path, out: &mut std::collections::BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if [".git", "target", ".data", "__pycache__"].contains(&name.as_str()) {
+            continue;
+        }
+        if entry.file_type().unwrap().is_dir() {
+            file_names(&entry.path(), out);
+        } else {
+            out.insert(name);
+        }
+    }
+}
+
+/// The source paths `text` names that are not in the repository: paths with a directory
+/// (`crates/comb/src/db/watch.rs`, `tests/suite/acks.rs`, `scripts/pg.sh`, resolved against
+/// each of [`BASES`]; a glob by the directory before its `*`) and bare file names in
+/// backticks (`layering.rs`, found anywhere in the tree). URL paths (`/api/v1/…`) and
+/// placeholders in capitals (`xmin-DATE.md`) are not files.
+fn missing_files(text: &str, names: &std::collections::BTreeSet<String>) -> Vec<String> {
+    let exts = "rs|sh|sql|json|py|toml|md|html|yml|yaml";
+    let path = Regex::new(&format!(
+        r"(^|[^A-Za-z0-9_./:*-])((?:[A-Za-z0-9_.*-]+/)+[A-Za-z0-9_.*-]+\.(?:{exts}))\b"
+    ))
+    .unwrap();
+    let bare = Regex::new(r"`([A-Za-z0-9_-]+\.(?:rs|sh|sql|py))`").unwrap();
+    let placeholder = Regex::new(r"-[A-Z]{2,}\.").unwrap();
+    let exists = |p: &str| {
+        let p = match p.find('*') {
+            Some(i) => &p[..p[..i].rfind('/').unwrap_or(0)],
+            None => p,
+        };
+        BASES.iter().any(|b| repo().join(b).join(p).exists())
+    };
+    let mut missing = Vec::new();
+    for c in path.captures_iter(text) {
+        let p = &c[2];
+        if !WRITTEN_BY_COMMANDS.contains(&p) && !placeholder.is_match(p) && !exists(p) {
+            missing.push(p.to_string());
+        }
+    }
+    for c in bare.captures_iter(text) {
+        if !names.contains(&c[1]) {
+            missing.push(c[1].to_string());
+        }
+    }
+    missing
+}
+
+#[test]
+fn pages_name_only_files_that_exist() {
+    let mut names = std::collections::BTreeSet::new();
+    file_names(&repo(), &mut names);
+    let mut missing = Vec::new();
+    for (page, text) in pages() {
+        for file in missing_files(&text, &names) {
+            missing.push(format!("{page}: {file}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "pages name files that are gone: {missing:#?}"
+    );
+}
+
+#[test]
+fn the_file_check_sees_what_it_looks_for() {
+    let names = ["layering.rs".to_string()].into();
+    let text = "see `crates/comb/src/db.rs`, tests/suite/gone.rs, scripts/nope.sh and `gone.rs`; \
+                not GET /api/v1/openapi.json, `schema/migrations/*.sql`, `bench/results/history/xmin-DATE.md`, \
+                `layering.rs` or crates/comb/src/db/watch.rs";
+    assert_eq!(
+        missing_files(text, &names),
+        [
+            "crates/comb/src/db.rs",
+            "tests/suite/gone.rs",
+            "scripts/nope.sh",
+            "gone.rs"
+        ]
+    );
+}

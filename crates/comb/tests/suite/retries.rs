@@ -1,6 +1,7 @@
 //! Guarantee 7, "poison messages end": every message counts its own delivery attempts — a
 //! failed ack and a lease that ran out both count — a failed message comes back only after
-//! `retryDelay`, and after `retryLimit` attempts it goes to the dead-letter queue of that
+//! `retryDelay`, and once its first attempt and `retryLimit` retries have failed (Queen's
+//! meaning: at most `1 + retryLimit` hand-outs) it goes to the dead-letter queue of that
 //! consumer group while the partition moves on. `retry` gives a message back without counting
 //! and `dlq` dead-letters it at once.
 
@@ -12,7 +13,7 @@ use serde_json::json;
 #[tokio::test]
 async fn a_failed_message_comes_back_after_the_retry_delay_then_goes_to_the_dead_letters() {
     let env = Env::start().await;
-    env.configure("q", json!({"retryLimit": 2, "retryDelay": 300}))
+    env.configure("q", json!({"retryLimit": 1, "retryDelay": 300}))
         .await;
     env.push(json!([
         {"queue": "q", "partition": "p", "payload": {"n": 1}, "transactionId": "first"},
@@ -53,7 +54,7 @@ async fn a_failed_message_comes_back_after_the_retry_delay_then_goes_to_the_dead
     assert_eq!(m["data"]["n"], 1);
     assert_eq!(m["attempt"], 2);
 
-    // The second failure reaches retryLimit: dead-lettered.
+    // The retry failed too: retryLimit 1 is spent, dead-lettered.
     let r = env.ack_ok(m, "failed", None, Some("boom")).await;
     assert_eq!(r["dlq"], true, "{r}");
     assert_eq!(
@@ -81,7 +82,7 @@ async fn a_lease_that_runs_out_counts_as_an_attempt_and_a_poison_message_ends() 
     let env = Env::start().await;
     env.configure(
         "q",
-        json!({"retryLimit": 3, "retryDelay": 0, "leaseTime": 1}),
+        json!({"retryLimit": 2, "retryDelay": 0, "leaseTime": 1}),
     )
     .await;
     env.push(json!([
@@ -90,7 +91,7 @@ async fn a_lease_that_runs_out_counts_as_an_attempt_and_a_poison_message_ends() 
     ]))
     .await;
 
-    // A consumer that takes the message and never answers, three times.
+    // A consumer that takes the message and never answers, three times (1 + retryLimit).
     for attempt in 1..=3 {
         let pop = env
             .pop("/api/v1/pop/queue/q?wait=true&timeout=3000")
@@ -129,8 +130,8 @@ async fn a_lease_that_runs_out_counts_as_an_attempt_and_a_poison_message_ends() 
 #[tokio::test]
 async fn retry_gives_the_message_back_at_once_without_counting() {
     let env = Env::start().await;
-    // retryLimit 1: a single counted attempt would dead-letter it.
-    env.configure("q", json!({"retryLimit": 1, "retryDelay": 5000}))
+    // retryLimit 0: a single counted attempt would dead-letter it.
+    env.configure("q", json!({"retryLimit": 0, "retryDelay": 5000}))
         .await;
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
     for _ in 0..3 {
@@ -215,7 +216,7 @@ async fn a_failed_ack_inside_a_batch_holds_the_position_at_the_failed_message() 
 #[tokio::test]
 async fn dead_letters_belong_to_one_group() {
     let env = Env::start().await;
-    env.configure("q", json!({"retryLimit": 1, "retryDelay": 0}))
+    env.configure("q", json!({"retryLimit": 0, "retryDelay": 0}))
         .await;
     env.push(json!([
         {"queue": "q", "payload": {"n": 1}},
@@ -231,7 +232,7 @@ async fn dead_letters_belong_to_one_group() {
         .await;
     assert_eq!(
         r["dlq"], true,
-        "retryLimit 1: the first failure is the last: {r}"
+        "retryLimit 0: the first failure is the last: {r}"
     );
 
     // Group y still gets message 1, as a first attempt.
@@ -253,4 +254,89 @@ async fn dead_letters_belong_to_one_group() {
         env.sql("SELECT string_agg(consumer_group, ',') FROM comb.dead_letters"),
         "x"
     );
+}
+
+/// How a consumer lets an attempt fail.
+#[derive(Clone, Copy, Debug)]
+enum Failure {
+    /// An ack with status `failed`.
+    Ack,
+    /// No answer until the lease ends.
+    Expiry,
+}
+
+/// Pushes a message and one behind it into `queue`, fails every hand-out of the first in the
+/// way given, and returns how many times it was handed out before the partition moved on to
+/// the second, with the attempts its dead letter records.
+async fn hand_outs(env: &Env, queue: &str, retry_limit: u32, failure: Failure) -> (i64, String) {
+    env.configure(
+        queue,
+        json!({"retryLimit": retry_limit, "retryDelay": 0, "leaseTime": 1}),
+    )
+    .await;
+    env.push(json!([
+        {"queue": queue, "partition": "p", "payload": {"n": 1}, "transactionId": "poison"},
+        {"queue": queue, "partition": "p", "payload": {"n": 2}},
+    ]))
+    .await;
+    let path = format!("/api/v1/pop/queue/{queue}?wait=true&timeout=5000");
+    let mut handed = 0;
+    loop {
+        let pop = env
+            .pop(&path)
+            .await
+            .unwrap_or_else(|| panic!("{queue}: something after {handed} hand-outs"));
+        let m = one(&pop);
+        if m["data"]["n"] == 2 {
+            break;
+        }
+        handed += 1;
+        assert_eq!(m["attempt"], handed, "{queue}: {pop}");
+        assert!(handed <= 10, "{queue}: handed out {handed} times");
+        match failure {
+            Failure::Ack => {
+                let r = env.ack_ok(m, "failed", None, Some("boom")).await;
+                assert_eq!(
+                    r["dlq"],
+                    handed > i64::from(retry_limit),
+                    "{queue}: hand-out {handed}: {r}"
+                );
+            }
+            Failure::Expiry => tokio::time::sleep(Duration::from_millis(1100)).await,
+        }
+    }
+    let dead = env.sql(&format!(
+        "SELECT d.attempts FROM comb.dead_letters d JOIN comb.queues q ON q.id = d.queue_id \
+         WHERE q.name = '{queue}'"
+    ));
+    (handed, dead)
+}
+
+#[tokio::test]
+async fn retry_limit_counts_retries_after_a_failed_ack() {
+    let env = Env::start().await;
+    for limit in [0, 1, 3] {
+        let (handed, dead) = hand_outs(&env, &format!("ack{limit}"), limit, Failure::Ack).await;
+        assert_eq!(
+            handed,
+            1 + i64::from(limit),
+            "retryLimit {limit}: handed out 1 + retryLimit times"
+        );
+        assert_eq!(dead, (1 + limit).to_string(), "retryLimit {limit}");
+    }
+}
+
+#[tokio::test]
+async fn retry_limit_counts_retries_after_a_lease_ends() {
+    let env = Env::start().await;
+    for limit in [0, 1, 3] {
+        let (handed, dead) =
+            hand_outs(&env, &format!("lease{limit}"), limit, Failure::Expiry).await;
+        assert_eq!(
+            handed,
+            1 + i64::from(limit),
+            "retryLimit {limit}: handed out 1 + retryLimit times"
+        );
+        assert_eq!(dead, (1 + limit).to_string(), "retryLimit {limit}");
+    }
 }

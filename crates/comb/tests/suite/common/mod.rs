@@ -213,7 +213,7 @@ impl Env {
     /// comma-separated (`none` for a table without any).
     pub fn partition_id_options(&self, parent: &str) -> String {
         self.sql(&format!(
-            "SELECT string_agg(DISTINCT coalesce(a.attoptions::text, 'none'), ',') \
+            "SELECT string_agg(DISTINCT coalesce('{{' || (SELECT string_agg(o.option_name || '=' || o.option_value, ',') FROM pg_options_to_table(a.attoptions) o WHERE o.option_name <> 'pg_attver') || '}}', 'none'), ',') \
              FROM pg_inherits h JOIN pg_attribute a \
                ON a.attrelid = h.inhrelid AND a.attname = 'partition_id' \
              WHERE h.inhparent = '{parent}'::regclass"

@@ -1,0 +1,323 @@
+//! Queen's streams routes (`/streams/v1/…`, in Queen's shapes) and their listing
+//! (`GET /api/v1/streams/queries`): decode, check, call [`crate::streams`], answer.
+
+use crate::code::Code;
+use axum::Extension;
+use axum::extract::State as AxState;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::body::{JsonBody, LimitedBody, parse_json};
+use super::push::{PushItem, into_items, results};
+use super::{Problem, State};
+use crate::auth::Principal;
+use crate::queue::{QUEUE_MODE_GROUP, validate_group_name, validate_queue_name};
+use crate::streams::{
+    Cycle, CycleAck, Registration, STATE_KEY_MAX_BYTES, STATE_VALUE_MAX_BYTES, StateOp, StateQuery,
+};
+
+/// Longest query name and config hash.
+const MAX_NAME_LEN: usize = 255;
+
+#[derive(Deserialize)]
+pub(crate) struct RegisterIn {
+    name: Option<String>,
+    source_queue: Option<String>,
+    sink_queue: Option<String>,
+    config_hash: Option<String>,
+    #[serde(default)]
+    reset: bool,
+}
+
+/// `POST /streams/v1/queries`: registers a query (idempotent for the same config hash).
+pub(crate) async fn register(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<RegisterIn>,
+) -> Result<axum::Json<Value>, Problem> {
+    let text = |v: Option<String>, field: &str| -> Result<String, Problem> {
+        match v {
+            Some(s) if !s.is_empty() && s.len() <= MAX_NAME_LEN && !s.contains('\0') => Ok(s),
+            _ => Err(Problem::bad_request(
+                Code::StreamQueryInvalid,
+                format!("{field} is required: 1-{MAX_NAME_LEN} bytes"),
+            )),
+        }
+    };
+    let name = text(body.name, "name")?;
+    let source_queue = text(body.source_queue, "source_queue")?;
+    let config_hash = text(body.config_hash, "config_hash")?;
+    validate_queue_name(&source_queue)
+        .map_err(|e| Problem::bad_request(Code::QueueNameInvalid, format!("source_queue: {e}")))?;
+    let sink_queue = body.sink_queue.filter(|s| !s.is_empty());
+    if let Some(s) = &sink_queue {
+        validate_queue_name(s).map_err(|e| {
+            Problem::bad_request(Code::QueueNameInvalid, format!("sink_queue: {e}"))
+        })?;
+    }
+    let r = app
+        .streams
+        .register(&Registration {
+            name,
+            source_queue,
+            sink_queue,
+            config_hash,
+            reset: body.reset,
+        })
+        .await?;
+    Ok(axum::Json(json!({
+        "success": true,
+        "query_id": r.query_id,
+        "name": r.name,
+        "config_hash": r.config_hash,
+        "fresh": r.fresh,
+        "reset": r.reset,
+    })))
+}
+
+#[derive(Deserialize)]
+struct CycleIn<'a> {
+    query_id: Option<String>,
+    partition_id: Option<String>,
+    consumer_group: Option<String>,
+    #[serde(default, borrow)]
+    state_ops: Vec<&'a RawValue>,
+    #[serde(default, borrow)]
+    push_items: Vec<PushItem<'a>>,
+    ack: Option<AckIn>,
+    release_lease: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AckIn {
+    transaction_id: Option<String>,
+    lease_id: Option<String>,
+    status: Option<String>,
+    count: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct StateOpIn<'a> {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    key: Option<String>,
+    #[serde(borrow)]
+    value: Option<&'a RawValue>,
+}
+
+fn uuid_field(v: Option<&str>, field: &str) -> Result<Uuid, Problem> {
+    v.and_then(|s| Uuid::parse_str(s).ok()).ok_or_else(|| {
+        Problem::bad_request(
+            if field == "query_id" {
+                Code::QueryIdInvalid
+            } else {
+                Code::PartitionIdInvalid
+            },
+            format!("{field} is required: a UUID"),
+        )
+    })
+}
+
+/// Decodes one state op; every malformed op is refused before anything reaches the database.
+fn state_op(i: usize, raw: &RawValue) -> Result<StateOp, Problem> {
+    let bad = |detail: String| Problem::bad_request(Code::StateOpInvalid, detail);
+    let op: StateOpIn =
+        serde_json::from_str(raw.get()).map_err(|e| bad(format!("state_ops[{i}]: {e}")))?;
+    let key = match op.key {
+        Some(k) if !k.is_empty() && k.len() <= STATE_KEY_MAX_BYTES && !k.contains('\0') => k,
+        _ => {
+            return Err(bad(format!(
+                "state_ops[{i}]: key is required: 1-{STATE_KEY_MAX_BYTES} bytes"
+            )));
+        }
+    };
+    match op.kind.as_deref() {
+        Some("upsert") => {
+            let value = match op.value {
+                // Queen stores an upsert without a value as an empty object.
+                None => Value::Object(Default::default()),
+                Some(v) if v.get().len() > STATE_VALUE_MAX_BYTES => {
+                    return Err(Problem::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        Code::StateValueTooLarge,
+                        format!(
+                            "state_ops[{i}]: the value of `{key}` holds {} bytes of JSON; \
+                             a state value may hold at most {STATE_VALUE_MAX_BYTES}",
+                            v.get().len()
+                        ),
+                    ));
+                }
+                Some(v) => serde_json::from_str(v.get())
+                    .map_err(|e| bad(format!("state_ops[{i}]: {e}")))?,
+            };
+            Ok(StateOp::Upsert { key, value })
+        }
+        Some("delete") => Ok(StateOp::Delete { key }),
+        other => Err(bad(format!(
+            "state_ops[{i}]: type must be \"upsert\" or \"delete\", got {other:?}"
+        ))),
+    }
+}
+
+/// `POST /streams/v1/cycle`: state ops, sink pushes and the source ack of one cycle, all
+/// committed or none.
+pub(crate) async fn cycle(
+    AxState(app): AxState<State>,
+    principal: Option<Extension<Principal>>,
+    LimitedBody(bytes): LimitedBody,
+) -> Result<axum::Json<Value>, Problem> {
+    let principal = principal.map(|p| p.0);
+    let body: CycleIn = parse_json(&bytes)?;
+    let query_id = uuid_field(body.query_id.as_deref(), "query_id")?;
+    let partition_id = uuid_field(body.partition_id.as_deref(), "partition_id")?;
+    let group = body
+        .consumer_group
+        .filter(|g| !g.is_empty())
+        .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
+    validate_group_name(&group)
+        .map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e.to_string()))?;
+    let state_ops = body
+        .state_ops
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| state_op(i, raw))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ack = body.ack.map(validate_ack).transpose()?;
+    let max = app.config.max_batch;
+    if state_ops.len() + body.push_items.len() > max {
+        return Err(Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Code::BatchTooLarge,
+            format!("a cycle may hold at most {max} state ops and messages together"),
+        ));
+    }
+    if !body.push_items.is_empty() {
+        super::push::validate(&body.push_items, max, principal.as_ref())?;
+        app.modes.admit_push(&app.pool).await?;
+    }
+    let done = app
+        .streams
+        .cycle(
+            Cycle {
+                query_id,
+                partition_id,
+                group,
+                state_ops,
+                items: into_items(body.push_items),
+                ack,
+                release_lease: body.release_lease.unwrap_or(true),
+            },
+            &bytes,
+            principal.and_then(|p| p.sub),
+        )
+        .await?;
+    let pushed = serde_json::to_value(results(&done.messages, &done.stored))
+        .unwrap_or_else(|_| Value::Array(Vec::new()));
+    let ack_result = match done.acked {
+        Some((count, released)) => json!({
+            "success": true, "count": count, "lease_released": released, "dlq": false,
+        }),
+        None => Value::Null,
+    };
+    Ok(axum::Json(json!({
+        "success": true,
+        "query_id": query_id,
+        "partition_id": partition_id,
+        "queueName": done.source_queue,
+        "state_ops_applied": done.state_ops_applied,
+        "push_results": pushed,
+        "ack_result": ack_result,
+    })))
+}
+
+/// The cycle's source ack. Only completions: a cycle that cannot process its messages
+/// commits nothing and lets the lease end, which counts the attempt.
+fn validate_ack(a: AckIn) -> Result<CycleAck, Problem> {
+    let bad = |detail: &str| Problem::bad_request(Code::AckInvalid, format!("ack: {detail}"));
+    let transaction_id = match a.transaction_id {
+        Some(t) if !t.is_empty() && t.len() <= 255 && !t.chars().any(char::is_control) => t,
+        _ => return Err(bad("transactionId is required: 1-255 bytes")),
+    };
+    match a.status.as_deref() {
+        None | Some("completed") | Some("success") => {}
+        Some(other) => {
+            return Err(Problem::bad_request(
+                Code::AckStatusInvalid,
+                format!("ack: status must be completed, got {other:?}"),
+            ));
+        }
+    }
+    let lease_id = match a.lease_id.as_deref() {
+        None | Some("") => None,
+        Some(l) => Some(Uuid::parse_str(l).map_err(|_| {
+            Problem::bad_request(
+                Code::LeaseIdInvalid,
+                format!("ack: leaseId must be a UUID, got {l:?}"),
+            )
+        })?),
+    };
+    let count = match a.count {
+        None => 1,
+        Some(n) if (1..=100_000).contains(&n) => n as usize,
+        Some(_) => return Err(bad("count must be 1-100000")),
+    };
+    Ok(CycleAck {
+        transaction_id,
+        lease_id,
+        count,
+    })
+}
+
+#[derive(Deserialize)]
+pub(crate) struct StateGetIn {
+    query_id: Option<String>,
+    partition_id: Option<String>,
+    #[serde(default)]
+    keys: Vec<String>,
+    key_prefix: Option<String>,
+    ripe_at_or_before: Option<Value>,
+}
+
+/// `POST /streams/v1/state/get`: a query's state on one partition, by key.
+pub(crate) async fn state_get(
+    AxState(app): AxState<State>,
+    JsonBody(body): JsonBody<StateGetIn>,
+) -> Result<axum::Json<Value>, Problem> {
+    let query_id = uuid_field(body.query_id.as_deref(), "query_id")?;
+    let partition_id = uuid_field(body.partition_id.as_deref(), "partition_id")?;
+    // Queen ignores a bound that is not a number.
+    let ripe_at_or_before = body
+        .ripe_at_or_before
+        .as_ref()
+        .and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f.floor() as i64)));
+    let rows = app
+        .streams
+        .state(&StateQuery {
+            query_id,
+            partition_id,
+            keys: body.keys,
+            key_prefix: body.key_prefix.filter(|p| !p.is_empty()),
+            ripe_at_or_before,
+        })
+        .await?;
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            let at = r
+                .updated_ms
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+            json!({"key": r.key, "value": r.value, "updated_at": at})
+        })
+        .collect();
+    Ok(axum::Json(json!({"success": true, "rows": rows})))
+}
+
+/// `GET /api/v1/streams/queries`: every registered query, its partitions and their state.
+pub(crate) async fn list(AxState(app): AxState<State>) -> Result<axum::Json<Value>, Problem> {
+    let queries = app.streams.list().await?;
+    Ok(axum::Json(json!({ "queries": queries })))
+}

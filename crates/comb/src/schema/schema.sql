@@ -1,0 +1,673 @@
+-- The whole schema `comb` as the migrations in `migrations/` leave it: every table, index,
+-- function and view once, in its current form. Generated, never edited by hand: a new
+-- migration changes it, and `cargo test -p comb --test suite -- migrate::schema_sql` fails
+-- until it is written again with
+--     COMB_WRITE_SCHEMA=1 cargo test -p comb --test suite -- migrate::schema_sql
+-- It is `pg_dump --schema-only --schema=comb` of a freshly migrated database without owners,
+-- privileges, session settings and pg_dump's own comments. Left out: the leaf tables of the
+-- partitioned tables (`messages_<seg>`, `cursor_states_<gen>`, `<table>_<yyyymmdd>`), which
+-- maintenance makes and drops as time passes.
+CREATE SCHEMA comb;
+
+CREATE FUNCTION comb.claimable_now(p uuid, after bigint, from_seg integer, window_secs double precision, retention_secs double precision, delay_secs double precision) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    head_at timestamptz;
+    next_at timestamptz;
+BEGIN
+    IF window_secs > 0 OR retention_secs > 0 THEN
+        SELECT h.at INTO head_at FROM comb.partition_head(p) h;
+        IF window_secs > 0
+           AND (head_at <= now() - make_interval(secs => window_secs)) IS NOT TRUE THEN
+            RETURN false;
+        END IF;
+        IF retention_secs > 0
+           AND (head_at > now() - make_interval(secs => retention_secs)) IS NOT TRUE THEN
+            RETURN false;
+        END IF;
+    END IF;
+    IF delay_secs > 0 THEN
+        SELECT m.created_at INTO next_at FROM comb.messages m
+        WHERE m.partition_id = p AND m.pos > after AND m.seg >= from_seg
+        ORDER BY m.pos LIMIT 1;
+        IF (next_at <= now() - make_interval(secs => delay_secs)) IS NOT TRUE THEN
+            RETURN false;
+        END IF;
+    END IF;
+    RETURN true;
+END $$;
+
+CREATE FUNCTION comb.completed_retention_secs(options jsonb) RETURNS double precision
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN (options->>'retentionEnabled')::boolean IS FALSE THEN 0::float8
+                ELSE coalesce((options->>'completedRetentionSeconds')::float8, 0) END
+$$;
+
+CREATE FUNCTION comb.cursor_lag(p uuid, g text) RETURNS TABLE(cursor_pos bigint, head bigint, lag bigint, oldest_unsettled_at timestamp with time zone, lease_id uuid, lease_expires_at timestamp with time zone, last_claimed_at timestamp with time zone)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT s.cursor_pos, h.pos,
+           greatest(h.pos - s.cursor_pos - cardinality(s.settled), 0),
+           CASE WHEN h.pos > s.cursor_pos THEN (
+               SELECT m.created_at FROM comb.messages m
+               WHERE m.partition_id = p AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
+                 AND m.pos <> ALL (s.settled)
+               ORDER BY m.pos LIMIT 1) END,
+           CASE WHEN s.lease_expires_at > now() THEN s.lease_id END,
+           CASE WHEN s.lease_expires_at > now() THEN s.lease_expires_at END,
+           nullif(s.last_claimed_at, '-infinity')
+    FROM comb.cursor_state(p, g) s, comb.partition_head(p) h
+$$;
+
+CREATE TABLE comb.cursor_states (
+    partition_id uuid NOT NULL,
+    consumer_group text NOT NULL,
+    gen integer NOT NULL,
+    ver bigint NOT NULL,
+    cursor_pos bigint DEFAULT 0 NOT NULL,
+    cursor_seg integer DEFAULT 0 NOT NULL,
+    settled bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    attempt_pos bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    attempt_cnt integer[] DEFAULT '{}'::integer[] NOT NULL,
+    lease_id uuid,
+    lease_expires_at timestamp with time zone,
+    lease_upto bigint DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    last_claimed_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL
+)
+PARTITION BY RANGE (gen);
+ALTER TABLE ONLY comb.cursor_states ALTER COLUMN partition_id SET (n_distinct=1);
+
+CREATE FUNCTION comb.cursor_state(p uuid, g text) RETURNS SETOF comb.cursor_states
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT * FROM comb.cursor_states s
+    WHERE s.partition_id = p AND s.consumer_group = g
+    ORDER BY s.gen DESC, s.ver DESC LIMIT 1
+$$;
+
+CREATE FUNCTION comb.group_figures(queue_ids uuid[], groups text[], live_budget bigint) RETURNS TABLE(queue_id uuid, consumer_group text, partitions bigint, lag bigint, oldest_unsettled_at timestamp with time zone, leased bigint, figures_at timestamp with time zone, live boolean)
+    LANGUAGE sql STABLE
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    WITH snap AS (SELECT * FROM comb.latest_snapshot()),
+    counted AS (
+        SELECT c.queue_id AS q, c.consumer_group AS g, count(*) AS n FROM comb.cursors c
+        WHERE c.queue_id = ANY (queue_ids) GROUP BY c.queue_id, c.consumer_group
+    ),
+    sized AS (
+        SELECT i.q, i.g, coalesce(k.n, 0) AS n
+        FROM unnest(queue_ids, groups) AS i(q, g) LEFT JOIN counted k ON k.q = i.q AND k.g = i.g
+    ),
+    chosen AS MATERIALIZED (
+        SELECT s.q, s.g, s.n, m.lag, m.oldest_unsettled_at, m.leased, m.taken_at,
+               m.taken_at IS NULL OR sum(s.n) OVER (ORDER BY s.n, s.q, s.g) <= live_budget AS live
+        FROM sized s
+        LEFT JOIN snap ON true
+        LEFT JOIN comb.group_minutes m
+               ON m.day = snap.day AND m.minute = snap.minute AND m.queue_id = s.q
+              AND m.consumer_group = s.g
+    )
+    SELECT c.q, c.g, c.n,
+           CASE WHEN c.live THEN l.lag ELSE c.lag END,
+           CASE WHEN c.live THEN l.oldest_unsettled_at ELSE c.oldest_unsettled_at END,
+           CASE WHEN c.live THEN l.leased ELSE c.leased END,
+           CASE WHEN c.live THEN now() ELSE c.taken_at END,
+           c.live
+    FROM chosen c
+    CROSS JOIN LATERAL comb.group_live(CASE WHEN c.live THEN c.q END, c.g) l
+$$;
+
+CREATE FUNCTION comb.group_live(q uuid, g text) RETURNS TABLE(partitions bigint, lag bigint, oldest_unsettled_at timestamp with time zone, leased bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT count(*), coalesce(sum(x.lag), 0)::bigint, min(x.oldest_unsettled_at),
+           count(x.lease_id)
+    FROM comb.cursors c CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
+    WHERE c.queue_id = q AND c.consumer_group = g
+$$;
+
+CREATE FUNCTION comb.iso(t timestamp with time zone) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+$$;
+
+CREATE FUNCTION comb.lagging_cursors(q uuid, g text, min_secs double precision) RETURNS TABLE(partition_id uuid, lag bigint, oldest_unsettled_at timestamp with time zone)
+    LANGUAGE sql STABLE
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    SELECT c.partition_id, x.lag, x.oldest_unsettled_at
+    FROM comb.cursors c CROSS JOIN LATERAL comb.cursor_lag(c.partition_id, c.consumer_group) x
+    WHERE c.queue_id = q AND c.consumer_group = g AND x.lag > 0
+      AND x.oldest_unsettled_at <= now() - make_interval(secs => min_secs)
+$$;
+
+CREATE FUNCTION comb.latest_snapshot(OUT day date, OUT minute timestamp with time zone) RETURNS record
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT m.day, m.minute FROM comb.queue_minutes m
+    WHERE m.day >= (now() AT TIME ZONE 'UTC')::date - 1
+      AND m.minute > now() - interval '5 minutes'
+      AND m.taken_at IS NOT NULL
+    ORDER BY m.day DESC, m.minute DESC LIMIT 1
+$$;
+
+CREATE FUNCTION comb.partition_head(p uuid) RETURNS TABLE(pos bigint, at timestamp with time zone)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT h.pos, h.at FROM (
+        (SELECT m.pos, m.created_at AS at FROM comb.messages m
+         WHERE m.partition_id = p
+           AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
+         ORDER BY m.pos DESC LIMIT 1)
+        UNION ALL
+        (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
+         WHERE sp.partition_id = p ORDER BY sp.seg DESC LIMIT 1)
+        UNION ALL
+        SELECT 0::bigint, NULL::timestamptz
+    ) h
+    ORDER BY h.pos DESC LIMIT 1
+$$;
+
+CREATE FUNCTION comb.partition_stats(p uuid) RETURNS TABLE(head bigint, head_at timestamp with time zone, pending bigint, processing bigint, oldest_pending_at timestamp with time zone, groups bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    WITH h AS (SELECT pos, at FROM comb.partition_head(p)),
+    c AS (
+        SELECT s.cursor_pos, s.cursor_seg,
+               CASE WHEN s.lease_id IS NOT NULL AND s.lease_expires_at > now()
+                    THEN greatest(s.lease_upto - s.cursor_pos
+                                  - cardinality(ARRAY(SELECT 1 FROM unnest(s.settled) x
+                                                      WHERE x <= s.lease_upto)), 0)
+                    ELSE 0 END AS processing
+        FROM comb.cursors cu
+        CROSS JOIN LATERAL comb.cursor_state(cu.partition_id, cu.consumer_group) s
+        WHERE cu.partition_id = p
+    ),
+    slow AS (
+        SELECT coalesce(min(cursor_pos), 0) AS pos, coalesce(min(cursor_seg), 0) AS seg,
+               coalesce(max(processing), 0) AS processing, count(*) AS groups
+        FROM c
+    )
+    SELECT h.pos, h.at,
+           greatest(h.pos - slow.pos - slow.processing, 0),
+           slow.processing,
+           CASE WHEN h.pos > slow.pos THEN (
+               SELECT m.created_at FROM comb.messages m
+               WHERE m.partition_id = p AND m.pos > slow.pos AND m.seg >= slow.seg
+               ORDER BY m.pos LIMIT 1) END,
+           slow.groups
+    FROM h, slow
+$$;
+
+CREATE FUNCTION comb.payload_json(p bytea) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF length(p) > 0 AND get_byte(p, 0) = 0 THEN
+        RETURN jsonb_build_object('encrypted', true);
+    END IF;
+    RETURN convert_from(p, 'UTF8')::jsonb;
+EXCEPTION WHEN OTHERS THEN
+    RETURN to_jsonb('payload not shown: ' || SQLERRM);
+END
+$$;
+
+CREATE FUNCTION comb.queue_figures(ids uuid[], live_budget bigint) RETURNS TABLE(queue_id uuid, partitions bigint, total bigint, pending bigint, processing bigint, dead_letters bigint, oldest_pending_at timestamp with time zone, last_message_at timestamp with time zone, figures_at timestamp with time zone, live boolean)
+    LANGUAGE sql STABLE
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    WITH snap AS (SELECT * FROM comb.latest_snapshot()),
+    counted AS (
+        SELECT p.queue_id AS id, count(*) AS n FROM comb.partitions p
+        WHERE p.queue_id = ANY (ids) GROUP BY p.queue_id
+    ),
+    sized AS (
+        SELECT i.id, coalesce(k.n, 0) AS n
+        FROM unnest(ids) AS i(id) LEFT JOIN counted k ON k.id = i.id
+    ),
+    chosen AS MATERIALIZED (
+        SELECT s.id, s.n, m.total, m.pending, m.processing, m.dead_letters,
+               m.oldest_pending_at, m.last_message_at, m.taken_at,
+               m.taken_at IS NULL OR sum(s.n) OVER (ORDER BY s.n, s.id) <= live_budget AS live
+        FROM sized s
+        LEFT JOIN snap ON true
+        LEFT JOIN comb.queue_minutes m
+               ON m.day = snap.day AND m.minute = snap.minute AND m.queue_id = s.id
+    )
+    SELECT c.id, c.n,
+           CASE WHEN c.live THEN l.total ELSE c.total END,
+           CASE WHEN c.live THEN l.pending ELSE c.pending END,
+           CASE WHEN c.live THEN l.processing ELSE c.processing END,
+           CASE WHEN c.live THEN l.dead_letters ELSE c.dead_letters END,
+           CASE WHEN c.live THEN l.oldest_pending_at ELSE c.oldest_pending_at END,
+           CASE WHEN c.live THEN l.last_message_at ELSE c.last_message_at END,
+           CASE WHEN c.live THEN now() ELSE c.taken_at END,
+           c.live
+    FROM chosen c
+    CROSS JOIN LATERAL comb.queue_live(CASE WHEN c.live THEN c.id END) l
+$$;
+
+CREATE FUNCTION comb.queue_live(q uuid) RETURNS TABLE(partitions bigint, total bigint, pending bigint, processing bigint, oldest_pending_at timestamp with time zone, last_message_at timestamp with time zone, dead_letters bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT count(*), coalesce(sum(s.head), 0)::bigint, coalesce(sum(s.pending), 0)::bigint,
+           coalesce(sum(s.processing), 0)::bigint, min(s.oldest_pending_at), max(s.head_at),
+           (SELECT count(*) FROM comb.dead_letters d
+            WHERE d.queue_id = q
+              AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r
+                              WHERE r.dead_letter_id = d.id))
+    FROM comb.partitions p CROSS JOIN LATERAL comb.partition_stats(p.id) s
+    WHERE p.queue_id = q
+$$;
+
+CREATE FUNCTION comb.refuse_sealed_payload() RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'a sealed payload in a claim that commits before opening it'
+        USING ERRCODE = 'CB001';
+END
+$$;
+
+CREATE FUNCTION comb.retention_secs(options jsonb) RETURNS double precision
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN (options->>'retentionEnabled')::boolean IS FALSE THEN 0::float8
+                ELSE coalesce(least(nullif((options->>'retentionSeconds')::float8, 0),
+                                    nullif((options->>'ttl')::float8, 0)), 0) END
+$$;
+
+CREATE TABLE comb.cursor_gens (
+    gen integer NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.cursors (
+    partition_id uuid NOT NULL,
+    consumer_group text NOT NULL,
+    queue_id uuid NOT NULL
+)
+WITH (fillfactor='100');
+
+CREATE VIEW comb.cursors_now AS
+ SELECT c.queue_id,
+    s.partition_id,
+    s.consumer_group,
+    s.gen,
+    s.ver,
+    s.cursor_pos,
+    s.cursor_seg,
+    s.settled,
+    s.attempt_pos,
+    s.attempt_cnt,
+    s.lease_id,
+    s.lease_expires_at,
+    s.lease_upto,
+    s.available_at,
+    s.last_claimed_at
+   FROM (comb.cursors c
+     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s(partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos, attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at));
+
+CREATE TABLE comb.dead_letter_requeues (
+    dead_letter_id uuid NOT NULL,
+    partition_id uuid NOT NULL,
+    pos bigint NOT NULL,
+    requeued_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.dead_letters (
+    id uuid NOT NULL,
+    queue_id uuid NOT NULL,
+    partition_id uuid NOT NULL,
+    consumer_group text NOT NULL,
+    pos bigint NOT NULL,
+    message_id uuid NOT NULL,
+    transaction_id text NOT NULL,
+    trace_id text,
+    payload bytea NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    attempts integer NOT NULL,
+    error text,
+    dead_at timestamp with time zone DEFAULT now() NOT NULL,
+    producer_sub text
+);
+
+CREATE TABLE comb.group_minutes (
+    day date NOT NULL,
+    minute timestamp with time zone NOT NULL,
+    queue_id uuid NOT NULL,
+    consumer_group text NOT NULL,
+    partitions bigint NOT NULL,
+    lag bigint NOT NULL,
+    oldest_unsettled_at timestamp with time zone,
+    leased bigint NOT NULL,
+    taken_at timestamp with time zone NOT NULL
+)
+PARTITION BY RANGE (day);
+
+CREATE TABLE comb.maintenance_runs (
+    id bigint NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    server text NOT NULL,
+    created integer NOT NULL,
+    rolled integer NOT NULL,
+    summarized integer NOT NULL,
+    dropped integer NOT NULL,
+    drop_retries integer NOT NULL,
+    dead_lettered bigint NOT NULL,
+    generations_created integer DEFAULT 0 NOT NULL,
+    generations_dropped integer DEFAULT 0 NOT NULL,
+    states_carried bigint DEFAULT 0 NOT NULL
+);
+
+CREATE SEQUENCE comb.maintenance_runs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE comb.maintenance_runs_id_seq OWNED BY comb.maintenance_runs.id;
+
+CREATE TABLE comb.messages (
+    partition_id uuid NOT NULL,
+    pos bigint NOT NULL,
+    seg integer NOT NULL,
+    message_id uuid NOT NULL,
+    transaction_id text NOT NULL,
+    trace_id text,
+    payload bytea NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    producer_sub text
+)
+PARTITION BY RANGE (seg);
+ALTER TABLE ONLY comb.messages ALTER COLUMN partition_id SET (n_distinct=100);
+
+CREATE TABLE comb.migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.partitions (
+    id uuid NOT NULL,
+    queue_id uuid NOT NULL,
+    name text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+)
+WITH (fillfactor='100');
+
+CREATE TABLE comb.queue_counts (
+    day date NOT NULL,
+    minute timestamp with time zone NOT NULL,
+    server text NOT NULL,
+    queue_id uuid NOT NULL,
+    pushed bigint NOT NULL,
+    popped bigint NOT NULL,
+    acked bigint NOT NULL,
+    failed bigint NOT NULL,
+    dead_lettered bigint NOT NULL
+)
+PARTITION BY RANGE (day);
+
+CREATE TABLE comb.queue_minutes (
+    day date NOT NULL,
+    minute timestamp with time zone NOT NULL,
+    queue_id uuid NOT NULL,
+    total bigint NOT NULL,
+    pending bigint NOT NULL,
+    processing bigint NOT NULL,
+    dead_letters bigint NOT NULL,
+    lag_seconds double precision NOT NULL,
+    partitions bigint,
+    oldest_pending_at timestamp with time zone,
+    last_message_at timestamp with time zone,
+    taken_at timestamp with time zone
+)
+PARTITION BY RANGE (day);
+
+CREATE TABLE comb.queues (
+    id uuid NOT NULL,
+    name text NOT NULL,
+    namespace text,
+    task text,
+    options jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.segment_partitions (
+    seg integer NOT NULL,
+    partition_id uuid NOT NULL,
+    max_pos bigint NOT NULL,
+    max_created_at timestamp with time zone NOT NULL
+);
+
+CREATE TABLE comb.segments (
+    seg integer NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    closed_at timestamp with time zone,
+    summarized boolean DEFAULT false NOT NULL
+);
+
+CREATE TABLE comb.server_minutes (
+    day date NOT NULL,
+    minute timestamp with time zone NOT NULL,
+    server text NOT NULL,
+    pushed bigint NOT NULL,
+    popped bigint NOT NULL,
+    acked bigint NOT NULL,
+    failed bigint NOT NULL,
+    dead_lettered bigint NOT NULL
+)
+PARTITION BY RANGE (day);
+
+CREATE TABLE comb.stream_partitions (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.stream_queries (
+    id uuid NOT NULL,
+    name text NOT NULL,
+    source_queue text NOT NULL,
+    sink_queue text,
+    config_hash text NOT NULL,
+    registered_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+CREATE TABLE comb.stream_states (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    ver bigint NOT NULL,
+    state jsonb NOT NULL,
+    updated jsonb NOT NULL,
+    keys integer NOT NULL,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+)
+PARTITION BY RANGE (gen);
+
+CREATE VIEW comb.stream_state_now AS
+ SELECT q.name AS query,
+    p.partition_id,
+    e.key,
+    e.value,
+    to_timestamp((((s.updated ->> e.key))::double precision / (1000)::double precision)) AS updated_at
+   FROM (((comb.stream_partitions p
+     JOIN comb.stream_queries q ON ((q.id = p.query_id)))
+     CROSS JOIN LATERAL ( SELECT v.state,
+            v.updated
+           FROM comb.stream_states v
+          WHERE ((v.partition_id = p.partition_id) AND (v.query_id = p.query_id))
+          ORDER BY v.gen DESC, v.ver DESC
+         LIMIT 1) s)
+     CROSS JOIN LATERAL jsonb_each(s.state) e(key, value));
+
+CREATE TABLE comb.stream_states_1 (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    ver bigint NOT NULL,
+    state jsonb NOT NULL,
+    updated jsonb NOT NULL,
+    keys integer NOT NULL,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.stream_states_2 (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    ver bigint NOT NULL,
+    state jsonb NOT NULL,
+    updated jsonb NOT NULL,
+    keys integer NOT NULL,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.subscriptions (
+    queue_id uuid NOT NULL,
+    consumer_group text NOT NULL,
+    mode text NOT NULL,
+    start_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.system_modes (
+    mode text NOT NULL,
+    enabled boolean NOT NULL,
+    changed_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT system_modes_mode_check CHECK ((mode = ANY (ARRAY['push'::text, 'pop'::text])))
+);
+
+CREATE TABLE comb.traces (
+    day date NOT NULL,
+    id uuid NOT NULL,
+    name text,
+    partition_id uuid NOT NULL,
+    transaction_id text NOT NULL,
+    consumer_group text NOT NULL,
+    event_type text NOT NULL,
+    data jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+)
+PARTITION BY RANGE (day);
+
+ALTER TABLE ONLY comb.stream_states ATTACH PARTITION comb.stream_states_1 FOR VALUES FROM (1) TO (2);
+
+ALTER TABLE ONLY comb.stream_states ATTACH PARTITION comb.stream_states_2 FOR VALUES FROM (2) TO (3);
+
+ALTER TABLE ONLY comb.maintenance_runs ALTER COLUMN id SET DEFAULT nextval('comb.maintenance_runs_id_seq'::regclass);
+
+ALTER TABLE ONLY comb.cursor_gens
+    ADD CONSTRAINT cursor_gens_pkey PRIMARY KEY (gen);
+
+ALTER TABLE ONLY comb.cursors
+    ADD CONSTRAINT cursors_pkey PRIMARY KEY (partition_id, consumer_group);
+
+ALTER TABLE ONLY comb.dead_letter_requeues
+    ADD CONSTRAINT dead_letter_requeues_pkey PRIMARY KEY (dead_letter_id);
+
+ALTER TABLE ONLY comb.dead_letters
+    ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY comb.group_minutes
+    ADD CONSTRAINT group_minutes_pkey PRIMARY KEY (day, minute, queue_id, consumer_group);
+
+ALTER TABLE ONLY comb.maintenance_runs
+    ADD CONSTRAINT maintenance_runs_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY comb.messages
+    ADD CONSTRAINT messages_pkey PRIMARY KEY (partition_id, pos, seg);
+
+ALTER TABLE ONLY comb.migrations
+    ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY comb.partitions
+    ADD CONSTRAINT partitions_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY comb.partitions
+    ADD CONSTRAINT partitions_queue_id_name_key UNIQUE (queue_id, name);
+
+ALTER TABLE ONLY comb.queue_minutes
+    ADD CONSTRAINT queue_minutes_pkey PRIMARY KEY (day, minute, queue_id);
+
+ALTER TABLE ONLY comb.queues
+    ADD CONSTRAINT queues_name_key UNIQUE (name);
+
+ALTER TABLE ONLY comb.queues
+    ADD CONSTRAINT queues_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY comb.segment_partitions
+    ADD CONSTRAINT segment_partitions_pkey PRIMARY KEY (seg, partition_id);
+
+ALTER TABLE ONLY comb.segments
+    ADD CONSTRAINT segments_pkey PRIMARY KEY (seg);
+
+ALTER TABLE ONLY comb.stream_partitions
+    ADD CONSTRAINT stream_partitions_pkey PRIMARY KEY (partition_id, query_id);
+
+ALTER TABLE ONLY comb.stream_queries
+    ADD CONSTRAINT stream_queries_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY comb.subscriptions
+    ADD CONSTRAINT subscriptions_pkey PRIMARY KEY (queue_id, consumer_group);
+
+ALTER TABLE ONLY comb.system_modes
+    ADD CONSTRAINT system_modes_pkey PRIMARY KEY (mode);
+
+CREATE INDEX cursor_states_lease ON ONLY comb.cursor_states USING btree (lease_id) WHERE (lease_id IS NOT NULL);
+
+CREATE INDEX cursor_states_newest ON ONLY comb.cursor_states USING btree (partition_id, consumer_group, gen, ver);
+
+CREATE INDEX cursors_walk ON comb.cursors USING btree (queue_id, consumer_group, partition_id);
+
+CREATE INDEX dead_letters_partition ON comb.dead_letters USING btree (partition_id, transaction_id);
+
+CREATE INDEX dead_letters_queue_dead_at ON comb.dead_letters USING btree (queue_id, dead_at, id);
+
+CREATE INDEX dead_letters_queue_group ON comb.dead_letters USING btree (queue_id, consumer_group, dead_at);
+
+CREATE INDEX messages_transaction_id ON ONLY comb.messages USING btree (transaction_id, partition_id);
+
+CREATE INDEX queue_counts_queue_minute ON ONLY comb.queue_counts USING btree (queue_id, minute);
+
+CREATE INDEX segment_partitions_partition ON comb.segment_partitions USING btree (partition_id, seg);
+
+CREATE INDEX server_minutes_minute ON ONLY comb.server_minutes USING btree (minute);
+
+CREATE INDEX stream_partitions_query ON comb.stream_partitions USING btree (query_id);
+
+CREATE INDEX stream_queries_name ON comb.stream_queries USING btree (name, registered_at DESC);
+
+CREATE INDEX stream_states_latest ON ONLY comb.stream_states USING btree (partition_id, query_id, gen, ver);
+
+CREATE INDEX stream_states_1_partition_id_query_id_gen_ver_idx ON comb.stream_states_1 USING btree (partition_id, query_id, gen, ver);
+
+CREATE INDEX stream_states_2_partition_id_query_id_gen_ver_idx ON comb.stream_states_2 USING btree (partition_id, query_id, gen, ver);
+
+CREATE INDEX traces_message ON ONLY comb.traces USING btree (partition_id, transaction_id, created_at);
+
+CREATE INDEX traces_name ON ONLY comb.traces USING btree (name, created_at);
+
+ALTER INDEX comb.stream_states_latest ATTACH PARTITION comb.stream_states_1_partition_id_query_id_gen_ver_idx;
+
+ALTER INDEX comb.stream_states_latest ATTACH PARTITION comb.stream_states_2_partition_id_query_id_gen_ver_idx;
+
+ALTER TABLE ONLY comb.partitions
+    ADD CONSTRAINT partitions_queue_id_fkey FOREIGN KEY (queue_id) REFERENCES comb.queues(id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY comb.subscriptions
+    ADD CONSTRAINT subscriptions_queue_id_fkey FOREIGN KEY (queue_id) REFERENCES comb.queues(id) ON DELETE CASCADE;

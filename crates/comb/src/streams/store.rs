@@ -1,0 +1,293 @@
+//! The SQL of streams: queries, the lock of a (partition, query) pair, state versions, the
+//! administration listing.
+
+use deadpool_postgres::GenericClient;
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+
+use super::{CycleJob, Outcome, Registration, StateMaps, run_cycle};
+use crate::db::DbError;
+use crate::fusion::{Fuser, Runner};
+use crate::metrics::Stage;
+
+/// Most cycles fused into one transaction.
+const MAX_FUSED_CYCLES: usize = 64;
+
+/// Starts the cycle worker: one, so fused batches of cycles never wait on each other's locks,
+/// and each batch is one transaction (each cycle under its own savepoint) with one commit.
+pub(super) fn start(pool: Pool, stage: Arc<Stage>) -> Fuser<CycleJob> {
+    let run: Runner<CycleJob> = Arc::new(move |jobs| {
+        let pool = pool.clone();
+        Box::pin(async move { run_batch(&pool, jobs).await })
+    });
+    Fuser::start(1, MAX_FUSED_CYCLES, |_| 1, run, stage)
+}
+
+/// Commits a batch of cycles, in a stable order (partition, query) so that the locks of two
+/// batches are taken alike. If the batch fails as a whole (a deadlock with other traffic, a
+/// lost connection), each cycle is tried again alone, so that one cycle's trouble is its own.
+async fn run_batch(pool: &Pool, mut jobs: Vec<CycleJob>) {
+    jobs.sort_by_key(|j| (j.cycle.partition_id, j.cycle.query_id));
+    let outcomes = match commit(pool, &jobs).await {
+        Err(_) if jobs.len() > 1 => {
+            for job in jobs {
+                let result = commit(pool, std::slice::from_ref(&job)).await;
+                reply(job, result.map(|mut o| o.pop().expect("one outcome")));
+            }
+            return;
+        }
+        other => other,
+    };
+    match outcomes {
+        Ok(outcomes) => {
+            for (job, o) in jobs.into_iter().zip(outcomes) {
+                reply(job, Ok(o));
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+fn reply(job: CycleJob, result: Result<Outcome, DbError>) {
+    let _ = job.reply.send(result.map_err(Arc::new));
+}
+
+/// One transaction for `jobs`, each cycle under a savepoint: a refused cycle is rolled back
+/// to its savepoint and the others go on.
+async fn commit(pool: &Pool, jobs: &[CycleJob]) -> Result<Vec<Outcome>, DbError> {
+    let mut client = pool.get().await?;
+    let mut tx = client.transaction().await?;
+    let mut outcomes = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let savepoint = tx.transaction().await?;
+        let result = run_cycle(&savepoint, &job.cycle).await?;
+        if result.is_ok() {
+            savepoint.commit().await?;
+        } else {
+            savepoint.rollback().await?;
+        }
+        outcomes.push(Outcome {
+            group: job.cycle.group.clone(),
+            result,
+        });
+    }
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// The newest registration of a name, under a transaction-scoped lock of the name, so that
+/// two registrations of one name never both insert.
+const LOCK_NAME_SQL: &str = "
+SELECT pg_advisory_xact_lock(hashtextextended('comb.stream_queries:' || $1, 0))";
+
+const CURRENT_SQL: &str = "
+SELECT id, source_queue, config_hash FROM comb.stream_queries
+WHERE name = $1 ORDER BY registered_at DESC LIMIT 1";
+
+const INSERT_QUERY_SQL: &str = "
+INSERT INTO comb.stream_queries (id, name, source_queue, sink_queue, config_hash)
+VALUES ($1, $2, $3, $4, $5)";
+
+/// A query as a cycle needs it: whether it is the newest registration of its name and
+/// whether `partition` belongs to its source queue.
+const QUERY_READS_SQL: &str = "
+SELECT q.name, q.source_queue,
+       q.id = (SELECT n.id FROM comb.stream_queries n WHERE n.name = q.name
+               ORDER BY n.registered_at DESC LIMIT 1) AS current,
+       EXISTS (SELECT 1 FROM comb.partitions p JOIN comb.queues s ON s.id = p.queue_id
+               WHERE p.id = $2 AND s.name = q.source_queue) AS reads
+FROM comb.stream_queries q WHERE q.id = $1";
+
+const ENSURE_PAIR_SQL: &str = "
+INSERT INTO comb.stream_partitions (partition_id, query_id) VALUES ($1, $2)
+ON CONFLICT DO NOTHING";
+
+const LOCK_PAIR_SQL: &str = "
+SELECT 1 FROM comb.stream_partitions WHERE partition_id = $1 AND query_id = $2
+FOR NO KEY UPDATE";
+
+/// The newest state version of a pair: one descent of the index, newest generation first
+/// (ordered by (gen, ver) as the index is: by `ver` alone every version would be read).
+const NEWEST_STATE_SQL: &str = "
+SELECT ver, state, updated FROM comb.stream_states
+WHERE partition_id = $1 AND query_id = $2
+ORDER BY gen DESC, ver DESC LIMIT 1";
+
+/// A new version, into the newest generation (read inside the statement, as cursor state
+/// writers do).
+const INSERT_STATE_SQL: &str = concat!(
+    "
+INSERT INTO comb.stream_states (partition_id, query_id, gen, ver, state, updated, keys, bytes)
+SELECT $1::uuid, $2::uuid, ",
+    crate::cursor::newest_gen!(),
+    ", $3::bigint, $4::jsonb,
+       $5::jsonb, $6::integer, $7::integer"
+);
+
+/// Every current query (the newest registration of each name) with its partitions, the size
+/// of each one's newest state version, and the lag (messages not yet settled) of the SDK's
+/// consumer group on it (`streams.<name>`, the group Queen's SDKs read with unless told
+/// otherwise).
+const LIST_SQL: &str = "
+SELECT coalesce(json_agg(json_build_object(
+    'queryId', q.id, 'name', q.name, 'sourceQueue', q.source_queue, 'sinkQueue', q.sink_queue,
+    'configHash', q.config_hash, 'registeredAt', comb.iso(q.registered_at),
+    'partitions', coalesce((
+        SELECT json_agg(json_build_object(
+            'partitionId', sp.partition_id, 'partition', pa.name,
+            'stateKeys', coalesce(s.keys, 0), 'stateBytes', coalesce(s.bytes, 0),
+            'stateVersion', coalesce(s.ver, 0), 'updatedAt', comb.iso(s.written_at),
+            'lag', (SELECT l.lag FROM comb.cursor_lag(sp.partition_id, 'streams.' || q.name) l))
+            ORDER BY pa.name)
+        FROM comb.stream_partitions sp
+        LEFT JOIN comb.partitions pa ON pa.id = sp.partition_id
+        LEFT JOIN LATERAL (
+            SELECT v.ver, v.keys, v.bytes, v.written_at FROM comb.stream_states v
+            WHERE v.partition_id = sp.partition_id AND v.query_id = sp.query_id
+            ORDER BY v.gen DESC, v.ver DESC LIMIT 1
+        ) s ON true
+        WHERE sp.query_id = q.id), '[]'::json)
+) ORDER BY q.name), '[]'::json)
+FROM (SELECT DISTINCT ON (name) * FROM comb.stream_queries ORDER BY name, registered_at DESC) q";
+
+/// A registered query as its name's newest row has it.
+pub(super) struct Current {
+    pub(super) id: Uuid,
+    pub(super) source_queue: String,
+    pub(super) config_hash: String,
+}
+
+/// Locks `name` for this transaction and reads its newest registration.
+pub(super) async fn lock_query_name<C: GenericClient>(
+    tx: &C,
+    name: &str,
+) -> Result<Option<Current>, DbError> {
+    tx.execute(LOCK_NAME_SQL, &[&name]).await?;
+    Ok(tx.query_opt(CURRENT_SQL, &[&name]).await?.map(|r| Current {
+        id: r.get(0),
+        source_queue: r.get(1),
+        config_hash: r.get(2),
+    }))
+}
+
+/// Registers `r` under `id`.
+pub(super) async fn insert_query<C: GenericClient>(
+    tx: &C,
+    id: Uuid,
+    r: &Registration,
+) -> Result<(), DbError> {
+    tx.execute(
+        INSERT_QUERY_SQL,
+        &[&id, &r.name, &r.source_queue, &r.sink_queue, &r.config_hash],
+    )
+    .await?;
+    Ok(())
+}
+
+/// What a cycle checks of its query.
+pub(super) struct QueryReads {
+    pub(super) name: String,
+    pub(super) source_queue: String,
+    pub(super) current: bool,
+    pub(super) reads: bool,
+}
+
+/// The query `query` and whether it reads `partition` (`None`: no such query).
+pub(super) async fn query_reads<C: GenericClient>(
+    client: &C,
+    query: Uuid,
+    partition: Uuid,
+) -> Result<Option<QueryReads>, DbError> {
+    let statement = client.prepare_cached(QUERY_READS_SQL).await?;
+    Ok(client
+        .query_opt(&statement, &[&query, &partition])
+        .await?
+        .map(|r| QueryReads {
+            name: r.get(0),
+            source_queue: r.get(1),
+            current: r.get(2),
+            reads: r.get(3),
+        }))
+}
+
+/// Locks the (partition, query) pair for this transaction, making its row on first use.
+pub(super) async fn lock_pair<C: GenericClient>(
+    tx: &C,
+    partition: Uuid,
+    query: Uuid,
+) -> Result<(), DbError> {
+    let ensure = tx.prepare_cached(ENSURE_PAIR_SQL).await?;
+    let lock = tx.prepare_cached(LOCK_PAIR_SQL).await?;
+    tx.execute(&ensure, &[&partition, &query]).await?;
+    tx.execute(&lock, &[&partition, &query]).await?;
+    Ok(())
+}
+
+/// The newest state of a pair: its version, values and write times (`None`: no state yet).
+pub(super) async fn newest_state<C: GenericClient>(
+    client: &C,
+    partition: Uuid,
+    query: Uuid,
+) -> Result<Option<StateMaps>, DbError> {
+    let statement = client.prepare_cached(NEWEST_STATE_SQL).await?;
+    Ok(client
+        .query_opt(&statement, &[&partition, &query])
+        .await?
+        .map(|r| {
+            let object = |v: Value| match v {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            };
+            (r.get(0), object(r.get(1)), object(r.get(2)))
+        }))
+}
+
+/// Inserts version `ver` of a pair's state.
+pub(super) async fn insert_state<C: GenericClient>(
+    tx: &C,
+    partition: Uuid,
+    query: Uuid,
+    ver: i64,
+    state: &Value,
+    updated: &Value,
+    bytes: usize,
+) -> Result<(), DbError> {
+    let keys = state.as_object().map_or(0, Map::len) as i32;
+    let statement = tx.prepare_cached(INSERT_STATE_SQL).await?;
+    tx.execute(
+        &statement,
+        &[
+            &partition,
+            &query,
+            &ver,
+            state,
+            updated,
+            &keys,
+            &(bytes as i32),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The administration listing of queries.
+pub(super) async fn list<C: GenericClient>(client: &C) -> Result<Value, DbError> {
+    let row = client.query_one(LIST_SQL, &[]).await?;
+    Ok(row.get(0))
+}
+
+/// Now, in ms since the epoch: when a state key was written.
+pub(super) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

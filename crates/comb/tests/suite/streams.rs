@@ -1,0 +1,581 @@
+//! Queen's streams routes over HTTP: registration, cycles committed whole or not at all (with
+//! Comb's lease check, stricter than Queen's), the gate's ordered partial ack, state reads, bad
+//! input refused with nothing committed, and the listing. Queen's own SDK drives the same
+//! routes in `clients/queen-python/test_streams.py`.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::common::{Env, numbers};
+
+const GROUP: &str = "streams.q";
+
+/// Registers query `q` reading `src` into `sink`; returns its id.
+async fn register(env: &Env, hash: &str, reset: bool) -> (StatusCode, Value) {
+    env.post(
+        "/streams/v1/queries",
+        &json!({"name": "q", "source_queue": "src", "sink_queue": "sink",
+                "config_hash": hash, "reset": reset}),
+    )
+    .await
+}
+
+/// Pushes `n` messages into `src` partition `p` and pops them for the query's group.
+async fn leased(env: &Env, n: i64, batch: i64) -> Value {
+    let items: Vec<Value> = (0..n)
+        .map(|i| json!({"queue": "src", "partition": "p", "payload": {"n": i}, "transactionId": format!("m{i}")}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    env.pop(&format!(
+        "/api/v1/pop/queue/src?consumerGroup={GROUP}&batch={batch}"
+    ))
+    .await
+    .expect("the pushed messages")
+}
+
+/// A cycle on the popped partition: state ops, one sink push, and the ack of `count`.
+fn cycle(query: &Value, pop: &Value, count: usize, state_ops: Value) -> Value {
+    let m = &pop["messages"][count - 1];
+    json!({
+        "query_id": query, "partition_id": pop["partitionId"], "consumer_group": GROUP,
+        "state_ops": state_ops,
+        "push_items": [{"queue": "sink", "partition": "p", "payload": {"sum": count}}],
+        "ack": {"transactionId": m["transactionId"], "leaseId": m["leaseId"],
+                "status": "completed", "count": count},
+    })
+}
+
+async fn state(env: &Env, query: &Value, partition: &Value) -> Value {
+    let (s, body) = env
+        .post(
+            "/streams/v1/state/get",
+            &json!({"query_id": query, "partition_id": partition, "keys": []}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    body["rows"].clone()
+}
+
+fn sink_count(env: &Env) -> String {
+    env.sql(
+        "SELECT count(*) FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id \
+         JOIN comb.queues q ON q.id = p.queue_id WHERE q.name = 'sink'",
+    )
+}
+
+#[tokio::test]
+async fn a_query_is_registered_once_per_hash_and_a_changed_one_only_with_reset() {
+    let env = Env::start().await;
+    let (s, first) = register(&env, "h1", false).await;
+    assert_eq!(s, StatusCode::OK, "{first}");
+    assert_eq!(
+        (first["fresh"].as_bool(), first["reset"].as_bool()),
+        (Some(true), Some(false))
+    );
+    let (s, again) = register(&env, "h1", false).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(again["query_id"], first["query_id"], "idempotent");
+    assert_eq!(again["fresh"], false);
+    assert_eq!(env.sql("SELECT count(*) FROM comb.stream_queries"), "1");
+
+    let (s, changed) = register(&env, "h2", false).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{changed}");
+    assert_eq!(changed["code"], "stream_config_changed");
+    assert!(
+        changed["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("config_hash mismatch"),
+        "Queen's SDK shows this text: {changed}"
+    );
+    let (s, reset) = register(&env, "h2", true).await;
+    assert_eq!(s, StatusCode::OK, "{reset}");
+    assert_eq!(reset["reset"], true);
+    assert_ne!(reset["query_id"], first["query_id"]);
+    // The old id is replaced: its cycles are refused.
+    let pop = leased(&env, 1, 1).await;
+    let (s, old) = env
+        .post(
+            "/streams/v1/cycle",
+            &cycle(&first["query_id"], &pop, 1, json!([])),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{old}");
+    assert_eq!(old["code"], "stream_query_replaced");
+}
+
+#[tokio::test]
+async fn a_cycle_commits_state_sink_and_ack_together() {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 3, 10).await;
+    let ops = json!([
+        {"type": "upsert", "key": "win\u{1f}1", "value": {"acc": 3, "windowEnd": 1000}},
+        {"type": "upsert", "key": "win\u{1f}2", "value": {"acc": 1, "windowEnd": 2000}},
+    ]);
+    let (s, done) = env
+        .post("/streams/v1/cycle", &cycle(&query, &pop, 3, ops))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    assert_eq!(done["success"], true);
+    assert_eq!(done["state_ops_applied"], 2);
+    assert_eq!(done["ack_result"]["count"], 3);
+    assert_eq!(done["ack_result"]["lease_released"], true);
+    assert_eq!(done["push_results"][0]["status"], "queued");
+    assert_eq!(sink_count(&env), "1");
+    let rows = state(&env, &query, &pop["partitionId"]).await;
+    assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
+    assert_eq!(rows[0]["value"]["acc"], 3);
+    // The source is settled for the query's group.
+    assert!(
+        env.pop(&format!("/api/v1/pop/queue/src?consumerGroup={GROUP}"))
+            .await
+            .is_none()
+    );
+    // A delete, and a filtered read: by prefix and by ripeness.
+    let (s, _) = env
+        .post(
+            "/streams/v1/cycle",
+            &json!({"query_id": query, "partition_id": pop["partitionId"],
+                    "consumer_group": GROUP,
+                    "state_ops": [{"type": "delete", "key": "win\u{1f}2"},
+                                  {"type": "upsert", "key": "other", "value": 7}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, ripe) = env
+        .post(
+            "/streams/v1/state/get",
+            &json!({"query_id": query, "partition_id": pop["partitionId"],
+                    "key_prefix": "win\u{1f}", "ripe_at_or_before": 1500}),
+        )
+        .await;
+    let keys: Vec<&str> = ripe["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, vec!["win\u{1f}1"]);
+    // The state as rows, and in the listing.
+    assert_eq!(
+        env.sql("SELECT string_agg(key || '=' || value::text, ',' ORDER BY key) FROM comb.stream_state_now"),
+        "other=7,win\u{1f}1={\"acc\": 3, \"windowEnd\": 1000}"
+    );
+    let (s, listed) = env.get("/api/v1/streams/queries").await;
+    assert_eq!(s, StatusCode::OK);
+    let q = &listed["queries"][0];
+    assert_eq!(
+        (q["name"].as_str(), q["sourceQueue"].as_str()),
+        (Some("q"), Some("src"))
+    );
+    assert_eq!(q["partitions"][0]["partition"], "p");
+    assert_eq!(q["partitions"][0]["stateKeys"], 2);
+    assert_eq!(
+        q["partitions"][0]["lag"], 0,
+        "every source message settled: {q}"
+    );
+    // And a line of the dashboard's overview.
+    let page = reqwest::get(env.url("/"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"id="stream-queries">1 (1 partitions)<"#),
+        "{page}"
+    );
+}
+
+/// Queen checks a cycle's lease only when `leaseId` is given; Comb always does, so a cycle
+/// whose lease ended (its messages may be with another runner now) commits nothing.
+#[tokio::test]
+async fn a_cycle_under_an_ended_lease_commits_nothing_with_or_without_a_lease_id() {
+    let env = Env::start().await;
+    env.configure("src", json!({"leaseTime": 1})).await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 2, 10).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let ops = json!([{"type": "upsert", "key": "k", "value": 1}]);
+    for with_lease in [true, false] {
+        let mut body = cycle(&query, &pop, 2, ops.clone());
+        if !with_lease {
+            body["ack"].as_object_mut().unwrap().remove("leaseId");
+        }
+        let (s, refused) = env.post("/streams/v1/cycle", &body).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{refused}");
+        assert_eq!(refused["code"], "lease_invalid");
+    }
+    assert_eq!(state(&env, &query, &pop["partitionId"]).await, json!([]));
+    assert_eq!(sink_count(&env), "0");
+    // The messages come back, to be processed once.
+    let again = env
+        .pop(&format!(
+            "/api/v1/pop/queue/src?consumerGroup={GROUP}&batch=10"
+        ))
+        .await
+        .expect("handed out again");
+    assert_eq!(numbers(&again), vec![0, 1]);
+}
+
+/// The gate's ordered partial ack: the first messages acked, the rest held back without an
+/// attempt counted, and handed out again in order once the lease would have ended.
+#[tokio::test]
+async fn release_lease_false_acks_a_prefix_and_holds_the_rest_in_order() {
+    let env = Env::start().await;
+    env.configure("src", json!({"leaseTime": 2, "retryLimit": 0}))
+        .await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 5, 10).await;
+    let mut body = cycle(&query, &pop, 2, json!([]));
+    body["release_lease"] = json!(false);
+    let (s, done) = env.post("/streams/v1/cycle", &body).await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    assert_eq!(done["ack_result"]["count"], 2);
+    // Held back: nobody gets them while the lease would still hold.
+    assert!(
+        env.pop(&format!("/api/v1/pop/queue/src?consumerGroup={GROUP}"))
+            .await
+            .is_none(),
+        "the rest stays away until the lease ends"
+    );
+    let again = env
+        .pop(&format!(
+            "/api/v1/pop/queue/src?consumerGroup={GROUP}&batch=10&wait=true&timeout=10000"
+        ))
+        .await
+        .expect("the rest comes back");
+    let ns: Vec<i64> = again["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["data"]["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ns, vec![2, 3, 4], "in order");
+    assert!(
+        again["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["attempt"] == 1),
+        "held back, not failed: no attempt counted (retryLimit 0 would dead-letter): {again}"
+    );
+    assert_eq!(env.sql("SELECT count(*) FROM comb.dead_letters"), "0");
+
+    // With release_lease true, what is left of the lease comes back at once, in order.
+    let first = &again["messages"][0];
+    let (s, done) = env
+        .post(
+            "/streams/v1/cycle",
+            &json!({"query_id": query, "partition_id": again["partitionId"],
+                    "consumer_group": GROUP,
+                    "ack": {"transactionId": first["transactionId"], "leaseId": first["leaseId"],
+                            "count": 1},
+                    "release_lease": true}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    assert_eq!(done["ack_result"]["lease_released"], true);
+    let rest = env
+        .pop(&format!(
+            "/api/v1/pop/queue/src?consumerGroup={GROUP}&batch=10"
+        ))
+        .await
+        .expect("the rest at once");
+    assert_eq!(numbers(&rest), vec![3, 4]);
+}
+
+#[tokio::test]
+async fn bad_cycles_are_refused_with_their_code_and_commit_nothing() {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    env.push(json!([{"queue": "elsewhere", "payload": 1}]))
+        .await;
+    let other_partition = env.sql(
+        "SELECT p.id FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id \
+         WHERE q.name = 'elsewhere'",
+    );
+    let pop = leased(&env, 2, 10).await;
+    let good = cycle(
+        &query,
+        &pop,
+        2,
+        json!([{"type": "upsert", "key": "k", "value": 1}]),
+    );
+    let big = "x".repeat(70 * 1024);
+    let cases: Vec<(&str, Value, StatusCode, &str)> = vec![
+        (
+            "unknown query",
+            {
+                let mut b = good.clone();
+                b["query_id"] = json!("0190a5a0-0000-7000-8000-000000000000");
+                b
+            },
+            StatusCode::NOT_FOUND,
+            "stream_query_not_found",
+        ),
+        (
+            "a partition the query does not read",
+            {
+                let mut b = good.clone();
+                b["partition_id"] = json!(other_partition);
+                b
+            },
+            StatusCode::BAD_REQUEST,
+            "stream_partition_not_read",
+        ),
+        (
+            "an unknown state op",
+            {
+                let mut b = good.clone();
+                b["state_ops"] = json!([{"type": "upsert", "key": "a", "value": 1},
+                                        {"type": "merge", "key": "k", "value": 1}]);
+                b
+            },
+            StatusCode::BAD_REQUEST,
+            "state_op_invalid",
+        ),
+        (
+            "a state op without a key",
+            {
+                let mut b = good.clone();
+                b["state_ops"] = json!([{"type": "delete"}]);
+                b
+            },
+            StatusCode::BAD_REQUEST,
+            "state_op_invalid",
+        ),
+        (
+            "a state value over the limit",
+            {
+                let mut b = good.clone();
+                b["state_ops"] = json!([{"type": "upsert", "key": "k", "value": {"blob": big}}]);
+                b
+            },
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "state_value_too_large",
+        ),
+        (
+            "an ack of more than was handed out",
+            {
+                let mut b = good.clone();
+                b["ack"]["count"] = json!(3);
+                b
+            },
+            StatusCode::CONFLICT,
+            "message_not_delivered",
+        ),
+        (
+            "an ack naming a message beyond its count",
+            {
+                let mut b = good.clone();
+                b["ack"]["count"] = json!(1);
+                b
+            },
+            StatusCode::CONFLICT,
+            "stream_ack_mismatch",
+        ),
+        (
+            "a failed ack",
+            {
+                let mut b = good.clone();
+                b["ack"]["status"] = json!("failed");
+                b
+            },
+            StatusCode::BAD_REQUEST,
+            "ack_status_invalid",
+        ),
+        (
+            "a malformed query id",
+            {
+                let mut b = good.clone();
+                b["query_id"] = json!("nope");
+                b
+            },
+            StatusCode::BAD_REQUEST,
+            "query_id_invalid",
+        ),
+    ];
+    for (what, body, status, code) in cases {
+        let (s, refused) = env.post("/streams/v1/cycle", &body).await;
+        assert_eq!(s, status, "{what}: {refused}");
+        assert_eq!(refused["code"], code, "{what}: {refused}");
+        assert!(
+            refused["error"].is_string(),
+            "{what}: problem+json with error"
+        );
+        assert_eq!(
+            state(&env, &query, &pop["partitionId"]).await,
+            json!([]),
+            "{what}"
+        );
+        assert_eq!(sink_count(&env), "0", "{what}");
+        assert_eq!(
+            env.sql("SELECT count(*) FROM comb.stream_states"),
+            "0",
+            "{what}"
+        );
+    }
+    // Nothing was acked by any of them: the good cycle still commits, once.
+    let (s, done) = env.post("/streams/v1/cycle", &good).await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    let (s, replay) = env.post("/streams/v1/cycle", &good).await;
+    assert_eq!(
+        s,
+        StatusCode::CONFLICT,
+        "a replayed cycle is refused whole: {replay}"
+    );
+    assert_eq!(sink_count(&env), "1");
+    // State reads check the query and the partition too.
+    let (s, r) = env
+        .post(
+            "/streams/v1/state/get",
+            &json!({"query_id": query, "partition_id": other_partition}),
+        )
+        .await;
+    assert_eq!(
+        (s, r["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("stream_partition_not_read"))
+    );
+    // The state of a partition is bounded as a whole.
+    let value = "y".repeat(60 * 1024);
+    let ops: Vec<Value> = (0..80)
+        .map(|i| json!({"type": "upsert", "key": format!("k{i}"), "value": value}))
+        .collect();
+    let (s, r) = env
+        .post(
+            "/streams/v1/cycle",
+            &json!({"query_id": query, "partition_id": pop["partitionId"],
+                    "consumer_group": GROUP, "state_ops": ops}),
+        )
+        .await;
+    assert_eq!(
+        (s, r["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("stream_state_too_large")),
+        "{r}"
+    );
+    assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "1");
+}
+
+/// State versions live in the cursor state generations: a pair's newest version is carried
+/// forward and older generations are dropped whole, so versions do not pile up; the state of
+/// a query replaced by a reset is left behind.
+#[tokio::test]
+async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() {
+    let env = Env::start_with(&[
+        "--generation-seconds",
+        "1",
+        "--maintenance-interval-ms",
+        "200",
+    ])
+    .await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 1, 1).await;
+    let partition = pop["partitionId"].clone();
+    let set = |n: i64| {
+        json!({"query_id": query, "partition_id": partition, "consumer_group": GROUP,
+               "state_ops": [{"type": "upsert", "key": "k", "value": n}]})
+    };
+    for n in 0..20 {
+        let (s, body) = env.post("/streams/v1/cycle", &set(n)).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+    }
+    assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "20");
+    let first_gen = env.sql("SELECT max(gen) FROM comb.cursor_gens");
+    // Two rotations later, only the newest version is left, carried forward.
+    crate::common::eventually(crate::common::PATIENCE, "two generations rotated", || {
+        let now: i64 = env.sql("SELECT max(gen) FROM comb.cursor_gens").parse().unwrap();
+        let older: i64 = env
+            .sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'comb' AND tablename LIKE 'stream\\_states\\_%'")
+            .parse()
+            .unwrap();
+        now >= first_gen.parse::<i64>().unwrap() + 2 && older <= 2
+    })
+    .await;
+    assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "1");
+    assert_eq!(
+        state(&env, &query, &partition).await[0]["value"],
+        19,
+        "the newest version survives"
+    );
+    // Writes go on after the rotations, from the carried version.
+    let (s, _) = env.post("/streams/v1/cycle", &set(20)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(state(&env, &query, &partition).await[0]["value"], 20);
+    // A reset leaves the old query's state behind: it is not carried.
+    register(&env, "h2", true).await;
+    let gen_now: i64 = env
+        .sql("SELECT max(gen) FROM comb.cursor_gens")
+        .parse()
+        .unwrap();
+    crate::common::eventually(
+        crate::common::PATIENCE,
+        "the replaced state dropped",
+        || {
+            let now: i64 = env
+                .sql("SELECT max(gen) FROM comb.cursor_gens")
+                .parse()
+                .unwrap();
+            now >= gen_now + 2 && env.sql("SELECT count(*) FROM comb.stream_states") == "0"
+        },
+    )
+    .await;
+}
+
+/// Cycles arriving together share one transaction, each under its own savepoint: refused ones
+/// keep nothing and take nothing of the others with them.
+#[tokio::test]
+async fn concurrent_cycles_commit_or_fail_each_on_its_own() {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let items: Vec<Value> = (0..12)
+        .map(|i| json!({"queue": "src", "partition": format!("p{i}"), "payload": {"n": i}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    let mut bodies = Vec::new();
+    for i in 0..12 {
+        let pop = env
+            .pop(&format!(
+                "/api/v1/pop/queue/src/partition/p{i}?consumerGroup={GROUP}"
+            ))
+            .await
+            .expect("one message each");
+        let mut body = cycle(
+            &query,
+            &pop,
+            1,
+            json!([{"type": "upsert", "key": format!("k{i}"), "value": i}]),
+        );
+        body["push_items"][0]["partition"] = json!(format!("p{i}"));
+        if i % 3 == 0 {
+            // Not the live lease: refused.
+            body["ack"]["leaseId"] = json!(uuid::Uuid::new_v4().to_string());
+        }
+        bodies.push(body);
+    }
+    let answers =
+        futures_util::future::join_all(bodies.iter().map(|b| env.post("/streams/v1/cycle", b)))
+            .await;
+    for (i, (s, body)) in answers.iter().enumerate() {
+        if i % 3 == 0 {
+            assert_eq!(*s, StatusCode::CONFLICT, "{i}: {body}");
+            assert_eq!(body["code"], "lease_invalid", "{i}");
+        } else {
+            assert_eq!(*s, StatusCode::OK, "{i}: {body}");
+        }
+    }
+    assert_eq!(sink_count(&env), "8");
+    assert_eq!(
+        env.sql("SELECT string_agg(key, ',' ORDER BY key) FROM comb.stream_state_now"),
+        "k1,k10,k11,k2,k4,k5,k7,k8"
+    );
+    // Every cycle went through the cycle fuser (how many shared a batch is up to timing).
+    let text = env.metrics_text().await;
+    assert!(
+        text.contains("comb_fused_wait_seconds_count{kind=\"cycle\"} 12"),
+        "{text}"
+    );
+}
