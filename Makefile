@@ -30,6 +30,7 @@ stop:
 
 test:
 	scripts/install-postgres.sh
+	scripts/install-citus.sh
 	scripts/install-tools.sh
 	scripts/install-chromium.sh
 	scripts/install-queen-clients.sh

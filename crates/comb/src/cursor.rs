@@ -10,10 +10,10 @@
 //! statements, one round trip each, are built from this module's fragments.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Statement;
-use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::db::DbError;
@@ -91,6 +91,19 @@ WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2
 ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c";
 
+/// [`LOCK_SQL`] on Citus, which locks rows only in a statement of one shard: the
+/// coordinator locks each cursor with one of its own (`comb.lock_cursors`), in the same order.
+const LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_cursors($1, $2)";
+
+/// The cursor lock this database takes: [`LOCK_SQL`], or its Citus form.
+pub(crate) fn lock_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        LOCK_CITUS_SQL
+    } else {
+        LOCK_SQL
+    }
+}
+
 /// The columns [`locked_cursors`] reads, of a cursor's state `s` and its queue `q`, shared
 /// by the statements that read locked cursors.
 macro_rules! locked_columns {
@@ -114,6 +127,48 @@ JOIN comb.cursors c
 JOIN comb.queues q ON q.id = c.queue_id
 CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
 );
+
+/// The latest state of the cursor of (`partition`, `group`), two SQL expressions, written out
+/// as a subquery for Citus: `comb.cursor_state`, run on a worker, would itself be a
+/// distributed query from a shard, which Citus refuses, and Citus pushes no function but an
+/// immutable one down to the workers. `one`, the parameter naming the statement's one
+/// partition, makes it a router statement on that partition's worker; without it the
+/// statement runs on every worker, each subquery correlated by partition.
+pub(crate) fn latest_state(partition: &str, group: &str, one: Option<&str>) -> String {
+    let one = one.map_or(String::new(), |p| format!(" AND s.partition_id = {p}"));
+    format!(
+        "(SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = {partition}{one}
+            AND s.consumer_group = {group}
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
+    )
+}
+
+/// [`latest_state`] of the cursor `u` of the statements here, in partition `one`.
+fn citus_state(one: &str) -> String {
+    latest_state("u.partition_id", "u.consumer_group", Some(one))
+}
+
+/// The state read through [`citus_state`] in place of `comb.cursor_state`.
+pub(crate) fn with_citus_state(sql: &str, one: &str) -> String {
+    sql.replace(
+        "CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s",
+        &format!("CROSS JOIN LATERAL {} s", citus_state(one)),
+    )
+}
+
+/// [`STATE_SQL`] on Citus, of cursors all of one partition (`$3`): a router statement on that
+/// partition's worker. Callers split their cursors by partition on Citus.
+pub(crate) static STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    with_citus_state(
+        &STATE_SQL.replace(
+            "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
+            "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+                AND c.partition_id = $3",
+        ),
+        "$3",
+    )
+});
 
 /// Cursors as read by [`STATE_SQL`].
 pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
@@ -169,6 +224,9 @@ FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::integer[], $5::text[], $6:
 CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
 );
 
+/// [`WRITE_SQL`] on Citus, of cursors all of one partition (`$10`).
+static WRITE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| with_citus_state(WRITE_SQL, "$10"));
+
 /// The prepared statement that appends the next version of changed cursors.
 pub(crate) struct StateWrites {
     write: Statement,
@@ -177,13 +235,20 @@ pub(crate) struct StateWrites {
 impl StateWrites {
     pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<StateWrites, DbError> {
         Ok(StateWrites {
-            write: client.prepare_cached(WRITE_SQL).await?,
+            write: client
+                .prepare_cached(if crate::schema::citus::on() {
+                    &WRITE_CITUS_SQL
+                } else {
+                    WRITE_SQL
+                })
+                .await?,
         })
     }
 
     /// Appends the next version of each changed cursor (none changed: nothing is sent). The
     /// cursors must have been locked in this transaction; no statement is prepared on the
-    /// way, so whatever the caller pipelines with it follows it.
+    /// way, so whatever the caller pipelines with it follows it. On Citus, one statement per
+    /// partition, each a router statement on its worker.
     pub(crate) async fn write<C: GenericClient>(
         &self,
         tx: &C,
@@ -194,6 +259,24 @@ impl StateWrites {
         if changed.is_empty() {
             return Ok(());
         }
+        if !crate::schema::citus::on() {
+            return self.write_one(tx, &changed, None).await;
+        }
+        for (partition, ks) in crate::schema::citus::by_partition(&changed, |c| c.0.0) {
+            let mine: Vec<(&(Uuid, String), &Locked)> = ks.iter().map(|&k| changed[k]).collect();
+            self.write_one(tx, &mine, Some(partition)).await?;
+        }
+        Ok(())
+    }
+
+    /// [`StateWrites::write`] of changed cursors, all of `one` partition on Citus (`None`:
+    /// any, on PostgreSQL).
+    async fn write_one<C: GenericClient>(
+        &self,
+        tx: &C,
+        changed: &[(&(Uuid, String), &Locked)],
+        one: Option<Uuid>,
+    ) -> Result<(), DbError> {
         let u_pid: Vec<Uuid> = changed.iter().map(|(k, _)| k.0).collect();
         let u_group: Vec<&str> = changed.iter().map(|(k, _)| k.1.as_str()).collect();
         let u_pos: Vec<i64> = changed.iter().map(|(_, l)| l.cursor.cursor_pos).collect();
@@ -215,9 +298,12 @@ impl StateWrites {
             .iter()
             .map(|(_, l)| l.cursor.rest_ms.map(|m| m as i64))
             .collect();
-        let params: [&(dyn ToSql + Sync); 9] = [
-            &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
-        ];
+        let params = crate::schema::citus::with_partition(
+            &[
+                &u_pid, &u_group, &u_pos, &u_seg, &u_settled, &u_apos, &u_acnt, &u_lease, &u_rest,
+            ],
+            &one,
+        );
         tx.execute(&self.write, &params).await?;
         Ok(())
     }

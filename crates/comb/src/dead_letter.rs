@@ -2,6 +2,8 @@
 //! `maxWaitTimeSeconds`), kept as copies in `comb.dead_letters`. This module writes them (for acks,
 //! lease expiry and maintenance) and reads them back.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Pool};
 use tokio_postgres::Statement;
@@ -32,6 +34,16 @@ FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::in
     AS d(id, queue_id, partition_id, consumer_group, pos, attempts, error)
 JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos";
 
+/// [`WRITE_SQL`] on Citus, of messages all of one partition (`$8`), named to the messages so
+/// that Citus plans it on that partition's worker.
+static WRITE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    WRITE_SQL.replace(
+        "JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos",
+        "JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos
+             AND m.partition_id = $8",
+    )
+});
+
 /// The prepared statement that writes dead letters.
 pub(crate) struct Writes {
     dead: Statement,
@@ -40,12 +52,19 @@ pub(crate) struct Writes {
 impl Writes {
     pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<Writes, DbError> {
         Ok(Writes {
-            dead: client.prepare_cached(WRITE_SQL).await?,
+            dead: client
+                .prepare_cached(if crate::schema::citus::on() {
+                    &WRITE_CITUS_SQL
+                } else {
+                    WRITE_SQL
+                })
+                .await?,
         })
     }
 
     /// Copies `dead` into the dead letters (none: nothing is sent). No statement is prepared
-    /// on the way, so whatever the caller pipelines with it follows it.
+    /// on the way, so whatever the caller pipelines with it follows it. On Citus, one
+    /// statement per partition, each a router statement on its worker.
     pub(crate) async fn write<C: GenericClient>(
         &self,
         tx: &C,
@@ -54,6 +73,25 @@ impl Writes {
         if dead.is_empty() {
             return Ok(());
         }
+        if !crate::schema::citus::on() {
+            return self.write_one(tx, dead, None).await;
+        }
+        for (partition, ks) in crate::schema::citus::by_partition(dead, |d| d.partition_id) {
+            let mine: Vec<&NewDeadLetter> = ks.iter().map(|&k| &dead[k]).collect();
+            self.write_one(tx, &mine, Some(partition)).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Writes::write`] of dead letters all of `one` partition on Citus (`None`: any, on
+    /// PostgreSQL).
+    async fn write_one<C: GenericClient, D: std::borrow::Borrow<NewDeadLetter>>(
+        &self,
+        tx: &C,
+        dead: &[D],
+        one: Option<Uuid>,
+    ) -> Result<(), DbError> {
+        let dead: Vec<&NewDeadLetter> = dead.iter().map(|d| d.borrow()).collect();
         let d_id: Vec<Uuid> = dead.iter().map(|_| Uuid::now_v7()).collect();
         let d_qid: Vec<Uuid> = dead.iter().map(|d| d.queue_id).collect();
         let d_pid: Vec<Uuid> = dead.iter().map(|d| d.partition_id).collect();
@@ -61,8 +99,10 @@ impl Writes {
         let d_pos: Vec<i64> = dead.iter().map(|d| d.pos).collect();
         let d_att: Vec<i32> = dead.iter().map(|d| d.attempts).collect();
         let d_err: Vec<Option<&str>> = dead.iter().map(|d| d.error.as_deref()).collect();
-        let params: [&(dyn ToSql + Sync); 7] =
-            [&d_id, &d_qid, &d_pid, &d_group, &d_pos, &d_att, &d_err];
+        let params = crate::schema::citus::with_partition(
+            &[&d_id, &d_qid, &d_pid, &d_group, &d_pos, &d_att, &d_err],
+            &one,
+        );
         tx.execute(&self.dead, &params).await?;
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! * [`Postgres::shared`] gives every test in a process one cluster to create databases in,
 //!   which is much faster than one cluster per test.
 //! * [`Server`] spawns the `comb` binary against a database and waits until it is ready.
+//! * [`Citus`] runs three such clusters with Citus as a coordinator and two workers.
 //!
 //! Every cluster and server is also guarded by a small watchdog shell loop, so that a test
 //! process that is killed (or whose statics are never dropped) does not leave PostgreSQL or
@@ -819,6 +820,9 @@ fn spawn_detached(script: &str) -> io::Result<()> {
     // The child is deliberately not waited for; it outlives this process.
     cmd.spawn().map(drop)
 }
+
+mod citus;
+pub use citus::Citus;
 
 #[cfg(test)]
 mod tests;

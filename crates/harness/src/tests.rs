@@ -232,3 +232,39 @@ fn watchdog_cleans_up_after_exit() {
     };
     assert!(wait_until(Duration::from_secs(10), || !sleeper_alive()));
 }
+
+#[test]
+fn a_citus_cluster_distributes_over_two_workers() {
+    let citus = Citus::start().expect("Citus cluster (scripts/install-citus.sh)");
+    let url = citus.create_database("citus").unwrap();
+    let db = url.rsplit('/').next().unwrap();
+    let c = citus.coordinator();
+    assert_eq!(
+        c.psql(db, "SELECT count(*) FROM citus_get_active_worker_nodes()")
+            .unwrap(),
+        "2"
+    );
+    c.psql(
+        db,
+        "CREATE TABLE t (k int PRIMARY KEY); SELECT create_distributed_table('t', 'k')",
+    )
+    .unwrap();
+    c.psql(db, "INSERT INTO t SELECT generate_series(1, 100)")
+        .unwrap();
+    let ports: Vec<String> = citus
+        .workers()
+        .iter()
+        .map(|w| w.port().to_string())
+        .collect();
+    let holding = c
+        .psql(
+            db,
+            "SELECT string_agg(DISTINCT nodeport::text, ',' ORDER BY nodeport::text) \
+             FROM citus_shards WHERE table_name = 't'::regclass",
+        )
+        .unwrap();
+    let mut want = ports.clone();
+    want.sort();
+    assert_eq!(holding, want.join(","), "both workers hold shards of t");
+    assert_eq!(c.psql(db, "SELECT count(*) FROM t").unwrap(), "100");
+}

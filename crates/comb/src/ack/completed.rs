@@ -93,6 +93,29 @@ JOIN comb.partitions p ON p.id = w.partition_id
 JOIN comb.queues q ON q.id = p.queue_id"
 );
 
+/// [`JUDGE_SQL`] on Citus, for the cursors of one partition (`$5`), named to every
+/// distributed table so that Citus runs it on that partition's worker as one task. The
+/// cursor's state is read by a subquery: `comb.cursor_state`, run on the worker, would be a
+/// distributed query from a shard, which Citus refuses.
+pub static JUDGE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    JUDGE_SQL
+        .replace(
+            "CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s",
+            &format!(
+                "CROSS JOIN LATERAL {} s",
+                crate::cursor::latest_state("c.partition_id", "c.consumer_group", Some("$5"))
+            ),
+        )
+        .replace(
+            "WHERE m.partition_id = c.partition_id AND",
+            "WHERE m.partition_id = c.partition_id AND m.partition_id = $5 AND",
+        )
+        .replace(
+            "JOIN comb.partitions p ON p.id = w.partition_id",
+            "JOIN comb.partitions p ON p.id = w.partition_id AND p.id = $5",
+        )
+});
+
 /// Which items of `items` (by index) belong to cursors whose every item completes a message:
 /// the ones [`JUDGE_SQL`] may judge.
 pub(crate) fn completing(items: &[&AckItem]) -> Vec<usize> {
@@ -108,7 +131,7 @@ pub(crate) fn completing(items: &[&AckItem]) -> Vec<usize> {
 }
 
 /// Settles the items at `chosen` in a transaction of their own, in one round trip: BEGIN,
-/// the cursors' lock (`lock`, [`super::store::LOCK_SQL`]), [`JUDGE_SQL`] (`judge`) and COMMIT.
+/// the cursors' lock (`lock`, [`crate::cursor::LOCK_SQL`]), [`JUDGE_SQL`] (`judge`) and COMMIT.
 /// Returns an outcome for each chosen item whose cursor was judged, `None` for the others
 /// (nothing of their cursor changed). The last item of a cursor whose lease ended says so.
 pub(crate) async fn settle(
@@ -117,6 +140,7 @@ pub(crate) async fn settle(
     judge: &Statement,
     items: &[&AckItem],
     chosen: &[usize],
+    partition: Option<Uuid>,
 ) -> Result<Vec<Option<AckOutcome>>, DbError> {
     let mut cursors: Vec<(Uuid, &str)> = chosen
         .iter()
@@ -134,12 +158,18 @@ pub(crate) async fn settle(
         .collect();
     let leases: Vec<Option<Uuid>> = chosen.iter().map(|&k| items[k].lease_id).collect();
     let lock_params: [&(dyn ToSql + Sync); 2] = [&lock_pids, &lock_groups];
-    let judge_params: [&(dyn ToSql + Sync); 4] = [&pids, &groups, &txids, &leases];
+    let judge_params: [&(dyn ToSql + Sync); 5] = [&pids, &groups, &txids, &leases, &partition];
+    // Only the Citus form ([`JUDGE_CITUS_SQL`]) names its partition.
+    let judge_params = if partition.is_some() {
+        &judge_params[..]
+    } else {
+        &judge_params[..4]
+    };
     // A failed statement makes the pipelined COMMIT roll back.
     let (begin, locked, judged, commit) = tokio::join!(
         client.batch_execute("BEGIN"),
         client.query(lock, &lock_params),
-        client.query(judge, &judge_params),
+        client.query(judge, judge_params),
         client.batch_execute("COMMIT"),
     );
     begin?;

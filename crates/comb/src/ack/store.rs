@@ -2,7 +2,7 @@
 //! append their next versions and the dead letters.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 use tokio_postgres::Statement;
@@ -10,7 +10,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus, completed};
-use crate::cursor::{self, LOCK_SQL, Locked, locked_columns, locked_cursors};
+use crate::cursor::{self, Locked, locked_columns, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
 use crate::fusion::{Fuser, Runner};
@@ -67,6 +67,31 @@ CROSS JOIN LATERAL (
 const NAMES_SQL: &str = "
 SELECT p.id, p.name, q.name FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
 WHERE p.id = ANY($1)";
+
+/// The Citus forms of the ack statements: each reads one partition (its last parameter),
+/// named to every distributed table, so that Citus plans it on that partition's worker.
+/// Callers split their work by partition on Citus.
+static LOOKUP_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    LOOKUP_SQL.replace(
+        "WHERE m.partition_id = i.partition_id AND",
+        "WHERE m.partition_id = i.partition_id AND m.partition_id = $3 AND",
+    )
+});
+static ACK_STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    cursor::with_citus_state(
+        &ACK_STATE_SQL
+            .replace(
+                "WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
+                "WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+               AND c.partition_id = $4",
+            )
+            .replace(
+                "WHERE m.partition_id = u.partition_id",
+                "WHERE m.partition_id = u.partition_id AND m.partition_id = $4",
+            ),
+        "$4",
+    )
+});
 
 /// The queues of the partitions that exist among `partitions` (a probe of the partitions'
 /// primary key each): what a token limited to some queues is checked against before it acks.
@@ -127,10 +152,30 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     let chosen = completed::completing(items);
     let mut outcomes: Vec<Option<AckOutcome>> = if chosen.is_empty() {
         (0..items.len()).map(|_| None).collect()
+    } else if crate::schema::citus::on() {
+        // On Citus, a transaction per partition, each run on its partition's worker.
+        let lock = client.prepare_cached(cursor::lock_sql()).await?;
+        let judge = client.prepare_cached(&completed::JUDGE_CITUS_SQL).await?;
+        let mut by_partition: HashMap<Uuid, Vec<usize>> = HashMap::new();
+        for &k in &chosen {
+            by_partition
+                .entry(items[k].partition_id)
+                .or_default()
+                .push(k);
+        }
+        let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
+        for (partition, ks) in by_partition {
+            let mut part =
+                completed::settle(&client, &lock, &judge, items, &ks, Some(partition)).await?;
+            for k in ks {
+                outcomes[k] = part[k].take();
+            }
+        }
+        outcomes
     } else {
-        let lock = client.prepare_cached(LOCK_SQL).await?;
+        let lock = client.prepare_cached(cursor::lock_sql()).await?;
         let judge = client.prepare_cached(completed::JUDGE_SQL).await?;
-        completed::settle(&client, &lock, &judge, items, &chosen).await?
+        completed::settle(&client, &lock, &judge, items, &chosen, None).await?
     };
     let rest: Vec<usize> = (0..items.len())
         .filter(|&k| outcomes[k].is_none())
@@ -180,6 +225,17 @@ async fn settle_judged_here(
     Ok(judged.outcomes)
 }
 
+/// Sets the consumer path's plans ([`PLANS`]) for the rest of the caller's transaction; on
+/// Citus custom plans, the only ones it routes to one worker (see `db`).
+async fn plans_in(tx: &Transaction<'_>) -> Result<(), DbError> {
+    tx.batch_execute(PLANS).await?;
+    if citus() {
+        tx.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            .await?;
+    }
+    Ok(())
+}
+
 /// Applies acks inside the caller's transaction; one outcome per item, in order.
 /// Refused items change nothing; the caller decides whether to commit the rest. The rest
 /// of the transaction runs with the consumer path's plans ([`db::consumer_plans`]).
@@ -190,7 +246,7 @@ pub(crate) async fn settle_in(
 ) -> Result<Vec<AckOutcome>, DbError> {
     // Cached plans of these statements are shared with the ack path's own transactions:
     // they are made under the same settings wherever they are made.
-    tx.batch_execute(PLANS).await?;
+    plans_in(tx).await?;
     let reads = ReadStatements::prepare(tx).await?;
     let writes = WriteStatements::prepare(tx).await?;
     let judged = judge(tx, &reads, items, strict).await?;
@@ -230,14 +286,15 @@ pub(crate) async fn settle_run_in(
     lease_id: Option<Uuid>,
     release: bool,
 ) -> Result<Result<RunSettled, AckRefusal>, DbError> {
-    tx.batch_execute(PLANS).await?;
+    plans_in(tx).await?;
     let reads = ReadStatements::prepare(tx).await?;
     let writes = WriteStatements::prepare(tx).await?;
     let pids = vec![partition];
     let groups = vec![group];
     let counts = vec![count as i64];
+    let one = citus().then_some(partition);
     let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
-    let state_params: [&(dyn ToSql + Sync); 3] = [&pids, &groups, &counts];
+    let state_params = crate::schema::citus::with_partition(&[&pids, &groups, &counts], &one);
     let names_params: [&(dyn ToSql + Sync); 1] = [&pids];
     // Pipelined: one round trip. The state is read after the lock statement has finished.
     let (lock, locked, named) = tokio::join!(
@@ -329,9 +386,21 @@ struct ReadStatements {
 impl ReadStatements {
     async fn prepare<C: GenericClient>(client: &C) -> Result<ReadStatements, DbError> {
         Ok(ReadStatements {
-            lookup: client.prepare_cached(LOOKUP_SQL).await?,
-            lock: client.prepare_cached(LOCK_SQL).await?,
-            state: client.prepare_cached(ACK_STATE_SQL).await?,
+            lookup: client
+                .prepare_cached(if citus() {
+                    &LOOKUP_CITUS_SQL
+                } else {
+                    LOOKUP_SQL
+                })
+                .await?,
+            lock: client.prepare_cached(cursor::lock_sql()).await?,
+            state: client
+                .prepare_cached(if citus() {
+                    &ACK_STATE_CITUS_SQL
+                } else {
+                    ACK_STATE_SQL
+                })
+                .await?,
             names: client.prepare_cached(NAMES_SQL).await?,
         })
     }
@@ -353,6 +422,37 @@ async fn judge<C: GenericClient>(
     items: &[&AckItem],
     strict: bool,
 ) -> Result<Judged, DbError> {
+    if !citus() {
+        return judge_one(tx, statements, items, strict, None).await;
+    }
+    // On Citus, a partition at a time; outcomes put back in the items' order.
+    let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
+    let mut cursors = HashMap::new();
+    let mut dead = Vec::new();
+    for (partition, ks) in crate::schema::citus::by_partition(items, |i| i.partition_id) {
+        let mine: Vec<&AckItem> = ks.iter().map(|&k| items[k]).collect();
+        let judged = judge_one(tx, statements, &mine, strict, Some(partition)).await?;
+        for (k, o) in ks.into_iter().zip(judged.outcomes) {
+            outcomes[k] = Some(o);
+        }
+        cursors.extend(judged.cursors);
+        dead.extend(judged.dead);
+    }
+    Ok(Judged {
+        outcomes: outcomes.into_iter().map(|o| o.expect("judged")).collect(),
+        cursors,
+        dead,
+    })
+}
+
+/// [`judge`] of items all of `one` partition on Citus (`None`: any, on PostgreSQL).
+async fn judge_one<C: GenericClient>(
+    tx: &C,
+    statements: &ReadStatements,
+    items: &[&AckItem],
+    strict: bool,
+    one: Option<Uuid>,
+) -> Result<Judged, DbError> {
     // Each cursor once, with its acks counted: a batch acks many messages of few cursors.
     let mut acks: HashMap<(Uuid, &str), i64> = HashMap::new();
     for i in items {
@@ -365,7 +465,7 @@ async fn judge<C: GenericClient>(
     partitions.sort_unstable();
     partitions.dedup();
     let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
-    let state_params: [&(dyn ToSql + Sync); 3] = [&pids, &groups, &counts];
+    let state_params = crate::schema::citus::with_partition(&[&pids, &groups, &counts], &one);
     let names_params: [&(dyn ToSql + Sync); 1] = [&partitions];
     // Pipelined: one round trip. The state is read after the lock statement has finished.
     let (lock, locked, named) = tokio::join!(
@@ -375,7 +475,7 @@ async fn judge<C: GenericClient>(
     );
     lock?;
     let locked = locked?;
-    let position = positions(tx, &statements.lookup, items, &locked).await?;
+    let position = positions(tx, &statements.lookup, items, &locked, one).await?;
     let mut cursors = locked_cursors(&locked);
     for state in cursors.values_mut() {
         state.cursor.begin_request();
@@ -446,6 +546,7 @@ async fn positions<C: GenericClient>(
     lookup: &Statement,
     items: &[&AckItem],
     locked: &[tokio_postgres::Row],
+    one: Option<Uuid>,
 ) -> Result<Vec<Option<(i64, i32)>>, DbError> {
     let mut delivered: HashMap<(Uuid, &str), (i64, i32)> = HashMap::new();
     for r in locked {
@@ -481,7 +582,7 @@ async fn positions<C: GenericClient>(
         .iter()
         .map(|&k| items[k].transaction_id.as_str())
         .collect();
-    let params: [&(dyn ToSql + Sync); 2] = [&pids, &txids];
+    let params = crate::schema::citus::with_partition(&[&pids, &txids], &one);
     for r in tx.query(lookup, &params).await? {
         let ord: i64 = r.get(0);
         position[missing[(ord - 1) as usize]] = Some((r.get(1), r.get(2)));
@@ -520,4 +621,9 @@ pub(crate) async fn write_back<C: GenericClient>(
     u?;
     d?;
     Ok(())
+}
+
+/// Whether the database is a Citus coordinator (its statements take one partition each).
+fn citus() -> bool {
+    crate::schema::citus::on()
 }

@@ -179,12 +179,34 @@ impl Catalog {
             &[&lock_ids],
         )
         .await?;
+        // Under the queues' locks, partitions made meanwhile are seen here and not made again:
+        // the name is unique per queue by this, not by a key (on Citus a unique key must hold
+        // the partition id, the distribution column).
+        let found: HashSet<(Uuid, String)> = tx
+            .query(
+                "SELECT p.queue_id, p.name
+                 FROM unnest($1::uuid[], $2::text[]) AS w(queue_id, name)
+                 JOIN comb.partitions p ON p.queue_id = w.queue_id AND p.name = w.name",
+                &[&queue_ids, &names],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let (mut make_ids, mut make_queues, mut make_names) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, key) in missing.iter().enumerate() {
+            if !found.contains(key) {
+                make_ids.push(new_ids[i]);
+                make_queues.push(key.0);
+                make_names.push(key.1.clone());
+            }
+        }
         tx.execute(
             concat!(
                 "WITH created AS (
                  INSERT INTO comb.partitions (id, queue_id, name)
                  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) ORDER BY 2, 3
-                 ON CONFLICT (queue_id, name) DO NOTHING
+                 ON CONFLICT DO NOTHING
                  RETURNING id, queue_id
              )
              , anchors AS (
@@ -202,7 +224,7 @@ impl Catalog {
                 ", 1, 0, 0
              FROM anchors a"
             ),
-            &[&new_ids, &queue_ids, &names],
+            &[&make_ids, &make_queues, &make_names],
         )
         .await?;
         let rows = tx

@@ -55,6 +55,12 @@ fn session_settings(consumer: bool) -> String {
         settings.push_str("; ");
         settings.push_str(&consumer_plans!().replace("SET LOCAL ", "SET "));
     }
+    if crate::schema::citus::on() {
+        // Citus routes a statement with parameters to one worker only in a custom plan: a
+        // generic plan of the claim's statements is refused ("could not create distributed
+        // plan").
+        settings.push_str("; SET plan_cache_mode = force_custom_plan");
+    }
     settings
 }
 

@@ -16,7 +16,7 @@ use futures_util::future::BoxFuture;
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{NoTls, SimpleQueryMessage};
 
-use super::tls::Secured;
+use super::tls::{Secured, Tls};
 use super::unavailable;
 use super::watch::{
     Liveness, PROBE_TIMEOUT, SILENCE, Socket, Target, Watched, in_the_clear, io_error, targets,
@@ -36,6 +36,8 @@ pub(super) struct Node {
 /// Opens connections to whichever server the URL names is the primary now.
 pub(crate) struct Connector {
     pub(super) config: tokio_postgres::Config,
+    /// TLS as the URL's `sslmode` asks (read by [`Tls::from_url`], not by tokio-postgres).
+    tls: Arc<Tls>,
     pub(super) nodes: Vec<Node>,
     /// The node that was the primary at the last connection: tried first.
     preferred: AtomicUsize,
@@ -53,6 +55,7 @@ enum Role {
 impl Connector {
     /// Parses the URL (one or several hosts).
     pub(crate) fn new(database_url: &str) -> Result<Connector, String> {
+        let (database_url, tls) = Tls::from_url(database_url)?;
         let config: tokio_postgres::Config = database_url
             .parse()
             .map_err(|e| format!("invalid database URL: {e}"))?;
@@ -68,6 +71,7 @@ impl Connector {
         }
         Ok(Connector {
             config,
+            tls: Arc::new(tls),
             nodes,
             preferred: AtomicUsize::new(0),
             setup: None,
@@ -88,8 +92,7 @@ impl Connector {
                 why.push(format!("{}: does not answer", node.target));
                 continue;
             }
-            let mode = self.config.get_ssl_mode();
-            let socket = match node.liveness.secured(&node.target, mode).await {
+            let socket = match node.liveness.secured(&node.target, &self.tls).await {
                 Ok(s) => s,
                 Err(e) => {
                     why.push(format!("{}: {e}", node.target));

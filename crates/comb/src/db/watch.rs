@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
 
-use super::tls::{Secured, negotiate};
+use super::tls::{Secured, Tls, negotiate};
 
 /// The configuration to hand tokio-postgres once TLS, if any, is set up below it.
 pub(super) fn in_the_clear(pg: &tokio_postgres::Config) -> tokio_postgres::Config {
@@ -120,10 +120,10 @@ impl Target {
     }
 
     /// Opens a connection and sets up TLS on it as `mode` asks (never on Unix sockets).
-    async fn secured(&self, mode: tokio_postgres::config::SslMode) -> io::Result<Secured<Socket>> {
+    async fn secured(&self, tls: &Tls) -> io::Result<Secured<Socket>> {
         let socket = self.open().await?;
         match self {
-            Target::Tcp(host, _) => negotiate(socket, mode, host).await,
+            Target::Tcp(host, _) => negotiate(socket, tls, host).await,
             Target::Unix(_) => Ok(Secured::Plain(socket)),
         }
     }
@@ -233,16 +233,12 @@ impl Liveness {
         verdict
     }
 
-    /// Opens a connection to `target` with TLS as `mode` asks. The TLS request is answered
+    /// Opens a connection to `target` with TLS as `tls` asks. The TLS request is answered
     /// before any authentication, so a server silent for [`SILENCE`] is probed, as a request
     /// of a watched stream would be: a silent server fails the connection, a slow one is
     /// waited for.
-    pub(super) async fn secured(
-        &self,
-        target: &Target,
-        mode: tokio_postgres::config::SslMode,
-    ) -> io::Result<Secured<Socket>> {
-        let negotiation = target.secured(mode);
+    pub(super) async fn secured(&self, target: &Target, tls: &Tls) -> io::Result<Secured<Socket>> {
+        let negotiation = target.secured(tls);
         tokio::pin!(negotiation);
         loop {
             match tokio::time::timeout(SILENCE, &mut negotiation).await {

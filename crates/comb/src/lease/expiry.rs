@@ -3,7 +3,7 @@
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
-use crate::cursor::{STATE_SQL, StateWrites, locked_cursors};
+use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, StateWrites, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
 
@@ -15,6 +15,10 @@ WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
   AND s.lease_id IS NOT NULL AND s.lease_expires_at <= now()
 ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED";
+
+/// [`EXPIRED_LOCK_SQL`] on Citus: a router statement per partition, run by the coordinator
+/// (`comb.lock_expired`).
+const EXPIRED_LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_expired($1, $2)";
 
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
 /// unsettled messages and dead-letters those past the retry limit (or, in queues that keep no
@@ -28,11 +32,36 @@ pub(crate) async fn expire_leases(
     partitions: &[Uuid],
 ) -> Result<Expired, DbError> {
     let statements = Statements {
-        lock: client.prepare_cached(EXPIRED_LOCK_SQL).await?,
-        state: client.prepare_cached(STATE_SQL).await?,
+        lock: client
+            .prepare_cached(if crate::schema::citus::on() {
+                EXPIRED_LOCK_CITUS_SQL
+            } else {
+                EXPIRED_LOCK_SQL
+            })
+            .await?,
+        state: client
+            .prepare_cached(if crate::schema::citus::on() {
+                &STATE_CITUS_SQL
+            } else {
+                STATE_SQL
+            })
+            .await?,
         states: StateWrites::prepare(client).await?,
         dead: dead_letter::Writes::prepare(client).await?,
     };
+    if crate::schema::citus::on() && partitions.len() > 1 {
+        // On Citus, a partition at a time: its statements read one partition each.
+        let mut all = Expired {
+            discarded: 0,
+            dead_lettered: 0,
+        };
+        for p in partitions {
+            let one = Box::pin(expire_leases(client, group, std::slice::from_ref(p))).await?;
+            all.discarded += one.discarded;
+            all.dead_lettered += one.dead_lettered;
+        }
+        return Ok(all);
+    }
     client.batch_execute("BEGIN").await?;
     match expire_in(client, &statements, group, partitions).await {
         Ok(done) => {
@@ -83,7 +112,14 @@ async fn expire_in(
         });
     }
     let groups: Vec<&str> = locked.iter().map(|_| group).collect();
-    let rows = client.query(&statements.state, &[&locked, &groups]).await?;
+    let one = locked[0];
+    let rows = if crate::schema::citus::on() {
+        client
+            .query(&statements.state, &[&locked, &groups, &one])
+            .await?
+    } else {
+        client.query(&statements.state, &[&locked, &groups]).await?
+    };
     let mut cursors = locked_cursors(&rows);
     // Read again under the lock: only leases still ended are expired.
     cursors.retain(|_, l| l.cursor.lease_id.is_some() && !l.cursor.lease_live);

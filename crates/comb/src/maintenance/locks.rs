@@ -31,16 +31,8 @@ pub(super) async fn give_way_counting(
     client: &Client,
     script: &str,
 ) -> Result<Option<Vec<u64>>, DbError> {
-    match client.simple_query(script).await {
-        Ok(messages) => Ok(Some(
-            messages
-                .iter()
-                .filter_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::CommandComplete(n) => Some(*n),
-                    _ => None,
-                })
-                .collect(),
-        )),
+    match run_each(client, script).await {
+        Ok(counts) => Ok(Some(counts)),
         Err(e) => {
             crate::db::roll_back(client).await;
             if is_lock_timeout(&e) {
@@ -50,4 +42,21 @@ pub(super) async fn give_way_counting(
             }
         }
     }
+}
+
+/// Sends the script's statements one at a time (in its one transaction): Citus propagates
+/// DDL on distributed tables (ATTACH, DROP of a segment) by sending the statement's text to
+/// the workers, and refuses a text holding several commands ("cannot insert multiple commands
+/// into a prepared statement"). The scripts are the maintenance's own, with no `;` inside a
+/// statement.
+async fn run_each(client: &Client, script: &str) -> Result<Vec<u64>, tokio_postgres::Error> {
+    let mut counts = Vec::new();
+    for statement in script.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        for m in client.simple_query(statement).await? {
+            if let tokio_postgres::SimpleQueryMessage::CommandComplete(n) = m {
+                counts.push(n);
+            }
+        }
+    }
+    Ok(counts)
 }

@@ -4,7 +4,7 @@
 
 use deadpool_postgres::Client;
 
-use crate::cursor::{STATE_SQL, StateWrites, locked_cursors};
+use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, StateWrites, locked_cursors};
 use crate::db::DbError;
 use crate::dead_letter::{self, NewDeadLetter};
 
@@ -27,6 +27,29 @@ ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000
 FOR NO KEY UPDATE OF c SKIP LOCKED";
 
+/// [`OVERDUE_CURSORS_SQL`] on Citus, where rows are locked only by a statement of one shard:
+/// the overdue cursors listed across the workers without locking (the head's test is implied
+/// by an overdue next message), then locked by the coordinator a partition at a time
+/// (`comb.lock_cursors`, which waits for a busy cursor instead of skipping it).
+static OVERDUE_CURSORS_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "
+SELECT c.partition_id, c.consumer_group
+FROM comb.cursors c
+JOIN comb.queues q ON q.id = c.queue_id
+CROSS JOIN LATERAL {state} s
+WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
+  AND s.lease_id IS NULL
+  AND (SELECT m.created_at FROM comb.messages m
+       WHERE m.partition_id = c.partition_id AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
+       ORDER BY m.pos LIMIT 1)
+      < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
+ORDER BY c.partition_id, c.consumer_group
+LIMIT 1000",
+        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+    )
+});
+
 /// Overdue messages of one partition after a position (a prefix: times grow with positions).
 const OVERDUE_MESSAGES_SQL: &str = "
 SELECT m.pos, m.seg FROM comb.messages m
@@ -37,14 +60,38 @@ LIMIT 10000";
 
 /// Dead-letters overdue messages; returns how many.
 pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbError> {
+    let citus = crate::schema::citus::on();
     let tx = client.transaction().await?;
-    let overdue = tx.query(OVERDUE_CURSORS_SQL, &[]).await?;
+    let overdue = tx
+        .query(
+            if citus {
+                OVERDUE_CURSORS_CITUS_SQL.as_str()
+            } else {
+                OVERDUE_CURSORS_SQL
+            },
+            &[],
+        )
+        .await?;
     if overdue.is_empty() {
         return Ok(0);
     }
     let pids: Vec<uuid::Uuid> = overdue.iter().map(|r| r.get(0)).collect();
     let groups: Vec<String> = overdue.iter().map(|r| r.get(1)).collect();
-    let rows = tx.query(STATE_SQL, &[&pids, &groups]).await?;
+    let rows = if citus {
+        tx.query(crate::cursor::lock_sql(), &[&pids, &groups])
+            .await?;
+        // The state a partition at a time, each read on its partition's worker.
+        let mut rows = Vec::new();
+        for (p, g) in pids.iter().zip(&groups) {
+            rows.extend(
+                tx.query(STATE_CITUS_SQL.as_str(), &[&vec![*p], &vec![g.as_str()], p])
+                    .await?,
+            );
+        }
+        rows
+    } else {
+        tx.query(STATE_SQL, &[&pids, &groups]).await?
+    };
     let mut cursors = locked_cursors(&rows);
     // Read again under the lock: a lease taken meanwhile leaves the cursor to its consumer.
     cursors.retain(|_, l| l.cursor.lease_id.is_none());

@@ -142,12 +142,23 @@ pub(crate) async fn summarize(
 }
 
 /// Segments every queue with messages in them has let go of.
-const RECLAIMABLE_SQL: &str = "
-SELECT s.seg FROM comb.segments s
-WHERE s.summarized
-  AND s.seg < (SELECT max(seg) FROM comb.segments)
-  AND NOT EXISTS (
-      SELECT 1
+///
+/// The test of a segment is written once ([`HELD_BY`]) and asked two ways: per segment on
+/// PostgreSQL, as the set of held segments on Citus, which refuses a subquery correlated
+/// with a reference table (`comb.segments`).
+static RECLAIMABLE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT s.seg FROM comb.segments s
+         WHERE s.summarized
+           AND s.seg < (SELECT max(seg) FROM comb.segments)
+           AND NOT EXISTS (SELECT 1 {held} AND sp.seg = s.seg)
+         ORDER BY s.seg",
+        held = HELD_BY.replace("{state}", STATE)
+    )
+});
+
+/// The rows of `comb.segment_partitions` (`sp`) whose partition still needs its segment.
+const HELD_BY: &str = "
       FROM comb.segment_partitions sp
       JOIN comb.partitions p ON p.id = sp.partition_id
       JOIN comb.queues q ON q.id = p.queue_id
@@ -155,8 +166,7 @@ WHERE s.summarized
           SELECT comb.retention_secs(q.options) AS retention,
                  comb.completed_retention_secs(q.options) AS completed
       ) o
-      WHERE sp.seg = s.seg
-        AND NOT (
+      WHERE NOT (
             (o.retention > 0
              AND sp.max_created_at < now() - make_interval(secs => o.retention))
             OR (o.completed > 0
@@ -164,13 +174,32 @@ WHERE s.summarized
              AND EXISTS (SELECT 1 FROM comb.cursors c WHERE c.partition_id = sp.partition_id)
              AND NOT EXISTS (
                  SELECT 1 FROM comb.cursors c
-                 LEFT JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) st
-                     ON true
+                 LEFT JOIN LATERAL {state} st ON true
                  WHERE c.partition_id = sp.partition_id
                    AND coalesce(st.cursor_pos, 0) < sp.max_pos))
-        )
-  )
-ORDER BY s.seg";
+        )";
+
+/// A cursor's (`c`) latest state, as [`HELD_BY`] reads it.
+const STATE: &str = "comb.cursor_state(c.partition_id, c.consumer_group)";
+
+/// [`STATE`] for Citus, which pushes no function but an immutable one down to the workers.
+static STATE_CITUS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+});
+
+/// [`RECLAIMABLE_SQL`] as Citus plans it: the held segments first (a query of the workers,
+/// every subquery correlated by partition), then the segments not among them.
+static RECLAIMABLE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH held AS (SELECT DISTINCT sp.seg {held})
+         SELECT s.seg FROM comb.segments s
+         WHERE s.summarized
+           AND s.seg < (SELECT max(seg) FROM comb.segments)
+           AND s.seg NOT IN (SELECT seg FROM held)
+         ORDER BY s.seg",
+        held = HELD_BY.replace("{state}", &STATE_CITUS)
+    )
+});
 
 /// Summaries of dropped segments that no longer tell anything. Once its messages are gone,
 /// the newest summary of a partition is where its head is read from
@@ -191,7 +220,14 @@ pub(crate) async fn drop_reclaimable(
     report: &mut Report,
 ) -> Result<(), DbError> {
     let segs: Vec<i32> = client
-        .query(RECLAIMABLE_SQL, &[])
+        .query(
+            if crate::schema::citus::on() {
+                RECLAIMABLE_CITUS_SQL.as_str()
+            } else {
+                RECLAIMABLE_SQL.as_str()
+            },
+            &[],
+        )
         .await?
         .iter()
         .map(|r| r.get(0))

@@ -304,6 +304,139 @@ JOIN leased l ON l.partition_id = m.partition_id",
     )
 }
 
+/// [`CANDIDATES_SQL`] for a Citus cluster, where every walk names one partition (`$3`): each
+/// distributed table is filtered by it in so many words, so Citus plans the statement with
+/// one task on the worker holding the partition (a router statement) and lets it lock rows,
+/// which it refuses across shards.
+pub static CANDIDATES_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let sql = CANDIDATES_SQL
+        .replace(
+            "($3::uuid IS NULL OR c.partition_id = $3)",
+            "c.partition_id = $3",
+        )
+        .replace(
+            "WHERE m.partition_id = f.partition_id",
+            "WHERE m.partition_id = f.partition_id AND m.partition_id = $3",
+        )
+        .replace(
+            "ON c.partition_id = e.partition_id AND c.consumer_group = $2",
+            "ON c.partition_id = e.partition_id AND c.consumer_group = $2 AND c.partition_id = $3",
+        )
+        .replace(
+            "CROSS JOIN LATERAL comb.cursor_state(w.partition_id, $2) s",
+            &format!("CROSS JOIN LATERAL {} s", citus_state("w", "$3")),
+        );
+    // `comb.claimable_now` written out: run on the worker, the function's own queries would
+    // be distributed queries from a shard, which Citus refuses.
+    let start = sql.find("comb.claimable_now(").expect("the call");
+    let end = start
+        + sql[start..]
+            .find("(SELECT delay_secs FROM q))")
+            .expect("its last argument")
+        + "(SELECT delay_secs FROM q))".len();
+    let sql = format!("{}{CLAIMABLE_CITUS}{}", &sql[..start], &sql[end..]);
+    debug_assert!(sql.matches("$3").count() >= 5, "{sql}");
+    sql
+});
+
+/// A cursor's latest state (`comb.cursor_state`) of group `$2` written out for a router
+/// statement on Citus ([`crate::cursor::latest_state`]). `of` is the alias whose
+/// `partition_id` names the partition, `one` the parameter holding it.
+fn citus_state(of: &str, one: &str) -> String {
+    crate::cursor::latest_state(&format!("{of}.partition_id"), "$2", Some(one))
+}
+
+/// `comb.claimable_now(f.partition_id, …)` of the walk for one partition (`$3`), as an
+/// expression of the statement: the partition's head time (`comb.partition_head`) against
+/// `windowBuffer` and `retentionSeconds`, its next message's time against
+/// `delayedProcessing`.
+const CLAIMABLE_CITUS: &str = "(
+    ((SELECT window_secs FROM q) = 0
+     OR ((SELECT h.at FROM (
+              (SELECT m.pos, m.created_at AS at FROM comb.messages m
+               WHERE m.partition_id = $3
+                 AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
+               ORDER BY m.pos DESC LIMIT 1)
+              UNION ALL
+              (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
+               WHERE sp.partition_id = $3 ORDER BY sp.seg DESC LIMIT 1)) h
+          ORDER BY h.pos DESC LIMIT 1)
+         <= now() - make_interval(secs => (SELECT window_secs FROM q))) IS TRUE)
+    AND ((SELECT retention_secs FROM q) = 0
+     OR ((SELECT h.at FROM (
+              (SELECT m.pos, m.created_at AS at FROM comb.messages m
+               WHERE m.partition_id = $3
+                 AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
+               ORDER BY m.pos DESC LIMIT 1)
+              UNION ALL
+              (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
+               WHERE sp.partition_id = $3 ORDER BY sp.seg DESC LIMIT 1)) h
+          ORDER BY h.pos DESC LIMIT 1)
+         > now() - make_interval(secs => (SELECT retention_secs FROM q))) IS TRUE)
+    AND ((SELECT delay_secs FROM q) = 0
+     OR ((SELECT m.created_at FROM comb.messages m
+          WHERE m.partition_id = $3 AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
+          ORDER BY m.pos LIMIT 1)
+         <= now() - make_interval(secs => (SELECT delay_secs FROM q))) IS TRUE))";
+
+/// [`CLAIM_SQL`] (or [`SHARED_CLAIM_SQL`]) for a Citus cluster: one partition (`one`, a
+/// parameter holding the only element of `$3`), named to every distributed table, for the
+/// reason of [`CANDIDATES_CITUS_SQL`].
+fn claim_citus_sql(sql: &str, one: &str) -> String {
+    sql.replace(
+        "CROSS JOIN LATERAL comb.cursor_state(c.partition_id, $2) s",
+        &format!("CROSS JOIN LATERAL {} s", citus_state("c", one)),
+    )
+    .replace(
+        "WHERE p.id = c.partition_id)",
+        &format!("WHERE p.id = c.partition_id AND p.id = {one})"),
+    )
+    .replace(
+        "WHERE m.partition_id = st.partition_id",
+        &format!("WHERE m.partition_id = st.partition_id AND m.partition_id = {one}"),
+    )
+    .replace(
+        "FROM unnest($3::uuid[]) AS c(partition_id)",
+        &format!(
+            "FROM (SELECT {one}::uuid WHERE {one}::uuid = ANY($3::uuid[])) AS c(partition_id)"
+        ),
+    )
+}
+
+/// The plain claim has six parameters: its partition is the seventh; the shared claim's is
+/// the ninth. Pipelined and opening claims alike have a Citus form.
+pub static CLAIM_CITUS_SQL: LazyLock<String> = LazyLock::new(|| claim_citus_sql(&CLAIM_SQL, "$7"));
+static SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
+    LazyLock::new(|| claim_citus_sql(&SHARED_CLAIM_SQL, "$9"));
+static OPENING_CLAIM_CITUS_SQL: LazyLock<String> =
+    LazyLock::new(|| claim_citus_sql(&OPENING_CLAIM_SQL, "$7"));
+static OPENING_SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
+    LazyLock::new(|| claim_citus_sql(&OPENING_SHARED_CLAIM_SQL, "$9"));
+
+/// On a Citus cluster, a pop over the whole queue first lists the group's partitions that may
+/// have something to hand out, without locking (Citus locks rows only in a statement of one
+/// shard): a query run on every worker at once, in walk order from after the last partition
+/// claimed (`$3`). Each is then claimed as a named partition, a router statement that
+/// locks its cursor and skips it if another claim holds it. Queue options
+/// (`windowBuffer`, `retentionSeconds`, `delayedProcessing`) are left to that claim.
+pub static CANDIDATES_LIST_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
+SELECT c.partition_id
+FROM comb.cursors c
+CROSS JOIN LATERAL {state} f
+WHERE c.queue_id = $1 AND c.consumer_group = $2
+  AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
+       OR (f.lease_id IS NULL AND f.available_at <= now()
+           AND EXISTS (SELECT 1 FROM comb.messages m
+                       WHERE m.partition_id = c.partition_id
+                         AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
+ORDER BY c.partition_id <= $3, c.partition_id
+LIMIT $4",
+        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+    )
+});
+
 /// Where the next claim of each (queue, group) starts its walk over the partitions: just
 /// after the last partition this server claimed. Only a hint for fairness (another server
 /// keeps its own); losing it costs nothing but one walk from the start.
@@ -455,6 +588,9 @@ impl Claiming<'_> {
         partitions: usize,
         walk_done: &mut Option<oneshot::Sender<()>>,
     ) -> Result<Vec<Claim>, DbError> {
+        if crate::schema::citus::on() && self.shape.partition_id.is_none() {
+            return self.run_listed(client, partitions, walk_done).await;
+        }
         let mut claims: Vec<Claim> = Vec::new();
         // A walk claims less than wanted when leases ended (settled here, then their
         // partitions are free) or when other servers' claims held cursors it saw: the next
@@ -521,6 +657,48 @@ impl Claiming<'_> {
     }
 }
 
+impl Claiming<'_> {
+    /// A pop over the whole queue on Citus: the candidates listed across the workers
+    /// ([`CANDIDATES_LIST_CITUS_SQL`]), then each claimed as a named partition until enough
+    /// are.
+    async fn run_listed(
+        &self,
+        client: &deadpool_postgres::Client,
+        partitions: usize,
+        walk_done: &mut Option<oneshot::Sender<()>>,
+    ) -> Result<Vec<Claim>, DbError> {
+        let rover = self.ctx.rovers.get(self.shape.queue_id, &self.shape.group);
+        let limit = (partitions as i64) + LOOKAHEAD;
+        let listed = client
+            .query(
+                CANDIDATES_LIST_CITUS_SQL.as_str(),
+                &[&self.shape.queue_id, &self.shape.group, &rover, &limit],
+            )
+            .await?;
+        let mut claims: Vec<Claim> = Vec::new();
+        for row in listed {
+            if claims.len() >= partitions {
+                break;
+            }
+            let shape = PopShape {
+                partition_id: Some(row.get(0)),
+                ..self.shape.clone()
+            };
+            let one = Claiming {
+                ctx: self.ctx,
+                shape: &shape,
+                lease: self.lease,
+            };
+            let mut none = None;
+            claims.extend(Box::pin(one.run(client, 1, &mut none)).await?);
+        }
+        if let Some(done) = walk_done.take() {
+            let _ = done.send(());
+        }
+        Ok(claims)
+    }
+}
+
 /// How many free cursors beyond those it wants a claim's first walk reads.
 const LOOKAHEAD: i64 = 2;
 
@@ -571,7 +749,13 @@ async fn claim_once(
     walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
     let (rovers, default_lease_seconds) = (&ctx.rovers, ctx.default_lease_seconds);
-    let candidates = client.prepare_cached(&CANDIDATES_SQL).await?;
+    let candidates = client
+        .prepare_cached(if crate::schema::citus::on() {
+            &CANDIDATES_CITUS_SQL
+        } else {
+            &CANDIDATES_SQL
+        })
+        .await?;
     let stmt = client
         .prepare_cached(claim_sql_for(&shared, shape.sealed))
         .await?;
@@ -630,12 +814,22 @@ async fn claim_once(
         // off since): the claim rolled back. Lock the same cursors again (those another
         // claim took meanwhile are skipped) and claim them opening payloads before the
         // commit.
-        let relock = client.prepare_cached(RELOCK_SQL).await?;
+        let citus = crate::schema::citus::on();
+        let relock = client
+            .prepare_cached(if citus { RELOCK_CITUS_SQL } else { RELOCK_SQL })
+            .await?;
         let opening = client.prepare_cached(claim_sql_for(&shared, true)).await?;
-        let relock_params: [&(dyn ToSql + Sync); 2] = [&locked, &shape.group];
+        let one = locked[0];
+        let relock_params: [&(dyn ToSql + Sync); 3] = [&locked, &shape.group, &one];
+        // Only the Citus form names its one partition ($3).
+        let relock_params = if citus {
+            &relock_params[..]
+        } else {
+            &relock_params[..2]
+        };
         let (begin, relocked) = tokio::join!(
             pg.batch_execute(begin_claim(shape.auto_ack)),
-            pg.query(&relock, &relock_params)
+            pg.query(&relock, relock_params)
         );
         let relocked: Vec<Uuid> = match begin.and(relocked) {
             Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
@@ -657,13 +851,18 @@ async fn claim_once(
     })
 }
 
-/// The claim statement for a pop of this kind (see [`claim_sql`]).
+/// The claim statement for a pop of this kind (see [`claim_sql`]), in its Citus form on a
+/// Citus cluster.
 fn claim_sql_for(shared: &Shared, opening: bool) -> &'static str {
-    match (shared.cap.is_some(), opening) {
-        (false, false) => &CLAIM_SQL,
-        (true, false) => &SHARED_CLAIM_SQL,
-        (false, true) => &OPENING_CLAIM_SQL,
-        (true, true) => &OPENING_SHARED_CLAIM_SQL,
+    match (shared.cap.is_some(), opening, crate::schema::citus::on()) {
+        (false, false, false) => &CLAIM_SQL,
+        (true, false, false) => &SHARED_CLAIM_SQL,
+        (false, true, false) => &OPENING_CLAIM_SQL,
+        (true, true, false) => &OPENING_SHARED_CLAIM_SQL,
+        (false, false, true) => &CLAIM_CITUS_SQL,
+        (true, false, true) => &SHARED_CLAIM_CITUS_SQL,
+        (false, true, true) => &OPENING_CLAIM_CITUS_SQL,
+        (true, true, true) => &OPENING_SHARED_CLAIM_CITUS_SQL,
     }
 }
 
@@ -671,6 +870,14 @@ fn claim_sql_for(shared: &Shared, opening: bool) -> &'static str {
 const RELOCK_SQL: &str = "
 SELECT c.partition_id FROM comb.cursors c
 WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
+ORDER BY c.partition_id
+FOR NO KEY UPDATE OF c SKIP LOCKED";
+
+/// [`RELOCK_SQL`] on Citus, where a claim holds one partition (`$3`): named to the cursors
+/// so that the lock is a router statement on its worker.
+const RELOCK_CITUS_SQL: &str = "
+SELECT c.partition_id FROM comb.cursors c
+WHERE c.partition_id = ANY($1) AND c.partition_id = $3 AND c.consumer_group = $2
 ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED";
 
@@ -697,7 +904,9 @@ async fn claim_locked(
     let pg: &tokio_postgres::Client = client;
     let batch = shape.batch as i64;
     let cap = shared.cap.unwrap_or(0);
-    let claim_params: [&(dyn ToSql + Sync); 8] = [
+    let citus = crate::schema::citus::on();
+    let one = locked[0];
+    let claim_params: [&(dyn ToSql + Sync); 9] = [
         &shape.queue_id,
         &shape.group,
         &locked,
@@ -706,15 +915,21 @@ async fn claim_locked(
         &shape.auto_ack,
         &shared.lease,
         &cap,
+        &one,
     ];
-    // The plain claim has no $7 and $8.
-    let params = if shared.cap.is_some() {
-        &claim_params[..]
-    } else {
-        &claim_params[..6]
+    // The plain claim has no $7 and $8; only Citus's has $9 (its one partition).
+    let params: Vec<&(dyn ToSql + Sync)> = match (shared.cap.is_some(), citus) {
+        (true, false) => claim_params[..8].to_vec(),
+        (false, false) => claim_params[..6].to_vec(),
+        (true, true) => claim_params.to_vec(),
+        (false, true) => {
+            let mut p = claim_params[..6].to_vec();
+            p.push(&one);
+            p
+        }
     };
     if !opening {
-        let (rows, commit) = tokio::join!(pg.query(stmt, params), pg.batch_execute("COMMIT"));
+        let (rows, commit) = tokio::join!(pg.query(stmt, &params), pg.batch_execute("COMMIT"));
         // A failed claim makes the pipelined COMMIT roll back.
         let rows = rows?;
         commit?;
@@ -726,7 +941,7 @@ async fn claim_locked(
         }
         return Ok((claims, unreadable.len() as u64));
     }
-    let rows = match pg.query(stmt, params).await {
+    let rows = match pg.query(stmt, &params).await {
         Ok(rows) => rows,
         Err(e) => return Err(rollback(pg, e).await),
     };

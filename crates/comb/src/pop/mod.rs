@@ -25,7 +25,9 @@ use crate::refusal::{Kind, Refusal};
 use crate::wake::{Ready, Wake, WalkDue};
 
 /// The claim's statements, public for the test suite's plan checks.
-pub use claim::{CANDIDATES_SQL, CLAIM_SQL, SHARED_CLAIM_SQL, begin_claim};
+pub use claim::{
+    CANDIDATES_CITUS_SQL, CANDIDATES_SQL, CLAIM_CITUS_SQL, CLAIM_SQL, SHARED_CLAIM_SQL, begin_claim,
+};
 pub(crate) use claim::{Claim, PopJob, PopShape};
 use waiting::WaitingPops;
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use uuid::Uuid;
 
 use crate::ack::{AckStatus, WriteStatements, write_back};
-use crate::cursor::{LOCK_SQL, STATE_SQL, locked_cursors};
+use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, lock_sql, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::NewDeadLetter;
 use crate::encryption::OpenError;
@@ -54,8 +54,14 @@ pub(crate) async fn settle(
     alone: bool,
 ) -> Result<u64, DbError> {
     let writes = WriteStatements::prepare(client).await?;
-    let state = client.prepare_cached(STATE_SQL).await?;
-    let lock = client.prepare_cached(LOCK_SQL).await?;
+    let state = client
+        .prepare_cached(if crate::schema::citus::on() {
+            &STATE_CITUS_SQL
+        } else {
+            STATE_SQL
+        })
+        .await?;
+    let lock = client.prepare_cached(lock_sql()).await?;
     if !alone {
         return settle_in(client, shape, unreadable, &state, &writes).await;
     }
@@ -98,6 +104,17 @@ async fn settle_in(
     let groups: Vec<&str> = pids.iter().map(|_| shape.group).collect();
     let rows = if pids.is_empty() {
         Vec::new()
+    } else if crate::schema::citus::on() {
+        // On Citus, a partition at a time, each read on its partition's worker.
+        let mut rows = Vec::new();
+        for p in &pids {
+            rows.extend(
+                client
+                    .query(state, &[&vec![*p], &vec![shape.group], p])
+                    .await?,
+            );
+        }
+        rows
     } else {
         client.query(state, &[&pids, &groups]).await?
     };

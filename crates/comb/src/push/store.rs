@@ -150,6 +150,18 @@ macro_rules! head_pos {
 const LOCK_SQL: &str =
     "SELECT id FROM comb.partitions WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
 
+/// [`LOCK_SQL`] on Citus, which locks rows only in a statement of one shard: the
+/// coordinator locks each partition with one of its own (`comb.lock_partitions`).
+const LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1)";
+
+fn lock_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        LOCK_CITUS_SQL
+    } else {
+        LOCK_SQL
+    }
+}
+
 const INSERT_SQL: &str = concat!(
     "
 WITH input AS (
@@ -436,7 +448,7 @@ impl Statements {
         client: &C,
         plan: &Plan<'_>,
     ) -> Result<Statements, DbError> {
-        let lock = client.prepare_cached(LOCK_SQL).await?;
+        let lock = client.prepare_cached(lock_sql()).await?;
         let insert = if plan.checks_duplicates() {
             client.prepare_cached(INSERT_SQL).await?
         } else {
@@ -526,7 +538,7 @@ impl<'a> Plan<'a> {
     /// the lock, the heads (read after the lock) and the start of the copy; then the rows,
     /// the end of the copy and COMMIT.
     async fn copy(&self, client: &deadpool_postgres::Client) -> Result<Vec<Stored>, DbError> {
-        let lock = client.prepare_cached(LOCK_SQL).await?;
+        let lock = client.prepare_cached(lock_sql()).await?;
         let heads = client.prepare_cached(HEADS_SQL).await?;
         let with_sub = self
             .sent

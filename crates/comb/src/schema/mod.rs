@@ -6,6 +6,8 @@
 
 use tokio_postgres::Client;
 
+pub(crate) mod citus;
+
 /// One schema change, identified by a version that only grows.
 pub(crate) struct Migration {
     /// Monotonic version number; also the file's numeric prefix.
@@ -119,7 +121,16 @@ impl std::fmt::Display for MigrateError {
                 f,
                 "database schema is at version {database}, newer than this server knows ({known}); upgrade comb"
             ),
-            MigrateError::Postgres(e) => write!(f, "migration failed: {e}"),
+            MigrateError::Postgres(e) => match e.as_db_error() {
+                // tokio-postgres says only "db error"; the server's words say what to fix.
+                Some(db) => write!(
+                    f,
+                    "migration failed: {}{}",
+                    db.message(),
+                    db.detail().map(|d| format!(" ({d})")).unwrap_or_default()
+                ),
+                None => write!(f, "migration failed: {e}"),
+            },
         }
     }
 }
@@ -173,6 +184,10 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateErro
         applied.push(m.version);
     }
     tx.commit().await?;
+    let distributed = citus::distribute(client).await?;
+    if !distributed.is_empty() {
+        tracing::info!(?distributed, "distributed on Citus");
+    }
     Ok(applied)
 }
 

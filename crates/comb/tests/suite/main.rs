@@ -17,6 +17,7 @@ mod common;
 mod acks;
 mod admin;
 mod auth;
+mod citus;
 mod claim_plans;
 mod cli;
 mod consumer_groups;

@@ -308,6 +308,21 @@ async fn database_connections_follow_sslmode() {
 
     // With a certificate authority, the server's certificate is verified.
     let url = format!("{db}?sslmode=require&application_name=comb_verified");
+    // verify-ca and verify-full with the authority named in the URL, as libpq reads it.
+    for mode in ["verify-ca", "verify-full"] {
+        let app = format!("comb_{}", mode.replace('-', "_"));
+        let server = server_on(
+            format!(
+                "{db}?sslmode={mode}&sslrootcert={}&application_name={app}",
+                ca.display()
+            ),
+            vec![],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{mode}: {e}"));
+        round_trip(&server).await;
+        assert_eq!(encrypted(&app), "t", "sslmode={mode}");
+    }
     let server = server_on(
         url.clone(),
         vec![("COMB_DATABASE_CA_FILE", ca.display().to_string())],
@@ -343,4 +358,157 @@ async fn sslmode_disable_and_require_against_a_cluster_without_tls() {
         .expect("require without TLS on the server")
         .to_string();
     assert!(e.contains("TLS"), "{e}");
+}
+
+/// A self-signed X.509 version 1 certificate for localhost and its key, made by `openssl
+/// x509 -req` without extensions (what Citus and many hand-made setups serve), in `dir`.
+fn version_1_certificate(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key, csr) = (dir.join("v1.crt"), dir.join("v1.key"), dir.join("v1.csr"));
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&csr)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl req");
+    let ok = Command::new("openssl")
+        .args(["x509", "-req", "-days", "2"])
+        .arg("-in")
+        .arg(&csr)
+        .arg("-signkey")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl x509");
+    let text = Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(&cert)
+        .output()
+        .unwrap()
+        .stdout;
+    assert!(
+        String::from_utf8_lossy(&text).contains("Version: 1 (0x0)"),
+        "openssl made no version 1 certificate"
+    );
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    (cert, key)
+}
+
+#[tokio::test]
+async fn sslmode_as_libpq_means_it_against_a_self_signed_version_1_certificate() {
+    let dir = tempfile::Builder::new()
+        .prefix("combtls1")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (cert, key) = version_1_certificate(dir.path());
+    let other_ca = write(dir.path(), "other-ca.pem", &identity().ca_pem);
+    if Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        .trim_ascii()
+        == b"0"
+    {
+        let ok = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+    let pg = tokio::task::spawn_blocking(move || {
+        Postgres::start_with(&[
+            ("ssl", "on"),
+            ("ssl_cert_file", &cert_s),
+            ("ssl_key_file", &key_s),
+        ])
+        .unwrap()
+    })
+    .await
+    .unwrap();
+    let db = pg.create_database("tls1").unwrap();
+    let name = db.rsplit('/').next().unwrap().to_string();
+    let encrypted = |app: &str| {
+        pg.psql(
+            &name,
+            &format!(
+                "SELECT count(*) > 0 AND bool_and(s.ssl) FROM pg_stat_activity a \
+                 JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = '{app}'"
+            ),
+        )
+        .unwrap()
+    };
+
+    // prefer (also by default) and require encrypt without verifying.
+    for (query, app) in [
+        ("sslmode=prefer&", "comb_v1_prefer"),
+        ("sslmode=require&", "comb_v1_require"),
+        ("", "comb_v1_default"),
+    ] {
+        let url = format!("{db}?{query}application_name={app}");
+        let server = server_on(url, vec![])
+            .await
+            .unwrap_or_else(|e| panic!("{app}: {e}"));
+        round_trip(&server).await;
+        assert_eq!(encrypted(app), "t", "{app}");
+    }
+
+    // verify-ca and verify-full verify: without an authority they cannot start ...
+    for mode in ["verify-ca", "verify-full"] {
+        let e = server_on(format!("{db}?sslmode={mode}"), vec![])
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{mode} started without an authority"))
+            .to_string();
+        assert!(
+            e.contains(&format!("sslmode={mode} needs a certificate authority")),
+            "{e}"
+        );
+    }
+    // ... an authority that did not sign the certificate refuses it ...
+    for mode in ["verify-ca", "verify-full"] {
+        let url = format!("{db}?sslmode={mode}&sslrootcert={}", other_ca.display());
+        let e = server_on(url, vec![])
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{mode} took an untrusted certificate"))
+            .to_string();
+        assert!(
+            e.contains(&format!("TLS with the database failed (sslmode={mode})")),
+            "{e}"
+        );
+    }
+    // ... and trusting the version 1 certificate itself still cannot verify it, said so.
+    let url = format!("{db}?sslmode=verify-full&sslrootcert={}", cert.display());
+    let e = server_on(url, vec![])
+        .await
+        .err()
+        .expect("verify-full took a version 1 certificate")
+        .to_string();
+    assert!(e.contains("version 1"), "{e}");
+    // An authority given to require makes it verify, as libpq's does.
+    let url = format!("{db}?sslmode=require&sslrootcert={}", other_ca.display());
+    assert!(
+        server_on(url, vec![]).await.is_err(),
+        "require with an authority took an untrusted certificate"
+    );
 }

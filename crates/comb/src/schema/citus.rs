@@ -1,0 +1,357 @@
+//! The schema on a Citus cluster: which table is distributed by what, applied by `comb
+//! migrate` after the migrations when the database has the `citus` extension (the
+//! coordinator). Without Citus nothing here runs and the schema is the migrations' alone.
+//!
+//! Every claim, read and write of the data path names one partition, so everything keyed by
+//! partition is distributed by its partition id, co-located with `comb.partitions` (hash of
+//! the same uuid, the same shard on the same worker): a statement about one partition's
+//! messages, cursors and dead letters runs on one worker. Small catalog tables read by every
+//! statement are reference tables (a copy on every node, joined locally). The per-minute
+//! statistics and the maintenance log stay on the coordinator: they are written once a minute
+//! per server and read by listings, never by the data path. See `docs/scale-out.md`.
+//!
+//! Distributing is idempotent: each table is distributed only when it is not yet, so a
+//! server starting on a distributed schema does nothing, and a table added by a later
+//! migration is distributed on the next start that knows it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_postgres::Client;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+/// Whether this server's database is a Citus coordinator: set when `comb migrate` (run by
+/// every server at start) finds the extension. The few statements Citus cannot plan as
+/// written have a form of their own for it, chosen by [`on`].
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// Whether the database is a Citus coordinator (known once the schema was migrated).
+pub(crate) fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// The partition a Citus statement is about, as its last parameter; nothing on PostgreSQL.
+pub(crate) fn with_partition<'a>(
+    params: &[&'a (dyn ToSql + Sync)],
+    one: &'a Option<Uuid>,
+) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut all = params.to_vec();
+    if one.is_some() {
+        all.push(one);
+    }
+    all
+}
+
+/// The indexes of `items` grouped by partition, first appearance first: Citus's forms of the
+/// data path's statements take one partition each.
+pub(crate) fn by_partition<T>(items: &[T], of: impl Fn(&T) -> Uuid) -> Vec<(Uuid, Vec<usize>)> {
+    let mut out: Vec<(Uuid, Vec<usize>)> = Vec::new();
+    for (k, i) in items.iter().enumerate() {
+        let p = of(i);
+        match out.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, ks)) => ks.push(k),
+            None => out.push((p, vec![k])),
+        }
+    }
+    out
+}
+
+/// The tables read and written with every request: a copy on every node.
+pub(crate) const REFERENCE: &[&str] = &[
+    "comb.queues",
+    "comb.subscriptions",
+    "comb.segments",
+    "comb.cursor_gens",
+    "comb.system_modes",
+    "comb.stream_queries",
+];
+
+/// The table every distributed table is co-located with, and its distribution column.
+pub(crate) const ANCHOR: (&str, &str) = ("comb.partitions", "id");
+
+/// Tables distributed by partition, co-located with [`ANCHOR`], in the order they are
+/// distributed (`cursor_states` before `cursors`: Citus follows the view joining them).
+pub(crate) const BY_PARTITION: &[&str] = &[
+    "comb.messages",
+    "comb.cursor_states",
+    "comb.cursors",
+    "comb.segment_partitions",
+    "comb.dead_letters",
+    "comb.dead_letter_requeues",
+    "comb.traces",
+    "comb.stream_partitions",
+    "comb.stream_states",
+];
+
+/// Unique keys that must include the distribution column on Citus (it enforces uniqueness per
+/// shard only), as (table, constraint, the key with the column). Dead letters are looked up
+/// by id within their partition; the catalog keeps a partition's name unique per queue under
+/// its queue's row lock instead of with `partitions_queue_id_name_key`.
+const REKEYED: &[(&str, &str, &str)] = &[
+    (
+        "comb.dead_letters",
+        "dead_letters_pkey",
+        "(partition_id, id)",
+    ),
+    (
+        "comb.dead_letter_requeues",
+        "dead_letter_requeues_pkey",
+        "(partition_id, dead_letter_id)",
+    ),
+];
+
+/// Functions of the data path whose every call names one partition (`p`): run on the worker
+/// holding it, beside its rows.
+const FUNCTIONS: &[&str] = &[
+    "comb.partition_head(uuid)",
+    "comb.claimable_now(uuid, bigint, integer, double precision, double precision, double precision)",
+];
+
+/// `comb.cursor_state` in PL/pgSQL. Citus cannot plan a statement that calls a SQL function
+/// reading a distributed table with parameters ("parameterized queries for SQL functions
+/// referencing distributed tables are not supported"): PostgreSQL would inline the function
+/// only after Citus has refused it. A PL/pgSQL function runs its query on its own, a router
+/// query on the partition's worker. Same result as the migrations' SQL version.
+///
+/// It returns its columns by name, not the table's row type: a function of the table's type
+/// makes the table depend on itself in Citus's eyes, which then refuses to attach a new
+/// generation to it.
+const CURSOR_STATE: &str = "
+CREATE FUNCTION comb.cursor_state(p uuid, g text)
+RETURNS TABLE (partition_id uuid, consumer_group text, gen integer, ver bigint,
+               cursor_pos bigint, cursor_seg integer, settled bigint[], attempt_pos bigint[],
+               attempt_cnt integer[], lease_id uuid, lease_expires_at timestamptz,
+               lease_upto bigint, available_at timestamptz, last_claimed_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY SELECT s.partition_id, s.consumer_group, s.gen, s.ver, s.cursor_pos,
+                        s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
+                        s.lease_expires_at, s.lease_upto, s.available_at, s.last_claimed_at
+    FROM comb.cursor_states s
+    WHERE s.partition_id = p AND s.consumer_group = g
+    ORDER BY s.gen DESC, s.ver DESC LIMIT 1;
+END $$";
+
+/// `comb.partition_head` in PL/pgSQL, for the reason of [`CURSOR_STATE`].
+const PARTITION_HEAD: &str = "
+CREATE OR REPLACE FUNCTION comb.partition_head(p uuid)
+RETURNS TABLE (pos bigint, at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY SELECT h.pos, h.at FROM (
+        (SELECT m.pos, m.created_at AS at FROM comb.messages m
+         WHERE m.partition_id = p
+           AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
+         ORDER BY m.pos DESC LIMIT 1)
+        UNION ALL
+        (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
+         WHERE sp.partition_id = p ORDER BY sp.seg DESC LIMIT 1)
+        UNION ALL
+        SELECT 0::bigint, NULL::timestamptz
+    ) h
+    ORDER BY h.pos DESC LIMIT 1;
+END $$";
+
+/// Row locks of several partitions, taken on the coordinator one partition at a time.
+///
+/// Citus locks rows (`FOR UPDATE`, `FOR NO KEY UPDATE`) only in a statement of one shard; a
+/// push of several partitions, an ack of several cursors and the expiry of several leases lock
+/// rows on several. These functions run on the coordinator and lock each partition's row with
+/// a router statement of its own, in the same order as the one statement they replace, so the
+/// caller still sends one statement. Each returns the ids it locked, as the statement did.
+const LOCKS: &str = "
+CREATE OR REPLACE FUNCTION comb.lock_partitions(ids uuid[]) RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    one uuid;
+BEGIN
+    FOR one IN SELECT DISTINCT i FROM unnest(ids) i ORDER BY 1 LOOP
+        RETURN QUERY SELECT p.id FROM comb.partitions p WHERE p.id = one FOR NO KEY UPDATE;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.lock_cursors(ids uuid[], groups text[]) RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    one record;
+BEGIN
+    FOR one IN SELECT DISTINCT i, g FROM unnest(ids, groups) AS x(i, g) ORDER BY 1, 2 LOOP
+        RETURN QUERY SELECT c.partition_id FROM comb.cursors c
+        WHERE c.partition_id = one.i AND c.consumer_group = one.g FOR NO KEY UPDATE;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.lock_expired(ids uuid[], grp text) RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    one uuid;
+BEGIN
+    FOR one IN SELECT DISTINCT i FROM unnest(ids) i ORDER BY 1 LOOP
+        RETURN QUERY SELECT c.partition_id FROM comb.cursors c
+        CROSS JOIN LATERAL (
+            SELECT s.lease_id, s.lease_expires_at FROM comb.cursor_states s
+            WHERE s.partition_id = c.partition_id AND s.partition_id = one
+              AND s.consumer_group = grp
+            ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+        WHERE c.partition_id = one AND c.consumer_group = grp
+          AND s.lease_id IS NOT NULL AND s.lease_expires_at <= now()
+        FOR NO KEY UPDATE OF c SKIP LOCKED;
+    END LOOP;
+END $$;
+";
+
+/// Key of the advisory lock that serialises distribution among servers starting together.
+/// Comb's other keys count up from `0x636f_6d62_0001` (migrations, the maintenance leader,
+/// snapshots); this one stands apart from them.
+const DISTRIBUTION_LOCK: i64 = 0x636f_6d62_c175;
+
+/// Whether the database is a Citus coordinator (has the extension).
+pub(crate) async fn present(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// Distributes the schema when the database has Citus; returns the tables it distributed now
+/// (empty without Citus, or when everything already is).
+pub(crate) async fn distribute(client: &Client) -> Result<Vec<String>, tokio_postgres::Error> {
+    if !present(client).await? {
+        return Ok(Vec::new());
+    }
+    ON.store(true, Ordering::Relaxed);
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&DISTRIBUTION_LOCK])
+        .await?;
+    let done = distribute_locked(client).await;
+    let unlocked = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&DISTRIBUTION_LOCK])
+        .await;
+    let done = done?;
+    unlocked?;
+    Ok(done)
+}
+
+/// Whether `table` is already `kind` (`reference` or `distributed`). A table Citus linked to
+/// a reference table by a foreign key on its own (a "local" table in its metadata) is not yet.
+async fn is(client: &Client, table: &str, kind: &str) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM citus_tables
+                            WHERE table_name = $1::text::regclass AND citus_table_type = $2)",
+            &[&table, &kind],
+        )
+        .await?
+        .get(0))
+}
+
+/// All or nothing: a failure leaves the schema as the migrations made it (the state function
+/// and view set aside below included).
+async fn distribute_locked(client: &Client) -> Result<Vec<String>, tokio_postgres::Error> {
+    client.batch_execute("BEGIN").await?;
+    match distribute_in(client).await {
+        Ok(done) => {
+            client.batch_execute("COMMIT").await?;
+            Ok(done)
+        }
+        Err(e) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+async fn distribute_in(client: &Client) -> Result<Vec<String>, tokio_postgres::Error> {
+    let mut done = Vec::new();
+    for t in REFERENCE {
+        if !is(client, t, "reference").await? {
+            client
+                .execute("SELECT create_reference_table($1::text::regclass)", &[t])
+                .await?;
+            done.push(t.to_string());
+        }
+    }
+    let (anchor, column) = ANCHOR;
+    if !is(client, anchor, "distributed").await? {
+        client
+            .batch_execute(
+                "ALTER TABLE comb.partitions DROP CONSTRAINT IF EXISTS partitions_queue_id_name_key",
+            )
+            .await?;
+        client
+            .execute(
+                "SELECT create_distributed_table($1::text::regclass, $2)",
+                &[&anchor, &column],
+            )
+            .await?;
+        done.push(anchor.to_string());
+    }
+    // The state function returns the state table's row type and the view reads it: Citus
+    // refuses to distribute a table its own dependents depend on in a circle, so both are
+    // set aside and made again once the table is distributed — the function in PL/pgSQL
+    // (below), the view as it was.
+    let mut set_aside = Vec::new();
+    if !is(client, "comb.cursor_states", "distributed").await? {
+        let v: String = client
+            .query_one("SELECT pg_get_viewdef('comb.cursors_now'::regclass)", &[])
+            .await?
+            .get(0);
+        client
+            .batch_execute(
+                "DROP VIEW comb.cursors_now; DROP FUNCTION comb.cursor_state(uuid, text);",
+            )
+            .await?;
+        set_aside.push(CURSOR_STATE.to_string());
+        set_aside.push(format!("CREATE VIEW comb.cursors_now AS {v}"));
+    }
+    for t in BY_PARTITION {
+        if is(client, t, "distributed").await? {
+            continue;
+        }
+        for (table, constraint, key) in REKEYED.iter().filter(|r| r.0 == *t) {
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE {table} DROP CONSTRAINT {constraint}, ADD PRIMARY KEY {key}"
+                ))
+                .await?;
+        }
+        client
+            .execute(
+                "SELECT create_distributed_table($1::text::regclass, 'partition_id', colocate_with => $2)",
+                &[t, &anchor],
+            )
+            .await?;
+        done.push(t.to_string());
+    }
+    for sql in set_aside {
+        client.batch_execute(&sql).await?;
+    }
+    client.batch_execute(PARTITION_HEAD).await?;
+    client.batch_execute(LOCKS).await?;
+    for f in FUNCTIONS {
+        let is: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_object
+                 WHERE classid = 'pg_proc'::regclass AND objid = $1::text::regprocedure
+                   AND distribution_argument_index IS NOT NULL)",
+                &[f],
+            )
+            .await?
+            .get(0);
+        if !is {
+            client
+                .execute(
+                    "SELECT create_distributed_function($1::text::regprocedure, distribution_arg_name => 'p',
+                                                        colocate_with => $2)",
+                    &[f, &anchor],
+                )
+                .await?;
+            done.push(f.to_string());
+        }
+    }
+    Ok(done)
+}

@@ -1,0 +1,709 @@
+//! Comb on a Citus cluster (`comb_harness::Citus`: a coordinator and two workers on
+//! loopback, `scripts/install-citus.sh`): what `comb migrate` distributes, and by what
+//! (`docs/scale-out.md`). Without Citus the schema is left as the migrations make it.
+
+use std::process::Command;
+use std::time::Duration;
+
+use comb_harness::{Citus, Postgres, Server};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::common::{self, Env, numbers, one};
+
+/// Runs `comb migrate` against `url` and returns its combined output; panics if it fails.
+fn migrate(url: &str) -> String {
+    let out = Command::new(common::comb_bin())
+        .arg("migrate")
+        .env("DATABASE_URL", url)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "comb migrate failed:\n{text}");
+    text
+}
+
+/// Every table of schema `comb` with its Citus kind, distribution column and co-location.
+fn layout(citus: &Citus, db: &str) -> Vec<(String, String, String, String)> {
+    let rows = citus
+        .coordinator()
+        .psql(
+            db,
+            "SELECT c.oid::regclass::text, coalesce(t.citus_table_type, 'none'),
+                    coalesce(t.distribution_column, ''), coalesce(t.colocation_id::text, '')
+             FROM pg_class c
+             LEFT JOIN citus_tables t ON t.table_name = c.oid::regclass
+             WHERE c.relnamespace = 'comb'::regnamespace AND c.relkind IN ('r', 'p')
+               AND NOT c.relispartition
+             ORDER BY 1",
+        )
+        .unwrap();
+    rows.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            (f[0].into(), f[1].into(), f[2].into(), f[3].into())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_tables() {
+    let (citus, url) = tokio::task::spawn_blocking(|| {
+        let citus = Citus::shared();
+        let url = citus.create_database("citus_layout").unwrap();
+        (citus, url)
+    })
+    .await
+    .unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    let first = migrate(&url);
+    assert!(first.contains("distributed on Citus"), "{first}");
+
+    let layout = layout(citus, &db);
+    let of = |t: &str| {
+        layout
+            .iter()
+            .find(|r| r.0 == t)
+            .unwrap_or_else(|| panic!("{t} is not in {layout:?}"))
+            .clone()
+    };
+    let anchor = of("comb.partitions");
+    assert_eq!(
+        (anchor.1.as_str(), anchor.2.as_str()),
+        ("distributed", "id")
+    );
+    for t in [
+        "comb.messages",
+        "comb.cursor_states",
+        "comb.cursors",
+        "comb.segment_partitions",
+        "comb.dead_letters",
+        "comb.dead_letter_requeues",
+        "comb.traces",
+        "comb.stream_partitions",
+        "comb.stream_states",
+    ] {
+        let r = of(t);
+        assert_eq!(
+            (r.1.as_str(), r.2.as_str(), r.3.as_str()),
+            ("distributed", "partition_id", anchor.3.as_str()),
+            "{t}: distributed by partition, co-located with comb.partitions"
+        );
+    }
+    for t in [
+        "comb.queues",
+        "comb.subscriptions",
+        "comb.segments",
+        "comb.cursor_gens",
+        "comb.system_modes",
+        "comb.stream_queries",
+    ] {
+        assert_eq!(of(t).1, "reference", "{t}");
+    }
+    // Written once a minute or by maintenance, read by listings: on the coordinator.
+    for t in [
+        "comb.migrations",
+        "comb.maintenance_runs",
+        "comb.server_minutes",
+        "comb.queue_minutes",
+        "comb.group_minutes",
+        "comb.queue_counts",
+    ] {
+        assert_eq!(of(t).1, "none", "{t} stays a table of the coordinator");
+    }
+    // Every leaf of a distributed partitioned table is distributed too (segments and
+    // generations made by maintenance are attached to these parents).
+    let leaves = citus
+        .coordinator()
+        .psql(
+            &db,
+            "SELECT count(*) FROM pg_inherits i
+             WHERE i.inhparent IN ('comb.messages'::regclass, 'comb.cursor_states'::regclass,
+                                   'comb.stream_states'::regclass)
+               AND NOT EXISTS (SELECT 1 FROM pg_dist_partition d
+                               WHERE d.logicalrelid = i.inhrelid)",
+        )
+        .unwrap();
+    assert_eq!(leaves, "0");
+    // Functions of one partition run beside its rows.
+    let functions = citus
+        .coordinator()
+        .psql(
+            &db,
+            "SELECT string_agg(objid::regprocedure::text, ',' ORDER BY 1) FROM pg_dist_object
+             WHERE classid = 'pg_proc'::regclass AND distribution_argument_index = 0
+               AND colocationid::text = (SELECT colocation_id::text FROM citus_tables
+                                         WHERE table_name = 'comb.partitions'::regclass)",
+        )
+        .unwrap();
+    assert!(
+        functions.contains("comb.partition_head(uuid)"),
+        "{functions}"
+    );
+    assert!(functions.contains("comb.claimable_now("), "{functions}");
+    // The state view was set aside and made again.
+    assert_eq!(
+        citus
+            .coordinator()
+            .psql(&db, "SELECT count(*) FROM comb.cursors_now")
+            .unwrap(),
+        "0"
+    );
+
+    // A second start finds everything distributed and does nothing.
+    let again = migrate(&url);
+    assert!(!again.contains("distributed on Citus"), "{again}");
+}
+
+#[tokio::test]
+async fn without_citus_the_schema_keeps_its_keys() {
+    let url = tokio::task::spawn_blocking(|| Postgres::shared().create_database("no_citus"))
+        .await
+        .unwrap()
+        .unwrap();
+    let out = migrate(&url);
+    assert!(!out.contains("distributed on Citus"), "{out}");
+    let db = url.rsplit('/').next().unwrap();
+    let keys = Postgres::shared()
+        .psql(
+            db,
+            "SELECT string_agg(conname, ',' ORDER BY conname) FROM pg_constraint
+             WHERE conname IN ('partitions_queue_id_name_key', 'dead_letters_pkey',
+                               'dead_letter_requeues_pkey')",
+        )
+        .unwrap();
+    assert_eq!(
+        keys,
+        "dead_letter_requeues_pkey,dead_letters_pkey,partitions_queue_id_name_key"
+    );
+}
+
+/// A `comb serve` on a fresh database of the shared Citus cluster, its URL the coordinator's
+/// (`sslmode` left to its default, `prefer`: Citus serves TLS with a self-signed version 1
+/// certificate).
+async fn on_citus(prefix: &'static str) -> Env {
+    on_citus_with(prefix, &[]).await
+}
+
+/// [`on_citus`] with extra `comb serve` flags.
+async fn on_citus_with(prefix: &'static str, args: &'static [&'static str]) -> Env {
+    tokio::task::spawn_blocking(move || {
+        let db_url = Citus::shared().create_database(prefix).unwrap();
+        let db_name = db_url.rsplit('/').next().unwrap().to_string();
+        let server = Server::start(common::comb_bin(), &db_url, args).expect("server starts");
+        Env {
+            server,
+            db_url,
+            db_name,
+            http: common::client(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn push_pop_ack_in_order_by_partition_and_over_the_queue() {
+    let env = on_citus("citus_basic").await;
+    let items: Vec<Value> = (1..=3)
+        .map(|n| json!({"queue": "q", "partition": "p1", "payload": {"n": n}}))
+        .chain((10..=11).map(|n| json!({"queue": "q", "partition": "p2", "payload": {"n": n}})))
+        .collect();
+    let pushed = env.push(json!(items)).await;
+    assert!(pushed.iter().all(|r| r["status"] == "queued"), "{pushed:?}");
+
+    // A named partition: its messages in order, under one lease.
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p1?batch=10")
+        .await
+        .expect("p1 has messages");
+    assert_eq!(numbers(&pop), vec![1, 2, 3]);
+    // Held by the lease until acked.
+    assert!(env.pop("/api/v1/pop/queue/q/partition/p1").await.is_none());
+    let acked = env.ack_all(&pop, "completed", None).await;
+    assert_eq!(acked.len(), 3, "{acked:?}");
+    assert!(env.pop("/api/v1/pop/queue/q/partition/p1").await.is_none());
+
+    // The whole queue: the partition that still has messages.
+    let pop = env
+        .pop("/api/v1/pop/queue/q?batch=10")
+        .await
+        .expect("p2 has messages");
+    assert_eq!(numbers(&pop), vec![10, 11]);
+    env.ack_all(&pop, "completed", None).await;
+    assert!(env.pop("/api/v1/pop/queue/q").await.is_none());
+
+    // More pushed to p1 come after what was acked, in order.
+    env.push(json!([
+        {"queue": "q", "partition": "p1", "payload": {"n": 4}},
+        {"queue": "q", "partition": "p1", "payload": {"n": 5}},
+    ]))
+    .await;
+    let pop = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
+    assert_eq!(numbers(&pop), vec![4, 5]);
+    assert!(
+        env.pop("/api/v1/pop/queue/q/partition/p1").await.is_none(),
+        "p1 is leased"
+    );
+}
+
+#[tokio::test]
+async fn every_consumer_group_reads_every_message() {
+    let env = on_citus("citus_groups").await;
+    let items: Vec<Value> = (1..=4)
+        .map(|n| json!({"queue": "fan", "partition": format!("p{}", n % 2), "payload": {"n": n}}))
+        .collect();
+    env.push(json!(items)).await;
+    for group in ["a", "b"] {
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            match env
+                .pop(&format!(
+                    "/api/v1/pop/queue/fan?consumerGroup={group}&autoAck=true&batch=10"
+                ))
+                .await
+            {
+                Some(pop) => seen.extend(numbers(&pop)),
+                None => break,
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, vec![1, 2, 3, 4], "group {group}");
+    }
+}
+
+#[tokio::test]
+async fn a_failed_message_is_retried_then_dead_lettered() {
+    let env = on_citus("citus_retries").await;
+    env.configure("q", json!({"retryLimit": 1, "retryDelay": 0}))
+        .await;
+    env.push(json!([
+        {"queue": "q", "partition": "p", "payload": {"n": 1}},
+        {"queue": "q", "partition": "p", "payload": {"n": 2}},
+    ]))
+    .await;
+    // retryLimit 1: handed out twice (one retry), then dead-lettered.
+    for attempt in 1..=2 {
+        let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+        let m = one(&pop);
+        assert_eq!(
+            (m["data"]["n"].as_i64(), m["attempt"].as_i64()),
+            (Some(1), Some(attempt))
+        );
+        let r = env.ack_ok(m, "failed", None, Some("boom")).await;
+        assert_eq!(r["dlq"], attempt == 2, "{r}");
+    }
+    // The dead letter is kept and the next message is delivered.
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    assert_eq!(one(&pop)["data"]["n"], 2);
+    let count = Citus::shared()
+        .coordinator()
+        .psql(&env.db_name, "SELECT count(*) FROM comb.dead_letters")
+        .unwrap();
+    assert_eq!(count, "1");
+}
+
+#[tokio::test]
+async fn a_waiting_pop_wakes_up_on_a_push() {
+    let env = on_citus("citus_wait").await;
+    let waiting = common::waiting_pop(env.url("/api/v1/pop/queue/w?wait=true&timeout=30000"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.push(json!([{"queue": "w", "partition": "p", "payload": {"n": 7}}]))
+        .await;
+    let (status, body, _) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(numbers(&body), vec![7]);
+}
+
+#[tokio::test]
+async fn a_lease_that_ends_unsettled_hands_the_message_out_again() {
+    let env = on_citus("citus_lease").await;
+    env.configure("q", json!({"leaseTime": 1, "retryLimit": 5}))
+        .await;
+    env.push(json!([
+        {"queue": "q", "partition": "a", "payload": {"n": 1}},
+        {"queue": "q", "partition": "b", "payload": {"n": 2}},
+    ]))
+    .await;
+    let first = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
+    let second = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
+    let mut got = [numbers(&first), numbers(&second)].concat();
+    got.sort();
+    assert_eq!(got, vec![1, 2]);
+    // Not acked: once the leases end, both come back with their second attempt.
+    let mut again = Vec::new();
+    let start = std::time::Instant::now();
+    while again.len() < 2 && start.elapsed() < common::PATIENCE {
+        match env.pop("/api/v1/pop/queue/q?batch=10").await {
+            Some(pop) => {
+                for m in pop["messages"].as_array().unwrap() {
+                    again.push((
+                        m["data"]["n"].as_i64().unwrap(),
+                        m["attempt"].as_i64().unwrap(),
+                    ));
+                }
+            }
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    again.sort();
+    assert_eq!(again, vec![(1, 2), (2, 2)]);
+}
+
+/// The plan Citus makes of `statement` (prepared, custom plan, not run) with `args`.
+fn citus_plan(db: &str, statement: &str, args: &str) -> String {
+    Citus::shared()
+        .coordinator()
+        .psql(
+            db,
+            &format!(
+                "SET plan_cache_mode = force_custom_plan;
+                 PREPARE s AS {statement};
+                 EXPLAIN (COSTS OFF) EXECUTE s({args})"
+            ),
+        )
+        .unwrap()
+}
+
+/// Every distributed step of `plan` is one task: no step reads or writes every shard.
+fn assert_single_shard_steps(what: &str, plan: &str) {
+    let counts: Vec<&str> = plan
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Task Count: "))
+        .collect();
+    assert!(
+        !counts.is_empty(),
+        "{what}: not a distributed plan:\n{plan}"
+    );
+    assert!(
+        counts.iter().all(|c| *c == "1"),
+        "{what}: {counts:?}\n{plan}"
+    );
+}
+
+/// `plan` is one task, sent whole to one worker: a router statement.
+fn assert_one_task(what: &str, plan: &str) {
+    assert_single_shard_steps(what, plan);
+    assert!(
+        !plan.contains("Distributed Subplan"),
+        "{what}: planned in steps\n{plan}"
+    );
+}
+
+#[tokio::test]
+async fn a_claims_walk_is_one_task_and_its_claim_touches_one_shard_per_step() {
+    let env = on_citus("citus_plans").await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    // The first pop subscribes the queue-mode group: its cursor exists from now on.
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 2}}]))
+        .await;
+    let row = Citus::shared()
+        .coordinator()
+        .psql(
+            &env.db_name,
+            "SELECT c.queue_id || ' ' || c.partition_id || ' ' || c.consumer_group
+             FROM comb.cursors c",
+        )
+        .unwrap();
+    let f: Vec<&str> = row.split(' ').collect();
+    let (queue, partition, group) = (f[0], f[1], f[2]);
+    let walk = citus_plan(
+        &env.db_name,
+        &comb::pop::CANDIDATES_CITUS_SQL,
+        &format!(
+            "'{queue}', '{group}', '{partition}', 1, 30, \
+             '00000000-0000-0000-0000-000000000000', 2"
+        ),
+    );
+    assert_one_task("the walk", &walk);
+    let claim = citus_plan(
+        &env.db_name,
+        &comb::pop::CLAIM_CITUS_SQL,
+        &format!(
+            "'{queue}', '{group}', ARRAY['{partition}']::uuid[], 10, 30, false, '{partition}'"
+        ),
+    );
+    // The claim is not yet one task: Citus plans its materialised steps one by one (each of
+    // one task), and its insert of the cursor's next state pulls through the coordinator
+    // (docs/scale-out.md). No step touches every shard.
+    assert_single_shard_steps("the claim", &claim);
+    assert!(claim.contains("Distributed Subplan"), "{claim}");
+}
+
+#[tokio::test]
+async fn a_delayed_message_waits_for_its_delay() {
+    let env = on_citus("citus_delay").await;
+    env.configure("d", json!({"delayedProcessing": 2})).await;
+    env.push(json!([{"queue": "d", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    let pushed_at = std::time::Instant::now();
+    let pop = env.pop_now_or_wait("d").await;
+    assert_eq!(numbers(&pop), vec![1]);
+    assert!(
+        pushed_at.elapsed() >= Duration::from_secs(2),
+        "handed out {:?} after the push, before its delay",
+        pushed_at.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn messages_pending_past_max_wait_are_dead_lettered() {
+    let env = on_citus_with("citus_max_wait", &["--maintenance-interval-ms", "200"]).await;
+    env.push(json!([
+        {"queue": "slow", "partition": "p", "payload": {"n": 1}},
+        {"queue": "slow", "partition": "p", "payload": {"n": 2}},
+    ]))
+    .await;
+    let first = env
+        .pop("/api/v1/pop/queue/slow?consumerGroup=g&autoAck=true")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&first), vec![1]);
+    env.configure("slow", json!({"maxWaitTimeSeconds": 1}))
+        .await;
+    let dead = || {
+        Citus::shared()
+            .coordinator()
+            .psql(
+                &env.db_name,
+                "SELECT count(*) FROM comb.dead_letters WHERE consumer_group = 'g'",
+            )
+            .unwrap()
+    };
+    common::eventually(common::PATIENCE, "dead-lettered", || dead() == "1").await;
+    assert!(
+        env.pop("/api/v1/pop/queue/slow?consumerGroup=g")
+            .await
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn retention_drops_whole_segments_on_the_cluster() {
+    let env = on_citus_with(
+        "citus_retention",
+        &["--segment-seconds", "1", "--maintenance-interval-ms", "200"],
+    )
+    .await;
+    let sql = |q: &str| Citus::shared().coordinator().psql(&env.db_name, q).unwrap();
+    env.push(json!([
+        {"queue": "short", "partition": "p", "payload": {"n": 1}},
+        {"queue": "short", "partition": "p", "payload": {"n": 2}},
+    ]))
+    .await;
+    let seg: i32 = sql("SELECT DISTINCT seg FROM comb.messages")
+        .parse()
+        .unwrap();
+    env.configure("short", json!({"retentionSeconds": 1})).await;
+    let start = std::time::Instant::now();
+    // The segment is rolled over, summarised and dropped as a whole table, shards and all.
+    while sql(&format!(
+        "SELECT to_regclass('comb.messages_{seg}') IS NOT NULL"
+    )) == "t"
+    {
+        assert!(
+            start.elapsed() < common::PATIENCE,
+            "segment {seg} not dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let shards = sql(&format!(
+        "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid::text = 'comb.messages_{seg}'"
+    ));
+    assert_eq!(shards, "0");
+    // Newer segments made since are distributed like their parent.
+    assert_eq!(
+        sql(
+            "SELECT count(*) FROM pg_inherits i WHERE i.inhparent = 'comb.messages'::regclass
+             AND NOT EXISTS (SELECT 1 FROM pg_dist_partition d WHERE d.logicalrelid = i.inhrelid)"
+        ),
+        "0"
+    );
+    // The summary outlives the segment: the partition's head, so new messages come after.
+    env.configure("short", json!({"retentionSeconds": 0})).await;
+    env.push(json!([{"queue": "short", "partition": "p", "payload": {"n": 3}}]))
+        .await;
+    assert_eq!(sql("SELECT max(pos) FROM comb.messages"), "3");
+    let pop = env.pop("/api/v1/pop/queue/short?batch=10").await.unwrap();
+    assert_eq!(numbers(&pop), vec![3]);
+}
+
+#[tokio::test]
+async fn a_push_through_one_server_wakes_a_pop_waiting_on_another() {
+    let env = on_citus("citus_two").await;
+    let url = env.db_url.clone();
+    let other = tokio::task::spawn_blocking(move || {
+        Server::start(common::comb_bin(), &url, &[]).expect("second server")
+    })
+    .await
+    .unwrap();
+    let waiting = common::waiting_pop(format!(
+        "{}/api/v1/pop/queue/w?wait=true&timeout=60000",
+        other.base_url()
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.push(json!([{"queue": "w", "partition": "p", "payload": {"n": 9}}]))
+        .await;
+    let (status, body, _) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(numbers(&body), vec![9]);
+    // One maintenance leader between them: the advisory lock lives on the coordinator.
+    let leaders = Citus::shared()
+        .coordinator()
+        .psql(
+            &env.db_name,
+            // The leader lock's key, 0x636f_6d62_0002, as pg_locks splits it.
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+             WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()
+               AND l.classid = x'636f'::int AND l.objid = x'6d620002'::bigint",
+        )
+        .unwrap();
+    assert_eq!(leaders, "1", "one maintenance leader on the coordinator");
+}
+
+#[tokio::test]
+async fn a_transaction_acks_and_pushes_across_partitions() {
+    let env = on_citus("citus_tx").await;
+    env.push(json!([{"queue": "in", "partition": "a", "payload": {"n": 1}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/in").await.unwrap();
+    let m = one(&pop);
+    let (status, body) = env
+        .post(
+            "/api/v1/transaction",
+            &json!({"operations": [
+                {"type": "ack", "transactionId": m["transactionId"],
+                 "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+                 "status": "completed"},
+                {"type": "push", "items": [{"queue": "out", "partition": "b", "payload": {"n": 2}}]},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["success"], true, "{body}");
+    // The ack took: nothing left in `in`; the push took: `out` holds its message.
+    assert!(env.pop("/api/v1/pop/queue/in").await.is_none());
+    let out = env.pop("/api/v1/pop/queue/out").await.unwrap();
+    assert_eq!(numbers(&out), vec![2]);
+}
+
+/// Streams' tables are distributed with the partitions they are about (`stream_partitions`,
+/// `stream_states` by partition, `stream_queries` a reference table): a cycle commits its
+/// state, its sink push and its source ack together on the cluster.
+#[tokio::test]
+async fn a_stream_cycle_commits_state_sink_and_ack_together() {
+    let env = on_citus("citus_streams").await;
+    let (s, registered) = env
+        .post(
+            "/streams/v1/queries",
+            &json!({"name": "q", "source_queue": "src", "sink_queue": "sink",
+                    "config_hash": "h", "reset": false}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{registered}");
+    let query = registered["query_id"].clone();
+    let items: Vec<Value> = (0..3)
+        .map(|i| json!({"queue": "src", "partition": "p", "payload": {"n": i}}))
+        .collect();
+    env.push(json!(items)).await;
+    let group = "streams.q";
+    let pop = env
+        .pop(&format!(
+            "/api/v1/pop/queue/src?consumerGroup={group}&batch=10"
+        ))
+        .await
+        .expect("the pushed messages");
+    let last = &pop["messages"][2];
+    let (s, done) = env
+        .post(
+            "/streams/v1/cycle",
+            &json!({
+                "query_id": query, "partition_id": pop["partitionId"], "consumer_group": group,
+                "state_ops": [{"type": "upsert", "key": "sum", "value": 3}],
+                "push_items": [{"queue": "sink", "partition": "p", "payload": {"sum": 3}}],
+                "ack": {"transactionId": last["transactionId"], "leaseId": last["leaseId"],
+                        "status": "completed", "count": 3},
+            }),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}\n{}", env.server.log_tail(30));
+    assert_eq!(done["ack_result"]["count"], 3, "{done}");
+    let (s, read) = env
+        .post(
+            "/streams/v1/state/get",
+            &json!({"query_id": query, "partition_id": pop["partitionId"], "keys": []}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{read}");
+    assert_eq!(read["rows"][0]["value"], 3, "{read}");
+    let sink = env
+        .pop("/api/v1/pop/queue/sink?autoAck=true")
+        .await
+        .expect("the sink push");
+    assert_eq!(sink["messages"][0]["data"]["sum"], 3);
+    assert!(
+        env.pop(&format!("/api/v1/pop/queue/src?consumerGroup={group}"))
+            .await
+            .is_none(),
+        "the source is settled for the query's group"
+    );
+}
+
+/// Failed acks of several partitions (on both workers) in one request: each cursor moves on
+/// and each message is dead-lettered in its own partition.
+#[tokio::test]
+async fn failed_acks_of_several_partitions_in_one_request_dead_letter_each() {
+    let env = on_citus("citus_many_failed").await;
+    env.configure("q", json!({"retryLimit": 0, "retryDelay": 0}))
+        .await;
+    let items: Vec<Value> = (1..=4)
+        .map(|n| json!({"queue": "q", "partition": format!("p{n}"), "payload": {"n": n}}))
+        .collect();
+    env.push(json!(items)).await;
+    let mut acks = Vec::new();
+    for n in 1..=4 {
+        let pop = env
+            .pop(&format!("/api/v1/pop/queue/q/partition/p{n}"))
+            .await
+            .unwrap();
+        let m = one(&pop);
+        acks.push(json!({
+            "transactionId": m["transactionId"], "partitionId": m["partitionId"],
+            "leaseId": m["leaseId"], "status": "failed", "error": "boom",
+        }));
+    }
+    let (s, body) = env
+        .post("/api/v1/ack/batch", &json!({"acknowledgments": acks}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    for r in body.as_array().unwrap() {
+        assert_eq!(
+            (r["success"].as_bool(), r["dlq"].as_bool()),
+            (Some(true), Some(true)),
+            "{body}"
+        );
+    }
+    let count = Citus::shared()
+        .coordinator()
+        .psql(
+            &env.db_name,
+            "SELECT count(DISTINCT partition_id) FROM comb.dead_letters",
+        )
+        .unwrap();
+    assert_eq!(count, "4");
+    for n in 1..=4 {
+        assert!(
+            env.pop(&format!("/api/v1/pop/queue/q/partition/p{n}"))
+                .await
+                .is_none(),
+            "p{n} moved past its dead letter"
+        );
+    }
+}

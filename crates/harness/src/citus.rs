@@ -1,0 +1,128 @@
+//! A throwaway Citus cluster: a coordinator and two workers on loopback, each a [`Postgres`]
+//! with Citus preloaded, for the tests that check Comb on a distributed database.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use crate::{Postgres, sanitize_db_prefix};
+
+/// Settings of every node: Citus preloaded, memory small enough that three nodes and the
+/// plain cluster fit beside the tests on a small machine.
+const CITUS_SETTINGS: &[(&str, &str)] = &[
+    ("shared_preload_libraries", "citus"),
+    ("shared_buffers", "32MB"),
+    ("work_mem", "4MB"),
+    ("maintenance_work_mem", "32MB"),
+    ("max_connections", "300"),
+    ("max_worker_processes", "16"),
+    // Rebalancing moves shards by logical replication.
+    ("wal_level", "logical"),
+    // Few shards per table keep DDL (migrations make and drop tables) quick; the tests need
+    // several shards per worker, not Citus's default 32.
+    ("citus.shard_count", "8"),
+    ("citus.log_remote_commands", "off"),
+];
+
+/// A Citus cluster of a coordinator and two workers, each on a free port of 127.0.0.1 with
+/// trust authentication for `postgres`, stopped and removed when dropped.
+///
+/// Databases are made by [`Citus::create_database`]: Citus is set up per database (the
+/// extension in it on every node, the workers added from the coordinator), so tests sharing
+/// the cluster do not see each other's tables.
+pub struct Citus {
+    coordinator: Postgres,
+    workers: Vec<Postgres>,
+}
+
+impl Citus {
+    /// Starts the three nodes (at once) and returns when every one accepts connections.
+    pub fn start() -> io::Result<Citus> {
+        let mut nodes = std::thread::scope(|s| {
+            let started: Vec<_> = (0..3)
+                .map(|_| s.spawn(|| Postgres::start_with(CITUS_SETTINGS)))
+                .collect();
+            started
+                .into_iter()
+                .map(|h| h.join().expect("a node's start panicked"))
+                .collect::<io::Result<Vec<Postgres>>>()
+        })?;
+        let coordinator = nodes.remove(0);
+        Ok(Citus {
+            coordinator,
+            workers: nodes,
+        })
+    }
+
+    /// One cluster per test process, started on first use (stopped by the nodes' watchdogs
+    /// once the process exits). Panics if it cannot be started.
+    pub fn shared() -> &'static Citus {
+        static SHARED: OnceLock<Citus> = OnceLock::new();
+        SHARED.get_or_init(|| match Citus::start() {
+            Ok(c) => c,
+            Err(e) => panic!("could not start the shared Citus cluster: {e}"),
+        })
+    }
+
+    /// The coordinator: where Comb connects and where distributed tables are queried.
+    pub fn coordinator(&self) -> &Postgres {
+        &self.coordinator
+    }
+
+    /// The workers, holding the shards.
+    pub fn workers(&self) -> &[Postgres] {
+        &self.workers
+    }
+
+    /// Creates a database on every node with Citus set up in it — the extension on each node,
+    /// the coordinator registered and both workers added — and returns the coordinator's URL
+    /// of it.
+    pub fn create_database(&self, prefix: &str) -> io::Result<String> {
+        static COUNTER: AtomicU64 = AtomicU64::new(1);
+        // Citus changes its catalogs on every node when a database joins: one at a time
+        // ("tuple concurrently updated" otherwise).
+        static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+        let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{}_{n}_{}", sanitize_db_prefix(prefix), std::process::id());
+        for node in std::iter::once(&self.coordinator).chain(&self.workers) {
+            node.psql("postgres", &format!("CREATE DATABASE \"{name}\""))?;
+            node.psql(&name, "CREATE EXTENSION citus")?;
+        }
+        self.coordinator.psql(
+            &name,
+            &format!(
+                "SELECT citus_set_coordinator_host('127.0.0.1', {})",
+                self.coordinator.port()
+            ),
+        )?;
+        for w in &self.workers {
+            self.add_worker(&name, w)?;
+        }
+        Ok(self.coordinator.url(&name))
+    }
+
+    /// Adds `worker` (a node started by the caller with [`Citus::node_settings`]) to
+    /// database `db`'s cluster, creating the database and the extension on it first when
+    /// missing. Tests that grow a cluster use it.
+    pub fn add_worker(&self, db: &str, worker: &Postgres) -> io::Result<()> {
+        let exists = worker.psql(
+            "postgres",
+            &format!("SELECT count(*) FROM pg_database WHERE datname = '{db}'"),
+        )?;
+        if exists == "0" {
+            worker.psql("postgres", &format!("CREATE DATABASE \"{db}\""))?;
+            worker.psql(db, "CREATE EXTENSION citus")?;
+        }
+        self.coordinator.psql(
+            db,
+            &format!("SELECT citus_add_node('127.0.0.1', {})", worker.port()),
+        )?;
+        Ok(())
+    }
+
+    /// The settings every node of a cluster gets, for a node started separately.
+    pub fn node_settings() -> &'static [(&'static str, &'static str)] {
+        CITUS_SETTINGS
+    }
+}
