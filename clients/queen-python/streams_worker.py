@@ -35,8 +35,9 @@ async def main(url, source, sink, query):
         while True:
             m = runner.metrics()
             done = m["cyclesTotal"] + m["flushCyclesTotal"]
-            if done > seen:
-                seen = done
+            # One line per committed cycle: several may commit between two looks.
+            while seen < done:
+                seen += 1
                 print("cycle", flush=True)
             await asyncio.sleep(0.05)
 

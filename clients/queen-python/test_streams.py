@@ -5,6 +5,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -297,11 +298,15 @@ def test_a_runner_killed_between_cycles_resumes_without_losing_or_counting_twice
 
     session(url, setup)
     first = subprocess.Popen(worker, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    # A runner that never reports its cycles is killed, so the test fails instead of waiting.
+    give_up = threading.Timer(60, first.kill)
+    give_up.start()
     try:
         # Killed once it has committed a few cycles: the rest of its work is cut off.
         for _ in range(3):
             assert first.stdout.readline().strip() == "cycle"
     finally:
+        give_up.cancel()
         first.kill()
         first.wait()
 
