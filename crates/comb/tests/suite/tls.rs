@@ -247,47 +247,10 @@ async fn database_connections_follow_sslmode() {
     let ca = write(dir.path(), "ca.pem", &id.ca_pem);
     let other_ca = write(dir.path(), "other-ca.pem", &identity().ca_pem);
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    // The cluster runs as `postgres` when the tests run as root: its files must be its own.
-    if Command::new("id")
-        .arg("-u")
-        .output()
-        .unwrap()
-        .stdout
-        .trim_ascii()
-        == b"0"
-    {
-        let ok = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir.path())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    }
-    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
-    let pg = tokio::task::spawn_blocking(move || {
-        Postgres::start_with(&[
-            ("ssl", "on"),
-            ("ssl_cert_file", &cert_s),
-            ("ssl_key_file", &key_s),
-        ])
-        .unwrap()
-    })
-    .await
-    .unwrap();
+    let pg = postgres_with_tls(dir.path(), &cert, &key).await;
     let db = pg.create_database("tls").unwrap();
     let name = db.rsplit('/').next().unwrap().to_string();
-    // Whether every connection of `app` is encrypted (and there is at least one).
-    let encrypted = |app: &str| {
-        pg.psql(
-            &name,
-            &format!(
-                "SELECT count(*) > 0 AND bool_and(s.ssl) FROM pg_stat_activity a \
-                 JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = '{app}'"
-            ),
-        )
-        .unwrap()
-    };
+    let encrypted = |app: &str| encrypted(&pg, &name, app);
 
     for (mode, app, want) in [
         ("require", "comb_require", "t"),
@@ -418,45 +381,10 @@ async fn sslmode_as_libpq_means_it_against_a_self_signed_version_1_certificate()
         .unwrap();
     let (cert, key) = version_1_certificate(dir.path());
     let other_ca = write(dir.path(), "other-ca.pem", &identity().ca_pem);
-    if Command::new("id")
-        .arg("-u")
-        .output()
-        .unwrap()
-        .stdout
-        .trim_ascii()
-        == b"0"
-    {
-        let ok = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(dir.path())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    }
-    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
-    let pg = tokio::task::spawn_blocking(move || {
-        Postgres::start_with(&[
-            ("ssl", "on"),
-            ("ssl_cert_file", &cert_s),
-            ("ssl_key_file", &key_s),
-        ])
-        .unwrap()
-    })
-    .await
-    .unwrap();
+    let pg = postgres_with_tls(dir.path(), &cert, &key).await;
     let db = pg.create_database("tls1").unwrap();
     let name = db.rsplit('/').next().unwrap().to_string();
-    let encrypted = |app: &str| {
-        pg.psql(
-            &name,
-            &format!(
-                "SELECT count(*) > 0 AND bool_and(s.ssl) FROM pg_stat_activity a \
-                 JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = '{app}'"
-            ),
-        )
-        .unwrap()
-    };
+    let encrypted = |app: &str| encrypted(&pg, &name, app);
 
     // prefer (also by default) and require encrypt without verifying.
     for (query, app) in [
@@ -511,4 +439,52 @@ async fn sslmode_as_libpq_means_it_against_a_self_signed_version_1_certificate()
         server_on(url, vec![]).await.is_err(),
         "require with an authority took an untrusted certificate"
     );
+}
+
+/// A PostgreSQL of its own serving TLS with this certificate and key (in `dir`). The cluster
+/// runs as `postgres` when the tests run as root: its files must be its own.
+async fn postgres_with_tls(
+    dir: &std::path::Path,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Postgres {
+    if Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        .trim_ascii()
+        == b"0"
+    {
+        let ok = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+    tokio::task::spawn_blocking(move || {
+        Postgres::start_with(&[
+            ("ssl", "on"),
+            ("ssl_cert_file", &cert_s),
+            ("ssl_key_file", &key_s),
+        ])
+        .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// Whether every connection of `app` to database `name` is encrypted (and there is one).
+fn encrypted(pg: &Postgres, name: &str, app: &str) -> String {
+    pg.psql(
+        name,
+        &format!(
+            "SELECT count(*) > 0 AND bool_and(s.ssl) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = '{app}'"
+        ),
+    )
+    .unwrap()
 }
