@@ -21,6 +21,7 @@ pub mod http;
 pub mod load;
 pub mod long;
 pub mod meter;
+pub mod nodes;
 pub mod peers;
 pub mod procstat;
 pub mod profile;

@@ -84,6 +84,11 @@ struct Args {
     /// How the run was started, for the docs (default: this command line).
     #[arg(long)]
     command: Option<String>,
+    /// Also run every Comb cell on a Citus cluster started for the run (a coordinator and two
+    /// workers on loopback), and print what each PostgreSQL node does per message, plain
+    /// PostgreSQL beside it (`docs/scale-out.md`).
+    #[arg(long)]
+    citus: bool,
     /// Compare `--comb` (A) with this `comb` binary (B): the cells run for each in turns,
     /// `--rounds` times, and the table shows both with the ratio of their medians.
     #[arg(long)]
@@ -172,6 +177,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         pop_partitions: usize::from(args.pop_partitions),
         fanout_rate: args.fanout_rate,
         peers: args.peers.clone(),
+        citus: args.citus,
     };
     let rt = if args.client_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -192,11 +198,24 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         runner.pg.port(),
         selected.len()
     );
+    if let Some(c) = &runner.citus {
+        eprintln!(
+            "Citus coordinator on port {}, workers on {}",
+            c.coordinator().port(),
+            c.workers()
+                .iter()
+                .map(|w| w.port().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if args.compares() {
         return compare(&args, runner, &selected, started);
     }
     let rows = run_cells(&mut runner, &selected, &args.peers);
-    let table = report::table(&rows) + &with_blank(report::program_table(&rows));
+    let table = report::table(&rows)
+        + &with_blank(report::program_table(&rows))
+        + &with_blank(comb_bench::nodes::table(&rows));
     let checks = report::checks_text(&report::checks(&rows));
     println!("\n{table}\n{checks}");
     println!(
@@ -265,6 +284,11 @@ fn run_cells(runner: &mut Runner, cells: &[cells::Cell], peers: &[Peer]) -> Vec<
             eprintln!("cell {:<12} the same against {}", cell.name, peer.name);
             let t = Instant::now();
             report(runner.run_with(cell, peer), t);
+        }
+        if runner.citus.is_some() {
+            eprintln!("cell {:<12} the same on Citus", cell.name);
+            let t = Instant::now();
+            report(runner.run_citus(cell), t);
         }
     }
     let mut rows = runner.rows.clone();

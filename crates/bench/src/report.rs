@@ -86,6 +86,9 @@ pub struct Row {
     pub window_s: f64,
     /// Anything a reader must know about this cell's numbers.
     pub note: Option<String>,
+    /// What each PostgreSQL node did (`comb-bench --citus`): a row per node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<crate::nodes::NodeRow>,
 }
 
 /// Fills `ratio` of every peer row from the Comb cell it is compared with.

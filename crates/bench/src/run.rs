@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use comb_harness::{Postgres, Server};
+use comb_harness::{Citus, Postgres, Server};
 use tokio::runtime::Runtime;
 
 use crate::cells::{Cell, Kind, Offered};
 use crate::http::BoxError;
 use crate::load::{self, ConsumerSpec, Rate};
 use crate::meter::{Meter, Usage, usage};
+use crate::nodes::{self, Node, NodeMeter, NodeSnapshot};
 use crate::peers;
 use crate::procstat;
 use crate::profile::{self, Profile};
@@ -62,6 +63,9 @@ pub struct Options {
     /// Other servers speaking Queen's HTTP API, each run through every Comb cell right after
     /// Comb (`--peer NAME=PROGRAM`).
     pub peers: Vec<Peer>,
+    /// Also run every Comb cell on a Citus cluster (a coordinator and two workers), with
+    /// per-node figures for both ([`nodes`]).
+    pub citus: bool,
 }
 
 /// Another server benchmarked with Comb's cells: started as `PROGRAM serve --listen ADDR`
@@ -112,6 +116,8 @@ const FALLBACK_RATE: f64 = 2_000.0;
 pub struct Runner {
     /// The cluster every cell's database lives in.
     pub pg: Postgres,
+    /// The Citus cluster Comb cells also run on (`--citus`).
+    pub citus: Option<Citus>,
     opts: Options,
     rt: Runtime,
     /// Results so far, in run order.
@@ -127,9 +133,22 @@ impl Runner {
         if opts.profile.is_some() {
             settings.extend_from_slice(profile::PG_SETTINGS);
         }
-        let pg = Postgres::start_with(&settings)?;
+        let pg_settings: Vec<(&str, &str)> = match opts.citus {
+            true => settings.iter().chain(nodes::PG_SETTINGS).copied().collect(),
+            false => settings.clone(),
+        };
+        let pg = Postgres::start_with(&pg_settings)?;
+        let citus = match opts.citus {
+            true => {
+                let all: Vec<(&str, &str)> =
+                    settings.iter().chain(nodes::CITUS_SETTINGS).copied().collect();
+                Some(Citus::start_with(&all)?)
+            }
+            false => None,
+        };
         Ok(Runner {
             pg,
+            citus,
             opts,
             rt,
             rows: Vec::new(),
@@ -153,13 +172,63 @@ impl Runner {
         let db = url.rsplit('/').next().unwrap_or_default().to_string();
         let result = match cell.kind {
             Kind::Ceiling { .. } | Kind::SkipLocked { .. } => self.run_peer(cell, &url),
-            _ => self.run_comb(cell, &url, peer),
+            _ => {
+                // With `--citus`, plain PostgreSQL gets the same per-node accounting.
+                let nodes = match self.citus.is_some() {
+                    true => vec![Node {
+                        role: "postgres".into(),
+                        url: url.clone(),
+                        citus: false,
+                    }],
+                    false => Vec::new(),
+                };
+                self.run_comb(cell, &url, peer, nodes)
+            }
         };
         // Free the disk for the next cell (this also checkpoints).
         let _ = self
             .pg
             .psql("postgres", &format!("DROP DATABASE IF EXISTS \"{db}\""));
         let row = result?;
+        self.rows.push(row.clone());
+        Ok(row)
+    }
+
+    /// Runs a Comb cell on the Citus cluster (`--citus`) on a fresh database and records its
+    /// row, named `comb-citus`, with a figure line per node.
+    pub fn run_citus(&mut self, cell: &Cell) -> Result<Row, BoxError> {
+        let citus = self.citus.as_ref().ok_or("no Citus cluster (run with --citus)")?;
+        let url = citus.create_database(cell.name)?;
+        let db = url.rsplit('/').next().unwrap_or_default().to_string();
+        // Citus turns TLS on; Comb reaches plain PostgreSQL without it, so the same here
+        // (the nodes' own connections keep Citus's default).
+        let url = format!("{url}?sslmode=disable");
+        let all: Vec<&Postgres> = std::iter::once(citus.coordinator())
+            .chain(citus.workers())
+            .collect();
+        let nodes: Vec<Node> = all
+            .iter()
+            .enumerate()
+            .map(|(i, pg)| Node {
+                role: match i {
+                    0 => "coordinator".to_string(),
+                    i => format!("worker{i}"),
+                },
+                url: pg.url(&db),
+                citus: true,
+            })
+            .collect();
+        let result = self.run_comb(cell, &url, None, nodes);
+        if let Some(citus) = &self.citus {
+            for pg in std::iter::once(citus.coordinator()).chain(citus.workers()) {
+                let _ = pg.psql(
+                    "postgres",
+                    &format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"),
+                );
+            }
+        }
+        let mut row = result?;
+        row.system = "comb-citus".into();
         self.rows.push(row.clone());
         Ok(row)
     }
@@ -235,7 +304,13 @@ impl Runner {
         }
     }
 
-    fn run_comb(&mut self, cell: &Cell, url: &str, peer: Option<&Peer>) -> Result<Row, BoxError> {
+    fn run_comb(
+        &mut self,
+        cell: &Cell,
+        url: &str,
+        peer: Option<&Peer>,
+        nodes: Vec<Node>,
+    ) -> Result<Row, BoxError> {
         let server = match peer {
             None => {
                 let args: Vec<&str> = self.opts.comb_args.iter().map(String::as_str).collect();
@@ -273,7 +348,7 @@ impl Runner {
                 }
                 _ => unreachable!("peers run elsewhere"),
             }
-            let (window, measuring) = start_window(url, Some(pid), name, &opts).await?;
+            let (window, measuring) = start_window(url, Some(pid), name, &opts, nodes).await?;
             let mut row = Row {
                 cell: name.to_string(),
                 system,
@@ -468,8 +543,9 @@ impl Runner {
                 }
                 _ => unreachable!(),
             }
-            let usage = measuring.await?;
-            set_usage(&mut row, &usage, requests);
+            let measured = measuring.await?;
+            set_usage(&mut row, &measured.usage, requests);
+            set_nodes(&mut row, measured);
             Ok::<Row, BoxError>(row)
         });
         let mut row = result?;
@@ -505,7 +581,7 @@ impl Runner {
                     .batch_execute(peers::SKIP_LOCKED_SCHEMA)
                     .await?;
             }
-            let (window, measuring) = start_window(url, None, name, &opts).await?;
+            let (window, measuring) = start_window(url, None, name, &opts, Vec::new()).await?;
             let mut row = Row {
                 cell: name.to_string(),
                 system: match kind {
@@ -548,8 +624,9 @@ impl Runner {
                 }
                 _ => unreachable!(),
             }
-            let usage = measuring.await?;
-            set_usage(&mut row, &usage, requests);
+            let measured = measuring.await?;
+            set_usage(&mut row, &measured.usage, requests);
+            set_nodes(&mut row, measured);
             Ok(row)
         })
     }
@@ -560,7 +637,13 @@ fn group_names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("g{i}")).collect()
 }
 
-type Measuring = tokio::task::JoinHandle<Usage>;
+/// What the window's edges read: the machine's usage, and each node's counters when asked.
+struct Measured {
+    usage: Usage,
+    nodes: Option<(NodeMeter, NodeSnapshot, NodeSnapshot)>,
+}
+
+type Measuring = tokio::task::JoinHandle<Measured>;
 
 /// Checkpoints and analyses the set-up's data, then opens the window after the warm-up and
 /// starts the task that snapshots resources at its edges (and profiles, when asked).
@@ -569,7 +652,12 @@ async fn start_window(
     broker_pid: Option<u32>,
     cell: &'static str,
     opts: &Options,
+    nodes: Vec<Node>,
 ) -> Result<(Window, Measuring), BoxError> {
+    let node_meter = match nodes.is_empty() {
+        true => None,
+        false => Some(NodeMeter::new(&nodes).await?),
+    };
     let client = peers::connect(url).await?;
     client.batch_execute("ANALYZE; CHECKPOINT").await?;
     if opts.profile.is_some() {
@@ -583,6 +671,10 @@ async fn start_window(
         if prof.is_some() {
             profile::reset(meter.client()).await;
         }
+        let node_a = match &node_meter {
+            Some(m) => Some(m.snapshot().await),
+            None => None,
+        };
         let a = meter.snapshot().await;
         let perf = prof
             .as_ref()
@@ -596,6 +688,10 @@ async fn start_window(
             }
         };
         let b = meter.snapshot().await;
+        let node_b = match &node_meter {
+            Some(m) => Some(m.snapshot().await),
+            None => None,
+        };
         let u = usage(&a, &b);
         if let Some(p) = &prof {
             let mut text = format!("Cell {cell}\n\n");
@@ -612,7 +708,10 @@ async fn start_window(
                         .await;
             }
         }
-        u
+        Measured {
+            usage: u,
+            nodes: node_meter.zip(node_a).zip(node_b).map(|((m, a), b)| (m, a, b)),
+        }
     });
     Ok((window, task))
 }
@@ -719,6 +818,26 @@ fn set_usage(row: &mut Row, u: &Usage, requests: u64) {
     row.pg_commits_per_sec = u.commits.map(per_sec);
     row.pg_wal_syncs_per_sec = u.wal_syncs.map(per_sec);
     row.pg_wal_bytes_per_msg = u.wal_bytes.filter(|_| msgs > 0.0).map(|b| b / msgs);
+}
+
+/// Each node's figures of the window; on several nodes, PostgreSQL's CPU (and so the all-in
+/// figures) is theirs added up, since the meter's own reading covers only the node Comb
+/// connects to.
+fn set_nodes(row: &mut Row, measured: Measured) {
+    let Some((meter, a, b)) = measured.nodes else {
+        return;
+    };
+    let u = &measured.usage;
+    let msgs = row.msgs_per_sec * row.window_s;
+    row.nodes = meter.rows(&a, &b, u.secs, msgs);
+    if row.nodes.len() > 1 {
+        let pg_cpu: f64 = row.nodes.iter().map(|n| n.cpu_cores).sum::<f64>() * u.secs;
+        row.pg_cpu_cores = Some(pg_cpu / u.secs);
+        let all_in = u.broker_cpu.unwrap_or(0.0) + pg_cpu;
+        row.all_in_cpu_cores = Some(all_in / u.secs);
+        row.all_in_cpu_us_per_msg = (msgs > 0.0).then(|| all_in * 1e6 / msgs);
+        row.pg_wal_bytes_per_msg = nodes::sum(&row.nodes).wal_bytes_per_msg;
+    }
 }
 
 #[cfg(test)]

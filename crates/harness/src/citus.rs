@@ -38,9 +38,16 @@ pub struct Citus {
 impl Citus {
     /// Starts the three nodes (at once) and returns when every one accepts connections.
     pub fn start() -> io::Result<Citus> {
+        Self::start_with(&[])
+    }
+
+    /// Like [`Citus::start`], with `settings` applied on every node after the cluster's own,
+    /// so they win (benchmarks use it for durable, roomier settings).
+    pub fn start_with(settings: &[(&str, &str)]) -> io::Result<Citus> {
+        let all: Vec<(&str, &str)> = CITUS_SETTINGS.iter().chain(settings).copied().collect();
         let mut nodes = std::thread::scope(|s| {
             let started: Vec<_> = (0..3)
-                .map(|_| s.spawn(|| Postgres::start_with(CITUS_SETTINGS)))
+                .map(|_| s.spawn(|| Postgres::start_with(&all)))
                 .collect();
             started
                 .into_iter()
