@@ -89,6 +89,18 @@ struct Args {
     /// PostgreSQL beside it (`docs/scale-out.md`).
     #[arg(long)]
     citus: bool,
+    /// Workers of the `--citus` cluster (the scale-out model is checked at 1 and 2).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=8))]
+    citus_workers: u16,
+    /// The scale-out model's hardware: cores of each worker.
+    #[arg(long, default_value_t = 16.0)]
+    model_worker_cores: f64,
+    /// The scale-out model's hardware: cores of the coordinator.
+    #[arg(long, default_value_t = 16.0)]
+    model_coordinator_cores: f64,
+    /// The scale-out model's hardware: WAL each worker can write, MB/s.
+    #[arg(long, default_value_t = 200.0)]
+    model_worker_wal_mb_s: f64,
     /// Compare `--comb` (A) with this `comb` binary (B): the cells run for each in turns,
     /// `--rounds` times, and the table shows both with the ratio of their medians.
     #[arg(long)]
@@ -178,6 +190,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         fanout_rate: args.fanout_rate,
         peers: args.peers.clone(),
         citus: args.citus,
+        citus_workers: usize::from(args.citus_workers),
     };
     let rt = if args.client_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -215,7 +228,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let rows = run_cells(&mut runner, &selected, &args.peers);
     let table = report::table(&rows)
         + &with_blank(report::program_table(&rows))
-        + &with_blank(comb_bench::nodes::table(&rows));
+        + &with_blank(comb_bench::nodes::table(&rows))
+        + &with_blank(comb_bench::nodes::model(
+            &rows,
+            comb_bench::nodes::Hardware {
+                worker_cores: args.model_worker_cores,
+                coordinator_cores: args.model_coordinator_cores,
+                worker_wal_mb_s: args.model_worker_wal_mb_s,
+            },
+        ));
     let checks = report::checks_text(&report::checks(&rows));
     println!("\n{table}\n{checks}");
     println!(

@@ -130,7 +130,9 @@ impl NodeMeter {
                 )
                 .await
                 .map_err(|e| {
-                    let text = e.as_db_error().map_or(e.to_string(), |d| d.message().to_string());
+                    let text = e
+                        .as_db_error()
+                        .map_or(e.to_string(), |d| d.message().to_string());
                     format!("{}: pg_stat_statements: {text}", node.role)
                 })?;
             let backend: i32 = client
@@ -198,11 +200,7 @@ impl NodeMeter {
                         .citus
                         .then(|| per(d(|c| c.single_shard)))
                         .flatten(),
-                    multi_shard_per_msg: p
-                        .node
-                        .citus
-                        .then(|| per(d(|c| c.multi_shard)))
-                        .flatten(),
+                    multi_shard_per_msg: p.node.citus.then(|| per(d(|c| c.multi_shard))).flatten(),
                 }
             })
             .collect()
@@ -229,7 +227,8 @@ pub fn table(rows: &[crate::report::Row]) -> String {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let f = |v: Option<f64>, digits: usize| v.map_or("–".to_string(), |x| format!("{x:.digits$}"));
+    let f =
+        |v: Option<f64>, digits: usize| v.map_or("–".to_string(), |x| format!("{x:.digits$}"));
     let mut lines = Vec::new();
     for r in rows.iter().filter(|r| !r.nodes.is_empty()) {
         let mut push = |n: &NodeRow| {
@@ -264,7 +263,10 @@ pub fn table(rows: &[crate::report::Row]) -> String {
 /// The nodes' figures added up, as a `cluster` line.
 pub fn sum(nodes: &[NodeRow]) -> NodeRow {
     let add = |f: fn(&NodeRow) -> Option<f64>| -> Option<f64> {
-        nodes.iter().filter_map(f).fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
+        nodes
+            .iter()
+            .filter_map(f)
+            .fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
     };
     NodeRow {
         node: "cluster".into(),
@@ -277,6 +279,95 @@ pub fn sum(nodes: &[NodeRow]) -> NodeRow {
         single_shard_per_msg: add(|n| n.single_shard_per_msg),
         multi_shard_per_msg: add(|n| n.multi_shard_per_msg),
     }
+}
+
+/// What the scale-out model assumes of the hardware it predicts for.
+#[derive(Debug, Clone, Copy)]
+pub struct Hardware {
+    /// Cores of each worker.
+    pub worker_cores: f64,
+    /// Cores of the coordinator.
+    pub coordinator_cores: f64,
+    /// WAL each worker can write, MB/s.
+    pub worker_wal_mb_s: f64,
+}
+
+/// The rate a cluster of `workers` workers would carry, from a Citus row's per-node costs,
+/// and what bounds it: the coordinator's CPU, the workers' CPU (their cost per message
+/// spread evenly over them), or the workers' WAL. Comb servers are stateless and assumed
+/// added as needed; the cores they take are the row's broker CPU per message times the rate.
+pub fn predict(nodes: &[NodeRow], hw: Hardware, workers: usize) -> Option<(f64, &'static str)> {
+    let coordinator = nodes.iter().find(|n| n.node == "coordinator")?;
+    let on_workers: Vec<&NodeRow> = nodes
+        .iter()
+        .filter(|n| n.node.starts_with("worker"))
+        .collect();
+    let cc = coordinator.cpu_us_per_msg?;
+    let cw: f64 = on_workers.iter().filter_map(|n| n.cpu_us_per_msg).sum();
+    let ww: f64 = on_workers.iter().filter_map(|n| n.wal_bytes_per_msg).sum();
+    let w = workers as f64;
+    let mut bounds = vec![(hw.coordinator_cores * 1e6 / cc.max(1e-9), "coordinator CPU")];
+    if cw > 0.0 {
+        bounds.push((w * hw.worker_cores * 1e6 / cw, "worker CPU"));
+    }
+    if ww > 0.0 {
+        bounds.push((w * hw.worker_wal_mb_s * 1e6 / ww, "worker WAL"));
+    }
+    bounds.into_iter().min_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// The model's table: per Citus row, its per-node costs and the predicted rate at 1, 2, 4,
+/// 8 and 16 workers of the given hardware.
+pub fn model(rows: &[crate::report::Row], hw: Hardware) -> String {
+    let counts = [1usize, 2, 4, 8, 16];
+    let mut header: Vec<String> = ["cell", "coord µs/msg", "workers µs/msg", "broker µs/msg"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    header.extend(counts.iter().map(|w| format!("{w} w msg/s")));
+    header.push("bound at 16".into());
+    let mut lines = Vec::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.system == "comb-citus" && !r.nodes.is_empty())
+    {
+        let cost = |pick: &dyn Fn(&NodeRow) -> bool| -> f64 {
+            r.nodes
+                .iter()
+                .filter(|n| pick(n))
+                .filter_map(|n| n.cpu_us_per_msg)
+                .sum()
+        };
+        let mut line = vec![
+            r.cell.clone(),
+            format!("{:.0}", cost(&|n| n.node == "coordinator")),
+            format!("{:.0}", cost(&|n| n.node.starts_with("worker"))),
+            r.broker_cpu_us_per_msg
+                .map_or("–".into(), |b| format!("{b:.0}")),
+        ];
+        let mut last = "–";
+        for w in counts {
+            match predict(&r.nodes, hw, w) {
+                Some((rate, bound)) => {
+                    line.push(format!("{rate:.0}"));
+                    last = bound;
+                }
+                None => line.push("–".into()),
+            }
+        }
+        line.push(last.into());
+        lines.push(line);
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "Scale-out model: {} cores per worker, {} on the coordinator, {} MB/s of WAL per worker\n{}",
+        hw.worker_cores,
+        hw.coordinator_cores,
+        hw.worker_wal_mb_s,
+        crate::report::align(&header, &lines)
+    )
 }
 
 #[cfg(test)]
@@ -305,5 +396,46 @@ mod tests {
         assert_eq!(s.cpu_us_per_msg, Some(40.0));
         assert_eq!(s.two_phase_per_msg, Some(0.0));
         assert_eq!(s.wal_bytes_per_msg, None);
+    }
+
+    fn node(name: &str, cpu: f64, wal: f64) -> NodeRow {
+        NodeRow {
+            node: name.into(),
+            cpu_us_per_msg: Some(cpu),
+            wal_bytes_per_msg: Some(wal),
+            ..NodeRow::default()
+        }
+    }
+
+    #[test]
+    fn the_model_grows_with_workers_until_the_coordinator_bounds_it() {
+        let nodes = [
+            node("coordinator", 10.0, 0.0),
+            node("worker1", 50.0, 500.0),
+            node("worker2", 50.0, 500.0),
+        ];
+        let hw = Hardware {
+            worker_cores: 4.0,
+            coordinator_cores: 4.0,
+            worker_wal_mb_s: 1000.0,
+        };
+        // Workers: 100 µs per message in all, 4 cores each.
+        let (one, bound) = predict(&nodes, hw, 1).unwrap();
+        assert!((one - 40_000.0).abs() < 1e-6, "{one}");
+        assert_eq!(bound, "worker CPU");
+        let (two, _) = predict(&nodes, hw, 2).unwrap();
+        assert!((two - 80_000.0).abs() < 1e-6, "{two}");
+        // The coordinator's 10 µs on 4 cores: 400,000 msg/s at most.
+        let (many, bound) = predict(&nodes, hw, 16).unwrap();
+        assert!((many - 400_000.0).abs() < 1e-6, "{many}");
+        assert_eq!(bound, "coordinator CPU");
+        // WAL binds when it is the scarcer resource.
+        let slow_disk = Hardware {
+            worker_wal_mb_s: 10.0,
+            ..hw
+        };
+        let (rate, bound) = predict(&nodes, slow_disk, 1).unwrap();
+        assert!((rate - 10_000.0).abs() < 1e-6, "{rate}");
+        assert_eq!(bound, "worker WAL");
     }
 }

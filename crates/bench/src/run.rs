@@ -66,6 +66,8 @@ pub struct Options {
     /// Also run every Comb cell on a Citus cluster (a coordinator and two workers), with
     /// per-node figures for both ([`nodes`]).
     pub citus: bool,
+    /// Workers of that cluster.
+    pub citus_workers: usize,
 }
 
 /// Another server benchmarked with Comb's cells: started as `PROGRAM serve --listen ADDR`
@@ -140,9 +142,12 @@ impl Runner {
         let pg = Postgres::start_with(&pg_settings)?;
         let citus = match opts.citus {
             true => {
-                let all: Vec<(&str, &str)> =
-                    settings.iter().chain(nodes::CITUS_SETTINGS).copied().collect();
-                Some(Citus::start_with(&all)?)
+                let all: Vec<(&str, &str)> = settings
+                    .iter()
+                    .chain(nodes::CITUS_SETTINGS)
+                    .copied()
+                    .collect();
+                Some(Citus::start_workers(opts.citus_workers, &all)?)
             }
             false => None,
         };
@@ -197,7 +202,10 @@ impl Runner {
     /// Runs a Comb cell on the Citus cluster (`--citus`) on a fresh database and records its
     /// row, named `comb-citus`, with a figure line per node.
     pub fn run_citus(&mut self, cell: &Cell) -> Result<Row, BoxError> {
-        let citus = self.citus.as_ref().ok_or("no Citus cluster (run with --citus)")?;
+        let citus = self
+            .citus
+            .as_ref()
+            .ok_or("no Citus cluster (run with --citus)")?;
         let url = citus.create_database(cell.name)?;
         let db = url.rsplit('/').next().unwrap_or_default().to_string();
         // Citus turns TLS on; Comb reaches plain PostgreSQL without it, so the same here
@@ -710,7 +718,10 @@ async fn start_window(
         }
         Measured {
             usage: u,
-            nodes: node_meter.zip(node_a).zip(node_b).map(|((m, a), b)| (m, a, b)),
+            nodes: node_meter
+                .zip(node_a)
+                .zip(node_b)
+                .map(|((m, a), b)| (m, a, b)),
         }
     });
     Ok((window, task))

@@ -24,7 +24,7 @@ const CITUS_SETTINGS: &[(&str, &str)] = &[
     ("citus.log_remote_commands", "off"),
 ];
 
-/// A Citus cluster of a coordinator and two workers, each on a free port of 127.0.0.1 with
+/// A Citus cluster of a coordinator and (by default) two workers, each on a free port of 127.0.0.1 with
 /// trust authentication for `postgres`, stopped and removed when dropped.
 ///
 /// Databases are made by [`Citus::create_database`]: Citus is set up per database (the
@@ -44,9 +44,15 @@ impl Citus {
     /// Like [`Citus::start`], with `settings` applied on every node after the cluster's own,
     /// so they win (benchmarks use it for durable, roomier settings).
     pub fn start_with(settings: &[(&str, &str)]) -> io::Result<Citus> {
+        Self::start_workers(2, settings)
+    }
+
+    /// A coordinator and `workers` workers (at least one), with `settings` as in
+    /// [`Citus::start_with`]: benchmarks compare clusters of one and two workers.
+    pub fn start_workers(workers: usize, settings: &[(&str, &str)]) -> io::Result<Citus> {
         let all: Vec<(&str, &str)> = CITUS_SETTINGS.iter().chain(settings).copied().collect();
         let mut nodes = std::thread::scope(|s| {
-            let started: Vec<_> = (0..3)
+            let started: Vec<_> = (0..1 + workers.max(1))
                 .map(|_| s.spawn(|| Postgres::start_with(&all)))
                 .collect();
             started
