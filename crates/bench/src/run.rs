@@ -556,7 +556,11 @@ impl Runner {
             set_nodes(&mut row, measured);
             Ok::<Row, BoxError>(row)
         });
-        let mut row = result?;
+        let mut row = match result {
+            Ok(row) => row,
+            // What the server logged says why, where the answer only gave a request id.
+            Err(e) => return Err(format!("{e}\n--- comb log ---\n{}", server.log_tail(12)).into()),
+        };
         row.broker_rss_mb = procstat::peak_rss_mb(pid);
         drop(server);
         Ok(row)
