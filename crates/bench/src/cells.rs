@@ -32,6 +32,8 @@ pub enum Kind {
     Fanout {
         /// Offered rate as a fraction of the `push10` cell's rate.
         fraction: f64,
+        /// A fixed offered rate instead (msgs/s): light fan-out stays light.
+        fixed: Option<f64>,
         /// Consumer groups.
         groups: usize,
         /// Consumer connections per group.
@@ -64,6 +66,16 @@ pub enum Kind {
         runners: usize,
         /// Pop batch size.
         batch: usize,
+    },
+    /// No traffic: consumers long-poll two empty queues, one in queue mode and one read by
+    /// several consumer groups, for three times the usual window. What waiting costs.
+    Idle {
+        /// Queue-mode consumers of the first queue.
+        consumers: usize,
+        /// Consumer groups of the second queue, one consumer each.
+        groups: usize,
+        /// The pops' long-poll `timeout`, ms.
+        timeout_ms: u64,
     },
     /// Binary `COPY` of Comb-shaped rows straight into PostgreSQL.
     Ceiling {
@@ -223,6 +235,18 @@ pub fn all() -> Vec<Cell> {
             about: "SKIP LOCKED table beside light-1k: INSERT 300 rows/s, 4 dequeue connections",
         },
         Cell {
+            name: "light-push",
+            kind: Kind::Steady {
+                rate: Offered::Fixed(LIGHT_RATE),
+                producers: 50,
+                consumers: 0,
+                batch: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "light's producers alone, no consumers: what a pushed message costs at 300 msg/s",
+        },
+        Cell {
             name: "steady",
             kind: Kind::Steady {
                 rate: Offered::OfPush1(1.0),
@@ -260,6 +284,7 @@ pub fn all() -> Vec<Cell> {
             name: "fanout",
             kind: Kind::Fanout {
                 fraction: 0.1,
+                fixed: None,
                 groups: 10,
                 consumers_per_group: 2,
                 producers: 100,
@@ -268,6 +293,30 @@ pub fn all() -> Vec<Cell> {
             },
             compare: None,
             about: "push at 10% of push10's rate (10 msgs/request); 10 groups x 2 consumers",
+        },
+        Cell {
+            name: "fanout-light",
+            kind: Kind::Fanout {
+                fraction: 0.0,
+                fixed: Some(LIGHT_RATE),
+                groups: 10,
+                consumers_per_group: 2,
+                producers: 50,
+                batch: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "push 300 msg/s (10 msgs/request); 10 groups x 2 consumers",
+        },
+        Cell {
+            name: "idle",
+            kind: Kind::Idle {
+                consumers: 4,
+                groups: 10,
+                timeout_ms: 30_000,
+            },
+            compare: None,
+            about: "no traffic: 4 consumers long-poll one queue, 10 groups another (30 s polls), 3x the window",
         },
         Cell {
             name: "pop",

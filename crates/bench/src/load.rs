@@ -702,11 +702,69 @@ pub async fn subscribe(addr: SocketAddr, groups: &[String]) -> Result<(), BoxErr
     Ok(())
 }
 
+/// What idle long-polling consumers did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Polled {
+    /// Pops answered (empty or not).
+    pub requests: u64,
+    /// Pops that returned messages (none are pushed: should stay 0).
+    pub deliveries: u64,
+    /// Pops that failed.
+    pub errors: u64,
+}
+
+/// `conns` consumers long-polling `path` (a pop with `wait=true`) until `end`, each pop
+/// cut off at `end` rather than waited out, so a long `timeout` does not stretch the cell.
+pub async fn long_poll_until(addr: SocketAddr, path: String, conns: usize, end: Instant) -> Polled {
+    let path: Arc<str> = path.into();
+    let tasks: Vec<_> = (0..conns)
+        .map(|_| {
+            let path = path.clone();
+            tokio::spawn(async move {
+                let mut out = Polled::default();
+                let mut conn = Conn::new(addr);
+                let _ = conn.open().await;
+                let polling = async {
+                    loop {
+                        match conn.send(Method::GET, &path, None).await {
+                            Ok(a) if a.status == 200 => {
+                                out.requests += 1;
+                                out.deliveries += 1;
+                            }
+                            Ok(a) if a.status == 204 => out.requests += 1,
+                            _ => {
+                                out.errors += 1;
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout_at(end.into(), polling).await;
+                out
+            })
+        })
+        .collect();
+    let mut all = Polled::default();
+    for t in tasks {
+        if let Ok(p) = t.await {
+            all.requests += p.requests;
+            all.deliveries += p.deliveries;
+            all.errors += p.errors;
+        }
+    }
+    all
+}
+
 /// Creates the queue with `options` (a JSON object of queue options) before any partition
 /// exists, so that every message of the run is stored under them.
 pub async fn configure(addr: SocketAddr, options: &str) -> Result<(), BoxError> {
+    configure_queue(addr, QUEUE, options).await
+}
+
+/// [`configure`] for a queue named `queue`.
+pub async fn configure_queue(addr: SocketAddr, queue: &str, options: &str) -> Result<(), BoxError> {
     let mut conn = Conn::new(addr);
-    let body = Bytes::from(format!("{{\"queue\":\"{QUEUE}\",\"options\":{options}}}"));
+    let body = Bytes::from(format!("{{\"queue\":\"{queue}\",\"options\":{options}}}"));
     let a = conn
         .send(Method::POST, "/api/v1/configure", Some(body))
         .await?;

@@ -474,6 +474,7 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
     });
 
     out.extend(light_checks(rows));
+    out.extend(delivery_checks(rows));
 
     let rss: Vec<(&str, f64)> = rows
         .iter()
@@ -537,6 +538,78 @@ fn light_checks(rows: &[Row]) -> Vec<Check> {
             verdict: Verdict::from(p99_ratio.zip(cpu_ratio).map(|(p, c)| p.1 && c.1)),
         },
     ]
+}
+
+/// What delivering costs next to pushing: a delivered message at most twice a pushed one at
+/// the same rate, light fan-out at most twice light's CPU, both light cells within their
+/// peers' CPU and 10 ms end to end, and waiting consumers costing next to nothing.
+fn delivery_checks(rows: &[Row]) -> Vec<Check> {
+    let get = |cell: &str, system: &str| rows.iter().find(|r| r.cell == cell && r.system == system);
+    let cores = |r: Option<&Row>| r.and_then(|r| r.all_in_cpu_cores);
+    let mut out = Vec::new();
+
+    let pairs = [("light", "sl-light"), ("light-1k", "sl-light-1k")];
+    let judged: Vec<Option<(String, bool)>> = pairs
+        .iter()
+        .map(|(cell, peer)| {
+            let c = get(cell, "comb")?;
+            let (p99, cpu, sl) = (
+                c.e2e_p99_ms?,
+                c.all_in_cpu_cores?,
+                cores(get(peer, "skiplocked"))?,
+            );
+            Some((
+                format!("{cell} e2e p99 {p99:.1} ms, {cpu:.3} vs {sl:.3} cores"),
+                p99 <= 10.0 && cpu <= sl,
+            ))
+        })
+        .collect();
+    let all: Option<Vec<(String, bool)>> = judged.into_iter().collect();
+    out.push(Check {
+        target: "light and light-1k: e2e p99 <= 10 ms and all-in CPU <= their SKIP LOCKED peers'",
+        measured: all
+            .as_ref()
+            .map(|v| {
+                v.iter()
+                    .map(|(t, _)| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default(),
+        verdict: Verdict::from(all.map(|v| v.iter().all(|(_, ok)| *ok))),
+    });
+
+    let per_delivered = get("light", "comb").and_then(|r| r.all_in_cpu_us_per_msg);
+    let per_pushed = get("light-push", "comb").and_then(|r| r.all_in_cpu_us_per_msg);
+    let ratio = per_delivered.zip(per_pushed).map(|(d, p)| d / p);
+    out.push(Check {
+        target: "light: all-in us per delivered message <= 2x light-push's per pushed message",
+        measured: ratio
+            .map(|r| format!("{r:.2}x ({} vs {} us)", num(per_delivered), num(per_pushed)))
+            .unwrap_or_default(),
+        verdict: Verdict::from(ratio.map(|r| r <= 2.0)),
+    });
+
+    let (fan, light) = (
+        cores(get("fanout-light", "comb")),
+        cores(get("light", "comb")),
+    );
+    let ratio = fan.zip(light).map(|(f, l)| f / l);
+    out.push(Check {
+        target: "fanout-light: all-in CPU <= 2x light's",
+        measured: ratio
+            .map(|r| format!("{r:.2}x ({} vs {} cores)", num(fan), num(light)))
+            .unwrap_or_default(),
+        verdict: Verdict::from(ratio.map(|r| r <= 2.0)),
+    });
+
+    let idle = cores(get("idle", "comb"));
+    out.push(Check {
+        target: "idle: all-in CPU <= 0.01 cores",
+        measured: idle.map(|c| format!("{c:.4} cores")).unwrap_or_default(),
+        verdict: Verdict::from(idle.map(|c| c <= 0.01)),
+    });
+    out
 }
 
 /// The target checks as text.
@@ -820,6 +893,58 @@ mod tests {
         rows[0].e2e_p99_ms = Some(25.0);
         assert_eq!(verdict(&rows, "light: end-to-end"), Verdict::Missed);
         assert_eq!(verdict(&rows[1..], "light: end-to-end"), Verdict::NotRun);
+    }
+
+    #[test]
+    fn delivery_checks_weigh_deliveries_against_pushes_and_waiting() {
+        let mut light = row("light", "comb", 300.0);
+        light.e2e_p99_ms = Some(8.0);
+        light.all_in_cpu_cores = Some(0.10);
+        light.all_in_cpu_us_per_msg = Some(333.0);
+        let mut sl = row("sl-light", "skiplocked", 300.0);
+        sl.all_in_cpu_cores = Some(0.12);
+        let mut k = row("light-1k", "comb", 300.0);
+        k.e2e_p99_ms = Some(9.0);
+        k.all_in_cpu_cores = Some(0.11);
+        let mut slk = row("sl-light-1k", "skiplocked", 300.0);
+        slk.all_in_cpu_cores = Some(0.12);
+        let mut push = row("light-push", "comb", 300.0);
+        push.all_in_cpu_us_per_msg = Some(200.0);
+        let mut fan = row("fanout-light", "comb", 3000.0);
+        fan.all_in_cpu_cores = Some(0.19);
+        let mut idle = row("idle", "comb", 0.0);
+        idle.all_in_cpu_cores = Some(0.008);
+        let mut rows = vec![light, sl, k, slk, push, fan, idle];
+        let verdict = |rows: &[Row], t: &str| {
+            checks(rows)
+                .into_iter()
+                .find(|c| c.target.starts_with(t))
+                .unwrap()
+                .verdict
+        };
+        assert_eq!(verdict(&rows, "light and light-1k"), Verdict::Met);
+        assert_eq!(
+            verdict(&rows, "light: all-in us per delivered"),
+            Verdict::Met
+        );
+        assert_eq!(verdict(&rows, "fanout-light"), Verdict::Met);
+        assert_eq!(verdict(&rows, "idle"), Verdict::Met);
+        // light-1k dearer than its peer: the pair is missed.
+        rows[2].all_in_cpu_cores = Some(0.13);
+        assert_eq!(verdict(&rows, "light and light-1k"), Verdict::Missed);
+        // A delivered message at 2.2x a pushed one.
+        rows[4].all_in_cpu_us_per_msg = Some(150.0);
+        assert_eq!(
+            verdict(&rows, "light: all-in us per delivered"),
+            Verdict::Missed
+        );
+        rows[5].all_in_cpu_cores = Some(0.21);
+        assert_eq!(verdict(&rows, "fanout-light"), Verdict::Missed);
+        rows[6].all_in_cpu_cores = Some(0.014);
+        assert_eq!(verdict(&rows, "idle"), Verdict::Missed);
+        // Without the peer of light-1k, the pair is not judged.
+        rows.remove(3);
+        assert_eq!(verdict(&rows, "light and light-1k"), Verdict::NotRun);
     }
 
     #[test]

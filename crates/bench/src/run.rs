@@ -285,6 +285,7 @@ impl Runner {
                 ..
             }
             | Kind::SkipLocked { rate: Some(r), .. }
+            | Kind::Fanout { fixed: Some(r), .. }
             | Kind::Streams { rate: r, .. } => {
                 return (r, "fixed by the cell".into());
             }
@@ -354,7 +355,15 @@ impl Runner {
                 Kind::Streams { partitions, .. } => {
                     load::fill(addr, *partitions, 1, 4).await?;
                 }
+                Kind::Idle { .. } => {
+                    load::configure(addr, "{}").await?;
+                    load::configure_queue(addr, IDLE_GROUPS_QUEUE, "{}").await?;
+                }
                 _ => unreachable!("peers run elsewhere"),
+            }
+            let mut opts = opts;
+            if let Kind::Idle { .. } = kind {
+                opts.duration *= 3;
             }
             let (window, measuring) = start_window(url, Some(pid), name, &opts, nodes).await?;
             let mut row = Row {
@@ -396,6 +405,19 @@ impl Runner {
                         batch,
                         partitions: opts.pop_partitions,
                     };
+                    if consumers == 0 {
+                        // Producers alone: the cell measures what pushing costs.
+                        let p = load::open_push(addr, rate, window, pushed).await;
+                        requests = p.requests;
+                        set_main(&mut row, &p, window);
+                        row.pushed_per_sec = Some(row.msgs_per_sec);
+                        row.offered_per_sec = Some(offered);
+                        row.note = Some(format!("msg/s = pushed; rate: {offered_from}"));
+                        let measured = measuring.await?;
+                        set_usage(&mut row, &measured.usage, requests);
+                        set_nodes(&mut row, measured);
+                        return Ok(row);
+                    }
                     let sampler = tokio::spawn(sample_backlog(
                         window,
                         pushed.clone(),
@@ -517,6 +539,45 @@ impl Runner {
                     // The messages are as old as the pre-fill: their age says nothing.
                     row.e2e_p50_ms = None;
                     row.e2e_p99_ms = None;
+                }
+                Kind::Idle {
+                    consumers,
+                    groups,
+                    timeout_ms,
+                } => {
+                    let queue_mode = format!(
+                        "/api/v1/pop/queue/{}?batch=50&wait=true&timeout={timeout_ms}",
+                        load::QUEUE
+                    );
+                    let by_group = group_names(groups).into_iter().map(|g| {
+                        load::long_poll_until(
+                            addr,
+                            format!(
+                                "/api/v1/pop/queue/{IDLE_GROUPS_QUEUE}?batch=50&wait=true\
+                                 &timeout={timeout_ms}&consumerGroup={g}"
+                            ),
+                            1,
+                            window.end,
+                        )
+                    });
+                    let (q, g) = tokio::join!(
+                        load::long_poll_until(addr, queue_mode, consumers, window.end),
+                        futures_util::future::join_all(by_group)
+                    );
+                    let mut polled = q;
+                    for p in g {
+                        polled.requests += p.requests;
+                        polled.deliveries += p.deliveries;
+                        polled.errors += p.errors;
+                    }
+                    requests = polled.requests;
+                    row.errors = polled.errors + polled.deliveries;
+                    row.note = Some(format!(
+                        "{consumers} consumers + {groups} groups long-polling for {:.0} s; \
+                         {:.2} pops/s answered",
+                        window.secs(),
+                        polled.requests as f64 / window.secs()
+                    ));
                 }
                 Kind::Streams {
                     partitions,
@@ -643,6 +704,9 @@ impl Runner {
         })
     }
 }
+
+/// The second queue of the `idle` cell, read by its consumer groups.
+const IDLE_GROUPS_QUEUE: &str = "bench-groups";
 
 /// Consumer group names of the fan-out cell.
 fn group_names(n: usize) -> Vec<String> {
