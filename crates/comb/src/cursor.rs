@@ -53,6 +53,124 @@ macro_rules! newest_gen {
 }
 pub(crate) use newest_gen;
 
+/// The latest state version of the cursor (`$p`, `$g`), two SQL expressions: a call of
+/// `comb.cursor_state`, a set of one row (none for a cursor without state), for statements
+/// that read it beside other tables (`CROSS JOIN LATERAL state_of!(…) s`).
+macro_rules! state_of {
+    ($p:literal, $g:literal) => {
+        concat!("comb.cursor_state(", $p, ", ", $g, ")")
+    };
+}
+pub(crate) use state_of;
+
+/// How far the cursor (`$p`, `$g`) (SQL expressions) is behind its partition: a call of
+/// `comb.cursor_lag`, one row (none for a cursor without state) of its position, the
+/// partition's head, the messages between them not settled yet (`lag`), the oldest one's
+/// time, and its live lease and last claim.
+macro_rules! lag_of {
+    ($p:literal, $g:literal) => {
+        concat!("comb.cursor_lag(", $p, ", ", $g, ")")
+    };
+}
+pub(crate) use lag_of;
+
+/// `INSERT INTO comb.cursors (…)`: a cursor's identity row; the `SELECT` that follows gives
+/// partition, group and queue. Cursors are made with their partition or their group's
+/// subscription, each with its first state version ([`insert_first_state!`]).
+macro_rules! insert_cursor {
+    () => {
+        "INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)"
+    };
+}
+pub(crate) use insert_cursor;
+
+/// The lowest position of the cursors of partition `$p` (an SQL expression), NULL while no
+/// group reads it: where the partition's slowest group stands.
+macro_rules! slowest_position {
+    ($p:literal) => {
+        concat!(
+            "(SELECT min(s.cursor_pos) FROM comb.cursors c
+                     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+                     WHERE c.partition_id = ",
+            $p,
+            ")"
+        )
+    };
+}
+pub(crate) use slowest_position;
+
+/// The queue of the statement's cursor `u` (`u.partition_id`, `u.consumer_group`) as `c`:
+/// one probe of the cursor's key (`LIMIT` keeps the subquery from becoming a join the
+/// planner could answer by reading every cursor of the queue). No row: no such cursor.
+macro_rules! queue_of_cursor {
+    () => {
+        "CROSS JOIN LATERAL (
+    SELECT c.queue_id FROM comb.cursors c
+    WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+    LIMIT 1
+) c"
+    };
+}
+pub(crate) use queue_of_cursor;
+
+/// Every cursor `c` with its latest state `s`, the `FROM` of statements that pick cursors
+/// by their state; on Citus (`citus`) the state is read as [`latest_state`], which runs on
+/// each worker correlated by partition.
+pub(crate) fn cursors_with_state(citus: bool) -> String {
+    let state = if citus {
+        latest_state("c.partition_id", "c.consumer_group", None)
+    } else {
+        state_of!("c.partition_id", "c.consumer_group").to_string()
+    };
+    format!("comb.cursors c\nCROSS JOIN LATERAL {state} s")
+}
+
+/// Whether partition `partition` (an SQL expression) is read by some group and every group
+/// stands at or past position `pos` (an SQL condition): its messages up to `pos` are settled
+/// for all. On Citus (`citus`) the state is read as [`latest_state`].
+pub(crate) fn all_passed(partition: &str, pos: &str, citus: bool) -> String {
+    let state = if citus {
+        latest_state("c.partition_id", "c.consumer_group", None)
+    } else {
+        state_of!("c.partition_id", "c.consumer_group").to_string()
+    };
+    format!(
+        "EXISTS (SELECT 1 FROM comb.cursors c WHERE c.partition_id = {partition})
+             AND NOT EXISTS (
+                 SELECT 1 FROM comb.cursors c
+                 LEFT JOIN LATERAL {state} st ON true
+                 WHERE c.partition_id = {partition}
+                   AND coalesce(st.cursor_pos, 0) < {pos})"
+    )
+}
+
+/// Locks the cursor of (`$1` partition, `$2` group), the one cursor a writer of a single
+/// state version holds (lease extension); no row: no such cursor.
+pub(crate) const LOCK_ONE_SQL: &str = "
+SELECT 1 FROM comb.cursors WHERE partition_id = $1 AND consumer_group = $2
+FOR NO KEY UPDATE";
+
+/// Like [`LOCK_SQL`] for the cursors of group `$2` on partitions `$1` whose lease ended
+/// unsettled, skipping busy ones (another claim or ack holds them; they are seen again
+/// later). Their state is read afterwards with [`STATE_SQL`].
+pub(crate) const LOCK_EXPIRED_SQL: &str = "
+SELECT c.partition_id FROM comb.cursors c
+CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
+  AND s.lease_id IS NOT NULL AND s.lease_expires_at <= now()
+ORDER BY c.partition_id
+FOR NO KEY UPDATE OF c SKIP LOCKED";
+
+/// Deletes the cursors of a deleted queue (their state versions stay until their
+/// generation is dropped whole); returns how many.
+pub(crate) async fn delete_of_queue<C: GenericClient>(
+    tx: &C,
+    queue_id: Uuid,
+) -> Result<u64, tokio_postgres::Error> {
+    tx.execute("DELETE FROM comb.cursors WHERE queue_id = $1", &[&queue_id])
+        .await
+}
+
 /// The state of one (partition, group) cursor, as the ack rules see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Cursor {

@@ -95,6 +95,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("cursors_now", "cursor"),
     ("cursor_state", "cursor"),
     ("lock_cursors", "cursor"),
+    ("cursor_lag", "cursor"),
     ("claimable_now", "pop"),
     ("lock_expired", "lease"),
     ("refuse_sealed_payload", "pop"),
@@ -112,7 +113,6 @@ const OWNERS: &[(&str, &str)] = &[
     ("queue_live", "admin"),
     ("group_live", "admin"),
     ("partition_stats", "admin"),
-    ("cursor_lag", "admin"),
     ("lagging_cursors", "admin"),
     ("payload_json", "admin"),
     ("iso", "admin"),
@@ -146,9 +146,8 @@ const PENDING_OWNERSHIP: &[&str] = &[
     // Dead letters: written by acks, read and counted by administration and backlog.
     "dead_letters",
     "dead_letter_requeues",
-    // Administration's figures, read by the stream query listing for its lag and times.
+    // A cursor's lag, read by the administration's statements.
     "cursor_lag",
-    "iso",
 ];
 
 fn src() -> PathBuf {

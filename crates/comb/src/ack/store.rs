@@ -10,6 +10,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus, completed};
+use crate::catalog;
 use crate::cursor::{self, Locked, locked_columns, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
@@ -43,15 +44,15 @@ pub const ACK_STATE_SQL: &str = concat!(
     locked_columns!(),
     ", r.pos, r.seg, r.transaction_id
 FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS u(partition_id, consumer_group, acks)
--- One probe of the cursor's key each (LIMIT keeps the subquery from becoming a join the
--- planner could answer by reading every cursor of the queue).
-CROSS JOIN LATERAL (
-    SELECT c.queue_id FROM comb.cursors c
-    WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
-    LIMIT 1
-) c
-JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s
+",
+    cursor::queue_of_cursor!(),
+    "
+",
+    catalog::join_queue!("c.queue_id"),
+    "
+CROSS JOIN LATERAL ",
+    cursor::state_of!("u.partition_id", "u.consumer_group"),
+    " s
 CROSS JOIN LATERAL (
     SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg,
            array_agg(m.transaction_id) AS transaction_id
@@ -63,10 +64,6 @@ CROSS JOIN LATERAL (
       AND m.seg >= s.cursor_seg
 ) r"
 );
-
-const NAMES_SQL: &str = "
-SELECT p.id, p.name, q.name FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
-WHERE p.id = ANY($1)";
 
 /// The Citus forms of the ack statements: each reads one partition (its last parameter),
 /// named to every distributed table, so that Citus plans it on that partition's worker.
@@ -97,12 +94,12 @@ static ACK_STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
 /// primary key each): what a token limited to some queues is checked against before it acks.
 pub(crate) async fn queues_of(pool: &Pool, partitions: &[Uuid]) -> Result<Vec<String>, DbError> {
     let client = pool.get().await?;
-    let names = client.prepare_cached(NAMES_SQL).await?;
+    let names = client.prepare_cached(catalog::NAMES_SQL).await?;
     Ok(client
         .query(&names, &[&partitions])
         .await?
         .iter()
-        .map(|r| r.get(2))
+        .map(|r| r.get("queue"))
         .collect())
 }
 
@@ -266,9 +263,13 @@ pub(crate) struct RunSettled {
 }
 
 /// How long the rest of a lease still runs, in milliseconds, read after the cursor's lock.
-const LEASE_LEFT_SQL: &str = "
+const LEASE_LEFT_SQL: &str = concat!(
+    "
 SELECT greatest(0, ceil(extract(epoch FROM s.lease_expires_at - now()) * 1000))::bigint
-FROM comb.cursor_state($1, $2) s";
+FROM ",
+    cursor::state_of!("$1", "$2"),
+    " s"
+);
 
 /// Completes, inside the caller's transaction, the first `count` messages that the live
 /// lease of (`partition`, `group`) handed out and nobody settled yet, in position order:
@@ -304,7 +305,7 @@ pub(crate) async fn settle_run_in(
     );
     lock?;
     let locked = locked?;
-    let queue_name: Option<String> = named?.first().map(|r| r.get(2));
+    let queue_name: Option<String> = named?.first().map(|r| r.get("queue"));
     let Some(row) = locked.first() else {
         return Ok(Err(AckRefusal::NotConsumed));
     };
@@ -401,7 +402,7 @@ impl ReadStatements {
                     ACK_STATE_SQL
                 })
                 .await?,
-            names: client.prepare_cached(NAMES_SQL).await?,
+            names: client.prepare_cached(catalog::NAMES_SQL).await?,
         })
     }
 }
@@ -482,7 +483,7 @@ async fn judge_one<C: GenericClient>(
     }
     let mut partition_names: HashMap<Uuid, (String, String)> = HashMap::new();
     for r in named? {
-        partition_names.insert(r.get(0), (r.get(1), r.get(2)));
+        partition_names.insert(r.get("id"), (r.get("partition"), r.get("queue")));
     }
 
     let mut outcomes = Vec::with_capacity(items.len());

@@ -19,6 +19,87 @@ use crate::db::DbError;
 use crate::queue::{OptionsSet, QueueOptions};
 use crate::wake::{OnStale, Stale};
 
+/// The name of partition `$p` (an SQL expression; NULL for a partition deleted since).
+macro_rules! partition_name {
+    ($p:literal) => {
+        concat!(
+            "(SELECT p.name FROM comb.partitions p WHERE p.id = ",
+            $p,
+            ")"
+        )
+    };
+}
+pub(crate) use partition_name;
+
+/// Whether partition `$p` (an SQL expression) exists: its queue was not deleted.
+macro_rules! partition_exists {
+    ($p:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM comb.partitions p WHERE p.id = ",
+            $p,
+            ")"
+        )
+    };
+}
+pub(crate) use partition_exists;
+
+/// Whether partition `$p` belongs to the queue named `$queue` (SQL expressions).
+macro_rules! partition_in_queue {
+    ($p:literal, $queue:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM comb.partitions p JOIN comb.queues s ON s.id = p.queue_id
+               WHERE p.id = ",
+            $p,
+            " AND s.name = ",
+            $queue,
+            ")"
+        )
+    };
+}
+pub(crate) use partition_in_queue;
+
+/// Joins partition `p` of id `$p` (an SQL expression) and its queue `q`: for statements that
+/// answer with names or judge by the queue's options.
+macro_rules! join_partition_and_queue {
+    ($p:literal) => {
+        concat!(
+            "JOIN comb.partitions p ON p.id = ",
+            $p,
+            "\nJOIN comb.queues q ON q.id = p.queue_id"
+        )
+    };
+}
+pub(crate) use join_partition_and_queue;
+
+/// Joins queue `q` of id `$q` (an SQL expression): its name and stored options.
+macro_rules! join_queue {
+    ($q:literal) => {
+        concat!("JOIN comb.queues q ON q.id = ", $q)
+    };
+}
+pub(crate) use join_queue;
+
+/// The stored options of the queue of partition `$p` (an SQL expression; NULL for a
+/// partition deleted since).
+macro_rules! options_of_partition {
+    ($p:literal) => {
+        concat!(
+            "(SELECT q.options FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+             WHERE p.id = ",
+            $p,
+            ")"
+        )
+    };
+}
+pub(crate) use options_of_partition;
+
+/// The partition and queue names of the partitions `$1` that exist, one probe of the
+/// partitions' key each: `id`, `partition`, `queue`.
+pub(crate) const NAMES_SQL: &str = "
+SELECT p.id, p.name AS partition, q.name AS queue
+FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+WHERE p.id = ANY($1)";
+
 /// Entries beyond which a cache is emptied rather than grown.
 const CACHE_LIMIT: usize = 1_000_000;
 
@@ -210,7 +291,9 @@ impl Catalog {
                  RETURNING id, queue_id
              )
              , anchors AS (
-                 INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
+                 ",
+                cursor::insert_cursor!(),
+                "
                  SELECT c.id, s.consumer_group, c.queue_id
                  FROM created c JOIN comb.subscriptions s ON s.queue_id = c.queue_id
                  ON CONFLICT DO NOTHING
@@ -282,7 +365,9 @@ impl Catalog {
             tx.execute(
                 concat!(
                     "WITH anchors AS (
-                     INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
+                     ",
+                    cursor::insert_cursor!(),
+                    "
                      SELECT p.id, $2, p.queue_id FROM comb.partitions p WHERE p.queue_id = $1
                      ON CONFLICT DO NOTHING
                      RETURNING partition_id
@@ -297,7 +382,9 @@ impl Catalog {
                  FROM anchors a
                  -- A group deleted and subscribed again continues its versions: the old
                  -- ones stay until their generation is dropped and must not win.
-                 LEFT JOIN LATERAL comb.cursor_state(a.partition_id, $2) o ON true
+                 LEFT JOIN LATERAL ",
+                    cursor::state_of!("a.partition_id", "$2"),
+                    " o ON true
                  CROSS JOIN LATERAL (
                      SELECT CASE $3::text
                          WHEN 'new' THEN (SELECT h.pos FROM comb.partition_head(a.partition_id) h)
@@ -362,14 +449,14 @@ impl Catalog {
         let client = pool.get().await?;
         let row = client
             .query_one(
-                "SELECT coalesce(sum(h.pos - coalesce((
-                     SELECT min(s.cursor_pos) FROM comb.cursors c
-                     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-                     WHERE c.partition_id = p.id
-                 ), 0)), 0)::bigint
+                concat!(
+                    "SELECT coalesce(sum(h.pos - coalesce(",
+                    cursor::slowest_position!("p.id"),
+                    ", 0)), 0)::bigint
                  FROM comb.partitions p
                  CROSS JOIN LATERAL comb.partition_head(p.id) h
-                 WHERE p.queue_id = $1",
+                 WHERE p.queue_id = $1"
+                ),
                 &[&queue_id],
             )
             .await?;

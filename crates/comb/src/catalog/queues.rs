@@ -79,8 +79,7 @@ impl Catalog {
             ));
         };
         let id: Uuid = row.get(0);
-        let cursors = tx
-            .execute("DELETE FROM comb.cursors WHERE queue_id = $1", &[&id])
+        let cursors = crate::cursor::delete_of_queue(&tx, id)
             .await
             .map_err(DbError::from)?;
         let dead = tx

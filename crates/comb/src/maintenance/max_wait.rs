@@ -10,11 +10,12 @@ use crate::dead_letter::{self, NewDeadLetter};
 
 /// Cursors whose next message is overdue, locked (busy ones skipped); their state is read
 /// afterwards with `cursor::STATE_SQL`.
-const OVERDUE_CURSORS_SQL: &str = "
+static OVERDUE_CURSORS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "
 SELECT c.partition_id, c.consumer_group
-FROM comb.cursors c
-JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+FROM {cursors}
+{queue}
 CROSS JOIN LATERAL comb.partition_head(c.partition_id) h
 WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
   AND h.pos > s.cursor_pos
@@ -25,7 +26,11 @@ WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
       < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
 ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000
-FOR NO KEY UPDATE OF c SKIP LOCKED";
+FOR NO KEY UPDATE OF c SKIP LOCKED",
+        cursors = crate::cursor::cursors_with_state(false),
+        queue = crate::catalog::join_queue!("c.queue_id"),
+    )
+});
 
 /// [`OVERDUE_CURSORS_SQL`] on Citus, where rows are locked only by a statement of one shard:
 /// the overdue cursors listed across the workers without locking (the head's test is implied
@@ -35,9 +40,8 @@ static OVERDUE_CURSORS_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyL
     format!(
         "
 SELECT c.partition_id, c.consumer_group
-FROM comb.cursors c
-JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL {state} s
+FROM {cursors}
+{queue}
 WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
   AND s.lease_id IS NULL
   AND (SELECT m.created_at FROM comb.messages m
@@ -46,7 +50,8 @@ WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
       < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
 ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000",
-        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+        cursors = crate::cursor::cursors_with_state(true),
+        queue = crate::catalog::join_queue!("c.queue_id"),
     )
 });
 
@@ -67,7 +72,7 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             if citus {
                 OVERDUE_CURSORS_CITUS_SQL.as_str()
             } else {
-                OVERDUE_CURSORS_SQL
+                OVERDUE_CURSORS_SQL.as_str()
             },
             &[],
         )

@@ -143,7 +143,7 @@ pub(crate) async fn summarize(
 
 /// Segments every queue with messages in them has let go of.
 ///
-/// The test of a segment is written once ([`HELD_BY`]) and asked two ways: per segment on
+/// The test of a segment is written once ([`held_by`]) and asked two ways: per segment on
 /// PostgreSQL, as the set of held segments on Citus, which refuses a subquery correlated
 /// with a reference table (`comb.segments`).
 static RECLAIMABLE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -153,17 +153,19 @@ static RECLAIMABLE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|
            AND s.seg < (SELECT max(seg) FROM comb.segments)
            AND NOT EXISTS (SELECT 1 {held} AND sp.seg = s.seg)
          ORDER BY s.seg",
-        held = HELD_BY.replace("{state}", STATE)
+        held = held_by(false)
     )
 });
 
-/// The rows of `comb.segment_partitions` (`sp`) whose partition still needs its segment.
-const HELD_BY: &str = "
+/// The rows of `comb.segment_partitions` (`sp`) whose partition still needs its segment (on
+/// Citus, `citus`, in the form Citus runs on its workers).
+fn held_by(citus: bool) -> String {
+    format!(
+        "
       FROM comb.segment_partitions sp
-      JOIN comb.partitions p ON p.id = sp.partition_id
-      JOIN comb.queues q ON q.id = p.queue_id
+      {partition}
       CROSS JOIN LATERAL (
-          SELECT comb.retention_secs(q.options) AS retention,
+          SELECT {retention} AS retention,
                  comb.completed_retention_secs(q.options) AS completed
       ) o
       WHERE NOT (
@@ -171,21 +173,13 @@ const HELD_BY: &str = "
              AND sp.max_created_at < now() - make_interval(secs => o.retention))
             OR (o.completed > 0
              AND sp.max_created_at < now() - make_interval(secs => o.completed)
-             AND EXISTS (SELECT 1 FROM comb.cursors c WHERE c.partition_id = sp.partition_id)
-             AND NOT EXISTS (
-                 SELECT 1 FROM comb.cursors c
-                 LEFT JOIN LATERAL {state} st ON true
-                 WHERE c.partition_id = sp.partition_id
-                   AND coalesce(st.cursor_pos, 0) < sp.max_pos))
-        )";
-
-/// A cursor's (`c`) latest state, as [`HELD_BY`] reads it.
-const STATE: &str = "comb.cursor_state(c.partition_id, c.consumer_group)";
-
-/// [`STATE`] for Citus, which pushes no function but an immutable one down to the workers.
-static STATE_CITUS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
-});
+             AND {passed})
+        )",
+        partition = crate::catalog::join_partition_and_queue!("sp.partition_id"),
+        retention = crate::queue::retention_secs!("q.options"),
+        passed = crate::cursor::all_passed("sp.partition_id", "sp.max_pos", citus)
+    )
+}
 
 /// [`RECLAIMABLE_SQL`] as Citus plans it: the held segments first (a query of the workers,
 /// every subquery correlated by partition), then the segments not among them.
@@ -197,7 +191,7 @@ static RECLAIMABLE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
            AND s.seg < (SELECT max(seg) FROM comb.segments)
            AND s.seg NOT IN (SELECT seg FROM held)
          ORDER BY s.seg",
-        held = HELD_BY.replace("{state}", &STATE_CITUS)
+        held = held_by(true)
     )
 });
 
@@ -206,12 +200,16 @@ static RECLAIMABLE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock:
 /// (`comb.partition_head`), so it stays until a newer segment's summary supersedes it or the
 /// partition is deleted. Summaries of segments that still exist are what the drop decision
 /// reads, and stay with them.
-const FORGET_SUMMARIES_SQL: &str = "
+const FORGET_SUMMARIES_SQL: &str = concat!(
+    "
 DELETE FROM comb.segment_partitions sp
 WHERE sp.seg <> ALL (ARRAY(SELECT seg FROM comb.segments))
   AND (EXISTS (SELECT 1 FROM comb.segment_partitions n
                WHERE n.partition_id = sp.partition_id AND n.seg > sp.seg)
-       OR NOT EXISTS (SELECT 1 FROM comb.partitions p WHERE p.id = sp.partition_id))";
+       OR NOT ",
+    crate::catalog::partition_exists!("sp.partition_id"),
+    ")"
+);
 
 /// Drops every reclaimable segment whose lock can be had within the lock timeout.
 pub(crate) async fn drop_reclaimable(
