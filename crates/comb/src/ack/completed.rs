@@ -49,8 +49,9 @@ judged AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT array_agg(m.pos ORDER BY m.pos) AS pos, array_agg(m.seg ORDER BY m.pos) AS seg,
                count(*) AS found
-        FROM comb.messages m
-        WHERE m.partition_id = c.partition_id AND m.transaction_id = ANY (c.txids)
+        FROM ",
+    crate::push::partition_messages!("c.partition_id"),
+    " AND m.transaction_id = ANY (c.txids)
           AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
     ) f
     WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()

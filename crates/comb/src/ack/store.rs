@@ -16,21 +16,25 @@ use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
 use crate::fusion::{Fuser, Runner};
 use crate::metrics::Stage;
+use crate::push;
 
 /// Positions of acked messages, found by transaction id: one descent of the transaction id
 /// index per message. Acks read positions from their cursor's delivered range instead
 /// ([`ACK_STATE_SQL`]); this finds the few that are not there.
-pub const LOOKUP_SQL: &str = "
+pub const LOOKUP_SQL: &str = concat!(
+    "
 SELECT i.ord, m.pos, m.seg
 FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS i(partition_id, transaction_id, ord)
 CROSS JOIN LATERAL (
     -- No ORDER BY: a transaction id is stored once per partition, and ordering by position
     -- would make the planner walk the partition in position order instead of using the
     -- (transaction_id, partition_id) index.
-    SELECT m.pos, m.seg FROM comb.messages m
-    WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
+    SELECT m.pos, m.seg FROM ",
+    push::partition_messages!("i.partition_id"),
+    " AND m.transaction_id = i.transaction_id
     LIMIT 1
-) m";
+) m"
+);
 
 /// [`STATE_SQL`] for acks, given each cursor once with the number of acks it receives: each
 /// locked cursor's state, and the position, segment and
@@ -56,8 +60,9 @@ CROSS JOIN LATERAL ",
 CROSS JOIN LATERAL (
     SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg,
            array_agg(m.transaction_id) AS transaction_id
-    FROM comb.messages m
-    WHERE m.partition_id = u.partition_id
+    FROM ",
+    push::partition_messages!("u.partition_id"),
+    "
       AND m.pos > s.cursor_pos
       AND m.pos <= least(s.lease_upto,
                          s.cursor_pos + 2 * u.acks + 8 + cardinality(s.settled))

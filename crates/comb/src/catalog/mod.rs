@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::Pool;
+use deadpool_postgres::{GenericClient, Pool};
 use uuid::Uuid;
 
 use crate::cursor;
@@ -30,6 +30,40 @@ macro_rules! partition_name {
     };
 }
 pub(crate) use partition_name;
+
+/// Every queue's id (an SQL array).
+macro_rules! queue_ids {
+    () => {
+        "ARRAY(SELECT id FROM comb.queues)"
+    };
+}
+pub(crate) use queue_ids;
+
+/// Every subscription of a group to a queue as one row of two arrays, `queue_ids` and
+/// `groups`, in (queue, group) order (a subquery).
+macro_rules! subscriptions {
+    () => {
+        "(SELECT array_agg(queue_id ORDER BY queue_id, consumer_group) AS queue_ids,
+               array_agg(consumer_group ORDER BY queue_id, consumer_group) AS groups
+        FROM comb.subscriptions)"
+    };
+}
+pub(crate) use subscriptions;
+
+/// The id of the partition named `$name` in queue `$queue` (SQL expressions), as a subquery
+/// of one row or none.
+macro_rules! partition_named {
+    ($queue:literal, $name:literal) => {
+        concat!(
+            "(SELECT p.id FROM comb.partitions p WHERE p.queue_id = ",
+            $queue,
+            " AND p.name = ",
+            $name,
+            ")"
+        )
+    };
+}
+pub(crate) use partition_named;
 
 /// Whether partition `$p` (an SQL expression) exists: its queue was not deleted.
 macro_rules! partition_exists {
@@ -93,12 +127,64 @@ macro_rules! options_of_partition {
 }
 pub(crate) use options_of_partition;
 
+/// The partitions `p` among the ids `$ids` (an SQL array) that exist, for a `FROM`: one probe
+/// of the partitions' key each.
+macro_rules! partitions_among {
+    ($ids:literal) => {
+        concat!("comb.partitions p WHERE p.id = ANY(", $ids, ")")
+    };
+}
+pub(crate) use partitions_among;
+
+/// Locks the partition rows `$1` in id order and returns the ids of those that exist: what a
+/// push holds while it assigns positions, so that positions commit in order.
+const LOCK_PARTITIONS_SQL: &str =
+    "SELECT id FROM comb.partitions WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
+
+/// [`LOCK_PARTITIONS_SQL`] on Citus, which locks rows only in a statement of one shard: the
+/// coordinator locks each partition with one of its own (`comb.lock_partitions`).
+const LOCK_PARTITIONS_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1)";
+
+/// The partitions' lock this database takes: [`LOCK_PARTITIONS_SQL`], or its Citus form.
+pub(crate) fn lock_partitions_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        LOCK_PARTITIONS_CITUS_SQL
+    } else {
+        LOCK_PARTITIONS_SQL
+    }
+}
+
 /// The partition and queue names of the partitions `$1` that exist, one probe of the
 /// partitions' key each: `id`, `partition`, `queue`.
 pub(crate) const NAMES_SQL: &str = "
 SELECT p.id, p.name AS partition, q.name AS queue
 FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
 WHERE p.id = ANY($1)";
+
+/// A queue's identity as its row has it.
+pub(crate) struct QueueRow {
+    pub(crate) id: Uuid,
+    pub(crate) namespace: Option<String>,
+    pub(crate) task: Option<String>,
+}
+
+/// The queue named `name`, read now (no cache: its namespace and task may change).
+pub(crate) async fn queue_named<C: GenericClient>(
+    client: &C,
+    name: &str,
+) -> Result<Option<QueueRow>, DbError> {
+    Ok(client
+        .query_opt(
+            "SELECT id, namespace, task FROM comb.queues WHERE name = $1",
+            &[&name],
+        )
+        .await?
+        .map(|r| QueueRow {
+            id: r.get("id"),
+            namespace: r.get("namespace"),
+            task: r.get("task"),
+        }))
+}
 
 /// Entries beyond which a cache is emptied rather than grown.
 const CACHE_LIMIT: usize = 1_000_000;

@@ -16,18 +16,20 @@ static OVERDUE_CURSORS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::n
 SELECT c.partition_id, c.consumer_group
 FROM {cursors}
 {queue}
-CROSS JOIN LATERAL comb.partition_head(c.partition_id) h
+CROSS JOIN LATERAL {head} h
 WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
   AND h.pos > s.cursor_pos
   AND s.lease_id IS NULL
-  AND (SELECT m.created_at FROM comb.messages m
-       WHERE m.partition_id = c.partition_id AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
+  AND (SELECT m.created_at FROM {messages}
+       AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
        ORDER BY m.pos LIMIT 1)
       < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
 ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000
 FOR NO KEY UPDATE OF c SKIP LOCKED",
         cursors = crate::cursor::cursors_with_state(false),
+        head = crate::push::head_of!("c.partition_id"),
+        messages = crate::push::partition_messages!("c.partition_id"),
         queue = crate::catalog::join_queue!("c.queue_id"),
     )
 });
@@ -44,24 +46,28 @@ FROM {cursors}
 {queue}
 WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
   AND s.lease_id IS NULL
-  AND (SELECT m.created_at FROM comb.messages m
-       WHERE m.partition_id = c.partition_id AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
+  AND (SELECT m.created_at FROM {messages}
+       AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
        ORDER BY m.pos LIMIT 1)
       < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
 ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000",
         cursors = crate::cursor::cursors_with_state(true),
+        messages = crate::push::partition_messages!("c.partition_id"),
         queue = crate::catalog::join_queue!("c.queue_id"),
     )
 });
 
 /// Overdue messages of one partition after a position (a prefix: times grow with positions).
-const OVERDUE_MESSAGES_SQL: &str = "
-SELECT m.pos, m.seg FROM comb.messages m
-WHERE m.partition_id = $1 AND m.pos > $2 AND m.seg >= $3
+const OVERDUE_MESSAGES_SQL: &str = concat!(
+    "
+SELECT m.pos, m.seg FROM ",
+    crate::push::partition_messages!("$1"),
+    " AND m.pos > $2 AND m.seg >= $3
   AND m.created_at < now() - make_interval(secs => $4::float8)
 ORDER BY m.pos
-LIMIT 10000";
+LIMIT 10000"
+);
 
 /// Dead-letters overdue messages; returns how many.
 pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbError> {
