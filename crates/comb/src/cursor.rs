@@ -5,7 +5,7 @@
 //! one full row with `ver` one above the version it follows; the column list is written once,
 //! here, so the writers cannot disagree on it. Here too: the state as Rust sees it
 //! ([`Cursor`]), locking a set of cursors ([`LOCK_SQL`]), reading their latest state after the
-//! lock ([`STATE_SQL`], [`locked_cursors`]) and appending the next versions ([`StateWrites`]),
+//! lock ([`state_sql!`], [`locked_cursors`]) and appending the next versions ([`StateWrites`]),
 //! and the statements of the state's generations ([`generations`]). The claim and ack
 //! statements, one round trip each, are built from this module's fragments.
 
@@ -152,7 +152,7 @@ FOR NO KEY UPDATE";
 
 /// Like [`LOCK_SQL`] for the cursors of group `$2` on partitions `$1` whose lease ended
 /// unsettled, skipping busy ones (another claim or ack holds them; they are seen again
-/// later). Their state is read afterwards with [`STATE_SQL`].
+/// later). Their state is read afterwards with [`state_sql!`].
 pub(crate) const LOCK_EXPIRED_SQL: &str = "
 SELECT c.partition_id FROM comb.cursors c
 CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
@@ -201,7 +201,7 @@ pub(crate) struct Locked {
 }
 
 /// Locks cursor rows in a stable order (acks of one batch never deadlock with another's).
-/// The rows only serialise writers; the state is read by a later statement ([`STATE_SQL`]),
+/// The rows only serialise writers; the state is read by a later statement ([`state_sql!`]),
 /// whose snapshot then holds every version written before the lock was granted.
 pub const LOCK_SQL: &str = "
 SELECT c.partition_id FROM comb.cursors c
@@ -229,22 +229,32 @@ macro_rules! locked_columns {
         "
 SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
        s.attempt_pos, s.attempt_cnt, s.lease_id,
-       coalesce(s.lease_expires_at > now(), false), s.lease_upto,
-       q.options, q.id"
+       coalesce(s.lease_expires_at > now(), false) AS lease_live, s.lease_upto,
+       q.options, q.id AS queue_id"
     };
 }
 pub(crate) use locked_columns;
 
-/// The latest state of locked cursors, in the columns [`locked_cursors`] reads.
-pub const STATE_SQL: &str = concat!(
-    locked_columns!(),
-    "
+/// The latest state of locked cursors (`$1` partitions and `$2` groups, pairwise) with their
+/// queue, in the columns [`locked_cursors`] reads. The tokens given join the cursor `c`'s
+/// queue as `q`: the queue's owner joins it (`catalog::join_queue!`) and holds the statement
+/// (`catalog::CURSOR_STATE_SQL`), as this module sits below it.
+macro_rules! state_sql {
+    ($($queue:tt)*) => {
+        concat!(
+            $crate::cursor::locked_columns!(),
+            "
 FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS u(partition_id, consumer_group)
 JOIN comb.cursors c
   ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
-JOIN comb.queues q ON q.id = c.queue_id
+",
+            $($queue)*,
+            "
 CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
-);
+        )
+    };
+}
+pub(crate) use state_sql;
 
 /// The latest state of the cursor of (`partition`, `group`), two SQL expressions, written out
 /// as a subquery for Citus: `comb.cursor_state`, run on a worker, would itself be a
@@ -275,43 +285,43 @@ pub(crate) fn with_citus_state(sql: &str, one: &str) -> String {
     )
 }
 
-/// [`STATE_SQL`] on Citus, of cursors all of one partition (`$3`): a router statement on that
-/// partition's worker. Callers split their cursors by partition on Citus.
-pub(crate) static STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+/// A statement of [`state_sql!`] on Citus, of cursors all of one partition (`$3`): a router
+/// statement on that partition's worker. Callers split their cursors by partition on Citus.
+pub(crate) fn state_citus_sql(sql: &str) -> String {
     with_citus_state(
-        &STATE_SQL.replace(
+        &sql.replace(
             "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
             "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
                 AND c.partition_id = $3",
         ),
         "$3",
     )
-});
+}
 
-/// Cursors as read by [`STATE_SQL`].
+/// Cursors as read by [`state_sql!`].
 pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
     let mut cursors = HashMap::new();
     for r in rows {
-        let attempt_pos: Vec<i64> = r.get(5);
-        let attempt_cnt: Vec<i32> = r.get(6);
-        let options: serde_json::Value = r.get(10);
+        let attempt_pos: Vec<i64> = r.get("attempt_pos");
+        let attempt_cnt: Vec<i32> = r.get("attempt_cnt");
+        let options: serde_json::Value = r.get("options");
         let set = serde_json::from_value(options).unwrap_or_default();
         cursors.insert(
-            (r.get(0), r.get(1)),
+            (r.get("partition_id"), r.get("consumer_group")),
             Locked {
                 cursor: Cursor {
-                    cursor_pos: r.get(2),
-                    cursor_seg: r.get(3),
-                    settled: r.get(4),
+                    cursor_pos: r.get("cursor_pos"),
+                    cursor_seg: r.get("cursor_seg"),
+                    settled: r.get("settled"),
                     attempts: attempt_pos.into_iter().zip(attempt_cnt).collect(),
-                    lease_id: r.get(7),
-                    lease_live: r.get(8),
+                    lease_id: r.get("lease_id"),
+                    lease_live: r.get("lease_live"),
                     request_lease: None,
-                    lease_upto: r.get(9),
+                    lease_upto: r.get("lease_upto"),
                     rest_ms: None,
                 },
                 options: QueueOptions::from_set(&set),
-                queue_id: r.get(11),
+                queue_id: r.get("queue_id"),
                 changed: false,
             },
         );

@@ -556,12 +556,12 @@ async fn positions<C: GenericClient>(
 ) -> Result<Vec<Option<(i64, i32)>>, DbError> {
     let mut delivered: HashMap<(Uuid, &str), (i64, i32)> = HashMap::new();
     for r in locked {
-        let partition_id: Uuid = r.get(0);
+        let partition_id: Uuid = r.get("partition_id");
         // NULL when the range is empty.
         let (Some(pos), Some(seg), Some(txids)) = (
-            r.get::<_, Option<Vec<i64>>>(12),
-            r.get::<_, Option<Vec<i32>>>(13),
-            r.get::<_, Option<Vec<&str>>>(14),
+            r.get::<_, Option<Vec<i64>>>("pos"),
+            r.get::<_, Option<Vec<i32>>>("seg"),
+            r.get::<_, Option<Vec<&str>>>("transaction_id"),
         ) else {
             continue;
         };
@@ -590,8 +590,8 @@ async fn positions<C: GenericClient>(
         .collect();
     let params = crate::schema::citus::with_partition(&[&pids, &txids], &one);
     for r in tx.query(lookup, &params).await? {
-        let ord: i64 = r.get(0);
-        position[missing[(ord - 1) as usize]] = Some((r.get(1), r.get(2)));
+        let ord: i64 = r.get("ord");
+        position[missing[(ord - 1) as usize]] = Some((r.get("pos"), r.get("seg")));
     }
     Ok(position)
 }

@@ -127,6 +127,14 @@ macro_rules! options_of_partition {
 }
 pub(crate) use options_of_partition;
 
+/// The partitions `p` of queue `$queue` (an SQL expression), for a `FROM`.
+macro_rules! partitions_of {
+    ($queue:literal) => {
+        concat!("comb.partitions p WHERE p.queue_id = ", $queue)
+    };
+}
+pub(crate) use partitions_of;
+
 /// The partitions `p` among the ids `$ids` (an SQL array) that exist, for a `FROM`: one probe
 /// of the partitions' key each.
 macro_rules! partitions_among {
@@ -153,6 +161,15 @@ pub(crate) fn lock_partitions_sql() -> &'static str {
         LOCK_PARTITIONS_SQL
     }
 }
+
+/// The latest state of locked cursors with their queue's options, for the writers that judge
+/// cursors by them (acks, lease expiry, maintenance, unreadable payloads): `cursor`'s
+/// statement ([`cursor::state_sql!`]) with the queue joined here.
+pub const CURSOR_STATE_SQL: &str = cursor::state_sql!(crate::catalog::join_queue!("c.queue_id"));
+
+/// [`CURSOR_STATE_SQL`] on Citus, of cursors all of one partition (`$3`).
+pub(crate) static CURSOR_STATE_CITUS_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| cursor::state_citus_sql(CURSOR_STATE_SQL));
 
 /// The partition and queue names of the partitions `$1` that exist, one probe of the
 /// partitions' key each: `id`, `partition`, `queue`.
@@ -527,26 +544,6 @@ impl Catalog {
     /// Drops the cached options of a queue (after it was configured here).
     pub(crate) fn forget_options(&self, queue_id: Uuid) {
         self.options.lock().unwrap().remove(&queue_id);
-    }
-
-    /// Messages of a queue not yet passed by its slowest consumer group (all retained
-    /// messages while no group reads it).
-    pub(crate) async fn pending(&self, pool: &Pool, queue_id: Uuid) -> Result<u64, DbError> {
-        let client = pool.get().await?;
-        let row = client
-            .query_one(
-                concat!(
-                    "SELECT coalesce(sum(h.pos - coalesce(",
-                    cursor::slowest_position!("p.id"),
-                    ", 0)), 0)::bigint
-                 FROM comb.partitions p
-                 CROSS JOIN LATERAL comb.partition_head(p.id) h
-                 WHERE p.queue_id = $1"
-                ),
-                &[&queue_id],
-            )
-            .await?;
-        Ok(row.get::<_, i64>(0).max(0) as u64)
     }
 
     /// Forgets everything cached about a queue (after it was deleted or a stale id was seen).

@@ -3,7 +3,8 @@
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
-use crate::cursor::{LOCK_EXPIRED_SQL, STATE_CITUS_SQL, STATE_SQL, StateWrites, locked_cursors};
+use crate::catalog::{CURSOR_STATE_CITUS_SQL, CURSOR_STATE_SQL};
+use crate::cursor::{LOCK_EXPIRED_SQL, StateWrites, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
 
@@ -32,9 +33,9 @@ pub(crate) async fn expire_leases(
             .await?,
         state: client
             .prepare_cached(if crate::schema::citus::on() {
-                &STATE_CITUS_SQL
+                &CURSOR_STATE_CITUS_SQL
             } else {
-                STATE_SQL
+                CURSOR_STATE_SQL
             })
             .await?,
         states: StateWrites::prepare(client).await?,

@@ -4,12 +4,13 @@
 
 use deadpool_postgres::Client;
 
-use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, StateWrites, locked_cursors};
+use crate::catalog::{CURSOR_STATE_CITUS_SQL, CURSOR_STATE_SQL};
+use crate::cursor::{StateWrites, locked_cursors};
 use crate::db::DbError;
 use crate::dead_letter::{self, NewDeadLetter};
 
 /// Cursors whose next message is overdue, locked (busy ones skipped); their state is read
-/// afterwards with `cursor::STATE_SQL`.
+/// afterwards with `catalog::CURSOR_STATE_SQL`.
 static OVERDUE_CURSORS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "
@@ -95,13 +96,16 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
         let mut rows = Vec::new();
         for (p, g) in pids.iter().zip(&groups) {
             rows.extend(
-                tx.query(STATE_CITUS_SQL.as_str(), &[&vec![*p], &vec![g.as_str()], p])
-                    .await?,
+                tx.query(
+                    CURSOR_STATE_CITUS_SQL.as_str(),
+                    &[&vec![*p], &vec![g.as_str()], p],
+                )
+                .await?,
             );
         }
         rows
     } else {
-        tx.query(STATE_SQL, &[&pids, &groups]).await?
+        tx.query(CURSOR_STATE_SQL, &[&pids, &groups]).await?
     };
     let mut cursors = locked_cursors(&rows);
     // Read again under the lock: a lease taken meanwhile leaves the cursor to its consumer.
