@@ -468,7 +468,8 @@ pub(crate) mod generations {
     }
 
     /// Every generation, oldest first, with the age of each in seconds.
-    pub(crate) const LIST_SQL: &str = "SELECT gen, extract(epoch FROM now() - created_at)::float8
+    pub(crate) const LIST_SQL: &str =
+        "SELECT gen, extract(epoch FROM now() - created_at)::float8 AS age
              FROM comb.cursor_gens ORDER BY gen";
 
     /// Sends writers to generation `$1`: they read the newest inside their own statements.

@@ -317,7 +317,7 @@ impl Catalog {
             )
             .await?;
         for r in rows {
-            let (name, id): (String, Uuid) = (r.get(0), r.get(1));
+            let (name, id): (String, Uuid) = (r.get("name"), r.get("id"));
             self.remember_queue(&name, id);
             out.insert(name, id);
         }
@@ -375,7 +375,7 @@ impl Catalog {
             )
             .await?
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .map(|r| (r.get("queue_id"), r.get("name")))
             .collect();
         let (mut make_ids, mut make_queues, mut make_names) = (Vec::new(), Vec::new(), Vec::new());
         for (i, key) in missing.iter().enumerate() {
@@ -423,8 +423,8 @@ impl Catalog {
             .await?;
         tx.commit().await?;
         for r in rows {
-            let key: (Uuid, String) = (r.get(0), r.get(1));
-            let id: Uuid = r.get(2);
+            let key: (Uuid, String) = (r.get("queue_id"), r.get("name"));
+            let id: Uuid = r.get("id");
             self.remember_partition(key.clone(), id);
             out.insert(key, id);
         }

@@ -87,8 +87,8 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
     if overdue.is_empty() {
         return Ok(0);
     }
-    let pids: Vec<uuid::Uuid> = overdue.iter().map(|r| r.get(0)).collect();
-    let groups: Vec<String> = overdue.iter().map(|r| r.get(1)).collect();
+    let pids: Vec<uuid::Uuid> = overdue.iter().map(|r| r.get("partition_id")).collect();
+    let groups: Vec<String> = overdue.iter().map(|r| r.get("consumer_group")).collect();
     let rows = if citus {
         tx.query(crate::cursor::lock_sql(), &[&pids, &groups])
             .await?;
@@ -125,7 +125,7 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             )
             .await?;
         for r in overdue {
-            let (pos, seg): (i64, i32) = (r.get(0), r.get(1));
+            let (pos, seg): (i64, i32) = (r.get("pos"), r.get("seg"));
             if pos <= state.cursor.cursor_pos || state.cursor.settled.binary_search(&pos).is_ok() {
                 continue;
             }

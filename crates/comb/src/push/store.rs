@@ -229,7 +229,7 @@ const HEADS_SQL: &str = concat!(
     "
 SELECT p.id, ",
     head_pos!("p.id"),
-    ", s.seg, statement_timestamp()
+    " AS head, s.seg, statement_timestamp() AS at
 FROM unnest($1::uuid[]) AS p(id)
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 );
@@ -558,11 +558,11 @@ impl<'a> Plan<'a> {
         let mut next: HashMap<Uuid, i64> = HashMap::with_capacity(alive.len());
         let (mut seg, mut at) = (0i32, None::<DateTime<Utc>>);
         for row in &heads {
-            let id: Uuid = row.get(0);
+            let id: Uuid = row.get("id");
             if alive.binary_search(&id).is_ok() {
-                next.insert(id, row.get(1));
+                next.insert(id, row.get("head"));
             }
-            (seg, at) = (row.get(2), Some(row.get(3)));
+            (seg, at) = (row.get("seg"), Some(row.get("at")));
         }
         let at = at.map_or(0, copy_time);
         let mut rows = CopyRows::new(self.sent.len(), with_sub);
@@ -686,8 +686,8 @@ impl<'a> Plan<'a> {
     fn outcomes(&self, rows: &[Row]) -> Vec<Stored> {
         let mut by_sent: HashMap<usize, Stored> = HashMap::with_capacity(self.sent.len());
         for (k, row) in rows.iter().enumerate() {
-            let prior: Option<Uuid> = row.get(1);
-            let stored: bool = row.get(2);
+            let prior: Option<Uuid> = row.get("prior_id");
+            let stored: bool = row.get("stored");
             let i = self.sent[k];
             by_sent.insert(
                 i,

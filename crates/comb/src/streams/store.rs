@@ -176,9 +176,9 @@ pub(super) async fn lock_query_name<C: GenericClient>(
 ) -> Result<Option<Current>, DbError> {
     tx.execute(LOCK_NAME_SQL, &[&name]).await?;
     Ok(tx.query_opt(CURRENT_SQL, &[&name]).await?.map(|r| Current {
-        id: r.get(0),
-        source_queue: r.get(1),
-        config_hash: r.get(2),
+        id: r.get("id"),
+        source_queue: r.get("source_queue"),
+        config_hash: r.get("config_hash"),
     }))
 }
 
@@ -215,10 +215,10 @@ pub(super) async fn query_reads<C: GenericClient>(
         .query_opt(&statement, &[&query, &partition])
         .await?
         .map(|r| QueryReads {
-            name: r.get(0),
-            source_queue: r.get(1),
-            current: r.get(2),
-            reads: r.get(3),
+            name: r.get("name"),
+            source_queue: r.get("source_queue"),
+            current: r.get("current"),
+            reads: r.get("reads"),
         }))
 }
 
@@ -250,7 +250,11 @@ pub(super) async fn newest_state<C: GenericClient>(
                 Value::Object(m) => m,
                 _ => Map::new(),
             };
-            (r.get(0), object(r.get(1)), object(r.get(2)))
+            (
+                r.get("ver"),
+                object(r.get("state")),
+                object(r.get("updated")),
+            )
         }))
 }
 
