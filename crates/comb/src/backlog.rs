@@ -30,19 +30,16 @@ fn stats_sql() -> String {
     format!(
         "
 WITH qf AS (
-    SELECT q.name, f.* FROM comb.queues q
-    JOIN comb.queue_figures(ARRAY(SELECT id FROM comb.queues), {LIVE_PARTITIONS}) f
-      ON f.queue_id = q.id
+    SELECT q.name, f.* FROM comb.queue_figures({queue_ids}, {LIVE_PARTITIONS}) f
+    {queue_of_figures}
 ), gf AS (
-    SELECT q.name, f.* FROM (
-        SELECT array_agg(queue_id ORDER BY queue_id, consumer_group) AS queue_ids,
-               array_agg(consumer_group ORDER BY queue_id, consumer_group) AS groups
-        FROM comb.subscriptions) s
+    SELECT q.name, f.* FROM {subscriptions} s
     CROSS JOIN LATERAL comb.group_figures(s.queue_ids, s.groups, {LIVE_PARTITIONS}) f
-    JOIN comb.queues q ON q.id = f.queue_id
+    {queue_of_figures}
     WHERE f.partitions > 0
 )
-SELECT 'depth', name, NULL::text, (pending + processing)::float8 FROM qf
+SELECT 'depth' AS kind, name, NULL::text AS consumer_group,
+       (pending + processing)::float8 AS value FROM qf
 UNION ALL
 SELECT 'oldest', name, NULL::text,
        coalesce(extract(epoch FROM now() - oldest_pending_at), 0)::float8
@@ -54,11 +51,15 @@ SELECT 'lag_seconds', name, consumer_group,
        coalesce(extract(epoch FROM now() - oldest_unsettled_at), 0)::float8
 FROM gf
 UNION ALL
-SELECT 'dead', q.name, d.consumer_group, count(*)::float8
-FROM comb.dead_letters d JOIN comb.queues q ON q.id = d.queue_id
-WHERE NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
-GROUP BY q.name, d.consumer_group
-ORDER BY 1, 2, 3"
+SELECT 'dead', q.name, d.consumer_group, d.dead::float8
+FROM {dead} d
+{queue_of_dead}
+ORDER BY 1, 2, 3",
+        queue_ids = crate::catalog::queue_ids!(),
+        subscriptions = crate::catalog::subscriptions!(),
+        queue_of_figures = crate::catalog::join_queue!("f.queue_id"),
+        dead = crate::dead_letter::counts_by_group!(),
+        queue_of_dead = crate::catalog::join_queue!("d.queue_id"),
     )
 }
 
@@ -96,8 +97,8 @@ pub(crate) async fn measure(pool: &Pool) -> Result<Backlog, DbError> {
     };
     for row in rows {
         let (kind, queue, group): (&str, String, Option<String>) =
-            (row.get(0), row.get(1), row.get(2));
-        let value: f64 = row.get::<_, f64>(3).max(0.0);
+            (row.get("kind"), row.get("name"), row.get("consumer_group"));
+        let value: f64 = row.get::<_, f64>("value").max(0.0);
         match (kind, group) {
             ("depth", _) => out.depth.push((queue, value)),
             ("oldest", _) => out.oldest.push((queue, value)),

@@ -5,7 +5,7 @@
 //! one full row with `ver` one above the version it follows; the column list is written once,
 //! here, so the writers cannot disagree on it. Here too: the state as Rust sees it
 //! ([`Cursor`]), locking a set of cursors ([`LOCK_SQL`]), reading their latest state after the
-//! lock ([`STATE_SQL`], [`locked_cursors`]) and appending the next versions ([`StateWrites`]),
+//! lock ([`state_sql!`], [`locked_cursors`]) and appending the next versions ([`StateWrites`]),
 //! and the statements of the state's generations ([`generations`]). The claim and ack
 //! statements, one round trip each, are built from this module's fragments.
 
@@ -53,6 +53,124 @@ macro_rules! newest_gen {
 }
 pub(crate) use newest_gen;
 
+/// The latest state version of the cursor (`$p`, `$g`), two SQL expressions: a call of
+/// `comb.cursor_state`, a set of one row (none for a cursor without state), for statements
+/// that read it beside other tables (`CROSS JOIN LATERAL state_of!(…) s`).
+macro_rules! state_of {
+    ($p:literal, $g:literal) => {
+        concat!("comb.cursor_state(", $p, ", ", $g, ")")
+    };
+}
+pub(crate) use state_of;
+
+/// How far the cursor (`$p`, `$g`) (SQL expressions) is behind its partition: a call of
+/// `comb.cursor_lag`, one row (none for a cursor without state) of its position, the
+/// partition's head, the messages between them not settled yet (`lag`), the oldest one's
+/// time, and its live lease and last claim.
+macro_rules! lag_of {
+    ($p:literal, $g:literal) => {
+        concat!("comb.cursor_lag(", $p, ", ", $g, ")")
+    };
+}
+pub(crate) use lag_of;
+
+/// `INSERT INTO comb.cursors (…)`: a cursor's identity row; the `SELECT` that follows gives
+/// partition, group and queue. Cursors are made with their partition or their group's
+/// subscription, each with its first state version ([`insert_first_state!`]).
+macro_rules! insert_cursor {
+    () => {
+        "INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)"
+    };
+}
+pub(crate) use insert_cursor;
+
+/// The lowest position of the cursors of partition `$p` (an SQL expression), NULL while no
+/// group reads it: where the partition's slowest group stands.
+macro_rules! slowest_position {
+    ($p:literal) => {
+        concat!(
+            "(SELECT min(s.cursor_pos) FROM comb.cursors c
+                     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+                     WHERE c.partition_id = ",
+            $p,
+            ")"
+        )
+    };
+}
+pub(crate) use slowest_position;
+
+/// The queue of the statement's cursor `u` (`u.partition_id`, `u.consumer_group`) as `c`:
+/// one probe of the cursor's key (`LIMIT` keeps the subquery from becoming a join the
+/// planner could answer by reading every cursor of the queue). No row: no such cursor.
+macro_rules! queue_of_cursor {
+    () => {
+        "CROSS JOIN LATERAL (
+    SELECT c.queue_id FROM comb.cursors c
+    WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+    LIMIT 1
+) c"
+    };
+}
+pub(crate) use queue_of_cursor;
+
+/// Every cursor `c` with its latest state `s`, the `FROM` of statements that pick cursors
+/// by their state; on Citus (`citus`) the state is read as [`latest_state`], which runs on
+/// each worker correlated by partition.
+pub(crate) fn cursors_with_state(citus: bool) -> String {
+    let state = if citus {
+        latest_state("c.partition_id", "c.consumer_group", None)
+    } else {
+        state_of!("c.partition_id", "c.consumer_group").to_string()
+    };
+    format!("comb.cursors c\nCROSS JOIN LATERAL {state} s")
+}
+
+/// Whether partition `partition` (an SQL expression) is read by some group and every group
+/// stands at or past position `pos` (an SQL condition): its messages up to `pos` are settled
+/// for all. On Citus (`citus`) the state is read as [`latest_state`].
+pub(crate) fn all_passed(partition: &str, pos: &str, citus: bool) -> String {
+    let state = if citus {
+        latest_state("c.partition_id", "c.consumer_group", None)
+    } else {
+        state_of!("c.partition_id", "c.consumer_group").to_string()
+    };
+    format!(
+        "EXISTS (SELECT 1 FROM comb.cursors c WHERE c.partition_id = {partition})
+             AND NOT EXISTS (
+                 SELECT 1 FROM comb.cursors c
+                 LEFT JOIN LATERAL {state} st ON true
+                 WHERE c.partition_id = {partition}
+                   AND coalesce(st.cursor_pos, 0) < {pos})"
+    )
+}
+
+/// Locks the cursor of (`$1` partition, `$2` group), the one cursor a writer of a single
+/// state version holds (lease extension); no row: no such cursor.
+pub(crate) const LOCK_ONE_SQL: &str = "
+SELECT 1 FROM comb.cursors WHERE partition_id = $1 AND consumer_group = $2
+FOR NO KEY UPDATE";
+
+/// Like [`LOCK_SQL`] for the cursors of group `$2` on partitions `$1` whose lease ended
+/// unsettled, skipping busy ones (another claim or ack holds them; they are seen again
+/// later). Their state is read afterwards with [`state_sql!`].
+pub(crate) const LOCK_EXPIRED_SQL: &str = "
+SELECT c.partition_id FROM comb.cursors c
+CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
+  AND s.lease_id IS NOT NULL AND s.lease_expires_at <= now()
+ORDER BY c.partition_id
+FOR NO KEY UPDATE OF c SKIP LOCKED";
+
+/// Deletes the cursors of a deleted queue (their state versions stay until their
+/// generation is dropped whole); returns how many.
+pub(crate) async fn delete_of_queue<C: GenericClient>(
+    tx: &C,
+    queue_id: Uuid,
+) -> Result<u64, tokio_postgres::Error> {
+    tx.execute("DELETE FROM comb.cursors WHERE queue_id = $1", &[&queue_id])
+        .await
+}
+
 /// The state of one (partition, group) cursor, as the ack rules see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Cursor {
@@ -83,7 +201,7 @@ pub(crate) struct Locked {
 }
 
 /// Locks cursor rows in a stable order (acks of one batch never deadlock with another's).
-/// The rows only serialise writers; the state is read by a later statement ([`STATE_SQL`]),
+/// The rows only serialise writers; the state is read by a later statement ([`state_sql!`]),
 /// whose snapshot then holds every version written before the lock was granted.
 pub const LOCK_SQL: &str = "
 SELECT c.partition_id FROM comb.cursors c
@@ -111,22 +229,32 @@ macro_rules! locked_columns {
         "
 SELECT s.partition_id, s.consumer_group, s.cursor_pos, s.cursor_seg, s.settled,
        s.attempt_pos, s.attempt_cnt, s.lease_id,
-       coalesce(s.lease_expires_at > now(), false), s.lease_upto,
-       q.options, q.id"
+       coalesce(s.lease_expires_at > now(), false) AS lease_live, s.lease_upto,
+       q.options, q.id AS queue_id"
     };
 }
 pub(crate) use locked_columns;
 
-/// The latest state of locked cursors, in the columns [`locked_cursors`] reads.
-pub const STATE_SQL: &str = concat!(
-    locked_columns!(),
-    "
+/// The latest state of locked cursors (`$1` partitions and `$2` groups, pairwise) with their
+/// queue, in the columns [`locked_cursors`] reads. The tokens given join the cursor `c`'s
+/// queue as `q`: the queue's owner joins it (`catalog::join_queue!`) and holds the statement
+/// (`catalog::CURSOR_STATE_SQL`), as this module sits below it.
+macro_rules! state_sql {
+    ($($queue:tt)*) => {
+        concat!(
+            $crate::cursor::locked_columns!(),
+            "
 FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS u(partition_id, consumer_group)
 JOIN comb.cursors c
   ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
-JOIN comb.queues q ON q.id = c.queue_id
+",
+            $($queue)*,
+            "
 CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
-);
+        )
+    };
+}
+pub(crate) use state_sql;
 
 /// The latest state of the cursor of (`partition`, `group`), two SQL expressions, written out
 /// as a subquery for Citus: `comb.cursor_state`, run on a worker, would itself be a
@@ -157,43 +285,43 @@ pub(crate) fn with_citus_state(sql: &str, one: &str) -> String {
     )
 }
 
-/// [`STATE_SQL`] on Citus, of cursors all of one partition (`$3`): a router statement on that
-/// partition's worker. Callers split their cursors by partition on Citus.
-pub(crate) static STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+/// A statement of [`state_sql!`] on Citus, of cursors all of one partition (`$3`): a router
+/// statement on that partition's worker. Callers split their cursors by partition on Citus.
+pub(crate) fn state_citus_sql(sql: &str) -> String {
     with_citus_state(
-        &STATE_SQL.replace(
+        &sql.replace(
             "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
             "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
                 AND c.partition_id = $3",
         ),
         "$3",
     )
-});
+}
 
-/// Cursors as read by [`STATE_SQL`].
+/// Cursors as read by [`state_sql!`].
 pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
     let mut cursors = HashMap::new();
     for r in rows {
-        let attempt_pos: Vec<i64> = r.get(5);
-        let attempt_cnt: Vec<i32> = r.get(6);
-        let options: serde_json::Value = r.get(10);
+        let attempt_pos: Vec<i64> = r.get("attempt_pos");
+        let attempt_cnt: Vec<i32> = r.get("attempt_cnt");
+        let options: serde_json::Value = r.get("options");
         let set = serde_json::from_value(options).unwrap_or_default();
         cursors.insert(
-            (r.get(0), r.get(1)),
+            (r.get("partition_id"), r.get("consumer_group")),
             Locked {
                 cursor: Cursor {
-                    cursor_pos: r.get(2),
-                    cursor_seg: r.get(3),
-                    settled: r.get(4),
+                    cursor_pos: r.get("cursor_pos"),
+                    cursor_seg: r.get("cursor_seg"),
+                    settled: r.get("settled"),
                     attempts: attempt_pos.into_iter().zip(attempt_cnt).collect(),
-                    lease_id: r.get(7),
-                    lease_live: r.get(8),
+                    lease_id: r.get("lease_id"),
+                    lease_live: r.get("lease_live"),
                     request_lease: None,
-                    lease_upto: r.get(9),
+                    lease_upto: r.get("lease_upto"),
                     rest_ms: None,
                 },
                 options: QueueOptions::from_set(&set),
-                queue_id: r.get(11),
+                queue_id: r.get("queue_id"),
                 changed: false,
             },
         );
@@ -340,7 +468,8 @@ pub(crate) mod generations {
     }
 
     /// Every generation, oldest first, with the age of each in seconds.
-    pub(crate) const LIST_SQL: &str = "SELECT gen, extract(epoch FROM now() - created_at)::float8
+    pub(crate) const LIST_SQL: &str =
+        "SELECT gen, extract(epoch FROM now() - created_at)::float8 AS age
              FROM comb.cursor_gens ORDER BY gen";
 
     /// Sends writers to generation `$1`: they read the newest inside their own statements.

@@ -23,7 +23,8 @@ pub(crate) struct NewDeadLetter {
 }
 
 /// Copies messages into the dead letters, each with its group, attempts and last error.
-const WRITE_SQL: &str = "
+const WRITE_SQL: &str = concat!(
+    "
 INSERT INTO comb.dead_letters
     (id, queue_id, partition_id, consumer_group, pos, message_id, transaction_id, trace_id,
      payload, created_at, attempts, error, producer_sub)
@@ -32,15 +33,16 @@ SELECT d.id, d.queue_id, m.partition_id, d.consumer_group, m.pos, m.message_id,
        m.producer_sub
 FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::integer[], $7::text[])
     AS d(id, queue_id, partition_id, consumer_group, pos, attempts, error)
-JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos";
+",
+    crate::push::join_message!("d.partition_id", "d.pos")
+);
 
 /// [`WRITE_SQL`] on Citus, of messages all of one partition (`$8`), named to the messages so
 /// that Citus plans it on that partition's worker.
 static WRITE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
     WRITE_SQL.replace(
-        "JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos",
-        "JOIN comb.messages m ON m.partition_id = d.partition_id AND m.pos = d.pos
-             AND m.partition_id = $8",
+        "AND m.pos = d.pos",
+        "AND m.pos = d.pos AND m.partition_id = $8",
     )
 });
 
@@ -108,6 +110,18 @@ impl Writes {
     }
 }
 
+/// Dead letters not requeued, counted per (queue, group): a subquery of rows `queue_id`,
+/// `consumer_group`, `dead`.
+macro_rules! counts_by_group {
+    () => {
+        "(SELECT d.queue_id, d.consumer_group, count(*) AS dead
+  FROM comb.dead_letters d
+  WHERE NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
+  GROUP BY d.queue_id, d.consumer_group)"
+    };
+}
+pub(crate) use counts_by_group;
+
 /// Most dead letters one listing returns.
 pub(crate) const MAX_LIMIT: i64 = 1000;
 /// Deepest offset a listing may start at: pages are read through an index, and an offset
@@ -164,31 +178,37 @@ pub(crate) struct Page {
 /// those ordered scans return.
 fn conditions(with_group: bool) -> &'static str {
     if with_group {
-        "d.queue_id = $1 AND d.consumer_group = $2
-         AND ($3::text IS NULL OR d.partition_id IN
-              (SELECT p.id FROM comb.partitions p WHERE p.queue_id = $1 AND p.name = $3))
+        concat!(
+            "d.queue_id = $1 AND d.consumer_group = $2
+         AND ($3::text IS NULL OR d.partition_id IN ",
+            crate::catalog::partition_named!("$1", "$3"),
+            ")
          AND ($4::timestamptz IS NULL OR d.dead_at >= $4)
          AND ($5::timestamptz IS NULL OR d.dead_at <= $5)"
+        )
     } else {
-        "d.queue_id = $1 AND $2::text IS NULL
-         AND ($3::text IS NULL OR d.partition_id IN
-              (SELECT p.id FROM comb.partitions p WHERE p.queue_id = $1 AND p.name = $3))
+        concat!(
+            "d.queue_id = $1 AND $2::text IS NULL
+         AND ($3::text IS NULL OR d.partition_id IN ",
+            crate::catalog::partition_named!("$1", "$3"),
+            ")
          AND ($4::timestamptz IS NULL OR d.dead_at >= $4)
          AND ($5::timestamptz IS NULL OR d.dead_at <= $5)"
+        )
     }
 }
 
 fn list_sql(with_group: bool) -> String {
     format!(
-        "SELECT d.id, d.message_id, d.partition_id,
-                (SELECT p.name FROM comb.partitions p WHERE p.id = d.partition_id),
+        "SELECT d.id, d.message_id, d.partition_id, {partition} AS partition,
                 d.transaction_id, d.trace_id, d.consumer_group, d.error, d.attempts,
                 d.created_at, d.dead_at, d.payload, d.producer_sub
          FROM comb.dead_letters d
          WHERE {}
          ORDER BY d.dead_at DESC, d.id DESC
          LIMIT $6 OFFSET $7",
-        conditions(with_group)
+        conditions(with_group),
+        partition = crate::catalog::partition_name!("d.partition_id"),
     )
 }
 
@@ -202,16 +222,10 @@ fn count_sql(with_group: bool) -> String {
 /// Lists dead letters; `None` when the queue does not exist.
 pub(crate) async fn list(pool: &Pool, filter: &Filter) -> Result<Option<Page>, DbError> {
     let client = pool.get().await?;
-    let Some(queue) = client
-        .query_opt(
-            "SELECT id, namespace, task FROM comb.queues WHERE name = $1",
-            &[&filter.queue],
-        )
-        .await?
-    else {
+    let Some(queue) = crate::catalog::queue_named(&client, &filter.queue).await? else {
         return Ok(None);
     };
-    let queue_id: Uuid = queue.get(0);
+    let queue_id = queue.id;
     let with_group = filter.group.is_some();
     let params: [&(dyn ToSql + Sync); 7] = [
         &queue_id,
@@ -231,25 +245,25 @@ pub(crate) async fn list(pool: &Pool, filter: &Filter) -> Result<Option<Page>, D
     let letters = rows?
         .iter()
         .map(|r| DeadLetter {
-            id: r.get(0),
-            message_id: r.get(1),
-            partition_id: r.get(2),
-            partition: r.get::<_, Option<String>>(3).unwrap_or_default(),
-            transaction_id: r.get(4),
-            trace_id: r.get(5),
-            group: r.get(6),
-            error: r.get(7),
-            attempts: r.get(8),
-            created_at: r.get(9),
-            dead_at: r.get(10),
-            payload: r.get(11),
-            producer_sub: r.get(12),
+            id: r.get("id"),
+            message_id: r.get("message_id"),
+            partition_id: r.get("partition_id"),
+            partition: r.get::<_, Option<String>>("partition").unwrap_or_default(),
+            transaction_id: r.get("transaction_id"),
+            trace_id: r.get("trace_id"),
+            group: r.get("consumer_group"),
+            error: r.get("error"),
+            attempts: r.get("attempts"),
+            created_at: r.get("created_at"),
+            dead_at: r.get("dead_at"),
+            payload: r.get("payload"),
+            producer_sub: r.get("producer_sub"),
         })
         .collect();
     Ok(Some(Page {
-        namespace: queue.get(1),
-        task: queue.get(2),
+        namespace: queue.namespace,
+        task: queue.task,
         letters,
-        total: total?.get(0),
+        total: total?.get("count"),
     }))
 }

@@ -43,15 +43,13 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("notification between servers", &["wake"]),
-    (
-        "the catalog of names and what is pending",
-        &["catalog", "backlog"],
-    ),
+    ("the catalog of names", &["catalog"]),
     (
         "use cases",
         &[
             "ack",
             "admin",
+            "backlog",
             "dead_letter",
             "lease",
             "pop",
@@ -84,10 +82,10 @@ const OWNERS: &[(&str, &str)] = &[
     ("partitions", "catalog"),
     ("subscriptions", "catalog"),
     ("messages", "push"),
-    ("lock_partitions", "push"),
+    ("lock_partitions", "catalog"),
     ("partition_head", "push"),
-    ("segments", "maintenance"),
-    ("segment_partitions", "maintenance"),
+    ("segments", "push"),
+    ("segment_partitions", "push"),
     ("maintenance_runs", "maintenance"),
     ("cursors", "cursor"),
     ("cursor_states", "cursor"),
@@ -95,6 +93,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("cursors_now", "cursor"),
     ("cursor_state", "cursor"),
     ("lock_cursors", "cursor"),
+    ("cursor_lag", "cursor"),
     ("claimable_now", "pop"),
     ("lock_expired", "lease"),
     ("refuse_sealed_payload", "pop"),
@@ -103,7 +102,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("stream_states", "streams"),
     ("stream_state_now", "streams"),
     ("retention_secs", "queue"),
-    ("completed_retention_secs", "maintenance"),
+    ("completed_retention_secs", "queue"),
     ("dead_letters", "dead_letter"),
     ("dead_letter_requeues", "dead_letter"),
     ("queue_figures", "backlog"),
@@ -112,7 +111,6 @@ const OWNERS: &[(&str, &str)] = &[
     ("queue_live", "admin"),
     ("group_live", "admin"),
     ("partition_stats", "admin"),
-    ("cursor_lag", "admin"),
     ("lagging_cursors", "admin"),
     ("payload_json", "admin"),
     ("iso", "admin"),
@@ -129,26 +127,22 @@ const OWNERS: &[(&str, &str)] = &[
 /// is not enforced for them yet. The test prints each with the files that still name it, and
 /// fails once one of them is clean, so that it leaves this list.
 const PENDING_OWNERSHIP: &[&str] = &[
-    // The cursor's identity rows and latest state: locked and read by the claim, ack, lease,
-    // catalog, administration and maintenance statements, each in its own shape.
+    // Named by the claim's statements (`pop::claim`) and the administration's (`admin`).
     "cursors",
     "cursor_state",
-    // Catalog rows, joined by most statements for names and options.
+    "cursor_lag",
     "queues",
     "partitions",
     "subscriptions",
-    // Message storage: read by claims, acks, administration and maintenance.
-    "messages",
-    "partition_head",
     "segments",
     "segment_partitions",
     "retention_secs",
-    // Dead letters: written by acks, read and counted by administration and backlog.
-    "dead_letters",
     "dead_letter_requeues",
-    // Administration's figures, read by the stream query listing for its lag and times.
-    "cursor_lag",
-    "iso",
+    // Also named by `catalog`, which sits below their owners: a group's subscription starts
+    // at the head (`push`), and deleting a queue deletes its dead letters (`dead_letter`).
+    "messages",
+    "partition_head",
+    "dead_letters",
 ];
 
 fn src() -> PathBuf {
@@ -532,22 +526,26 @@ fn sql_out_of_place(module: &str, text: &str) -> Vec<String> {
 }
 
 /// The names of schema `comb` that SQL in a file of `module` names although another module
-/// owns them (or nobody does), as `name (owner)`.
+/// owns them (or nobody does), as `name (owner)`. A name of [`OWNERS`] counts in every string
+/// literal, statement or not: a fragment such as `"comb.cursor_state(c.partition_id,
+/// c.consumer_group)"` holds no keyword and is SQL all the same. A name nobody owns counts in
+/// statements only (`comb.css` is a file).
 fn foreign_names(module: &str, text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     if module == SCHEMA {
         return out;
     }
-    for s in Source::parse(text).strings.iter().filter(|s| is_sql(s)) {
+    for s in &Source::parse(text).strings {
         for name in names_in(s) {
             match OWNERS.iter().find(|(n, _)| *n == name) {
                 Some((_, owner)) if *owner == module => {}
                 Some((_, owner)) => {
                     out.insert(format!("{name} ({owner})"));
                 }
-                None => {
+                None if is_sql(s) => {
                     out.insert(format!("{name} (no owner in OWNERS)"));
                 }
+                None => {}
             }
         }
     }
@@ -793,6 +791,13 @@ fn sql_outside_http_is_found() {
         foreign_names("ack", "const Q: &str = \"SELECT * FROM comb.nowhere\";"),
         ["nowhere (no owner in OWNERS)".to_string()].into()
     );
+    // A fragment without a keyword, in a macro of another module, is SQL all the same.
+    let text = "macro_rules! state { () => { concat!(\"comb.cursor_state(\", \"$1, $2)\") }; }";
+    assert_eq!(
+        foreign_names("ack", text),
+        ["cursor_state (cursor)".to_string()].into()
+    );
+    assert!(foreign_names("cursor", text).is_empty());
 }
 
 #[test]

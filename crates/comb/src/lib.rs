@@ -26,14 +26,14 @@ mod schema;
 // Notification of pushes and catalog changes between servers.
 mod wake;
 
-// Names, options and subscriptions; what is pending and behind.
-mod backlog;
+// Names, options and subscriptions.
 mod catalog;
 
 // The use cases. `ack` and `pop` are public only for the statements whose plans the test
 // suite checks (`tests/suite/claim_plans.rs`); everything else in them is crate-private.
 pub mod ack;
 mod admin;
+mod backlog;
 mod dead_letter;
 mod lease;
 mod maintenance;

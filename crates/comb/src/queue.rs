@@ -137,6 +137,28 @@ impl OptionsSet {
     }
 }
 
+/// How long a queue keeps its messages, in seconds, 0 for ever (an SQL expression): the
+/// function `comb.retention_secs` of the queue's stored options `$options` (an SQL
+/// expression), for statements that judge messages by age: the least of `retentionSeconds`
+/// and `ttl`, 0 when `retentionEnabled` is false.
+macro_rules! retention_secs {
+    ($options:literal) => {
+        concat!("comb.retention_secs(", $options, ")")
+    };
+}
+pub(crate) use retention_secs;
+
+/// How long a queue keeps messages every group has completed, in seconds, 0 for ever (an SQL
+/// expression): the function `comb.completed_retention_secs` of the queue's stored options
+/// `$options` (an SQL expression): `completedRetentionSeconds`, 0 when `retentionEnabled` is
+/// false.
+macro_rules! completed_retention_secs {
+    ($options:literal) => {
+        concat!("comb.completed_retention_secs(", $options, ")")
+    };
+}
+pub(crate) use completed_retention_secs;
+
 /// Effective options of a queue: what it does now, defaults filled in.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -43,12 +43,15 @@ judged AS MATERIALIZED (
            s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg,
            ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x) AS merged
     FROM c
-    CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+    CROSS JOIN LATERAL ",
+    crate::cursor::state_of!("c.partition_id", "c.consumer_group"),
+    " s
     CROSS JOIN LATERAL (
         SELECT array_agg(m.pos ORDER BY m.pos) AS pos, array_agg(m.seg ORDER BY m.pos) AS seg,
                count(*) AS found
-        FROM comb.messages m
-        WHERE m.partition_id = c.partition_id AND m.transaction_id = ANY (c.txids)
+        FROM ",
+    crate::push::partition_messages!("c.partition_id"),
+    " AND m.transaction_id = ANY (c.txids)
           AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
     ) f
     WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()
@@ -87,10 +90,10 @@ written AS (
     FROM moved m
     RETURNING partition_id, consumer_group, lease_id IS NULL AS released
 )
-SELECT w.partition_id, w.consumer_group, w.released, p.name, q.name
+SELECT w.partition_id, w.consumer_group, w.released, p.name AS partition, q.name AS queue
 FROM written w
-JOIN comb.partitions p ON p.id = w.partition_id
-JOIN comb.queues q ON q.id = p.queue_id"
+",
+    crate::catalog::join_partition_and_queue!("w.partition_id")
 );
 
 /// [`JUDGE_SQL`] on Citus, for the cursors of one partition (`$5`), named to every
@@ -100,7 +103,11 @@ JOIN comb.queues q ON q.id = p.queue_id"
 pub static JUDGE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     JUDGE_SQL
         .replace(
-            "CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s",
+            concat!(
+                "CROSS JOIN LATERAL ",
+                crate::cursor::state_of!("c.partition_id", "c.consumer_group"),
+                " s"
+            ),
             &format!(
                 "CROSS JOIN LATERAL {} s",
                 crate::cursor::latest_state("c.partition_id", "c.consumer_group", Some("$5"))
@@ -111,8 +118,8 @@ pub static JUDGE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::n
             "WHERE m.partition_id = c.partition_id AND m.partition_id = $5 AND",
         )
         .replace(
-            "JOIN comb.partitions p ON p.id = w.partition_id",
-            "JOIN comb.partitions p ON p.id = w.partition_id AND p.id = $5",
+            "ON p.id = w.partition_id",
+            "ON p.id = w.partition_id AND p.id = $5",
         )
 });
 
@@ -178,7 +185,10 @@ pub(crate) async fn settle(
     commit?;
     let mut moved: HashMap<(Uuid, String), (bool, String, String)> = HashMap::new();
     for r in &judged {
-        moved.insert((r.get(0), r.get(1)), (r.get(2), r.get(3), r.get(4)));
+        moved.insert(
+            (r.get("partition_id"), r.get("consumer_group")),
+            (r.get("released"), r.get("partition"), r.get("queue")),
+        );
     }
     let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
     // The last item of each cursor carries the lease's end.

@@ -28,7 +28,8 @@ use crate::metrics::{Metrics, QueueCounts, Settled};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
-pub use crate::cursor::{LOCK_SQL, STATE_SQL};
+pub use crate::catalog::CURSOR_STATE_SQL as STATE_SQL;
+pub use crate::cursor::LOCK_SQL;
 /// The ack path's statements, public for the test suite's plan checks.
 pub use completed::JUDGE_SQL;
 pub use store::{ACK_STATE_SQL, LOOKUP_SQL, PLANS};

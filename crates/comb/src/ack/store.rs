@@ -10,26 +10,31 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus, completed};
+use crate::catalog;
 use crate::cursor::{self, Locked, locked_columns, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
 use crate::fusion::{Fuser, Runner};
 use crate::metrics::Stage;
+use crate::push;
 
 /// Positions of acked messages, found by transaction id: one descent of the transaction id
 /// index per message. Acks read positions from their cursor's delivered range instead
 /// ([`ACK_STATE_SQL`]); this finds the few that are not there.
-pub const LOOKUP_SQL: &str = "
+pub const LOOKUP_SQL: &str = concat!(
+    "
 SELECT i.ord, m.pos, m.seg
 FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS i(partition_id, transaction_id, ord)
 CROSS JOIN LATERAL (
     -- No ORDER BY: a transaction id is stored once per partition, and ordering by position
     -- would make the planner walk the partition in position order instead of using the
     -- (transaction_id, partition_id) index.
-    SELECT m.pos, m.seg FROM comb.messages m
-    WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
+    SELECT m.pos, m.seg FROM ",
+    push::partition_messages!("i.partition_id"),
+    " AND m.transaction_id = i.transaction_id
     LIMIT 1
-) m";
+) m"
+);
 
 /// [`STATE_SQL`] for acks, given each cursor once with the number of acks it receives: each
 /// locked cursor's state, and the position, segment and
@@ -43,30 +48,27 @@ pub const ACK_STATE_SQL: &str = concat!(
     locked_columns!(),
     ", r.pos, r.seg, r.transaction_id
 FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS u(partition_id, consumer_group, acks)
--- One probe of the cursor's key each (LIMIT keeps the subquery from becoming a join the
--- planner could answer by reading every cursor of the queue).
-CROSS JOIN LATERAL (
-    SELECT c.queue_id FROM comb.cursors c
-    WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
-    LIMIT 1
-) c
-JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s
+",
+    cursor::queue_of_cursor!(),
+    "
+",
+    catalog::join_queue!("c.queue_id"),
+    "
+CROSS JOIN LATERAL ",
+    cursor::state_of!("u.partition_id", "u.consumer_group"),
+    " s
 CROSS JOIN LATERAL (
     SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg,
            array_agg(m.transaction_id) AS transaction_id
-    FROM comb.messages m
-    WHERE m.partition_id = u.partition_id
+    FROM ",
+    push::partition_messages!("u.partition_id"),
+    "
       AND m.pos > s.cursor_pos
       AND m.pos <= least(s.lease_upto,
                          s.cursor_pos + 2 * u.acks + 8 + cardinality(s.settled))
       AND m.seg >= s.cursor_seg
 ) r"
 );
-
-const NAMES_SQL: &str = "
-SELECT p.id, p.name, q.name FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
-WHERE p.id = ANY($1)";
 
 /// The Citus forms of the ack statements: each reads one partition (its last parameter),
 /// named to every distributed table, so that Citus plans it on that partition's worker.
@@ -97,12 +99,12 @@ static ACK_STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
 /// primary key each): what a token limited to some queues is checked against before it acks.
 pub(crate) async fn queues_of(pool: &Pool, partitions: &[Uuid]) -> Result<Vec<String>, DbError> {
     let client = pool.get().await?;
-    let names = client.prepare_cached(NAMES_SQL).await?;
+    let names = client.prepare_cached(catalog::NAMES_SQL).await?;
     Ok(client
         .query(&names, &[&partitions])
         .await?
         .iter()
-        .map(|r| r.get(2))
+        .map(|r| r.get("queue"))
         .collect())
 }
 
@@ -266,9 +268,13 @@ pub(crate) struct RunSettled {
 }
 
 /// How long the rest of a lease still runs, in milliseconds, read after the cursor's lock.
-const LEASE_LEFT_SQL: &str = "
+const LEASE_LEFT_SQL: &str = concat!(
+    "
 SELECT greatest(0, ceil(extract(epoch FROM s.lease_expires_at - now()) * 1000))::bigint
-FROM comb.cursor_state($1, $2) s";
+FROM ",
+    cursor::state_of!("$1", "$2"),
+    " s"
+);
 
 /// Completes, inside the caller's transaction, the first `count` messages that the live
 /// lease of (`partition`, `group`) handed out and nobody settled yet, in position order:
@@ -304,7 +310,7 @@ pub(crate) async fn settle_run_in(
     );
     lock?;
     let locked = locked?;
-    let queue_name: Option<String> = named?.first().map(|r| r.get(2));
+    let queue_name: Option<String> = named?.first().map(|r| r.get("queue"));
     let Some(row) = locked.first() else {
         return Ok(Err(AckRefusal::NotConsumed));
     };
@@ -401,7 +407,7 @@ impl ReadStatements {
                     ACK_STATE_SQL
                 })
                 .await?,
-            names: client.prepare_cached(NAMES_SQL).await?,
+            names: client.prepare_cached(catalog::NAMES_SQL).await?,
         })
     }
 }
@@ -482,7 +488,7 @@ async fn judge_one<C: GenericClient>(
     }
     let mut partition_names: HashMap<Uuid, (String, String)> = HashMap::new();
     for r in named? {
-        partition_names.insert(r.get(0), (r.get(1), r.get(2)));
+        partition_names.insert(r.get("id"), (r.get("partition"), r.get("queue")));
     }
 
     let mut outcomes = Vec::with_capacity(items.len());
@@ -550,12 +556,12 @@ async fn positions<C: GenericClient>(
 ) -> Result<Vec<Option<(i64, i32)>>, DbError> {
     let mut delivered: HashMap<(Uuid, &str), (i64, i32)> = HashMap::new();
     for r in locked {
-        let partition_id: Uuid = r.get(0);
+        let partition_id: Uuid = r.get("partition_id");
         // NULL when the range is empty.
         let (Some(pos), Some(seg), Some(txids)) = (
-            r.get::<_, Option<Vec<i64>>>(12),
-            r.get::<_, Option<Vec<i32>>>(13),
-            r.get::<_, Option<Vec<&str>>>(14),
+            r.get::<_, Option<Vec<i64>>>("pos"),
+            r.get::<_, Option<Vec<i32>>>("seg"),
+            r.get::<_, Option<Vec<&str>>>("transaction_id"),
         ) else {
             continue;
         };
@@ -584,8 +590,8 @@ async fn positions<C: GenericClient>(
         .collect();
     let params = crate::schema::citus::with_partition(&[&pids, &txids], &one);
     for r in tx.query(lookup, &params).await? {
-        let ord: i64 = r.get(0);
-        position[missing[(ord - 1) as usize]] = Some((r.get(1), r.get(2)));
+        let ord: i64 = r.get("ord");
+        position[missing[(ord - 1) as usize]] = Some((r.get("pos"), r.get("seg")));
     }
     Ok(position)
 }

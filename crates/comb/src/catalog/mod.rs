@@ -11,13 +11,197 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::Pool;
+use deadpool_postgres::{GenericClient, Pool};
 use uuid::Uuid;
 
 use crate::cursor;
 use crate::db::DbError;
 use crate::queue::{OptionsSet, QueueOptions};
 use crate::wake::{OnStale, Stale};
+
+/// The name of partition `$p` (an SQL expression; NULL for a partition deleted since).
+macro_rules! partition_name {
+    ($p:literal) => {
+        concat!(
+            "(SELECT p.name FROM comb.partitions p WHERE p.id = ",
+            $p,
+            ")"
+        )
+    };
+}
+pub(crate) use partition_name;
+
+/// Every queue's id (an SQL array).
+macro_rules! queue_ids {
+    () => {
+        "ARRAY(SELECT id FROM comb.queues)"
+    };
+}
+pub(crate) use queue_ids;
+
+/// Every subscription of a group to a queue as one row of two arrays, `queue_ids` and
+/// `groups`, in (queue, group) order (a subquery).
+macro_rules! subscriptions {
+    () => {
+        "(SELECT array_agg(queue_id ORDER BY queue_id, consumer_group) AS queue_ids,
+               array_agg(consumer_group ORDER BY queue_id, consumer_group) AS groups
+        FROM comb.subscriptions)"
+    };
+}
+pub(crate) use subscriptions;
+
+/// The id of the partition named `$name` in queue `$queue` (SQL expressions), as a subquery
+/// of one row or none.
+macro_rules! partition_named {
+    ($queue:literal, $name:literal) => {
+        concat!(
+            "(SELECT p.id FROM comb.partitions p WHERE p.queue_id = ",
+            $queue,
+            " AND p.name = ",
+            $name,
+            ")"
+        )
+    };
+}
+pub(crate) use partition_named;
+
+/// Whether partition `$p` (an SQL expression) exists: its queue was not deleted.
+macro_rules! partition_exists {
+    ($p:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM comb.partitions p WHERE p.id = ",
+            $p,
+            ")"
+        )
+    };
+}
+pub(crate) use partition_exists;
+
+/// Whether partition `$p` belongs to the queue named `$queue` (SQL expressions).
+macro_rules! partition_in_queue {
+    ($p:literal, $queue:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM comb.partitions p JOIN comb.queues s ON s.id = p.queue_id
+               WHERE p.id = ",
+            $p,
+            " AND s.name = ",
+            $queue,
+            ")"
+        )
+    };
+}
+pub(crate) use partition_in_queue;
+
+/// Joins partition `p` of id `$p` (an SQL expression) and its queue `q`: for statements that
+/// answer with names or judge by the queue's options.
+macro_rules! join_partition_and_queue {
+    ($p:literal) => {
+        concat!(
+            "JOIN comb.partitions p ON p.id = ",
+            $p,
+            "\nJOIN comb.queues q ON q.id = p.queue_id"
+        )
+    };
+}
+pub(crate) use join_partition_and_queue;
+
+/// Joins queue `q` of id `$q` (an SQL expression): its name and stored options.
+macro_rules! join_queue {
+    ($q:literal) => {
+        concat!("JOIN comb.queues q ON q.id = ", $q)
+    };
+}
+pub(crate) use join_queue;
+
+/// The stored options of the queue of partition `$p` (an SQL expression; NULL for a
+/// partition deleted since).
+macro_rules! options_of_partition {
+    ($p:literal) => {
+        concat!(
+            "(SELECT q.options FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+             WHERE p.id = ",
+            $p,
+            ")"
+        )
+    };
+}
+pub(crate) use options_of_partition;
+
+/// The partitions `p` of queue `$queue` (an SQL expression), for a `FROM`.
+macro_rules! partitions_of {
+    ($queue:literal) => {
+        concat!("comb.partitions p WHERE p.queue_id = ", $queue)
+    };
+}
+pub(crate) use partitions_of;
+
+/// The partitions `p` among the ids `$ids` (an SQL array) that exist, for a `FROM`: one probe
+/// of the partitions' key each.
+macro_rules! partitions_among {
+    ($ids:literal) => {
+        concat!("comb.partitions p WHERE p.id = ANY(", $ids, ")")
+    };
+}
+pub(crate) use partitions_among;
+
+/// Locks the partition rows `$1` in id order and returns the ids of those that exist: what a
+/// push holds while it assigns positions, so that positions commit in order.
+const LOCK_PARTITIONS_SQL: &str =
+    "SELECT id FROM comb.partitions WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
+
+/// [`LOCK_PARTITIONS_SQL`] on Citus, which locks rows only in a statement of one shard: the
+/// coordinator locks each partition with one of its own (`comb.lock_partitions`).
+const LOCK_PARTITIONS_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1)";
+
+/// The partitions' lock this database takes: [`LOCK_PARTITIONS_SQL`], or its Citus form.
+pub(crate) fn lock_partitions_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        LOCK_PARTITIONS_CITUS_SQL
+    } else {
+        LOCK_PARTITIONS_SQL
+    }
+}
+
+/// The latest state of locked cursors with their queue's options, for the writers that judge
+/// cursors by them (acks, lease expiry, maintenance, unreadable payloads): `cursor`'s
+/// statement ([`cursor::state_sql!`]) with the queue joined here.
+pub const CURSOR_STATE_SQL: &str = cursor::state_sql!(crate::catalog::join_queue!("c.queue_id"));
+
+/// [`CURSOR_STATE_SQL`] on Citus, of cursors all of one partition (`$3`).
+pub(crate) static CURSOR_STATE_CITUS_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| cursor::state_citus_sql(CURSOR_STATE_SQL));
+
+/// The partition and queue names of the partitions `$1` that exist, one probe of the
+/// partitions' key each: `id`, `partition`, `queue`.
+pub(crate) const NAMES_SQL: &str = "
+SELECT p.id, p.name AS partition, q.name AS queue
+FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+WHERE p.id = ANY($1)";
+
+/// A queue's identity as its row has it.
+pub(crate) struct QueueRow {
+    pub(crate) id: Uuid,
+    pub(crate) namespace: Option<String>,
+    pub(crate) task: Option<String>,
+}
+
+/// The queue named `name`, read now (no cache: its namespace and task may change).
+pub(crate) async fn queue_named<C: GenericClient>(
+    client: &C,
+    name: &str,
+) -> Result<Option<QueueRow>, DbError> {
+    Ok(client
+        .query_opt(
+            "SELECT id, namespace, task FROM comb.queues WHERE name = $1",
+            &[&name],
+        )
+        .await?
+        .map(|r| QueueRow {
+            id: r.get("id"),
+            namespace: r.get("namespace"),
+            task: r.get("task"),
+        }))
+}
 
 /// Entries beyond which a cache is emptied rather than grown.
 const CACHE_LIMIT: usize = 1_000_000;
@@ -133,7 +317,7 @@ impl Catalog {
             )
             .await?;
         for r in rows {
-            let (name, id): (String, Uuid) = (r.get(0), r.get(1));
+            let (name, id): (String, Uuid) = (r.get("name"), r.get("id"));
             self.remember_queue(&name, id);
             out.insert(name, id);
         }
@@ -191,7 +375,7 @@ impl Catalog {
             )
             .await?
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .map(|r| (r.get("queue_id"), r.get("name")))
             .collect();
         let (mut make_ids, mut make_queues, mut make_names) = (Vec::new(), Vec::new(), Vec::new());
         for (i, key) in missing.iter().enumerate() {
@@ -210,7 +394,9 @@ impl Catalog {
                  RETURNING id, queue_id
              )
              , anchors AS (
-                 INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
+                 ",
+                cursor::insert_cursor!(),
+                "
                  SELECT c.id, s.consumer_group, c.queue_id
                  FROM created c JOIN comb.subscriptions s ON s.queue_id = c.queue_id
                  ON CONFLICT DO NOTHING
@@ -237,8 +423,8 @@ impl Catalog {
             .await?;
         tx.commit().await?;
         for r in rows {
-            let key: (Uuid, String) = (r.get(0), r.get(1));
-            let id: Uuid = r.get(2);
+            let key: (Uuid, String) = (r.get("queue_id"), r.get("name"));
+            let id: Uuid = r.get("id");
             self.remember_partition(key.clone(), id);
             out.insert(key, id);
         }
@@ -282,7 +468,9 @@ impl Catalog {
             tx.execute(
                 concat!(
                     "WITH anchors AS (
-                     INSERT INTO comb.cursors (partition_id, consumer_group, queue_id)
+                     ",
+                    cursor::insert_cursor!(),
+                    "
                      SELECT p.id, $2, p.queue_id FROM comb.partitions p WHERE p.queue_id = $1
                      ON CONFLICT DO NOTHING
                      RETURNING partition_id
@@ -297,7 +485,9 @@ impl Catalog {
                  FROM anchors a
                  -- A group deleted and subscribed again continues its versions: the old
                  -- ones stay until their generation is dropped and must not win.
-                 LEFT JOIN LATERAL comb.cursor_state(a.partition_id, $2) o ON true
+                 LEFT JOIN LATERAL ",
+                    cursor::state_of!("a.partition_id", "$2"),
+                    " o ON true
                  CROSS JOIN LATERAL (
                      SELECT CASE $3::text
                          WHEN 'new' THEN (SELECT h.pos FROM comb.partition_head(a.partition_id) h)
@@ -354,26 +544,6 @@ impl Catalog {
     /// Drops the cached options of a queue (after it was configured here).
     pub(crate) fn forget_options(&self, queue_id: Uuid) {
         self.options.lock().unwrap().remove(&queue_id);
-    }
-
-    /// Messages of a queue not yet passed by its slowest consumer group (all retained
-    /// messages while no group reads it).
-    pub(crate) async fn pending(&self, pool: &Pool, queue_id: Uuid) -> Result<u64, DbError> {
-        let client = pool.get().await?;
-        let row = client
-            .query_one(
-                "SELECT coalesce(sum(h.pos - coalesce((
-                     SELECT min(s.cursor_pos) FROM comb.cursors c
-                     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-                     WHERE c.partition_id = p.id
-                 ), 0)), 0)::bigint
-                 FROM comb.partitions p
-                 CROSS JOIN LATERAL comb.partition_head(p.id) h
-                 WHERE p.queue_id = $1",
-                &[&queue_id],
-            )
-            .await?;
-        Ok(row.get::<_, i64>(0).max(0) as u64)
     }
 
     /// Forgets everything cached about a queue (after it was deleted or a stale id was seen).

@@ -47,12 +47,12 @@ impl Catalog {
             .await
             .map_err(DbError::from)?;
         // This server's next push sees the new options at once (others within a second).
-        self.forget_options(row.get(3));
-        let stored: serde_json::Value = row.get(0);
+        self.forget_options(row.get("id"));
+        let stored: serde_json::Value = row.get("options");
         let stored: OptionsSet = serde_json::from_value(stored).unwrap_or_default();
         Ok(Configured {
-            namespace: row.get(1),
-            task: row.get(2),
+            namespace: row.get("namespace"),
+            task: row.get("task"),
             options: QueueOptions::from_set(&stored),
         })
     }
@@ -79,8 +79,7 @@ impl Catalog {
             ));
         };
         let id: Uuid = row.get(0);
-        let cursors = tx
-            .execute("DELETE FROM comb.cursors WHERE queue_id = $1", &[&id])
+        let cursors = crate::cursor::delete_of_queue(&tx, id)
             .await
             .map_err(DbError::from)?;
         let dead = tx

@@ -3,20 +3,12 @@
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
-use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, StateWrites, locked_cursors};
+use crate::catalog::{CURSOR_STATE_CITUS_SQL, CURSOR_STATE_SQL};
+use crate::cursor::{LOCK_EXPIRED_SQL, StateWrites, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
 
-/// Like [`LOCK_SQL`] for the cursors of one group whose lease ended, skipping busy ones.
-const EXPIRED_LOCK_SQL: &str = "
-SELECT c.partition_id FROM comb.cursors c
-CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
-  AND s.lease_id IS NOT NULL AND s.lease_expires_at <= now()
-ORDER BY c.partition_id
-FOR NO KEY UPDATE OF c SKIP LOCKED";
-
-/// [`EXPIRED_LOCK_SQL`] on Citus: a router statement per partition, run by the coordinator
+/// [`LOCK_EXPIRED_SQL`] on Citus: a router statement per partition, run by the coordinator
 /// (`comb.lock_expired`).
 const EXPIRED_LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_expired($1, $2)";
 
@@ -36,14 +28,14 @@ pub(crate) async fn expire_leases(
             .prepare_cached(if crate::schema::citus::on() {
                 EXPIRED_LOCK_CITUS_SQL
             } else {
-                EXPIRED_LOCK_SQL
+                LOCK_EXPIRED_SQL
             })
             .await?,
         state: client
             .prepare_cached(if crate::schema::citus::on() {
-                &STATE_CITUS_SQL
+                &CURSOR_STATE_CITUS_SQL
             } else {
-                STATE_SQL
+                CURSOR_STATE_SQL
             })
             .await?,
         states: StateWrites::prepare(client).await?,

@@ -21,18 +21,15 @@ pub(crate) use expiry::expire_leases;
 /// The cursors a lease id was ever written to (any version holds it), with their queues.
 const FIND_SQL: &str = concat!(
     "
-SELECT s.partition_id, s.consumer_group, q.name
+SELECT s.partition_id, s.consumer_group, q.name AS queue
 FROM (",
     cursor::lease_holders!(),
     ") s
-JOIN comb.partitions p ON p.id = s.partition_id
-JOIN comb.queues q ON q.id = p.queue_id
+",
+    crate::catalog::join_partition_and_queue!("s.partition_id"),
+    "
 WHERE $2::uuid IS NULL OR s.partition_id = $2"
 );
-
-const LOCK_SQL: &str = "
-SELECT 1 FROM comb.cursors WHERE partition_id = $1 AND consumer_group = $2
-FOR NO KEY UPDATE";
 
 /// Appends the version with the new end, if the lease is still the cursor's and still live.
 const EXTEND_SQL: &str = concat!(
@@ -44,11 +41,13 @@ SELECT s.partition_id, s.consumer_group, ",
     ", s.ver + 1,
        s.cursor_pos, s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
        now() + make_interval(secs => coalesce($4::float8,
-           (SELECT coalesce((q.options->>'leaseTime')::float8, 300)
-            FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
-            WHERE p.id = s.partition_id), 300)),
+           (",
+    crate::catalog::options_of_partition!("s.partition_id"),
+    "->>'leaseTime')::float8, 300)),
        s.lease_upto, s.available_at, s.last_claimed_at
-FROM comb.cursor_state($1, $2) s
+FROM ",
+    cursor::state_of!("$1", "$2"),
+    " s
 WHERE s.lease_id = $3 AND s.lease_expires_at > now()
 RETURNING lease_expires_at"
 );
@@ -79,16 +78,21 @@ pub(crate) async fn extend(
     let tx = client.transaction().await?;
     let mut found = tx.query(FIND_SQL, &[&lease, &partition]).await?;
     if let Some(p) = principal
-        && !p.may_use_all(found.iter().map(|r| r.get::<_, &str>(2)))
+        && !p.may_use_all(found.iter().map(|r| r.get::<_, &str>("queue")))
     {
         return Ok(Extended::OutOfScope);
     }
     // Locked in a stable order, like every other writer of several cursors.
-    found.sort_by_key(|r| (r.get::<_, Uuid>(0), r.get::<_, String>(1)));
+    found.sort_by_key(|r| {
+        (
+            r.get::<_, Uuid>("partition_id"),
+            r.get::<_, String>("consumer_group"),
+        )
+    });
     let mut latest: Option<DateTime<Utc>> = None;
     for r in found {
-        let (pid, group): (Uuid, String) = (r.get(0), r.get(1));
-        let lock = tx.prepare_cached(LOCK_SQL).await?;
+        let (pid, group): (Uuid, String) = (r.get("partition_id"), r.get("consumer_group"));
+        let lock = tx.prepare_cached(cursor::LOCK_ONE_SQL).await?;
         let extend = tx.prepare_cached(EXTEND_SQL).await?;
         // Pipelined: the insert's snapshot is taken once the lock is held.
         let lock_params: [&(dyn ToSql + Sync); 2] = [&pid, &group];
@@ -103,7 +107,7 @@ pub(crate) async fn extend(
             continue;
         }
         if let Some(row) = extended? {
-            let expires: DateTime<Utc> = row.get(0);
+            let expires: DateTime<Utc> = row.get("lease_expires_at");
             latest = latest.max(Some(expires));
         }
     }

@@ -36,8 +36,8 @@ async fn exists(client: &Client, table: &str) -> Result<bool, DbError> {
 /// Every generation, oldest first, and how long ago the newest was started.
 async fn generations(client: &Client) -> Result<(Vec<i32>, f64), DbError> {
     let rows = client.query(statements::LIST_SQL, &[]).await?;
-    let age = rows.last().map_or(0.0, |r| r.get(1));
-    Ok((rows.iter().map(|r| r.get(0)).collect(), age))
+    let age = rows.last().map_or(0.0, |r| r.get("age"));
+    Ok((rows.iter().map(|r| r.get("gen")).collect(), age))
 }
 
 /// Makes sure the table of the generation after the newest exists.

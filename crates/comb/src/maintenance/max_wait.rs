@@ -4,28 +4,36 @@
 
 use deadpool_postgres::Client;
 
-use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, StateWrites, locked_cursors};
+use crate::catalog::{CURSOR_STATE_CITUS_SQL, CURSOR_STATE_SQL};
+use crate::cursor::{StateWrites, locked_cursors};
 use crate::db::DbError;
 use crate::dead_letter::{self, NewDeadLetter};
 
 /// Cursors whose next message is overdue, locked (busy ones skipped); their state is read
-/// afterwards with `cursor::STATE_SQL`.
-const OVERDUE_CURSORS_SQL: &str = "
+/// afterwards with `catalog::CURSOR_STATE_SQL`.
+static OVERDUE_CURSORS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "
 SELECT c.partition_id, c.consumer_group
-FROM comb.cursors c
-JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-CROSS JOIN LATERAL comb.partition_head(c.partition_id) h
+FROM {cursors}
+{queue}
+CROSS JOIN LATERAL {head} h
 WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
   AND h.pos > s.cursor_pos
   AND s.lease_id IS NULL
-  AND (SELECT m.created_at FROM comb.messages m
-       WHERE m.partition_id = c.partition_id AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
+  AND (SELECT m.created_at FROM {messages}
+       AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
        ORDER BY m.pos LIMIT 1)
       < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
 ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000
-FOR NO KEY UPDATE OF c SKIP LOCKED";
+FOR NO KEY UPDATE OF c SKIP LOCKED",
+        cursors = crate::cursor::cursors_with_state(false),
+        head = crate::push::head_of!("c.partition_id"),
+        messages = crate::push::partition_messages!("c.partition_id"),
+        queue = crate::catalog::join_queue!("c.queue_id"),
+    )
+});
 
 /// [`OVERDUE_CURSORS_SQL`] on Citus, where rows are locked only by a statement of one shard:
 /// the overdue cursors listed across the workers without locking (the head's test is implied
@@ -35,28 +43,32 @@ static OVERDUE_CURSORS_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyL
     format!(
         "
 SELECT c.partition_id, c.consumer_group
-FROM comb.cursors c
-JOIN comb.queues q ON q.id = c.queue_id
-CROSS JOIN LATERAL {state} s
+FROM {cursors}
+{queue}
 WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
   AND s.lease_id IS NULL
-  AND (SELECT m.created_at FROM comb.messages m
-       WHERE m.partition_id = c.partition_id AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
+  AND (SELECT m.created_at FROM {messages}
+       AND m.pos > s.cursor_pos AND m.seg >= s.cursor_seg
        ORDER BY m.pos LIMIT 1)
       < now() - make_interval(secs => (q.options->>'maxWaitTimeSeconds')::float8)
 ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000",
-        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+        cursors = crate::cursor::cursors_with_state(true),
+        messages = crate::push::partition_messages!("c.partition_id"),
+        queue = crate::catalog::join_queue!("c.queue_id"),
     )
 });
 
 /// Overdue messages of one partition after a position (a prefix: times grow with positions).
-const OVERDUE_MESSAGES_SQL: &str = "
-SELECT m.pos, m.seg FROM comb.messages m
-WHERE m.partition_id = $1 AND m.pos > $2 AND m.seg >= $3
+const OVERDUE_MESSAGES_SQL: &str = concat!(
+    "
+SELECT m.pos, m.seg FROM ",
+    crate::push::partition_messages!("$1"),
+    " AND m.pos > $2 AND m.seg >= $3
   AND m.created_at < now() - make_interval(secs => $4::float8)
 ORDER BY m.pos
-LIMIT 10000";
+LIMIT 10000"
+);
 
 /// Dead-letters overdue messages; returns how many.
 pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbError> {
@@ -67,7 +79,7 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             if citus {
                 OVERDUE_CURSORS_CITUS_SQL.as_str()
             } else {
-                OVERDUE_CURSORS_SQL
+                OVERDUE_CURSORS_SQL.as_str()
             },
             &[],
         )
@@ -75,8 +87,8 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
     if overdue.is_empty() {
         return Ok(0);
     }
-    let pids: Vec<uuid::Uuid> = overdue.iter().map(|r| r.get(0)).collect();
-    let groups: Vec<String> = overdue.iter().map(|r| r.get(1)).collect();
+    let pids: Vec<uuid::Uuid> = overdue.iter().map(|r| r.get("partition_id")).collect();
+    let groups: Vec<String> = overdue.iter().map(|r| r.get("consumer_group")).collect();
     let rows = if citus {
         tx.query(crate::cursor::lock_sql(), &[&pids, &groups])
             .await?;
@@ -84,13 +96,16 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
         let mut rows = Vec::new();
         for (p, g) in pids.iter().zip(&groups) {
             rows.extend(
-                tx.query(STATE_CITUS_SQL.as_str(), &[&vec![*p], &vec![g.as_str()], p])
-                    .await?,
+                tx.query(
+                    CURSOR_STATE_CITUS_SQL.as_str(),
+                    &[&vec![*p], &vec![g.as_str()], p],
+                )
+                .await?,
             );
         }
         rows
     } else {
-        tx.query(STATE_SQL, &[&pids, &groups]).await?
+        tx.query(CURSOR_STATE_SQL, &[&pids, &groups]).await?
     };
     let mut cursors = locked_cursors(&rows);
     // Read again under the lock: a lease taken meanwhile leaves the cursor to its consumer.
@@ -110,7 +125,7 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             )
             .await?;
         for r in overdue {
-            let (pos, seg): (i64, i32) = (r.get(0), r.get(1));
+            let (pos, seg): (i64, i32) = (r.get("pos"), r.get("seg"));
             if pos <= state.cursor.cursor_pos || state.cursor.settled.binary_search(&pos).is_ok() {
                 continue;
             }

@@ -17,24 +17,24 @@ use super::locks::{give_way, lock_timeout_sql};
 use super::statistics::PARTITIONS_PER_SEGMENT;
 use super::{Report, Settings};
 use crate::db::DbError;
+use crate::push::segments as statements;
 
 /// Seconds after closing before a segment is summarised: pushes whose statement began before
 /// the roll-over may still be writing into it.
 const SUMMARY_GRACE_SECONDS: f64 = 2.0;
 
-fn table(seg: i32) -> String {
-    format!("comb.messages_{seg}")
+/// The newest segment and its age in seconds.
+async fn active(client: &Client) -> Result<(i32, f64), DbError> {
+    let row = client.query_one(statements::ACTIVE_SQL, &[]).await?;
+    Ok((row.get("seg"), row.get("age")))
 }
 
-async fn active(client: &Client) -> Result<(i32, f64), DbError> {
-    let row = client
-        .query_one(
-            "SELECT seg, extract(epoch FROM now() - created_at)::float8
-             FROM comb.segments ORDER BY seg DESC LIMIT 1",
-            &[],
-        )
-        .await?;
-    Ok((row.get(0), row.get(1)))
+/// Whether a table exists.
+async fn exists(client: &Client, table: &str) -> Result<bool, DbError> {
+    Ok(client
+        .query_one("SELECT to_regclass($1) IS NOT NULL AS found", &[&table])
+        .await?
+        .get("found"))
 }
 
 /// Makes sure the table after the active segment exists.
@@ -45,29 +45,15 @@ pub(crate) async fn make_ahead(
 ) -> Result<(), DbError> {
     let (seg, _) = active(client).await?;
     let next = seg + 1;
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table(next)])
-        .await?
-        .get(0);
-    if exists {
+    if exists(client, &statements::table(next)).await? {
         return Ok(());
     }
-    // Built standalone and then attached: ATTACH takes only SHARE UPDATE EXCLUSIVE on the
-    // parent, which neither readers nor writers conflict with, where CREATE … PARTITION OF
-    // would queue an ACCESS EXCLUSIVE lock in front of all traffic. The CHECK constraint
-    // spares ATTACH a validation scan.
-    let t = table(next);
     let sql = format!(
         "BEGIN; {lt};
-         CREATE TABLE {t} (LIKE comb.messages INCLUDING DEFAULTS INCLUDING STORAGE);
-         ALTER TABLE {t} ADD PRIMARY KEY (partition_id, pos, seg);
-         CREATE INDEX ON {t} (transaction_id, partition_id);
-         ALTER TABLE {t} ALTER COLUMN partition_id SET (n_distinct = {PARTITIONS_PER_SEGMENT});
-         ALTER TABLE {t} ADD CONSTRAINT messages_{next}_seg CHECK (seg >= {next} AND seg < {end});
-         ALTER TABLE comb.messages ATTACH PARTITION {t} FOR VALUES FROM ({next}) TO ({end});
+         {make}
          COMMIT;",
         lt = lock_timeout_sql(settings),
-        end = next + 1
+        make = statements::make_sql(next, PARTITIONS_PER_SEGMENT),
     );
     if give_way(client, &sql).await? {
         report.created += 1;
@@ -87,19 +73,11 @@ pub(crate) async fn roll_over(
         return Ok(());
     }
     let next = seg + 1;
-    let ready: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table(next)])
-        .await?
-        .get(0);
-    if !ready {
+    if !exists(client, &statements::table(next)).await? {
         return Ok(());
     }
     let n = client
-        .execute(
-            "WITH closed AS (UPDATE comb.segments SET closed_at = now() WHERE seg = $1)
-             INSERT INTO comb.segments (seg) VALUES ($2) ON CONFLICT DO NOTHING",
-            &[&seg, &next],
-        )
+        .execute(statements::ROLL_OVER_SQL, &[&seg, &next])
         .await?;
     report.rolled += n as i32;
     Ok(())
@@ -112,27 +90,17 @@ pub(crate) async fn summarize(
     report: &mut Report,
 ) -> Result<(), DbError> {
     let due: Vec<i32> = client
-        .query(
-            "SELECT seg FROM comb.segments
-             WHERE NOT summarized AND closed_at < now() - make_interval(secs => $1)
-             ORDER BY seg",
-            &[&SUMMARY_GRACE_SECONDS],
-        )
+        .query(statements::DUE_SQL, &[&SUMMARY_GRACE_SECONDS])
         .await?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| r.get("seg"))
         .collect();
     for seg in due {
-        // SHARE waits for any push still inserting into the segment and lets readers be.
         let sql = format!(
-            "BEGIN; {lt}; LOCK TABLE {t} IN SHARE MODE;
-             INSERT INTO comb.segment_partitions (seg, partition_id, max_pos, max_created_at)
-             SELECT {seg}, partition_id, max(pos), max(created_at) FROM {t} GROUP BY partition_id
-             ON CONFLICT DO NOTHING;
-             UPDATE comb.segments SET summarized = true WHERE seg = {seg};
+            "BEGIN; {lt}; {summarize}
              COMMIT;",
             lt = lock_timeout_sql(settings),
-            t = table(seg),
+            summarize = statements::summarize_sql(seg),
         );
         if give_way(client, &sql).await? {
             report.summarized += 1;
@@ -142,76 +110,12 @@ pub(crate) async fn summarize(
 }
 
 /// Segments every queue with messages in them has let go of.
-///
-/// The test of a segment is written once ([`HELD_BY`]) and asked two ways: per segment on
-/// PostgreSQL, as the set of held segments on Citus, which refuses a subquery correlated
-/// with a reference table (`comb.segments`).
-static RECLAIMABLE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "SELECT s.seg FROM comb.segments s
-         WHERE s.summarized
-           AND s.seg < (SELECT max(seg) FROM comb.segments)
-           AND NOT EXISTS (SELECT 1 {held} AND sp.seg = s.seg)
-         ORDER BY s.seg",
-        held = HELD_BY.replace("{state}", STATE)
-    )
-});
+static RECLAIMABLE_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| statements::reclaimable_sql(false));
 
-/// The rows of `comb.segment_partitions` (`sp`) whose partition still needs its segment.
-const HELD_BY: &str = "
-      FROM comb.segment_partitions sp
-      JOIN comb.partitions p ON p.id = sp.partition_id
-      JOIN comb.queues q ON q.id = p.queue_id
-      CROSS JOIN LATERAL (
-          SELECT comb.retention_secs(q.options) AS retention,
-                 comb.completed_retention_secs(q.options) AS completed
-      ) o
-      WHERE NOT (
-            (o.retention > 0
-             AND sp.max_created_at < now() - make_interval(secs => o.retention))
-            OR (o.completed > 0
-             AND sp.max_created_at < now() - make_interval(secs => o.completed)
-             AND EXISTS (SELECT 1 FROM comb.cursors c WHERE c.partition_id = sp.partition_id)
-             AND NOT EXISTS (
-                 SELECT 1 FROM comb.cursors c
-                 LEFT JOIN LATERAL {state} st ON true
-                 WHERE c.partition_id = sp.partition_id
-                   AND coalesce(st.cursor_pos, 0) < sp.max_pos))
-        )";
-
-/// A cursor's (`c`) latest state, as [`HELD_BY`] reads it.
-const STATE: &str = "comb.cursor_state(c.partition_id, c.consumer_group)";
-
-/// [`STATE`] for Citus, which pushes no function but an immutable one down to the workers.
-static STATE_CITUS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
-});
-
-/// [`RECLAIMABLE_SQL`] as Citus plans it: the held segments first (a query of the workers,
-/// every subquery correlated by partition), then the segments not among them.
-static RECLAIMABLE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "WITH held AS (SELECT DISTINCT sp.seg {held})
-         SELECT s.seg FROM comb.segments s
-         WHERE s.summarized
-           AND s.seg < (SELECT max(seg) FROM comb.segments)
-           AND s.seg NOT IN (SELECT seg FROM held)
-         ORDER BY s.seg",
-        held = HELD_BY.replace("{state}", &STATE_CITUS)
-    )
-});
-
-/// Summaries of dropped segments that no longer tell anything. Once its messages are gone,
-/// the newest summary of a partition is where its head is read from
-/// (`comb.partition_head`), so it stays until a newer segment's summary supersedes it or the
-/// partition is deleted. Summaries of segments that still exist are what the drop decision
-/// reads, and stay with them.
-const FORGET_SUMMARIES_SQL: &str = "
-DELETE FROM comb.segment_partitions sp
-WHERE sp.seg <> ALL (ARRAY(SELECT seg FROM comb.segments))
-  AND (EXISTS (SELECT 1 FROM comb.segment_partitions n
-               WHERE n.partition_id = sp.partition_id AND n.seg > sp.seg)
-       OR NOT EXISTS (SELECT 1 FROM comb.partitions p WHERE p.id = sp.partition_id))";
+/// [`RECLAIMABLE_SQL`] as Citus plans it.
+static RECLAIMABLE_CITUS_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| statements::reclaimable_sql(true));
 
 /// Drops every reclaimable segment whose lock can be had within the lock timeout.
 pub(crate) async fn drop_reclaimable(
@@ -230,16 +134,14 @@ pub(crate) async fn drop_reclaimable(
         )
         .await?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| r.get("seg"))
         .collect();
     for seg in segs {
         let sql = format!(
-            "BEGIN; {}; DROP TABLE IF EXISTS {};
-             DELETE FROM comb.segments WHERE seg = {seg};
-             {FORGET_SUMMARIES_SQL};
+            "BEGIN; {}; {}
              COMMIT;",
             lock_timeout_sql(settings),
-            table(seg)
+            statements::drop_sql(seg)
         );
         if give_way(client, &sql).await? {
             tracing::info!(seg, "dropped message segment");

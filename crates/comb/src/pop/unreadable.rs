@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use uuid::Uuid;
 
 use crate::ack::{AckStatus, WriteStatements, write_back};
-use crate::cursor::{STATE_CITUS_SQL, STATE_SQL, lock_sql, locked_cursors};
+use crate::catalog::{CURSOR_STATE_CITUS_SQL as STATE_CITUS_SQL, CURSOR_STATE_SQL as STATE_SQL};
+use crate::cursor::{lock_sql, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::NewDeadLetter;
 use crate::encryption::OpenError;

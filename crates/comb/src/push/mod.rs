@@ -6,6 +6,8 @@
 //! validates the request and writes the answer; `/transaction` and anything else that pushes
 //! uses the same handle.
 
+mod messages;
+pub(crate) mod segments;
 mod store;
 
 use std::borrow::Cow;
@@ -25,6 +27,7 @@ use crate::queue::DEFAULT_PARTITION;
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
+pub(crate) use messages::{head_of, join_message, partition_messages};
 pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, announce, store_in};
 
 /// One message to push, as the edge decoded and validated it. Strings borrow from the
@@ -157,7 +160,7 @@ impl Pusher {
             if max == 0 {
                 continue;
             }
-            let pending = self.catalog.pending(&self.pool, queue_id).await?;
+            let pending = messages::pending(&self.pool, queue_id).await?;
             if pending + n > max {
                 return Err(Refusal::new(
                     Kind::Full,

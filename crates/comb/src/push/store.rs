@@ -147,21 +147,6 @@ macro_rules! head_pos {
     };
 }
 
-const LOCK_SQL: &str =
-    "SELECT id FROM comb.partitions WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
-
-/// [`LOCK_SQL`] on Citus, which locks rows only in a statement of one shard: the
-/// coordinator locks each partition with one of its own (`comb.lock_partitions`).
-const LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1)";
-
-fn lock_sql() -> &'static str {
-    if crate::schema::citus::on() {
-        LOCK_CITUS_SQL
-    } else {
-        LOCK_SQL
-    }
-}
-
 const INSERT_SQL: &str = concat!(
     "
 WITH input AS (
@@ -230,8 +215,9 @@ JOIN (
     SELECT p.id, ",
     head_pos!("p.id"),
     " AS pos
-    FROM comb.partitions p
-    WHERE p.id = ANY($7)
+    FROM ",
+    crate::catalog::partitions_among!("$7"),
+    "
 ) h ON h.id = i.partition_id
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 );
@@ -243,7 +229,7 @@ const HEADS_SQL: &str = concat!(
     "
 SELECT p.id, ",
     head_pos!("p.id"),
-    ", s.seg, statement_timestamp()
+    " AS head, s.seg, statement_timestamp() AS at
 FROM unnest($1::uuid[]) AS p(id)
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 );
@@ -448,7 +434,9 @@ impl Statements {
         client: &C,
         plan: &Plan<'_>,
     ) -> Result<Statements, DbError> {
-        let lock = client.prepare_cached(lock_sql()).await?;
+        let lock = client
+            .prepare_cached(crate::catalog::lock_partitions_sql())
+            .await?;
         let insert = if plan.checks_duplicates() {
             client.prepare_cached(INSERT_SQL).await?
         } else {
@@ -538,7 +526,9 @@ impl<'a> Plan<'a> {
     /// the lock, the heads (read after the lock) and the start of the copy; then the rows,
     /// the end of the copy and COMMIT.
     async fn copy(&self, client: &deadpool_postgres::Client) -> Result<Vec<Stored>, DbError> {
-        let lock = client.prepare_cached(lock_sql()).await?;
+        let lock = client
+            .prepare_cached(crate::catalog::lock_partitions_sql())
+            .await?;
         let heads = client.prepare_cached(HEADS_SQL).await?;
         let with_sub = self
             .sent
@@ -568,11 +558,11 @@ impl<'a> Plan<'a> {
         let mut next: HashMap<Uuid, i64> = HashMap::with_capacity(alive.len());
         let (mut seg, mut at) = (0i32, None::<DateTime<Utc>>);
         for row in &heads {
-            let id: Uuid = row.get(0);
+            let id: Uuid = row.get("id");
             if alive.binary_search(&id).is_ok() {
-                next.insert(id, row.get(1));
+                next.insert(id, row.get("head"));
             }
-            (seg, at) = (row.get(2), Some(row.get(3)));
+            (seg, at) = (row.get("seg"), Some(row.get("at")));
         }
         let at = at.map_or(0, copy_time);
         let mut rows = CopyRows::new(self.sent.len(), with_sub);
@@ -696,8 +686,8 @@ impl<'a> Plan<'a> {
     fn outcomes(&self, rows: &[Row]) -> Vec<Stored> {
         let mut by_sent: HashMap<usize, Stored> = HashMap::with_capacity(self.sent.len());
         for (k, row) in rows.iter().enumerate() {
-            let prior: Option<Uuid> = row.get(1);
-            let stored: bool = row.get(2);
+            let prior: Option<Uuid> = row.get("prior_id");
+            let stored: bool = row.get("stored");
             let i = self.sent[k];
             by_sent.insert(
                 i,
@@ -743,34 +733,36 @@ mod tests {
         crate::schema::migrate(&mut client).await.unwrap();
         client
             .batch_execute(
-                "INSERT INTO comb.queues (id, name) VALUES (gen_random_uuid(), 'q');
-                 INSERT INTO comb.partitions (id, queue_id, name)
-                 SELECT gen_random_uuid(), id, n FROM comb.queues, unnest('{live,summary,both,empty}'::text[]) n;
+                "-- Four partitions by name: messages and summaries need no catalog rows.
+                 CREATE TEMP TABLE p (name text, id uuid);
+                 INSERT INTO p SELECT n, gen_random_uuid()
+                 FROM unnest('{live,summary,both,empty}'::text[]) n;
                  -- Segment 1 is closed and summarised; segment 2 is written now.
                  UPDATE comb.segments SET summarized = true WHERE seg = 1;
                  INSERT INTO comb.segments (seg) VALUES (2);
                  CREATE TABLE comb.messages_2 PARTITION OF comb.messages FOR VALUES FROM (2) TO (3);
                  INSERT INTO comb.segment_partitions (seg, partition_id, max_pos, max_created_at)
-                 SELECT 1, id, 7, now() FROM comb.partitions WHERE name IN ('summary', 'both');
+                 SELECT 1, id, 7, now() FROM p WHERE name IN ('summary', 'both');
                  INSERT INTO comb.messages
                      (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
                  SELECT p.id, x, 2, gen_random_uuid(), x::text, '1'::bytea, now()
-                 FROM comb.partitions p, generate_series(1, 3) x WHERE p.name = 'live'
+                 FROM p, generate_series(1, 3) x WHERE p.name = 'live'
                  UNION ALL
                  SELECT p.id, x, 2, gen_random_uuid(), x::text, '1'::bytea, now()
-                 FROM comb.partitions p, generate_series(8, 9) x WHERE p.name = 'both';",
+                 FROM p, generate_series(8, 9) x WHERE p.name = 'both';",
             )
             .await
             .unwrap();
         let sql = concat!(
             "SELECT p.name, ",
             head_pos!("p.id"),
-            ", (SELECT h.pos FROM comb.partition_head(p.id) h) FROM comb.partitions p ORDER BY p.name"
+            " AS inline, (SELECT h.pos FROM comb.partition_head(p.id) h) AS function
+             FROM p ORDER BY p.name"
         );
         let rows = client.query(sql, &[]).await.unwrap();
         let heads: Vec<(String, i64, i64)> = rows
             .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .map(|r| (r.get("name"), r.get("inline"), r.get("function")))
             .collect();
         assert_eq!(
             heads,

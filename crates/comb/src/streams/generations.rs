@@ -50,7 +50,7 @@ pub(crate) fn carry_forward_sql(generation: i32, newest: i32, lt: &str) -> Strin
          ) s
          WHERE q.id = (SELECT n.id FROM comb.stream_queries n WHERE n.name = q.name
                        ORDER BY n.registered_at DESC LIMIT 1)
-           AND EXISTS (SELECT 1 FROM comb.partitions p WHERE p.id = sp.partition_id)
+           AND {exists}
            AND NOT EXISTS (
              SELECT 1 FROM comb.stream_states n
              WHERE n.gen >= {newer}
@@ -60,6 +60,7 @@ pub(crate) fn carry_forward_sql(generation: i32, newest: i32, lt: &str) -> Strin
          DROP TABLE {t};
          COMMIT;",
         into = table(newest),
+        exists = crate::catalog::partition_exists!("sp.partition_id"),
         newer = generation + 1,
     )
 }

@@ -1,8 +1,9 @@
 //! The SQL of streams: queries, the lock of a (partition, query) pair, state versions, the
 //! administration listing.
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use deadpool_postgres::GenericClient;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use std::sync::Arc;
@@ -99,13 +100,16 @@ VALUES ($1, $2, $3, $4, $5)";
 
 /// A query as a cycle needs it: whether it is the newest registration of its name and
 /// whether `partition` belongs to its source queue.
-const QUERY_READS_SQL: &str = "
+const QUERY_READS_SQL: &str = concat!(
+    "
 SELECT q.name, q.source_queue,
        q.id = (SELECT n.id FROM comb.stream_queries n WHERE n.name = q.name
                ORDER BY n.registered_at DESC LIMIT 1) AS current,
-       EXISTS (SELECT 1 FROM comb.partitions p JOIN comb.queues s ON s.id = p.queue_id
-               WHERE p.id = $2 AND s.name = q.source_queue) AS reads
-FROM comb.stream_queries q WHERE q.id = $1";
+       ",
+    crate::catalog::partition_in_queue!("$2", "q.source_queue"),
+    " AS reads
+FROM comb.stream_queries q WHERE q.id = $1"
+);
 
 const ENSURE_PAIR_SQL: &str = "
 INSERT INTO comb.stream_partitions (partition_id, query_id) VALUES ($1, $2)
@@ -136,28 +140,27 @@ SELECT $1::uuid, $2::uuid, ",
 /// Every current query (the newest registration of each name) with its partitions, the size
 /// of each one's newest state version, and the lag (messages not yet settled) of the SDK's
 /// consumer group on it (`streams.<name>`, the group Queen's SDKs read with unless told
-/// otherwise).
-const LIST_SQL: &str = "
-SELECT coalesce(json_agg(json_build_object(
-    'queryId', q.id, 'name', q.name, 'sourceQueue', q.source_queue, 'sinkQueue', q.sink_queue,
-    'configHash', q.config_hash, 'registeredAt', comb.iso(q.registered_at),
-    'partitions', coalesce((
-        SELECT json_agg(json_build_object(
-            'partitionId', sp.partition_id, 'partition', pa.name,
-            'stateKeys', coalesce(s.keys, 0), 'stateBytes', coalesce(s.bytes, 0),
-            'stateVersion', coalesce(s.ver, 0), 'updatedAt', comb.iso(s.written_at),
-            'lag', (SELECT l.lag FROM comb.cursor_lag(sp.partition_id, 'streams.' || q.name) l))
-            ORDER BY pa.name)
-        FROM comb.stream_partitions sp
-        LEFT JOIN comb.partitions pa ON pa.id = sp.partition_id
-        LEFT JOIN LATERAL (
-            SELECT v.ver, v.keys, v.bytes, v.written_at FROM comb.stream_states v
-            WHERE v.partition_id = sp.partition_id AND v.query_id = sp.query_id
-            ORDER BY v.gen DESC, v.ver DESC LIMIT 1
-        ) s ON true
-        WHERE sp.query_id = q.id), '[]'::json)
-) ORDER BY q.name), '[]'::json)
-FROM (SELECT DISTINCT ON (name) * FROM comb.stream_queries ORDER BY name, registered_at DESC) q";
+/// otherwise): a row per (query, partition), a query without partitions once with NULLs,
+/// ordered by query name and partition name.
+const LIST_SQL: &str = concat!(
+    "
+SELECT q.id, q.name, q.source_queue, q.sink_queue, q.config_hash, q.registered_at,
+       sp.partition_id, ",
+    crate::catalog::partition_name!("sp.partition_id"),
+    " AS partition_name,
+       s.ver, s.keys, s.bytes, s.written_at,
+       (SELECT l.lag FROM ",
+    crate::cursor::lag_of!("sp.partition_id", "'streams.' || q.name"),
+    " l) AS lag
+FROM (SELECT DISTINCT ON (name) * FROM comb.stream_queries ORDER BY name, registered_at DESC) q
+LEFT JOIN comb.stream_partitions sp ON sp.query_id = q.id
+LEFT JOIN LATERAL (
+    SELECT v.ver, v.keys, v.bytes, v.written_at FROM comb.stream_states v
+    WHERE v.partition_id = sp.partition_id AND v.query_id = sp.query_id
+    ORDER BY v.gen DESC, v.ver DESC LIMIT 1
+) s ON true
+ORDER BY q.name, partition_name"
+);
 
 /// A registered query as its name's newest row has it.
 pub(super) struct Current {
@@ -173,9 +176,9 @@ pub(super) async fn lock_query_name<C: GenericClient>(
 ) -> Result<Option<Current>, DbError> {
     tx.execute(LOCK_NAME_SQL, &[&name]).await?;
     Ok(tx.query_opt(CURRENT_SQL, &[&name]).await?.map(|r| Current {
-        id: r.get(0),
-        source_queue: r.get(1),
-        config_hash: r.get(2),
+        id: r.get("id"),
+        source_queue: r.get("source_queue"),
+        config_hash: r.get("config_hash"),
     }))
 }
 
@@ -212,10 +215,10 @@ pub(super) async fn query_reads<C: GenericClient>(
         .query_opt(&statement, &[&query, &partition])
         .await?
         .map(|r| QueryReads {
-            name: r.get(0),
-            source_queue: r.get(1),
-            current: r.get(2),
-            reads: r.get(3),
+            name: r.get("name"),
+            source_queue: r.get("source_queue"),
+            current: r.get("current"),
+            reads: r.get("reads"),
         }))
 }
 
@@ -247,7 +250,11 @@ pub(super) async fn newest_state<C: GenericClient>(
                 Value::Object(m) => m,
                 _ => Map::new(),
             };
-            (r.get(0), object(r.get(1)), object(r.get(2)))
+            (
+                r.get("ver"),
+                object(r.get("state")),
+                object(r.get("updated")),
+            )
         }))
 }
 
@@ -279,10 +286,48 @@ pub(super) async fn insert_state<C: GenericClient>(
     Ok(())
 }
 
-/// The administration listing of queries.
+/// The administration listing of queries, in Queen's shape: an array of queries, each with
+/// its partitions (times in UTC to the millisecond, as every answer gives them).
 pub(super) async fn list<C: GenericClient>(client: &C) -> Result<Value, DbError> {
-    let row = client.query_one(LIST_SQL, &[]).await?;
-    Ok(row.get(0))
+    let time = |t: Option<DateTime<Utc>>| {
+        t.map_or(Value::Null, |t| {
+            Value::from(t.to_rfc3339_opts(SecondsFormat::Millis, true))
+        })
+    };
+    let mut queries: Vec<Value> = Vec::new();
+    let mut last: Option<Uuid> = None;
+    for r in client.query(LIST_SQL, &[]).await? {
+        let id: Uuid = r.get("id");
+        if last != Some(id) {
+            last = Some(id);
+            queries.push(json!({
+                "queryId": id,
+                "name": r.get::<_, String>("name"),
+                "sourceQueue": r.get::<_, String>("source_queue"),
+                "sinkQueue": r.get::<_, Option<String>>("sink_queue"),
+                "configHash": r.get::<_, String>("config_hash"),
+                "registeredAt": time(Some(r.get("registered_at"))),
+                "partitions": [],
+            }));
+        }
+        let Some(partition) = r.get::<_, Option<Uuid>>("partition_id") else {
+            continue;
+        };
+        let query = queries.last_mut().expect("a query row came first");
+        query["partitions"]
+            .as_array_mut()
+            .expect("an array")
+            .push(json!({
+                "partitionId": partition,
+                "partition": r.get::<_, Option<String>>("partition_name"),
+                "stateKeys": r.get::<_, Option<i32>>("keys").unwrap_or(0),
+                "stateBytes": r.get::<_, Option<i32>>("bytes").unwrap_or(0),
+                "stateVersion": r.get::<_, Option<i64>>("ver").unwrap_or(0),
+                "updatedAt": time(r.get("written_at")),
+                "lag": r.get::<_, Option<i64>>("lag"),
+            }));
+    }
+    Ok(Value::Array(queries))
 }
 
 /// Now, in ms since the epoch: when a state key was written.

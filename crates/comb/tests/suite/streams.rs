@@ -173,6 +173,15 @@ async fn a_cycle_commits_state_sink_and_ack_together() {
     );
     assert_eq!(q["partitions"][0]["partition"], "p");
     assert_eq!(q["partitions"][0]["stateKeys"], 2);
+    // Times as every answer gives them: UTC to the millisecond.
+    for t in [&q["registeredAt"], &q["partitions"][0]["updatedAt"]] {
+        let t = t.as_str().unwrap_or_default();
+        let shape: String = t
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '0' } else { c })
+            .collect();
+        assert_eq!(shape, "0000-00-00T00:00:00.000Z", "{t}");
+    }
     assert_eq!(
         q["partitions"][0]["lag"], 0,
         "every source message settled: {q}"
