@@ -13,7 +13,7 @@ use super::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus, completed};
 use crate::cursor::{self, Locked, locked_columns, locked_cursors};
 use crate::db::{self, DbError};
 use crate::dead_letter::{self, NewDeadLetter};
-use crate::fusion::{Fuser, Runner};
+use crate::fusion::{self, Fuser, Runner};
 use crate::metrics::Stage;
 
 /// Positions of acked messages, found by transaction id: one descent of the transaction id
@@ -117,21 +117,8 @@ pub(crate) fn start(
         let pool = pool.clone();
         Box::pin(async move {
             let items: Vec<&AckItem> = jobs.iter().flat_map(|j| j.items.iter()).collect();
-            match settle(&pool, &items).await {
-                Ok(outcomes) => {
-                    let mut it = outcomes.into_iter();
-                    for job in jobs {
-                        let mine: Vec<AckOutcome> = it.by_ref().take(job.items.len()).collect();
-                        let _ = job.reply.send(Ok(mine));
-                    }
-                }
-                Err(e) => {
-                    let e = Arc::new(e);
-                    for job in jobs {
-                        let _ = job.reply.send(Err(e.clone()));
-                    }
-                }
-            }
+            let result = settle(&pool, &items).await;
+            fusion::reply_all(jobs, result, |j| (j.items.len(), j.reply));
         })
     });
     Fuser::start(workers, max_items, |j: &AckJob| j.items.len(), run, stage)

@@ -28,7 +28,7 @@ use serde_json::value::RawValue;
 use super::unreadable::{self, Unreadable};
 use crate::db::{self, DbError};
 use crate::encryption::Keys;
-use crate::fusion::{Fuser, Reply, Runner};
+use crate::fusion::{self, Fuser, Reply, Runner};
 use crate::metrics::{Metrics, QueueCounts, Stage};
 
 /// The shape of a pop; pops with the same shape are claimed together.
@@ -554,21 +554,7 @@ async fn run_batch(pool: Pool, running: Arc<Semaphore>, ctx: Arc<Context>, jobs:
 
 /// Hands each pop its share of what a claim got, or the claim's error.
 fn answer(jobs: Vec<PopJob>, result: Result<Vec<Claim>, DbError>) {
-    match result {
-        Ok(claims) => {
-            let mut it = claims.into_iter();
-            for job in jobs {
-                let mine: Vec<Claim> = it.by_ref().take(job.partitions).collect();
-                let _ = job.reply.send(Ok(mine));
-            }
-        }
-        Err(e) => {
-            let e = Arc::new(e);
-            for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-        }
-    }
+    fusion::reply_all(jobs, result, |j| (j.partitions, j.reply));
 }
 
 /// One claim for the pops of one shape.

@@ -32,7 +32,7 @@ use tokio_postgres::{GenericClient, Row, Statement};
 use uuid::Uuid;
 
 use crate::db::{self, DbError};
-use crate::fusion::{Fuser, Runner};
+use crate::fusion::{self, Fuser, Runner};
 use crate::metrics::Stage;
 use crate::wake::Wake;
 
@@ -380,22 +380,11 @@ pub(crate) fn shard_key(messages: &[NewMessage]) -> u64 {
 async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {
     let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
     let plan = Plan::new(&all);
-    match store(pool, &plan).await {
-        Ok(outcomes) => {
-            announce(wake, all.iter().copied());
-            let mut it = outcomes.into_iter();
-            for job in jobs {
-                let mine: Vec<Stored> = it.by_ref().take(job.messages.len()).collect();
-                let _ = job.reply.send(Ok(mine));
-            }
-        }
-        Err(e) => {
-            let e = Arc::new(e);
-            for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-        }
+    let result = store(pool, &plan).await;
+    if result.is_ok() {
+        announce(wake, all.iter().copied());
     }
+    fusion::reply_all(jobs, result, |j| (j.messages.len(), j.reply));
 }
 
 /// Stores a batch in a transaction of its own: BEGIN, lock, insert and COMMIT are pipelined
