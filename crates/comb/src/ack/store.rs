@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus, completed};
 use crate::cursor::{self, Locked, locked_columns, locked_cursors};
-use crate::db::{self, DbError};
+use crate::db::{self, DbError, Pipelined};
 use crate::dead_letter::{self, NewDeadLetter};
 use crate::fusion::{self, Fuser, Runner};
 use crate::metrics::Stage;
@@ -191,21 +191,19 @@ async fn settle_judged_here(
     writes: &WriteStatements,
     items: &[&AckItem],
 ) -> Result<Vec<AckOutcome>, DbError> {
-    let (begin, read) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        judge(client, reads, items, false),
-    );
+    let p = Pipelined::on(client);
+    let (begin, read) = tokio::join!(p.begin(), judge(&p, reads, items, false));
     let judged = match begin.map_err(DbError::from).and(read) {
         Ok(judged) => judged,
         Err(e) => {
-            db::roll_back(client).await;
+            p.roll_back().await;
             return Err(e);
         }
     };
     // A failed write makes the pipelined COMMIT roll back.
     let (written, commit) = tokio::join!(
-        write_back(client, writes, &judged.cursors, &judged.dead),
-        client.batch_execute("COMMIT"),
+        write_back(&p, writes, &judged.cursors, &judged.dead),
+        p.commit(),
     );
     written?;
     commit?;
@@ -403,7 +401,7 @@ struct Judged {
 /// Reads the cursors' state (locked first) with the positions of the messages they handed
 /// out, in one pipelined round trip (a second looks up acked messages not found there), and
 /// applies the acks to the cursors in memory.
-async fn judge<C: GenericClient>(
+async fn judge<C: db::Prepared>(
     tx: &C,
     statements: &ReadStatements,
     items: &[&AckItem],
@@ -433,7 +431,7 @@ async fn judge<C: GenericClient>(
 }
 
 /// [`judge`] of items all of `one` partition on Citus (`None`: any, on PostgreSQL).
-async fn judge_one<C: GenericClient>(
+async fn judge_one<C: db::Prepared>(
     tx: &C,
     statements: &ReadStatements,
     items: &[&AckItem],
@@ -528,7 +526,7 @@ async fn judge_one<C: GenericClient>(
 /// The position and segment of each acked message (`None`: no such message in its
 /// partition): from the delivered ranges read with the cursors' state, else looked up by
 /// transaction id, all missing ones in one statement.
-async fn positions<C: GenericClient>(
+async fn positions<C: db::Prepared>(
     tx: &C,
     lookup: &Statement,
     items: &[&AckItem],
@@ -595,7 +593,7 @@ impl WriteStatements {
 /// Appends the next version of changed cursors and writes new dead letters (pipelined: one
 /// round trip, no statement prepared on the way, so a COMMIT pipelined after it follows
 /// them). The cursors must have been locked in this transaction.
-pub(crate) async fn write_back<C: GenericClient>(
+pub(crate) async fn write_back<C: db::Prepared>(
     tx: &C,
     statements: &WriteStatements,
     cursors: &HashMap<(Uuid, String), Locked>,

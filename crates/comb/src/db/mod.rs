@@ -10,11 +10,13 @@ use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
+mod pipeline;
 pub(crate) mod tls;
 
 mod primary;
 mod watch;
 
+pub(crate) use pipeline::{Pipelined, Prepared};
 pub(crate) use primary::Connector;
 
 /// Planner settings for the consumer path's statements (claims, acks, lease expiry), as
