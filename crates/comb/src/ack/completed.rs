@@ -190,7 +190,7 @@ pub(crate) async fn settle(
     for &k in chosen {
         let item = items[k];
         let Some((released, partition, queue)) =
-            moved.get(&(item.partition_id, item.group.clone()))
+            moved.get(&(item.partition_id, item.group.to_string()))
         else {
             continue;
         };

@@ -487,7 +487,7 @@ async fn judge_one<C: db::Prepared>(
             outcomes.push(outcome);
             continue;
         };
-        let Some(state) = cursors.get_mut(&(item.partition_id, item.group.clone())) else {
+        let Some(state) = cursors.get_mut(&(item.partition_id, item.group.to_string())) else {
             outcome.result = Err(AckRefusal::NotConsumed);
             outcomes.push(outcome);
             continue;
@@ -505,7 +505,7 @@ async fn judge_one<C: db::Prepared>(
                     dead.push(NewDeadLetter {
                         queue_id: state.queue_id,
                         partition_id: item.partition_id,
-                        group: item.group.clone(),
+                        group: item.group.to_string(),
                         pos,
                         attempts,
                         error: item.error.clone(),
