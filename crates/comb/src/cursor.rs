@@ -377,7 +377,7 @@ impl StateWrites {
     /// cursors must have been locked in this transaction; no statement is prepared on the
     /// way, so whatever the caller pipelines with it follows it. On Citus, one statement per
     /// partition, each a router statement on its worker.
-    pub(crate) async fn write<C: GenericClient>(
+    pub(crate) async fn write<C: crate::db::Prepared>(
         &self,
         tx: &C,
         cursors: &HashMap<(Uuid, String), Locked>,
@@ -399,7 +399,7 @@ impl StateWrites {
 
     /// [`StateWrites::write`] of changed cursors, all of `one` partition on Citus (`None`:
     /// any, on PostgreSQL).
-    async fn write_one<C: GenericClient>(
+    async fn write_one<C: crate::db::Prepared>(
         &self,
         tx: &C,
         changed: &[(&(Uuid, String), &Locked)],

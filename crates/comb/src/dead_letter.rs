@@ -67,7 +67,7 @@ impl Writes {
     /// Copies `dead` into the dead letters (none: nothing is sent). No statement is prepared
     /// on the way, so whatever the caller pipelines with it follows it. On Citus, one
     /// statement per partition, each a router statement on its worker.
-    pub(crate) async fn write<C: GenericClient>(
+    pub(crate) async fn write<C: crate::db::Prepared>(
         &self,
         tx: &C,
         dead: &[NewDeadLetter],
@@ -87,7 +87,7 @@ impl Writes {
 
     /// [`Writes::write`] of dead letters all of `one` partition on Citus (`None`: any, on
     /// PostgreSQL).
-    async fn write_one<C: GenericClient, D: std::borrow::Borrow<NewDeadLetter>>(
+    async fn write_one<C: crate::db::Prepared, D: std::borrow::Borrow<NewDeadLetter>>(
         &self,
         tx: &C,
         dead: &[D],

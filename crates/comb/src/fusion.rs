@@ -144,11 +144,87 @@ impl<J: Send + 'static> Fuser<J> {
     }
 }
 
+/// Answers every job of a fused batch from the batch's one result: each job, in order, gets
+/// the next rows of `result` up to its share (fewer, or none, when the batch yielded less
+/// than was asked, as a claim may), or every job gets the batch's failure. `split` gives a
+/// job's share and its reply channel. A job whose requester stopped waiting is skipped.
+/// Written once because every fused use case answers this way: rows come back in the jobs'
+/// order, and one transaction failing fails all the jobs it carried.
+pub(crate) fn reply_all<J, T>(
+    jobs: Vec<J>,
+    result: Result<Vec<T>, DbError>,
+    split: impl Fn(J) -> (usize, Reply<Vec<T>>),
+) {
+    match result {
+        Ok(rows) => {
+            let mut rows = rows.into_iter();
+            for job in jobs {
+                let (share, reply) = split(job);
+                let _ = reply.send(Ok(rows.by_ref().take(share).collect()));
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for job in jobs {
+                let _ = split(job).1.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::sync::oneshot;
+
+    /// A job of the fan-out tests: its share and where it is answered.
+    type Job = (usize, Reply<Vec<u32>>);
+    type Answer = oneshot::Receiver<Result<Vec<u32>, Arc<DbError>>>;
+
+    fn jobs(shares: &[usize]) -> (Vec<Job>, Vec<Answer>) {
+        shares
+            .iter()
+            .map(|&n| {
+                let (tx, rx) = oneshot::channel();
+                ((n, tx), rx)
+            })
+            .unzip()
+    }
+
+    #[test]
+    fn each_job_gets_its_share_in_order() {
+        let (jobs, mut rxs) = jobs(&[2, 1, 3]);
+        reply_all(jobs, Ok(vec![10, 11, 20, 30, 31, 32]), |j| j);
+        let got: Vec<Vec<u32>> = rxs
+            .iter_mut()
+            .map(|rx| rx.try_recv().unwrap().unwrap())
+            .collect();
+        assert_eq!(got, vec![vec![10, 11], vec![20], vec![30, 31, 32]]);
+    }
+
+    #[test]
+    fn a_short_result_leaves_the_later_jobs_less() {
+        let (jobs, mut rxs) = jobs(&[2, 2, 1]);
+        reply_all(jobs, Ok(vec![1, 2, 3]), |j| j);
+        let got: Vec<Vec<u32>> = rxs
+            .iter_mut()
+            .map(|rx| rx.try_recv().unwrap().unwrap())
+            .collect();
+        assert_eq!(got, vec![vec![1, 2], vec![3], vec![]]);
+    }
+
+    #[test]
+    fn a_failure_reaches_every_job_and_gone_requesters_are_skipped() {
+        let (jobs, mut rxs) = jobs(&[1, 1, 1]);
+        drop(rxs.remove(1));
+        reply_all(jobs, Err(DbError::Unavailable("down".into())), |j| j);
+        let errors: Vec<Arc<DbError>> = rxs
+            .iter_mut()
+            .map(|rx| rx.try_recv().unwrap().unwrap_err())
+            .collect();
+        assert!(Arc::ptr_eq(&errors[0], &errors[1]));
+    }
 
     #[tokio::test]
     async fn lone_job_runs_and_queued_jobs_fuse() {

@@ -1,6 +1,15 @@
 //! Queues: what a valid name is, and the options that shape how a queue is consumed.
+//!
+//! Names are parsed once, at the edge, into [`QueueName`], [`PartitionName`] and
+//! [`GroupName`]: each is made only by its validating parser, so a use case that takes one
+//! never checks it again and can never be handed text nobody checked. They borrow the text
+//! they were parsed from when they can (a push's names stay slices of its body).
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
+
+use crate::code::Code;
 
 /// Partition used when a producer names none.
 pub(crate) const DEFAULT_PARTITION: &str = "Default";
@@ -52,6 +61,144 @@ fn validate_free_name(what: &str, name: &str) -> Result<(), String> {
         return Err(format!("{what} name must not contain control characters"));
     }
     Ok(())
+}
+
+/// Why a name was refused: its code and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NameInvalid {
+    pub(crate) code: Code,
+    pub(crate) message: String,
+}
+
+/// Declares a name type: text its validator accepted, borrowed or owned.
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident, $validate:path, $code:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub(crate) struct $name<'a>(Cow<'a, str>);
+
+        impl<'a> $name<'a> {
+            /// The name `text` holds, or why it holds none.
+            pub(crate) fn parse(text: impl Into<Cow<'a, str>>) -> Result<Self, NameInvalid> {
+                let text = text.into();
+                match $validate(&text) {
+                    Ok(()) => Ok($name(text)),
+                    Err(message) => Err(NameInvalid {
+                        code: $code,
+                        message,
+                    }),
+                }
+            }
+
+            /// The name as text.
+            pub(crate) fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// The name, no longer borrowing what it was parsed from.
+            pub(crate) fn into_owned(self) -> $name<'static> {
+                $name(Cow::Owned(self.0.into_owned()))
+            }
+        }
+
+        impl std::ops::Deref for $name<'_> {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl AsRef<str> for $name<'_> {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl Serialize for $name<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        /// Parsed as it is read: text that is no such name is a refusal of the whole value.
+        impl<'de: 'a, 'a> Deserialize<'de> for $name<'a> {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = Cow::<'a, str>::from(BorrowedText::deserialize(d)?);
+                $name::parse(text).map_err(|e| serde::de::Error::custom(e.message))
+            }
+        }
+    };
+}
+
+name_type!(
+    /// A queue's name: 1–255 characters of `[A-Za-z0-9._:-]` ([`validate_queue_name`]).
+    QueueName,
+    validate_queue_name,
+    Code::QueueNameInvalid
+);
+
+name_type!(
+    /// A partition's name: 1–255 bytes of printable text ([`validate_partition_name`]).
+    PartitionName,
+    validate_partition_name,
+    Code::PartitionNameInvalid
+);
+
+name_type!(
+    /// A consumer group's name: 1–255 bytes of printable text ([`validate_group_name`]),
+    /// `__QUEUE_MODE__` included.
+    GroupName,
+    validate_group_name,
+    Code::ConsumerGroupInvalid
+);
+
+impl GroupName<'static> {
+    /// The group of consumers that name none ([`QUEUE_MODE_GROUP`]).
+    pub(crate) fn queue_mode() -> Self {
+        GroupName(Cow::Borrowed(QUEUE_MODE_GROUP))
+    }
+}
+
+/// A string read by serde: borrowed from the input when it holds no escapes, else decoded.
+struct BorrowedText<'a>(Cow<'a, str>);
+
+impl<'a> From<BorrowedText<'a>> for Cow<'a, str> {
+    fn from(t: BorrowedText<'a>) -> Self {
+        t.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for BorrowedText<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a str>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = BorrowedText<'a>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<BorrowedText<'a>, E> {
+                Ok(BorrowedText(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E>(self, v: &str) -> Result<BorrowedText<'a>, E> {
+                Ok(BorrowedText(Cow::Owned(v.to_owned())))
+            }
+
+            fn visit_string<E>(self, v: String) -> Result<BorrowedText<'a>, E> {
+                Ok(BorrowedText(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(Visit(std::marker::PhantomData))
+    }
 }
 
 /// Options a user set on a queue. Absent fields keep their current value; the server fills
@@ -319,6 +466,36 @@ mod tests {
             }
         }
         assert!(seen >= 5, "found only {seen} defaults written in SQL");
+    }
+
+    #[test]
+    fn names_are_made_only_by_their_parsers() {
+        let q = QueueName::parse("orders").unwrap();
+        assert_eq!(&*q, "orders");
+        assert_eq!(q.to_string(), "orders");
+        let e = QueueName::parse("a b").unwrap_err();
+        assert_eq!(e.code, Code::QueueNameInvalid);
+        assert_eq!(e.message, validate_queue_name("a b").unwrap_err());
+        assert_eq!(
+            PartitionName::parse("a\nb").unwrap_err().code,
+            Code::PartitionNameInvalid
+        );
+        assert_eq!(
+            GroupName::parse(String::new()).unwrap_err().code,
+            Code::ConsumerGroupInvalid
+        );
+        assert_eq!(&*GroupName::queue_mode(), QUEUE_MODE_GROUP);
+    }
+
+    #[test]
+    fn names_read_by_serde_borrow_and_are_checked() {
+        let plain: QueueName = serde_json::from_str(r#""orders""#).unwrap();
+        assert!(matches!(plain.0, Cow::Borrowed(_)), "no escapes: borrowed");
+        let escaped: QueueName = serde_json::from_str(r#""or\u0064ers""#).unwrap();
+        assert!(matches!(escaped.0, Cow::Owned(_)));
+        assert_eq!(&*escaped, "orders");
+        assert!(serde_json::from_str::<QueueName>(r#""a b""#).is_err());
+        assert_eq!(serde_json::to_string(&plain).unwrap(), r#""orders""#);
     }
 
     #[test]

@@ -99,7 +99,7 @@ impl Transactions {
         tx.commit().await.map_err(DbError::from)?;
         let acked: Vec<(Uuid, String, AckStatus)> = acks
             .iter()
-            .map(|a| (a.partition_id, a.group.clone(), a.status))
+            .map(|a| (a.partition_id, a.group.to_string(), a.status))
             .collect();
         self.acker.record(&acked, &outcomes);
         self.pusher.record(&messages, &stored);

@@ -13,7 +13,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{AckItem, AckOutcome, AckStatus};
-use crate::db::DbError;
+use crate::db::{DbError, Pipelined, Prepared};
 
 /// Judges and writes the cursors of completing acks, one row per item (`$1` partition, `$2`
 /// group, `$3` transaction id, `$4` lease id or NULL), and returns each cursor it moved with
@@ -173,11 +173,12 @@ pub(crate) async fn settle(
         &judge_params[..4]
     };
     // A failed statement makes the pipelined COMMIT roll back.
+    let p = Pipelined::on(client);
     let (begin, locked, judged, commit) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        client.query(lock, &lock_params),
-        client.query(judge, judge_params),
-        client.batch_execute("COMMIT"),
+        p.begin(),
+        p.query(lock, &lock_params),
+        p.query(judge, judge_params),
+        p.commit(),
     );
     begin?;
     locked?;
@@ -199,7 +200,7 @@ pub(crate) async fn settle(
     for &k in chosen {
         let item = items[k];
         let Some((released, partition, queue)) =
-            moved.get(&(item.partition_id, item.group.clone()))
+            moved.get(&(item.partition_id, item.group.to_string()))
         else {
             continue;
         };

@@ -25,6 +25,7 @@ use uuid::Uuid;
 use crate::code::Code;
 use crate::fusion::{Fuser, Reply};
 use crate::metrics::{Metrics, QueueCounts, Settled};
+use crate::queue::GroupName;
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
@@ -55,7 +56,7 @@ pub(crate) enum AckStatus {
 pub(crate) struct AckItem {
     pub(crate) partition_id: Uuid,
     pub(crate) transaction_id: String,
-    pub(crate) group: String,
+    pub(crate) group: GroupName<'static>,
     pub(crate) status: AckStatus,
     pub(crate) lease_id: Option<Uuid>,
     pub(crate) error: Option<String>,
@@ -174,7 +175,7 @@ impl Acker {
     pub(crate) async fn settle(&self, items: Vec<AckItem>) -> Result<Vec<AckOutcome>, Refusal> {
         let released: Vec<(Uuid, String, AckStatus)> = items
             .iter()
-            .map(|i| (i.partition_id, i.group.clone(), i.status))
+            .map(|i| (i.partition_id, i.group.to_string(), i.status))
             .collect();
         let outcomes = self.fuser.ask(0, |reply| AckJob { items, reply }).await?;
         self.record(&released, &outcomes);

@@ -12,9 +12,9 @@ use uuid::Uuid;
 use super::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus, completed};
 use crate::catalog;
 use crate::cursor::{self, Locked, locked_columns, locked_cursors};
-use crate::db::{self, DbError};
+use crate::db::{self, DbError, Pipelined};
 use crate::dead_letter::{self, NewDeadLetter};
-use crate::fusion::{Fuser, Runner};
+use crate::fusion::{self, Fuser, Runner};
 use crate::metrics::Stage;
 use crate::push;
 
@@ -119,21 +119,8 @@ pub(crate) fn start(
         let pool = pool.clone();
         Box::pin(async move {
             let items: Vec<&AckItem> = jobs.iter().flat_map(|j| j.items.iter()).collect();
-            match settle(&pool, &items).await {
-                Ok(outcomes) => {
-                    let mut it = outcomes.into_iter();
-                    for job in jobs {
-                        let mine: Vec<AckOutcome> = it.by_ref().take(job.items.len()).collect();
-                        let _ = job.reply.send(Ok(mine));
-                    }
-                }
-                Err(e) => {
-                    let e = Arc::new(e);
-                    for job in jobs {
-                        let _ = job.reply.send(Err(e.clone()));
-                    }
-                }
-            }
+            let result = settle(&pool, &items).await;
+            fusion::reply_all(jobs, result, |j| (j.items.len(), j.reply));
         })
     });
     Fuser::start(workers, max_items, |j: &AckJob| j.items.len(), run, stage)
@@ -206,21 +193,19 @@ async fn settle_judged_here(
     writes: &WriteStatements,
     items: &[&AckItem],
 ) -> Result<Vec<AckOutcome>, DbError> {
-    let (begin, read) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        judge(client, reads, items, false),
-    );
+    let p = Pipelined::on(client);
+    let (begin, read) = tokio::join!(p.begin(), judge(&p, reads, items, false));
     let judged = match begin.map_err(DbError::from).and(read) {
         Ok(judged) => judged,
         Err(e) => {
-            db::roll_back(client).await;
+            p.roll_back().await;
             return Err(e);
         }
     };
     // A failed write makes the pipelined COMMIT roll back.
     let (written, commit) = tokio::join!(
-        write_back(client, writes, &judged.cursors, &judged.dead),
-        client.batch_execute("COMMIT"),
+        write_back(&p, writes, &judged.cursors, &judged.dead),
+        p.commit(),
     );
     written?;
     commit?;
@@ -422,7 +407,7 @@ struct Judged {
 /// Reads the cursors' state (locked first) with the positions of the messages they handed
 /// out, in one pipelined round trip (a second looks up acked messages not found there), and
 /// applies the acks to the cursors in memory.
-async fn judge<C: GenericClient>(
+async fn judge<C: db::Prepared>(
     tx: &C,
     statements: &ReadStatements,
     items: &[&AckItem],
@@ -452,7 +437,7 @@ async fn judge<C: GenericClient>(
 }
 
 /// [`judge`] of items all of `one` partition on Citus (`None`: any, on PostgreSQL).
-async fn judge_one<C: GenericClient>(
+async fn judge_one<C: db::Prepared>(
     tx: &C,
     statements: &ReadStatements,
     items: &[&AckItem],
@@ -508,7 +493,7 @@ async fn judge_one<C: GenericClient>(
             outcomes.push(outcome);
             continue;
         };
-        let Some(state) = cursors.get_mut(&(item.partition_id, item.group.clone())) else {
+        let Some(state) = cursors.get_mut(&(item.partition_id, item.group.to_string())) else {
             outcome.result = Err(AckRefusal::NotConsumed);
             outcomes.push(outcome);
             continue;
@@ -526,7 +511,7 @@ async fn judge_one<C: GenericClient>(
                     dead.push(NewDeadLetter {
                         queue_id: state.queue_id,
                         partition_id: item.partition_id,
-                        group: item.group.clone(),
+                        group: item.group.to_string(),
                         pos,
                         attempts,
                         error: item.error.clone(),
@@ -547,7 +532,7 @@ async fn judge_one<C: GenericClient>(
 /// The position and segment of each acked message (`None`: no such message in its
 /// partition): from the delivered ranges read with the cursors' state, else looked up by
 /// transaction id, all missing ones in one statement.
-async fn positions<C: GenericClient>(
+async fn positions<C: db::Prepared>(
     tx: &C,
     lookup: &Statement,
     items: &[&AckItem],
@@ -614,7 +599,7 @@ impl WriteStatements {
 /// Appends the next version of changed cursors and writes new dead letters (pipelined: one
 /// round trip, no statement prepared on the way, so a COMMIT pipelined after it follows
 /// them). The cursors must have been locked in this transaction.
-pub(crate) async fn write_back<C: GenericClient>(
+pub(crate) async fn write_back<C: db::Prepared>(
     tx: &C,
     statements: &WriteStatements,
     cursors: &HashMap<(Uuid, String), Locked>,

@@ -10,11 +10,13 @@ use std::sync::Arc;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
+mod pipeline;
 pub(crate) mod tls;
 
 mod primary;
 mod watch;
 
+pub(crate) use pipeline::{Pipelined, Prepared};
 pub(crate) use primary::Connector;
 
 /// Planner settings for the consumer path's statements (claims, acks, lease expiry), as
@@ -228,12 +230,12 @@ pub(crate) async fn problem(pool: &Pool, within: std::time::Duration) -> Option<
         let client = pool.get().await.map_err(|e| DbError::from(e).to_string())?;
         let writable: bool = client
             .query_one(
-                "SELECT current_setting('transaction_read_only') = 'off'",
+                "SELECT current_setting('transaction_read_only') = 'off' AS writable",
                 &[],
             )
             .await
             .map_err(|e| DbError::from(e).to_string())?
-            .get(0);
+            .get("writable");
         if !writable {
             // Its server was demoted: the connection is of no use to any request.
             drop(deadpool_postgres::Object::take(client));

@@ -144,7 +144,7 @@ async fn role(client: &tokio_postgres::Client, conn: &mut Connection, setup: Opt
     let role = match answered(show, conn).await {
         Ok(rows) => {
             let read_only = rows.iter().find_map(|m| match m {
-                SimpleQueryMessage::Row(r) => r.get(0).map(|v| v != "off"),
+                SimpleQueryMessage::Row(r) => r.get("transaction_read_only").map(|v| v != "off"),
                 _ => None,
             });
             if read_only == Some(false) {

@@ -11,7 +11,7 @@ use super::{Problem, State};
 use crate::ack::{AckItem, AckOutcome, AckStatus};
 use crate::auth::Principal;
 use crate::code::Code;
-use crate::queue::{QUEUE_MODE_GROUP, validate_group_name};
+use crate::queue::GroupName;
 
 /// One acknowledgement as sent by a consumer.
 #[derive(Deserialize)]
@@ -161,12 +161,15 @@ pub(super) fn validate(
             })
         })
         .transpose()?;
-    let group = a
+    let group = match a
         .consumer_group
         .or_else(|| default_group.map(str::to_string))
-        .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
-    validate_group_name(&group)
-        .map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, format!("{at}{e}")))?;
+    {
+        Some(group) => GroupName::parse(group)
+            .map_err(|e| Problem::bad_request(e.code, format!("{at}{}", e.message)))?
+            .into_owned(),
+        None => GroupName::queue_mode(),
+    };
     if a.transaction_id.is_empty()
         || a.transaction_id.len() > 255
         || a.transaction_id.chars().any(char::is_control)

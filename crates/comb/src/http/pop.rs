@@ -17,10 +17,7 @@ use super::{Problem, State};
 use crate::catalog::StartFrom;
 use crate::code::Code;
 use crate::pop::Claim;
-use crate::queue::{
-    MAX_NAME_LEN, QUEUE_MODE_GROUP, validate_group_name, validate_partition_name,
-    validate_queue_name,
-};
+use crate::queue::{GroupName, MAX_NAME_LEN, PartitionName, QueueName};
 
 /// Most partitions one pop may lease.
 const MAX_PARTITIONS_PER_POP: u64 = 100;
@@ -80,15 +77,15 @@ fn parse(
     partition: Option<String>,
     params: &Params,
 ) -> Result<PopRequest, Problem> {
-    validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
-    if let Some(p) = &partition {
-        validate_partition_name(p)
-            .map_err(|e| Problem::bad_request(Code::PartitionNameInvalid, e))?;
-    }
-    let group = params
-        .text("consumerGroup")?
-        .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
-    validate_group_name(&group).map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))?;
+    let queue = QueueName::parse(queue)?.into_owned();
+    let partition = partition
+        .map(PartitionName::parse)
+        .transpose()?
+        .map(PartitionName::into_owned);
+    let group = match params.text("consumerGroup")? {
+        Some(group) => GroupName::parse(group)?.into_owned(),
+        None => GroupName::queue_mode(),
+    };
     let max_batch = app.config.max_pop_batch as u64;
     let batch = params.uint("batch")?.unwrap_or(1);
     if !(1..=max_batch).contains(&batch) {

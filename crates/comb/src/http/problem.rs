@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::code::Code;
 use crate::db::DbError;
+use crate::queue::NameInvalid;
 use crate::refusal::{Kind, Refusal};
 
 /// An error answer.
@@ -90,6 +91,13 @@ impl From<Refusal> for Problem {
             cause: r.cause,
             ..Problem::new(status, r.code, r.detail)
         }
+    }
+}
+
+/// A name that is no name is a bad request with the name's own code.
+impl From<NameInvalid> for Problem {
+    fn from(e: NameInvalid) -> Self {
+        Problem::bad_request(e.code, e.message)
     }
 }
 

@@ -14,8 +14,8 @@ use super::body::{LimitedBody, parse_json};
 use super::{Problem, State};
 use crate::auth::Principal;
 use crate::code::Code;
-use crate::push::{NewMessage, Stored, TransactionId};
-use crate::queue::{validate_partition_name, validate_queue_name};
+use crate::push::{Item, NewMessage, Stored, TransactionId};
+use crate::queue::{NameInvalid, PartitionName, QueueName};
 
 /// Longest transaction or trace id.
 const MAX_ID_LEN: usize = 255;
@@ -110,30 +110,16 @@ pub(crate) async fn push(
         )
             .into_response());
     }
-    validate(&items, app.config.max_batch, principal.as_ref())?;
+    let items = validate(items, app.config.max_batch, principal.as_ref())?;
     app.modes.admit_push(&app.pool).await?;
     let sub = principal.and_then(|p| p.sub);
-    let pushed = app.pusher.push(into_items(items), &bytes, sub).await?;
+    let pushed = app.pusher.push(items, &bytes, sub).await?;
     Ok((
         StatusCode::CREATED,
         [(header::CONTENT_TYPE, "application/json")],
         answer_json(&results(&pushed.messages, &pushed.stored)),
     )
         .into_response())
-}
-
-/// The validated items as the push use case takes them (no copies: strings move over).
-pub(super) fn into_items(items: Vec<PushItem<'_>>) -> Vec<crate::push::Item<'_>> {
-    items
-        .into_iter()
-        .map(|i| crate::push::Item {
-            queue: i.queue.0,
-            partition: i.partition.map(|p| p.0),
-            payload: i.payload.get(),
-            transaction_id: i.transaction_id.map(|t| t.0),
-            trace_id: i.trace_id.map(|t| t.0),
-        })
-        .collect()
 }
 
 /// The push answer as JSON, written out by hand: keys and ids never need escaping, and
@@ -201,13 +187,14 @@ pub(super) fn results<'a>(messages: &'a [NewMessage], stored: &[Stored]) -> Vec<
         .collect()
 }
 
-/// Checks every item before anything is stored, so one bad item fails only its own request.
-/// A token limited to some queues may push only to those.
-pub(super) fn validate(
-    items: &[PushItem<'_>],
+/// Checks every item before anything is stored, so one bad item fails only its own request,
+/// and turns them into the items the push use case takes: names parsed, nothing copied
+/// (strings move over). A token limited to some queues may push only to those.
+pub(super) fn validate<'a>(
+    items: Vec<PushItem<'a>>,
     max_batch: usize,
     principal: Option<&Principal>,
-) -> Result<(), Problem> {
+) -> Result<Vec<Item<'a>>, Problem> {
     if items.is_empty() {
         return Err(Problem::bad_request(
             Code::ItemsEmpty,
@@ -224,15 +211,16 @@ pub(super) fn validate(
             ),
         ));
     }
-    for (i, item) in items.iter().enumerate() {
-        validate_queue_name(&item.queue).map_err(|e| {
-            Problem::bad_request(Code::QueueNameInvalid, format!("items[{i}]: {e}"))
-        })?;
-        if let Some(p) = &item.partition {
-            validate_partition_name(p).map_err(|e| {
-                Problem::bad_request(Code::PartitionNameInvalid, format!("items[{i}]: {e}"))
-            })?;
-        }
+    let mut valid = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let at =
+            |e: NameInvalid| Problem::bad_request(e.code, format!("items[{i}]: {}", e.message));
+        let queue = QueueName::parse(item.queue.0).map_err(at)?;
+        let partition = item
+            .partition
+            .map(|p| PartitionName::parse(p.0))
+            .transpose()
+            .map_err(at)?;
         if let Some(t) = &item.transaction_id
             && (t.is_empty() || t.len() > MAX_ID_LEN || t.chars().any(char::is_control))
         {
@@ -253,8 +241,16 @@ pub(super) fn validate(
                 ),
             ));
         }
+        valid.push(Item {
+            queue,
+            partition,
+            payload: item.payload.get(),
+            transaction_id: item.transaction_id.map(|t| t.0),
+            trace_id: item.trace_id.map(|t| t.0),
+        });
     }
-    super::guard::check_queues(principal, items.iter().map(|i| &*i.queue))
+    super::guard::check_queues(principal, valid.iter().map(|i| i.queue.as_str()))?;
+    Ok(valid)
 }
 
 #[cfg(test)]

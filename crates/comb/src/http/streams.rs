@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::body::{JsonBody, LimitedBody, parse_json};
-use super::push::{PushItem, into_items, results};
+use super::push::{PushItem, results};
 use super::{Problem, State};
 use crate::auth::Principal;
 use crate::queue::{QUEUE_MODE_GROUP, validate_group_name, validate_queue_name};
@@ -194,10 +194,13 @@ pub(crate) async fn cycle(
             format!("a cycle may hold at most {max} state ops and messages together"),
         ));
     }
-    if !body.push_items.is_empty() {
-        super::push::validate(&body.push_items, max, principal.as_ref())?;
+    let items = if body.push_items.is_empty() {
+        Vec::new()
+    } else {
+        let items = super::push::validate(body.push_items, max, principal.as_ref())?;
         app.modes.admit_push(&app.pool).await?;
-    }
+        items
+    };
     let done = app
         .streams
         .cycle(
@@ -206,7 +209,7 @@ pub(crate) async fn cycle(
                 partition_id,
                 group,
                 state_ops,
-                items: into_items(body.push_items),
+                items,
                 ack,
                 release_lease: body.release_lease.unwrap_or(true),
             },

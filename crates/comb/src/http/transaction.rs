@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::ack::{AckIn, AckOut, out};
 use super::body::{LimitedBody, parse_json};
-use super::push::{PushItem, PushResult, into_items, results};
+use super::push::{PushItem, PushResult, results};
 use super::{Problem, State};
 use crate::ack::AckItem;
 use crate::code::Code;
@@ -136,19 +136,17 @@ pub(crate) async fn transaction(
         acks.iter().map(|a| a.partition_id),
     )
     .await?;
-    if !push_items.is_empty() {
-        super::push::validate(&push_items, max, principal.as_ref())?;
+    let push_items = if push_items.is_empty() {
+        Vec::new()
+    } else {
+        let items = super::push::validate(push_items, max, principal.as_ref())?;
         app.modes.admit_push(&app.pool).await?;
-    }
+        items
+    };
     let ack_txids: Vec<String> = acks.iter().map(|a| a.transaction_id.clone()).collect();
     let committed = app
         .transactions
-        .commit(
-            &acks,
-            into_items(push_items),
-            &bytes,
-            principal.and_then(|p| p.sub),
-        )
+        .commit(&acks, push_items, &bytes, principal.and_then(|p| p.sub))
         .await?;
     let (ack_outcomes, messages, stored) = (committed.acks, committed.messages, committed.stored);
 

@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use crate::catalog::{CURSOR_STATE_CITUS_SQL, CURSOR_STATE_SQL};
 use crate::cursor::{LOCK_EXPIRED_SQL, StateWrites, locked_cursors};
-use crate::db::{self, DbError};
+use crate::db::{DbError, Pipelined, Prepared};
 use crate::dead_letter::{self, NewDeadLetter};
 
 /// [`LOCK_EXPIRED_SQL`] on Citus: a router statement per partition, run by the coordinator
@@ -54,15 +54,16 @@ pub(crate) async fn expire_leases(
         }
         return Ok(all);
     }
-    client.batch_execute("BEGIN").await?;
-    match expire_in(client, &statements, group, partitions).await {
+    let p = Pipelined::on(client);
+    p.begin().await?;
+    match expire_in(&p, &statements, group, partitions).await {
         Ok(done) => {
-            client.batch_execute("COMMIT").await?;
+            p.commit().await?;
             crate::metrics::LEASE_DEAD_LETTERED.add(done.dead_lettered);
             Ok(done)
         }
         Err(e) => {
-            db::roll_back(client).await;
+            p.roll_back().await;
             Err(e)
         }
     }
@@ -86,7 +87,7 @@ pub(crate) struct Expired {
 
 /// The expiry's reads and writes, inside its transaction.
 async fn expire_in(
-    client: &deadpool_postgres::Client,
+    client: &Pipelined<'_>,
     statements: &Statements,
     group: &str,
     partitions: &[Uuid],

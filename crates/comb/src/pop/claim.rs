@@ -26,9 +26,9 @@ use uuid::Uuid;
 use serde_json::value::RawValue;
 
 use super::unreadable::{self, Unreadable};
-use crate::db::{self, DbError};
+use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::encryption::Keys;
-use crate::fusion::{Fuser, Reply, Runner};
+use crate::fusion::{self, Fuser, Reply, Runner};
 use crate::metrics::{Metrics, QueueCounts, Stage};
 
 /// The shape of a pop; pops with the same shape are claimed together.
@@ -554,21 +554,7 @@ async fn run_batch(pool: Pool, running: Arc<Semaphore>, ctx: Arc<Context>, jobs:
 
 /// Hands each pop its share of what a claim got, or the claim's error.
 fn answer(jobs: Vec<PopJob>, result: Result<Vec<Claim>, DbError>) {
-    match result {
-        Ok(claims) => {
-            let mut it = claims.into_iter();
-            for job in jobs {
-                let mine: Vec<Claim> = it.by_ref().take(job.partitions).collect();
-                let _ = job.reply.send(Ok(mine));
-            }
-        }
-        Err(e) => {
-            let e = Arc::new(e);
-            for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-        }
-    }
+    fusion::reply_all(jobs, result, |j| (j.partitions, j.reply));
 }
 
 /// One claim for the pops of one shape.
@@ -760,6 +746,7 @@ async fn claim_once(
         .prepare_cached(claim_sql_for(&shared, shape.sealed))
         .await?;
     let pg: &tokio_postgres::Client = client;
+    let p = Pipelined::on(pg);
     let limit = partitions as i64;
     let rover = rovers.get(shape.queue_id, &shape.group);
     let params: [&(dyn ToSql + Sync); 7] = [
@@ -772,8 +759,8 @@ async fn claim_once(
         &lookahead,
     ];
     let (begin, found) = tokio::join!(
-        pg.batch_execute(begin_claim(shape.auto_ack)),
-        pg.query(&candidates, &params)
+        p.begin_with(begin_claim(shape.auto_ack)),
+        p.query(&candidates, &params)
     );
     let found = match begin.and(found) {
         Ok(rows) => rows,
@@ -800,7 +787,7 @@ async fn claim_once(
     }
     walked(locked.len(), !expired.is_empty(), passed_held);
     if locked.is_empty() {
-        pg.batch_execute("COMMIT").await?;
+        p.commit().await?;
         return Ok(Walk {
             claims: Vec::new(),
             expired,
@@ -828,15 +815,15 @@ async fn claim_once(
             &relock_params[..2]
         };
         let (begin, relocked) = tokio::join!(
-            pg.batch_execute(begin_claim(shape.auto_ack)),
-            pg.query(&relock, relock_params)
+            p.begin_with(begin_claim(shape.auto_ack)),
+            p.query(&relock, relock_params)
         );
         let relocked: Vec<Uuid> = match begin.and(relocked) {
             Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
             Err(e) => return Err(rollback(pg, e).await),
         };
         claimed = if relocked.is_empty() {
-            pg.batch_execute("COMMIT").await?;
+            p.commit().await?;
             Ok((Vec::new(), 0))
         } else {
             claim_locked(client, ctx, shape, &opening, &relocked, &shared, true).await
@@ -928,8 +915,9 @@ async fn claim_locked(
             p
         }
     };
+    let p = Pipelined::on(pg);
     if !opening {
-        let (rows, commit) = tokio::join!(pg.query(stmt, &params), pg.batch_execute("COMMIT"));
+        let (rows, commit) = tokio::join!(p.query(stmt, &params), p.commit());
         // A failed claim makes the pipelined COMMIT roll back.
         let rows = rows?;
         commit?;
@@ -941,7 +929,7 @@ async fn claim_locked(
         }
         return Ok((claims, unreadable.len() as u64));
     }
-    let rows = match pg.query(stmt, &params).await {
+    let rows = match p.query(stmt, &params).await {
         Ok(rows) => rows,
         Err(e) => return Err(rollback(pg, e).await),
     };
@@ -949,10 +937,10 @@ async fn claim_locked(
     if !unreadable.is_empty()
         && let Err(e) = settle_unreadable(client, ctx, shape, &unreadable, false).await
     {
-        db::roll_back(pg).await;
+        p.roll_back().await;
         return Err(e);
     }
-    pg.batch_execute("COMMIT").await?;
+    p.commit().await?;
     Ok((claims, unreadable.len() as u64))
 }
 

@@ -21,6 +21,7 @@ use crate::catalog::{Catalog, StartFrom};
 use crate::code::Code;
 use crate::fusion::Fuser;
 use crate::metrics::{Metrics, QueueCounts};
+use crate::queue::{GroupName, PartitionName, QueueName};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::{Ready, Wake, WalkDue};
 
@@ -33,10 +34,10 @@ use waiting::WaitingPops;
 
 /// A pop as the edge validated it.
 pub(crate) struct Request {
-    pub(crate) queue: String,
+    pub(crate) queue: QueueName<'static>,
     /// Only this partition, when the consumer named one.
-    pub(crate) partition: Option<String>,
-    pub(crate) group: String,
+    pub(crate) partition: Option<PartitionName<'static>>,
+    pub(crate) group: GroupName<'static>,
     /// Most messages: per partition, or over all of them when `partitions` > 1.
     pub(crate) batch: i32,
     /// Most partitions one pop may lease (all under one lease).
@@ -268,8 +269,8 @@ impl Popper {
             .encryption_enabled;
         let shape = PopShape {
             queue_id,
-            queue: req.queue.clone(),
-            group: req.group.clone(),
+            queue: req.queue.to_string(),
+            group: req.group.to_string(),
             partition_id,
             batch: req.batch,
             auto_ack: req.auto_ack,

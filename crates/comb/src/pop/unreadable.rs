@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::ack::{AckStatus, WriteStatements, write_back};
 use crate::catalog::{CURSOR_STATE_CITUS_SQL as STATE_CITUS_SQL, CURSOR_STATE_SQL as STATE_SQL};
 use crate::cursor::{lock_sql, locked_cursors};
-use crate::db::{self, DbError};
+use crate::db::{DbError, Pipelined, Prepared};
 use crate::dead_letter::NewDeadLetter;
 use crate::encryption::OpenError;
 
@@ -63,30 +63,31 @@ pub(crate) async fn settle(
         })
         .await?;
     let lock = client.prepare_cached(lock_sql()).await?;
+    let p = Pipelined::on(client);
     if !alone {
-        return settle_in(client, shape, unreadable, &state, &writes).await;
+        return settle_in(&p, shape, unreadable, &state, &writes).await;
     }
-    client.batch_execute("BEGIN").await?;
+    p.begin().await?;
     let pids: Vec<Uuid> = unreadable.iter().map(|u| u.partition_id).collect();
     let groups: Vec<&str> = unreadable.iter().map(|_| shape.group).collect();
-    let done = match client.query(&lock, &[&pids, &groups]).await {
-        Ok(_) => settle_in(client, shape, unreadable, &state, &writes).await,
+    let done = match p.query(&lock, &[&pids, &groups]).await {
+        Ok(_) => settle_in(&p, shape, unreadable, &state, &writes).await,
         Err(e) => Err(e.into()),
     };
     match done {
         Ok(n) => {
-            client.batch_execute("COMMIT").await?;
+            p.commit().await?;
             Ok(n)
         }
         Err(e) => {
-            db::roll_back(client).await;
+            p.roll_back().await;
             Err(e)
         }
     }
 }
 
 async fn settle_in(
-    client: &deadpool_postgres::Client,
+    client: &Pipelined<'_>,
     shape: Claimant<'_>,
     unreadable: &[Unreadable],
     state: &tokio_postgres::Statement,

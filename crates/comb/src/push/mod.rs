@@ -23,18 +23,18 @@ use crate::code::Code;
 use crate::encryption::Keys;
 use crate::fusion::Fuser;
 use crate::metrics::{Metrics, QueueCounts};
-use crate::queue::DEFAULT_PARTITION;
+use crate::queue::{DEFAULT_PARTITION, PartitionName, QueueName};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
 pub(crate) use messages::{head_of, join_message, partition_messages};
 pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, announce, store_in};
 
-/// One message to push, as the edge decoded and validated it. Strings borrow from the
-/// request where they can; `payload` is JSON text inside the request's bytes.
+/// One message to push, as the edge decoded and validated it. Names and strings borrow from
+/// the request where they can; `payload` is JSON text inside the request's bytes.
 pub(crate) struct Item<'a> {
-    pub(crate) queue: Cow<'a, str>,
-    pub(crate) partition: Option<Cow<'a, str>>,
+    pub(crate) queue: QueueName<'a>,
+    pub(crate) partition: Option<PartitionName<'a>>,
     pub(crate) payload: &'a str,
     pub(crate) transaction_id: Option<Cow<'a, str>>,
     pub(crate) trace_id: Option<Cow<'a, str>>,
@@ -43,7 +43,9 @@ pub(crate) struct Item<'a> {
 impl Item<'_> {
     /// The partition the item names, or the default one.
     fn partition(&self) -> &str {
-        self.partition.as_deref().unwrap_or(DEFAULT_PARTITION)
+        self.partition
+            .as_ref()
+            .map_or(DEFAULT_PARTITION, PartitionName::as_str)
     }
 }
 
@@ -150,7 +152,7 @@ impl Pusher {
     pub(crate) async fn check_capacity(&self, items: &[Item<'_>]) -> Result<(), Refusal> {
         let mut incoming: HashMap<&str, u64> = HashMap::new();
         for item in items {
-            *incoming.entry(&item.queue).or_default() += 1;
+            *incoming.entry(item.queue.as_str()).or_default() += 1;
         }
         for (queue, n) in incoming {
             let Some(queue_id) = self.catalog.find_queue(&self.pool, queue).await? else {
@@ -191,7 +193,7 @@ impl Pusher {
             .iter()
             .map(|i| {
                 *target_of
-                    .entry((&i.queue, i.partition()))
+                    .entry((i.queue.as_str(), i.partition()))
                     .or_insert_with_key(|&key| {
                         targets.push(key);
                         targets.len() - 1

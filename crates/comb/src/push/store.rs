@@ -28,11 +28,11 @@ use deadpool_postgres::Pool;
 use futures_util::{SinkExt, pin_mut};
 use tokio::sync::oneshot;
 use tokio_postgres::types::{IsNull, ToSql, Type};
-use tokio_postgres::{GenericClient, Row, Statement};
+use tokio_postgres::{Row, Statement};
 use uuid::Uuid;
 
-use crate::db::{self, DbError};
-use crate::fusion::{Fuser, Runner};
+use crate::db::{self, DbError, Pipelined, Prepared};
+use crate::fusion::{self, Fuser, Runner};
 use crate::metrics::Stage;
 use crate::wake::Wake;
 
@@ -366,22 +366,11 @@ pub(crate) fn shard_key(messages: &[NewMessage]) -> u64 {
 async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {
     let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
     let plan = Plan::new(&all);
-    match store(pool, &plan).await {
-        Ok(outcomes) => {
-            announce(wake, all.iter().copied());
-            let mut it = outcomes.into_iter();
-            for job in jobs {
-                let mine: Vec<Stored> = it.by_ref().take(job.messages.len()).collect();
-                let _ = job.reply.send(Ok(mine));
-            }
-        }
-        Err(e) => {
-            let e = Arc::new(e);
-            for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-        }
+    let result = store(pool, &plan).await;
+    if result.is_ok() {
+        announce(wake, all.iter().copied());
     }
+    fusion::reply_all(jobs, result, |j| (j.messages.len(), j.reply));
 }
 
 /// Stores a batch in a transaction of its own: BEGIN, lock, insert and COMMIT are pipelined
@@ -399,12 +388,8 @@ async fn store(pool: &Pool, plan: &Plan<'_>) -> Result<Vec<Stored>, DbError> {
         return result;
     }
     let statements = Statements::prepare(&client, plan).await?;
-    let pg: &tokio_postgres::Client = &client;
-    let (begin, outcomes, commit) = tokio::join!(
-        pg.batch_execute("BEGIN"),
-        plan.run(pg, &statements),
-        pg.batch_execute("COMMIT"),
-    );
+    let p = Pipelined::on(&client);
+    let (begin, outcomes, commit) = tokio::join!(p.begin(), plan.run(&p, &statements), p.commit());
     begin?;
     let outcomes = outcomes?;
     commit?;
@@ -419,8 +404,7 @@ pub(crate) async fn store_in(
 ) -> Result<Vec<Stored>, DbError> {
     let plan = Plan::new(all);
     let statements = Statements::prepare(tx, &plan).await?;
-    let pg: &tokio_postgres::Transaction = tx;
-    plan.run(pg, &statements).await
+    plan.run(tx, &statements).await
 }
 
 /// The prepared statements a batch needs: the lock, and the insert its kind calls for.
@@ -541,13 +525,13 @@ impl<'a> Plan<'a> {
                 COPY_SQL
             })
             .await?;
-        let pg: &tokio_postgres::Client = client;
+        let p = Pipelined::on(client);
         let params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
         let (begin, locked, heads, sink) = tokio::join!(
-            pg.batch_execute("BEGIN"),
-            pg.query(&lock, &params),
-            pg.query(&heads, &params),
-            pg.copy_in::<_, Bytes>(&copy),
+            p.begin(),
+            p.query(&lock, &params),
+            p.query(&heads, &params),
+            p.copy_in(&copy),
         );
         begin?;
         let locked = locked?;
@@ -578,7 +562,7 @@ impl<'a> Plan<'a> {
             }
         }
         sink.as_mut().feed(rows.finish()).await?;
-        let (copied, commit) = tokio::join!(sink.finish(), pg.batch_execute("COMMIT"));
+        let (copied, commit) = tokio::join!(sink.finish(), p.commit());
         copied?;
         commit?;
         Ok(self.outcomes_by_partition(|p| next.contains_key(p)))
@@ -598,7 +582,7 @@ impl<'a> Plan<'a> {
     }
 
     /// Locks the partitions and inserts, pipelined, on a connection inside a transaction.
-    async fn run<C: GenericClient>(
+    async fn run<C: Prepared>(
         &self,
         client: &C,
         statements: &Statements,
@@ -623,11 +607,7 @@ impl<'a> Plan<'a> {
     }
 
     /// The plain append: each message's rank among the batch's messages of its partition.
-    async fn append<C: GenericClient>(
-        &self,
-        client: &C,
-        insert: &Statement,
-    ) -> Result<u64, DbError> {
+    async fn append<C: Prepared>(&self, client: &C, insert: &Statement) -> Result<u64, DbError> {
         let sent = || self.sent.iter().map(|&i| self.all[i]);
         let mut ranks: HashMap<Uuid, i64> = HashMap::with_capacity(self.lock_ids.len());
         let rank: Vec<i64> = sent()
@@ -657,7 +637,7 @@ impl<'a> Plan<'a> {
     }
 
     /// The insert that skips messages whose transaction id the partition already holds.
-    async fn insert_checked<C: GenericClient>(
+    async fn insert_checked<C: Prepared>(
         &self,
         client: &C,
         insert: &Statement,

@@ -408,6 +408,32 @@ async fn ack_errors() {
         "consumer_group_not_found",
     )
     .await;
+    expect(
+        &env,
+        "/api/v1/ack",
+        ack(json!({"consumerGroup": ""})),
+        StatusCode::BAD_REQUEST,
+        "consumer_group_invalid",
+    )
+    .await;
+    // A group that is no name fails the whole batch, naming its item.
+    let (s, b) = env
+        .post(
+            "/api/v1/ack/batch",
+            &json!({"acknowledgments": [ack(json!({})), ack(json!({"consumerGroup": "a\nb"}))]}),
+        )
+        .await;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("consumer_group_invalid"))
+    );
+    assert!(
+        b["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("acknowledgments[1]: "),
+        "{b}"
+    );
     // An empty ack list is accepted and acks nothing, as Queen does.
     let (s, b) = env
         .post("/api/v1/ack/batch", &json!({"acknowledgments": []}))
