@@ -257,6 +257,39 @@ pub(super) fn validate<'a>(
 mod tests {
     use super::*;
 
+    /// Names and payloads of a decoded push point into the body; only a name with an escape
+    /// is a copy. Bad names are refused with their code and the item's place.
+    #[test]
+    fn decoded_names_borrow_the_body() {
+        let body = br#"{"items": [
+            {"queue": "orders", "partition": "p1", "payload": {"a": 1}},
+            {"queue": "or\u0064ers", "payload": 2}
+        ]}"#;
+        let inside = |t: &str| body.as_ptr_range().contains(&t.as_ptr());
+        let items = parse_json::<PushBody>(body).unwrap().items;
+        let items = validate(items, 10, None).unwrap();
+        assert!(inside(&items[0].queue));
+        assert!(inside(items[0].partition.as_deref().unwrap()));
+        assert!(inside(items[0].payload));
+        assert_eq!(&*items[1].queue, "orders");
+        assert!(
+            !inside(&items[1].queue),
+            "an escaped name is decoded into a copy"
+        );
+        assert!(inside(items[1].payload));
+
+        let bad = br#"{"items": [{"queue": "q", "payload": 1}, {"queue": "q", "partition": "", "payload": 1}]}"#;
+        let Err(refused) = validate(parse_json::<PushBody>(bad).unwrap().items, 10, None) else {
+            panic!("an empty partition name passed");
+        };
+        assert_eq!(refused.code, Code::PartitionNameInvalid);
+        assert!(
+            refused.detail.starts_with("items[1]: "),
+            "{}",
+            refused.detail
+        );
+    }
+
     #[test]
     fn the_written_answer_is_what_serde_would_write() {
         let ids = [Uuid::now_v7(), Uuid::now_v7(), Uuid::new_v4()];
