@@ -56,7 +56,7 @@ fn validate_free_name(what: &str, name: &str) -> Result<(), String> {
 
 /// Options a user set on a queue. Absent fields keep their current value; the server fills
 /// defaults in [`QueueOptions::from_set`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct OptionsSet {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -138,7 +138,7 @@ impl OptionsSet {
 }
 
 /// Effective options of a queue: what it does now, defaults filled in.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct QueueOptions {
     /// Lease length for a pop, in seconds.

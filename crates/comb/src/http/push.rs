@@ -21,7 +21,8 @@ use crate::queue::{validate_partition_name, validate_queue_name};
 const MAX_ID_LEN: usize = 255;
 
 /// The push request body, decoded borrowing from the request's bytes.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = PushRequest)]
 pub(crate) struct PushBody<'a> {
     #[serde(borrow)]
     items: Vec<PushItem<'a>>,
@@ -29,17 +30,27 @@ pub(crate) struct PushBody<'a> {
 
 /// One message to push. Its strings and payload point into the request body; only strings
 /// with JSON escapes are copied.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub(crate) struct PushItem<'a> {
+    /// The queue, created on first use.
     #[serde(borrow)]
+    #[schema(value_type = String)]
     queue: Text<'a>,
+    /// The partition, created on first use; `Default` when absent.
     #[serde(borrow)]
+    #[schema(value_type = Option<String>)]
     partition: Option<Text<'a>>,
+    /// Any JSON value, stored and delivered as sent.
     #[serde(borrow)]
+    #[schema(value_type = Value)]
     payload: &'a RawValue,
+    /// The producer's id for the message: a partition stores one message per id.
     #[serde(rename = "transactionId", borrow)]
+    #[schema(value_type = Option<String>)]
     transaction_id: Option<Text<'a>>,
+    /// Carried with the message to its consumers.
     #[serde(rename = "traceId", borrow)]
+    #[schema(value_type = Option<String>)]
     trace_id: Option<Text<'a>>,
 }
 
@@ -81,19 +92,50 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
 }
 
 /// The answer for one pushed message.
-#[derive(Serialize)]
-pub(super) struct PushResult<'a> {
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct PushResult<'a> {
+    /// The item's place in the request.
     index: usize,
+    /// The item's `transactionId`, or the message id when it had none.
+    #[schema(value_type = String)]
     transaction_id: TransactionId<'a>,
+    /// The stored message; for a duplicate, the message first stored under its id.
     message_id: Uuid,
     partition_id: Uuid,
+    /// `queued`, or `duplicate` when the partition already held the `transactionId`.
+    #[schema(value_type = PushStatus)]
     status: &'static str,
     #[serde(rename = "queueName")]
     queue_name: &'a str,
     trace_id: Option<&'a str>,
 }
 
-/// Stores a batch of messages and answers only after they are committed.
+/// What became of a pushed message.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum PushStatus {
+    /// Stored now.
+    Queued,
+    /// Already stored under its `transactionId`.
+    Duplicate,
+}
+
+/// Push messages to queues and partitions.
+///
+/// Stores a batch of messages durably, each in its queue and partition (both created on first
+/// use), and answers with one result per item, in request order, once they are committed.
+/// Pushing is idempotent per partition: an item whose `transactionId` the partition already
+/// holds is reported as `duplicate` with the first message's id. Every item is validated before
+/// anything is stored. A queue with a `maxSize` refuses a push that would take it past that
+/// many pending messages (429 `queue_full`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/push",
+    tag = "messages",
+    operation_id = "push",
+    request_body = PushBody,
+    responses((status = 201, description = "Stored: one result per item, in request order.", body = [PushResult]))
+)]
 pub(crate) async fn push(
     AxState(app): AxState<State>,
     principal: Option<Extension<Principal>>,
