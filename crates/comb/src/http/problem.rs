@@ -13,10 +13,10 @@ use crate::refusal::{Kind, Refusal};
 /// An error answer.
 #[derive(Debug)]
 pub(crate) struct Problem {
-    pub(crate) status: StatusCode,
+    pub status: StatusCode,
     /// Stable, documented, machine-readable.
-    pub(crate) code: Code,
-    pub(crate) detail: String,
+    pub code: Code,
+    pub detail: String,
     /// Seconds, sent as `Retry-After` on 429 and 503.
     pub(crate) retry_after: Option<u64>,
     /// Sent with `Connection: close`: the request was answered before its body was read
@@ -30,28 +30,28 @@ pub(crate) struct Problem {
 /// `error` repeats `detail`, for Queen's clients, which read `error`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[schema(as = Problem)]
-pub(crate) struct ProblemBody {
+pub struct ProblemBody {
     /// `urn:comb:problem:` followed by `code`.
     #[serde(rename = "type")]
     #[schema(example = "urn:comb:problem:queue_name_invalid")]
-    pub(crate) kind: String,
+    pub kind: String,
     /// The reason phrase of the HTTP status.
     #[schema(example = "Bad Request")]
-    pub(crate) title: String,
+    pub title: String,
     /// The HTTP status code.
     #[schema(minimum = 400, maximum = 599)]
-    pub(crate) status: u16,
+    pub status: u16,
     /// What went wrong, for people.
-    pub(crate) detail: String,
+    pub detail: String,
     /// Stable machine-readable error code (`docs/errors.md`).
     #[schema(value_type = Code)]
-    pub(crate) code: String,
+    pub code: String,
     /// The same text as `detail`.
-    pub(crate) error: String,
+    pub error: String,
     /// The request's id, also sent as the `x-request-id` header. The server logs an internal
     /// failure's cause under it; the answer never carries the cause.
     #[serde(rename = "requestId", skip_serializing_if = "Option::is_none")]
-    pub(crate) request_id: Option<String>,
+    pub request_id: Option<String>,
 }
 
 tokio::task_local! {

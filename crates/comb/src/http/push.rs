@@ -91,33 +91,74 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     }
 }
 
-/// The answer for one pushed message.
-#[derive(Serialize, utoipa::ToSchema)]
-pub(crate) struct PushResult<'a> {
+/// The answer for one pushed message. Read back (by clients), its strings borrow from the
+/// answer's bytes.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PushResult<'a> {
     /// The item's place in the request.
     index: usize,
     /// The item's `transactionId`, or the message id when it had none.
+    #[serde(borrow)]
     #[schema(value_type = String)]
     transaction_id: TransactionId<'a>,
     /// The stored message; for a duplicate, the message first stored under its id.
     message_id: Uuid,
     partition_id: Uuid,
     /// `queued`, or `duplicate` when the partition already held the `transactionId`.
-    #[schema(value_type = PushStatus)]
-    status: &'static str,
+    status: PushStatus,
     #[serde(rename = "queueName")]
     queue_name: &'a str,
     trace_id: Option<&'a str>,
 }
 
+impl PushResult<'_> {
+    /// The item's `transactionId`, or the message id when it had none.
+    pub fn transaction_id(&self) -> String {
+        self.transaction_id.with_str(str::to_string)
+    }
+
+    /// The stored message.
+    pub fn message_id(&self) -> Uuid {
+        self.message_id
+    }
+
+    /// The partition it was stored in.
+    pub fn partition_id(&self) -> Uuid {
+        self.partition_id
+    }
+
+    /// What became of it.
+    pub fn status(&self) -> PushStatus {
+        self.status
+    }
+}
+
 /// What became of a pushed message.
-#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum PushStatus {
+pub enum PushStatus {
     /// Stored now.
     Queued,
     /// Already stored under its `transactionId`.
     Duplicate,
+}
+
+impl PushStatus {
+    /// As on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PushStatus::Queued => "queued",
+            PushStatus::Duplicate => "duplicate",
+        }
+    }
+}
+
+/// A transaction id read back from an answer: the text as given (ids in answers are either
+/// a producer's, which Queen's clients read as text, or a UUID's text).
+impl<'de: 'a, 'a> Deserialize<'de> for TransactionId<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'a str>::deserialize(d).map(TransactionId::Client)
+    }
 }
 
 /// Push messages to queues and partitions.
@@ -207,7 +248,7 @@ pub(super) fn answer_json(results: &[PushResult<'_>]) -> Vec<u8> {
         out.extend_from_slice(b"\",\"partition_id\":\"");
         out.extend_from_slice(r.partition_id.hyphenated().encode_lower(&mut id).as_bytes());
         out.extend_from_slice(b"\",\"status\":\"");
-        out.extend_from_slice(r.status.as_bytes());
+        out.extend_from_slice(r.status.as_str().as_bytes());
         out.extend_from_slice(b"\",\"queueName\":");
         let _ = serde_json::to_writer(&mut out, r.queue_name);
         out.extend_from_slice(b",\"trace_id\":");
@@ -226,8 +267,8 @@ pub(super) fn results<'a>(messages: &'a [NewMessage], stored: &[Stored]) -> Vec<
         .enumerate()
         .map(|(index, (m, s))| {
             let (status, message_id) = match s {
-                Stored::Queued(id) => ("queued", *id),
-                Stored::Duplicate(id) => ("duplicate", *id),
+                Stored::Queued(id) => (PushStatus::Queued, *id),
+                Stored::Duplicate(id) => (PushStatus::Duplicate, *id),
                 Stored::PartitionGone => unreachable!("refused in store()"),
             };
             PushResult {
@@ -312,7 +353,7 @@ mod tests {
                 transaction_id: TransactionId::Client("plain"),
                 message_id: ids[0],
                 partition_id: ids[1],
-                status: "queued",
+                status: PushStatus::Queued,
                 queue_name: "orders",
                 trace_id: None,
             },
@@ -321,7 +362,7 @@ mod tests {
                 transaction_id: TransactionId::Client("quote \" backslash \\ tab \t é ✓ \u{1F600}"),
                 message_id: ids[2],
                 partition_id: ids[1],
-                status: "duplicate",
+                status: PushStatus::Duplicate,
                 queue_name: "q.with-dash_1",
                 trace_id: Some("trace \"x\" \u{7f} /"),
             },
@@ -330,7 +371,7 @@ mod tests {
                 transaction_id: TransactionId::Own(ids[0]),
                 message_id: ids[0],
                 partition_id: ids[1],
-                status: "queued",
+                status: PushStatus::Queued,
                 queue_name: "orders",
                 trace_id: None,
             },
