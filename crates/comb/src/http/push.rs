@@ -91,8 +91,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     }
 }
 
-/// The answer for one pushed message. Read back (by clients), its strings borrow from the
-/// answer's bytes.
+/// The answer for one pushed message.
+// Read back by clients (`comb::wire`), its strings borrow from the answer's bytes.
 #[derive(Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PushResult<'a> {
     /// The item's place in the request.
