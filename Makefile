@@ -19,7 +19,7 @@ help:
 
 run:
 	@if [ -z "$${DATABASE_URL:-}" ]; then scripts/dev-postgres.sh start; fi
-	cargo build --release -p comb
+	cargo build --release -p comb-cli
 	@url="$${DATABASE_URL:-$$(scripts/dev-postgres.sh url)}"; \
 	key="$${COMB_ENCRYPTION_KEY:-$${QUEEN_ENCRYPTION_KEY:-$$(scripts/dev-key.sh)}}"; \
 	echo "Comb is serving on http://$(COMB_LISTEN) (database: $$url)"; \
@@ -59,7 +59,7 @@ BENCH_ARGS ?=
 
 bench:
 	scripts/install-postgres.sh
-	cargo build --release -p comb -p comb-bench
+	cargo build --release -p comb-cli -p comb-bench
 	@if [ -z "$(CELLS)" ]; then \
 		set -x; target/release/comb-bench --cells "" --command "make bench" \
 			--json bench/results/latest.json --doc docs/benchmarks.md $(BENCH_ARGS); \
@@ -71,13 +71,13 @@ bench:
 # A few seconds per cell: proves the suite runs end to end. Its numbers mean nothing.
 bench-smoke:
 	scripts/install-postgres.sh
-	cargo build --release -p comb -p comb-bench
+	cargo build --release -p comb-cli -p comb-bench
 	target/release/comb-bench --smoke --cells "$(CELLS)" --baseline /dev/null $(BENCH_ARGS)
 
 # `comb-bench --peer` end to end, with Comb itself as the peer (smoke mode).
 bench-peer-smoke:
 	scripts/install-postgres.sh
-	cargo build --release -p comb -p comb-bench
+	cargo build --release -p comb-cli -p comb-bench
 	scripts/bench-peer-smoke.sh
 
 # Same cells with pg_stat_statements, wait-event sampling and `perf record -a`; reports go to
@@ -85,7 +85,7 @@ bench-peer-smoke:
 # what bounds a cell, they do not measure it.
 bench-profile:
 	scripts/install-postgres.sh
-	cargo build --release -p comb -p comb-bench
+	cargo build --release -p comb-cli -p comb-bench
 	target/release/comb-bench --cells "$(CELLS)" --profile bench/results/profile --perf \
 		--json bench/results/profile/rows.json $(BENCH_ARGS)
 
@@ -98,7 +98,7 @@ bench-profile:
 chaos:
 	scripts/install-postgres.sh
 	scripts/install-ha.sh
-	cargo build --release -p comb -p comb-audit
+	cargo build --release -p comb-cli -p comb-audit
 	set -o pipefail; { \
 		target/release/comb-audit chaos --comb target/release/comb && \
 		target/release/comb-audit chaos-ha --comb target/release/comb && \
@@ -114,14 +114,14 @@ chaos:
 chaos-ha:
 	scripts/install-postgres.sh
 	scripts/install-ha.sh
-	cargo build --release -p comb -p comb-audit
+	cargo build --release -p comb-cli -p comb-audit
 	set -o pipefail; target/release/comb-audit chaos-ha --comb target/release/comb 2>&1 \
 		| tee target/chaos-ha.log
 
 # The long fuzz runs alone: without tokens, and against a server requiring them.
 fuzz:
 	scripts/install-postgres.sh
-	cargo build --release -p comb -p comb-audit
+	cargo build --release -p comb-cli -p comb-audit
 	target/release/comb-audit fuzz --comb target/release/comb --cases 30000
 	target/release/comb-audit fuzz --comb target/release/comb --cases 10000 --tokens
 
@@ -134,7 +134,7 @@ fuzz:
 
 bench-xmin:
 	scripts/install-postgres.sh
-	cargo build --release -p comb -p comb-bench
+	cargo build --release -p comb-cli -p comb-bench
 	target/release/comb-bench xmin --command "make bench-xmin" \
 		--json bench/results/xmin.json --doc docs/long-runs.md $(BENCH_ARGS)
 
@@ -149,6 +149,6 @@ bench-xmin:
 
 bench-soak:
 	scripts/install-postgres.sh
-	cargo build --release -p comb -p comb-bench
+	cargo build --release -p comb-cli -p comb-bench
 	target/release/comb-bench soak --command "make bench-soak" \
 		--json bench/results/soak.json --doc docs/long-runs.md $(BENCH_ARGS)

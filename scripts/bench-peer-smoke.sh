@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 bench=target/release/comb-bench
 comb=target/release/comb
 for bin in "$bench" "$comb"; do
-    [ -x "$bin" ] || { echo "$bin missing: cargo build --release -p comb -p comb-bench" >&2; exit 1; }
+    [ -x "$bin" ] || { echo "$bin missing: cargo build --release -p comb-cli -p comb-bench" >&2; exit 1; }
 done
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

@@ -156,7 +156,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     for bin in std::iter::once(&args.comb).chain(&args.against) {
         if !bin.is_file() {
             return Err(format!(
-                "{} not found: build it first (cargo build --release -p comb)",
+                "{} not found: build it first (cargo build --release -p comb-cli)",
                 bin.display()
             )
             .into());

@@ -16,8 +16,7 @@ macro_rules! codes {
         }
 
         impl Code {
-            /// Every code, in the order of `docs/errors.md`.
-            #[cfg(test)]
+            /// Every code, in the order of `docs/errors.md` and of the OpenAPI document's enum.
             pub(crate) const ALL: &'static [Code] = &[$(Code::$variant,)*];
 
             /// The code as clients see it.
@@ -28,7 +27,6 @@ macro_rules! codes {
             }
 
             /// When the code is answered, for people.
-            #[cfg(test)]
             pub(crate) fn sentence(self) -> &'static str {
                 match self {
                     $(Code::$variant => $sentence,)*

@@ -3,30 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-
-/// The `comb` command line.
-#[derive(Debug, Parser)]
-#[command(
-    name = "comb",
-    version,
-    about = "A partitioned message queue on PostgreSQL"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// What the binary is asked to do.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Apply pending schema migrations, then serve the HTTP API.
-    Serve(Box<ServeConfig>),
-    /// Apply pending schema migrations and exit.
-    Migrate(DatabaseConfig),
-    #[command(flatten)]
-    Client(crate::cli::ClientCommand),
-}
+use clap::Args;
 
 /// Where the database is. Shared by every subcommand.
 #[derive(Debug, Clone, Args)]

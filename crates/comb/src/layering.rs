@@ -22,10 +22,6 @@ use syn::visit::Visit;
 /// The layers, lowest first.
 const LAYERS: &[(&str, &[&str])] = &[
     (
-        "the command-line client, a client of the HTTP API only",
-        &["cli"],
-    ),
-    (
         "foundation: configuration, database access, counters, names and options, schema",
         &[
             "code",
@@ -65,9 +61,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// Modules that hold no SQL at all: the client speaks HTTP, and the edge decodes, calls a use
-/// case and encodes.
-const NO_SQL: &[&str] = &["cli", "http", "dashboard", "server"];
+/// Modules that hold no SQL at all: the edge decodes, calls a use case and encodes. (The
+/// command-line client is its own crate, `crates/cli`, and speaks HTTP only.)
+const NO_SQL: &[&str] = &["http", "dashboard", "server"];
 
 /// The module that owns the schema itself: its migrations create every table, view and
 /// function, and `schema::citus` distributes the tables and makes the functions Citus needs,
@@ -766,7 +762,7 @@ fn sql_outside_http_is_found() {
     let text = "const Q: &str = \"SELECT 1\";\n\
                 async fn f(c: &Client) { c.query_one(Q, &[]).await; }";
     assert_eq!(sql_out_of_place("dashboard", text).len(), 2);
-    assert_eq!(sql_out_of_place("cli", text).len(), 2);
+    assert_eq!(sql_out_of_place("server", text).len(), 2);
     // Prose is not a statement; a call without arguments is not a statement call.
     let prose = "/// SELECT everything\nfn f(u: &Uri) { let _ = (u.query(), \"Select a queue\"); }";
     assert!(sql_out_of_place("http", prose).is_empty());

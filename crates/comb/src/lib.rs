@@ -6,8 +6,12 @@
 //! queue that turns concurrent requests into one database round trip; `schema` owns the
 //! tables. Only what the binary and the test suite need is public.
 
-// The command-line client: talks to a server over HTTP only.
-pub mod cli;
+/// The wire types clients read (the `comb` command's client commands among them): the same
+/// types the server answers with, so a field cannot drift between the two.
+pub mod wire {
+    pub use crate::http::problem::ProblemBody as Problem;
+    pub use crate::http::push::{PushResult, PushStatus};
+}
 
 // The bottom: imports nothing from the modules above it.
 mod auth;

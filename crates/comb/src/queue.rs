@@ -203,7 +203,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for BorrowedText<'a> {
 
 /// Options a user set on a queue. Absent fields keep their current value; the server fills
 /// defaults in [`QueueOptions::from_set`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct OptionsSet {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -307,7 +307,7 @@ macro_rules! completed_retention_secs {
 pub(crate) use completed_retention_secs;
 
 /// Effective options of a queue: what it does now, defaults filled in.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct QueueOptions {
     /// Lease length for a pop, in seconds.

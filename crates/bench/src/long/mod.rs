@@ -90,7 +90,7 @@ pub fn require_comb(bin: &Path) -> Result<(), BoxError> {
         return Ok(());
     }
     Err(format!(
-        "{} not found: build it first (cargo build --release -p comb)",
+        "{} not found: build it first (cargo build --release -p comb-cli)",
         bin.display()
     )
     .into())

@@ -14,41 +14,84 @@ use crate::code::Code;
 use crate::queue::GroupName;
 
 /// One acknowledgement as sent by a consumer.
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = AckItem)]
 pub(crate) struct AckIn {
-    transaction_id: String,
-    partition_id: String,
-    status: String,
-    lease_id: Option<String>,
-    consumer_group: Option<String>,
-    error: Option<String>,
+    /// The message's `transactionId`.
+    pub(crate) transaction_id: String,
+    /// The message's partition (a UUID).
+    pub(crate) partition_id: String,
+    /// `completed`, `failed`, `retry` or `dlq`.
+    #[schema(value_type = AckStatusName)]
+    pub(crate) status: String,
+    /// The lease the message was popped under.
+    pub(crate) lease_id: Option<String>,
+    /// The group that popped it; the queue-mode group when absent.
+    pub(crate) consumer_group: Option<String>,
+    /// Why processing failed, kept with the message.
+    pub(crate) error: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// What became of a message.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum AckStatusName {
+    /// Processed.
+    Completed,
+    /// Processing failed: an attempt is counted, and it is retried or dead-lettered.
+    Failed,
+    /// As `failed`.
+    Retry,
+    /// Dead-lettered now.
+    Dlq,
+}
+
+/// Many acknowledgements.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = AckBatchRequest)]
 pub(crate) struct AckBatchIn {
-    acknowledgments: Vec<AckIn>,
-    consumer_group: Option<String>,
+    pub(crate) acknowledgments: Vec<AckIn>,
+    /// The group of items that name none.
+    pub(crate) consumer_group: Option<String>,
 }
 
-#[derive(Serialize)]
+/// The answer for one acknowledgement.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = AckResult)]
 pub(crate) struct AckOut {
-    index: usize,
-    transaction_id: String,
-    success: bool,
-    error: Option<String>,
-    queue_name: Option<String>,
-    partition_name: Option<String>,
-    lease_released: bool,
-    dlq: bool,
+    /// The item's place in the request.
+    pub(crate) index: usize,
+    pub(crate) transaction_id: String,
+    pub(crate) success: bool,
+    /// Why not, as `code: sentence`, when `success` is false.
+    pub(crate) error: Option<String>,
+    pub(crate) queue_name: Option<String>,
+    pub(crate) partition_name: Option<String>,
+    /// Whether this ack ended the lease (its last message settled).
+    pub(crate) lease_released: bool,
+    /// Whether the message was dead-lettered.
+    pub(crate) dlq: bool,
 }
 
 /// Longest error text kept with a failed message.
 const MAX_ERROR_LEN: usize = 8192;
 
-/// One ack; a refused ack is a problem answer with the refusal's code.
+/// Acknowledge one message.
+///
+/// Settles a message popped under a lease: `completed`, or `failed`/`retry` (an attempt is
+/// counted; the message is handed out again or dead-lettered past `retryLimit`), or `dlq`.
+/// A refused ack is a problem answer with the refusal's code.
+#[utoipa::path(
+    post,
+    path = "/api/v1/ack",
+    tag = "messages",
+    operation_id = "ack",
+    request_body = AckIn,
+    responses((status = 200, description = "Settled: one result.", body = [AckOut]))
+)]
 pub(crate) async fn ack_one(
     AxState(app): AxState<State>,
     principal: Option<Extension<Principal>>,
@@ -74,7 +117,18 @@ pub(crate) async fn ack_one(
     Ok(axum::Json(vec![out(0, txid, outcome)]))
 }
 
-/// Many acks; each item succeeds or fails on its own.
+/// Acknowledge many messages.
+///
+/// Each item succeeds or fails on its own (`success`, `error`); an invalid item fails the
+/// whole request before anything is settled.
+#[utoipa::path(
+    post,
+    path = "/api/v1/ack/batch",
+    tag = "messages",
+    operation_id = "ackBatch",
+    request_body = AckBatchIn,
+    responses((status = 200, description = "One result per item, in request order.", body = [AckOut]))
+)]
 pub(crate) async fn ack_batch(
     AxState(app): AxState<State>,
     principal: Option<Extension<Principal>>,

@@ -8,24 +8,40 @@ use super::{Problem, State};
 use crate::code::Code;
 use crate::queue::{OPTION_NAMES, OptionsSet, QueueOptions, validate_queue_name};
 
-#[derive(Deserialize)]
+/// A queue to create or change.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ConfigureRequest)]
 pub(crate) struct ConfigureIn {
-    queue: String,
-    namespace: Option<String>,
-    task: Option<String>,
-    options: Option<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) queue: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) task: Option<String>,
+    /// Options to set; those not named keep their value.
+    #[schema(value_type = Option<OptionsSet>)]
+    pub(crate) options: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-#[derive(Serialize)]
+/// The queue as configured now, defaults filled in.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ConfigureResponse)]
 pub(crate) struct ConfigureOut {
-    configured: bool,
-    queue: String,
-    namespace: Option<String>,
-    task: Option<String>,
-    options: QueueOptions,
+    pub(crate) configured: bool,
+    pub(crate) queue: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) task: Option<String>,
+    pub(crate) options: QueueOptions,
 }
 
+/// Create a queue or change its options.
+///
 /// Creates the queue if needed and merges the given options into those already set.
+#[utoipa::path(
+    post,
+    path = "/api/v1/configure",
+    tag = "queues",
+    operation_id = "configure",
+    request_body = ConfigureIn,
+    responses((status = 200, description = "The queue as configured now.", body = ConfigureOut))
+)]
 pub(crate) async fn configure(
     AxState(app): AxState<State>,
     principal: Option<axum::Extension<crate::auth::Principal>>,

@@ -6,8 +6,7 @@ use axum::extract::State as AxState;
 
 use super::params::PathParams;
 use chrono::SecondsFormat;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::body::{LimitedBody, parse_json};
@@ -18,8 +17,9 @@ use crate::lease::Extended;
 use crate::queue::MAX_LEASE_SECONDS;
 
 /// The extension request body; Queen's clients send none (or `{}`).
-#[derive(Deserialize, Default)]
+#[derive(Serialize, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = ExtendLeaseRequest)]
 pub(crate) struct ExtendIn {
     /// New remaining length of the lease, from now; the queue's `leaseTime` when absent.
     seconds: Option<u32>,
@@ -27,13 +27,36 @@ pub(crate) struct ExtendIn {
     partition_id: Option<Uuid>,
 }
 
-/// Moves a live lease's end to `seconds` from now.
+/// The answer of an extension.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = ExtendLeaseResult)]
+pub(crate) struct ExtendOut {
+    pub(crate) lease_id: Uuid,
+    pub(crate) success: bool,
+    /// The lease's new end (RFC 3339, milliseconds).
+    pub(crate) expires_at: String,
+}
+
+/// Extend a live lease.
+///
+/// Moves a live lease's end to `seconds` from now. An ended lease cannot be revived (409
+/// `lease_invalid`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/lease/{leaseId}/extend",
+    tag = "messages",
+    operation_id = "extendLease",
+    params(("leaseId" = String, Path, description = "The lease, as a pop answered it.")),
+    request_body(content = Option<ExtendIn>, description = "Optional; Queen's clients send none."),
+    responses((status = 200, description = "Extended: one result.", body = [ExtendOut]))
+)]
 pub(crate) async fn extend(
     AxState(app): AxState<State>,
     principal: Option<Extension<Principal>>,
     PathParams(lease_id): PathParams<String>,
     LimitedBody(bytes): LimitedBody,
-) -> Result<axum::Json<Value>, Problem> {
+) -> Result<axum::Json<Vec<ExtendOut>>, Problem> {
     let body: ExtendIn = if bytes.iter().all(u8::is_ascii_whitespace) {
         ExtendIn::default()
     } else {
@@ -72,9 +95,9 @@ pub(crate) async fn extend(
         }
         Extended::OutOfScope => return Err(super::guard::out_of_scope()),
     };
-    Ok(axum::Json(json!([{
-        "leaseId": lease,
-        "success": true,
-        "expiresAt": expires.to_rfc3339_opts(SecondsFormat::Millis, true),
-    }])))
+    Ok(axum::Json(vec![ExtendOut {
+        lease_id: lease,
+        success: true,
+        expires_at: expires.to_rfc3339_opts(SecondsFormat::Millis, true),
+    }]))
 }

@@ -13,6 +13,13 @@ use crate::backlog;
 use crate::metrics::{CONTENT_TYPE, Durations, Text};
 
 /// Renders every metric at the moment of the scrape.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    operation_id = "metrics",
+    responses((status = 200, description = "Every metric, in the Prometheus text format.", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"))
+)]
 pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     let mut out = Text::default();
     app.metrics.render(&mut out);

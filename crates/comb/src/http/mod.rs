@@ -16,8 +16,8 @@ mod metrics;
 mod openapi;
 mod params;
 mod pop;
-mod problem;
-mod push;
+pub(crate) mod problem;
+pub(crate) mod push;
 /// Queue resources (deletion) and the catalog notification channel.
 pub(crate) mod queues;
 /// Sizes, depth and lag of queues, partitions, namespaces and tasks; clearing a queue.

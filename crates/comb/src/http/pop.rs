@@ -26,6 +26,30 @@ const MAX_PARTITIONS_PER_POP: u64 = 100;
 type PopRequest = crate::pop::Request;
 
 /// Pop from any partition of a queue that has messages for the group.
+///
+/// Leases the partition(s) to the group and hands out their next messages, or answers 204
+/// when none came before the timeout (or pop maintenance mode is on).
+#[utoipa::path(
+    get,
+    path = "/api/v1/pop/queue/{queue}",
+    tag = "messages",
+    operation_id = "popQueue",
+    params(
+        ("queue" = String, Path, description = "The queue."),
+        ("consumerGroup" = Option<String>, Query, description = "The consumer group; the queue-mode group when absent."),
+        ("batch" = Option<u32>, Query, description = "Most messages to take (1 to the server's `COMB_MAX_POP_BATCH`; 1 by default)."),
+        ("partitions" = Option<u32>, Query, description = "Most partitions to lease at once (1-100; 1 by default)."),
+        ("wait" = Option<bool>, Query, description = "Wait for messages when none are ready."),
+        ("timeout" = Option<u64>, Query, description = "Longest wait, in milliseconds (30000 by default, capped by the server)."),
+        ("autoAck" = Option<bool>, Query, description = "Settle the messages as they are handed out."),
+        ("subscriptionMode" = Option<String>, Query, description = "Where a new group starts: `new` (or `new-only`) at the end, anything else at the start."),
+        ("subscriptionFrom" = Option<String>, Query, description = "Where a new group starts: `now`, or an RFC 3339 time."),
+    ),
+    responses(
+        (status = 200, description = "Messages, under a lease.", body = PopResponse),
+        (status = 204, description = "No message came in time."),
+    )
+)]
 pub(crate) async fn pop_queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
@@ -37,6 +61,28 @@ pub(crate) async fn pop_queue(
 }
 
 /// Pop from one named partition.
+#[utoipa::path(
+    get,
+    path = "/api/v1/pop/queue/{queue}/partition/{partition}",
+    tag = "messages",
+    operation_id = "popPartition",
+    params(
+        ("queue" = String, Path, description = "The queue."),
+        ("partition" = String, Path, description = "The partition."),
+        ("consumerGroup" = Option<String>, Query, description = "The consumer group; the queue-mode group when absent."),
+        ("batch" = Option<u32>, Query, description = "Most messages to take (1 to the server's `COMB_MAX_POP_BATCH`; 1 by default)."),
+        ("partitions" = Option<u32>, Query, description = "Most partitions to lease at once (1-100; 1 by default)."),
+        ("wait" = Option<bool>, Query, description = "Wait for messages when none are ready."),
+        ("timeout" = Option<u64>, Query, description = "Longest wait, in milliseconds (30000 by default, capped by the server)."),
+        ("autoAck" = Option<bool>, Query, description = "Settle the messages as they are handed out."),
+        ("subscriptionMode" = Option<String>, Query, description = "Where a new group starts: `new` (or `new-only`) at the end, anything else at the start."),
+        ("subscriptionFrom" = Option<String>, Query, description = "Where a new group starts: `now`, or an RFC 3339 time."),
+    ),
+    responses(
+        (status = 200, description = "Messages, under a lease.", body = PopResponse),
+        (status = 204, description = "No message came in time."),
+    )
+)]
 pub(crate) async fn pop_partition(
     AxState(app): AxState<State>,
     PathParams((queue, partition)): PathParams<(String, String)>,
@@ -48,6 +94,17 @@ pub(crate) async fn pop_partition(
 }
 
 /// Pop with options in a JSON body, for clients that must not send state-changing GETs.
+#[utoipa::path(
+    post,
+    path = "/api/v1/pop",
+    tag = "messages",
+    operation_id = "popBody",
+    request_body = PopBody,
+    responses(
+        (status = 200, description = "Messages, under a lease.", body = PopResponse),
+        (status = 204, description = "No message came in time."),
+    )
+)]
 pub(crate) async fn pop_body(
     AxState(app): AxState<State>,
     principal: Option<axum::Extension<crate::auth::Principal>>,
@@ -165,9 +222,28 @@ async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
     }
 }
 
-#[derive(Serialize)]
+/// The body of `POST /api/v1/pop`: the query parameters of the other pop routes, with the
+/// queue and partition. Numbers and flags may also be sent as strings.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct PopResponse<'a> {
+#[allow(dead_code)] // Read as a map by `Params`; this type describes it.
+pub(crate) struct PopBody {
+    queue: String,
+    partition: Option<String>,
+    consumer_group: Option<String>,
+    batch: Option<u32>,
+    partitions: Option<u32>,
+    wait: Option<bool>,
+    timeout: Option<u64>,
+    auto_ack: Option<bool>,
+    subscription_mode: Option<String>,
+    subscription_from: Option<String>,
+}
+
+/// Messages handed out under a lease.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PopResponse<'a> {
     success: bool,
     queue: &'a str,
     partition: &'a str,
@@ -175,19 +251,25 @@ struct PopResponse<'a> {
     lease_id: Option<Uuid>,
     consumer_group: &'a str,
     messages: Vec<MessageOut<'a>>,
+    /// How many partitions the lease holds.
     partitions_claimed: usize,
 }
 
-#[derive(Serialize)]
+/// A message as a consumer receives it.
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct MessageOut<'a> {
+#[schema(as = Message)]
+pub(crate) struct MessageOut<'a> {
     id: Uuid,
     transaction_id: &'a str,
     trace_id: Option<&'a str>,
     /// Who pushed the message (its token's subject), when tokens were required.
     #[serde(skip_serializing_if = "Option::is_none")]
     producer_sub: Option<&'a str>,
+    /// The payload as pushed.
+    #[schema(value_type = Value)]
     data: &'a RawValue,
+    /// When it was pushed (RFC 3339, milliseconds).
     created_at: String,
     partition_id: Uuid,
     partition: &'a str,

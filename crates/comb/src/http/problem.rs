@@ -4,7 +4,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use crate::code::Code;
 use crate::db::DbError;
@@ -14,10 +14,10 @@ use crate::refusal::{Kind, Refusal};
 /// An error answer.
 #[derive(Debug)]
 pub(crate) struct Problem {
-    pub(crate) status: StatusCode,
+    pub status: StatusCode,
     /// Stable, documented, machine-readable.
-    pub(crate) code: Code,
-    pub(crate) detail: String,
+    pub code: Code,
+    pub detail: String,
     /// Seconds, sent as `Retry-After` on 429 and 503.
     pub(crate) retry_after: Option<u64>,
     /// Sent with `Connection: close`: the request was answered before its body was read
@@ -25,6 +25,34 @@ pub(crate) struct Problem {
     pub(crate) closes_connection: bool,
     /// What went wrong inside: logged with the request's id, never sent.
     pub(crate) cause: Option<String>,
+}
+
+/// An error answer's body: RFC 9457 problem details with a stable machine-readable `code`.
+/// `error` repeats `detail`, for Queen's clients, which read `error`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = Problem)]
+pub struct ProblemBody {
+    /// `urn:comb:problem:` followed by `code`.
+    #[serde(rename = "type")]
+    #[schema(example = "urn:comb:problem:queue_name_invalid")]
+    pub kind: String,
+    /// The reason phrase of the HTTP status.
+    #[schema(example = "Bad Request")]
+    pub title: String,
+    /// The HTTP status code.
+    #[schema(minimum = 400, maximum = 599)]
+    pub status: u16,
+    /// What went wrong, for people.
+    pub detail: String,
+    /// Stable machine-readable error code (`docs/errors.md`).
+    #[schema(value_type = Code)]
+    pub code: String,
+    /// The same text as `detail`.
+    pub error: String,
+    /// The request's id, also sent as the `x-request-id` header. The server logs an internal
+    /// failure's cause under it; the answer never carries the cause.
+    #[serde(rename = "requestId", skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 tokio::task_local! {
@@ -124,18 +152,21 @@ impl IntoResponse for Problem {
                 tracing::warn!(request_id = id, code = self.code.as_str(), cause = %cause, "request refused");
             }
         }
-        let mut body = json!({
-            "type": format!("urn:comb:problem:{}", self.code.as_str()),
-            "title": self.status.canonical_reason().unwrap_or("Error"),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-            "code": self.code.as_str(),
-            "error": self.detail,
-        });
-        if let Some(id) = request_id {
-            body["requestId"] = serde_json::Value::String(id);
-        }
-        let mut resp = (self.status, body.to_string()).into_response();
+        let body = ProblemBody {
+            kind: format!("urn:comb:problem:{}", self.code.as_str()),
+            title: self
+                .status
+                .canonical_reason()
+                .unwrap_or("Error")
+                .to_string(),
+            status: self.status.as_u16(),
+            error: self.detail.clone(),
+            detail: self.detail,
+            code: self.code.as_str().to_string(),
+            request_id,
+        };
+        let text = serde_json::to_string(&body).unwrap_or_default();
+        let mut resp = (self.status, text).into_response();
         let headers = resp.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,

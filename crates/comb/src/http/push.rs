@@ -21,7 +21,8 @@ use crate::queue::{NameInvalid, PartitionName, QueueName};
 const MAX_ID_LEN: usize = 255;
 
 /// The push request body, decoded borrowing from the request's bytes.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = PushRequest)]
 pub(crate) struct PushBody<'a> {
     #[serde(borrow)]
     items: Vec<PushItem<'a>>,
@@ -29,17 +30,27 @@ pub(crate) struct PushBody<'a> {
 
 /// One message to push. Its strings and payload point into the request body; only strings
 /// with JSON escapes are copied.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub(crate) struct PushItem<'a> {
+    /// The queue, created on first use.
     #[serde(borrow)]
+    #[schema(value_type = String)]
     queue: Text<'a>,
+    /// The partition, created on first use; `Default` when absent.
     #[serde(borrow)]
+    #[schema(value_type = Option<String>)]
     partition: Option<Text<'a>>,
+    /// Any JSON value, stored and delivered as sent.
     #[serde(borrow)]
+    #[schema(value_type = Value)]
     payload: &'a RawValue,
+    /// The producer's id for the message: a partition stores one message per id.
     #[serde(rename = "transactionId", borrow)]
+    #[schema(value_type = Option<String>)]
     transaction_id: Option<Text<'a>>,
+    /// Carried with the message to its consumers.
     #[serde(rename = "traceId", borrow)]
+    #[schema(value_type = Option<String>)]
     trace_id: Option<Text<'a>>,
 }
 
@@ -81,19 +92,91 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
 }
 
 /// The answer for one pushed message.
-#[derive(Serialize)]
-pub(super) struct PushResult<'a> {
+// Read back by clients (`comb::wire`), its strings borrow from the answer's bytes.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PushResult<'a> {
+    /// The item's place in the request.
     index: usize,
+    /// The item's `transactionId`, or the message id when it had none.
+    #[serde(borrow)]
+    #[schema(value_type = String)]
     transaction_id: TransactionId<'a>,
+    /// The stored message; for a duplicate, the message first stored under its id.
     message_id: Uuid,
     partition_id: Uuid,
-    status: &'static str,
+    /// `queued`, or `duplicate` when the partition already held the `transactionId`.
+    status: PushStatus,
     #[serde(rename = "queueName")]
     queue_name: &'a str,
     trace_id: Option<&'a str>,
 }
 
-/// Stores a batch of messages and answers only after they are committed.
+impl PushResult<'_> {
+    /// The item's `transactionId`, or the message id when it had none.
+    pub fn transaction_id(&self) -> String {
+        self.transaction_id.with_str(str::to_string)
+    }
+
+    /// The stored message.
+    pub fn message_id(&self) -> Uuid {
+        self.message_id
+    }
+
+    /// The partition it was stored in.
+    pub fn partition_id(&self) -> Uuid {
+        self.partition_id
+    }
+
+    /// What became of it.
+    pub fn status(&self) -> PushStatus {
+        self.status
+    }
+}
+
+/// What became of a pushed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PushStatus {
+    /// Stored now.
+    Queued,
+    /// Already stored under its `transactionId`.
+    Duplicate,
+}
+
+impl PushStatus {
+    /// As on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PushStatus::Queued => "queued",
+            PushStatus::Duplicate => "duplicate",
+        }
+    }
+}
+
+/// A transaction id read back from an answer: the text as given (ids in answers are either
+/// a producer's, which Queen's clients read as text, or a UUID's text).
+impl<'de: 'a, 'a> Deserialize<'de> for TransactionId<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'a str>::deserialize(d).map(TransactionId::Client)
+    }
+}
+
+/// Push messages to queues and partitions.
+///
+/// Stores a batch of messages durably, each in its queue and partition (both created on first
+/// use), and answers with one result per item, in request order, once they are committed.
+/// Pushing is idempotent per partition: an item whose `transactionId` the partition already
+/// holds is reported as `duplicate` with the first message's id. Every item is validated before
+/// anything is stored. A queue with a `maxSize` refuses a push that would take it past that
+/// many pending messages (429 `queue_full`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/push",
+    tag = "messages",
+    operation_id = "push",
+    request_body = PushBody,
+    responses((status = 201, description = "Stored: one result per item, in request order.", body = [PushResult]))
+)]
 pub(crate) async fn push(
     AxState(app): AxState<State>,
     principal: Option<Extension<Principal>>,
@@ -151,7 +234,7 @@ pub(super) fn answer_json(results: &[PushResult<'_>]) -> Vec<u8> {
         out.extend_from_slice(b"\",\"partition_id\":\"");
         out.extend_from_slice(r.partition_id.hyphenated().encode_lower(&mut id).as_bytes());
         out.extend_from_slice(b"\",\"status\":\"");
-        out.extend_from_slice(r.status.as_bytes());
+        out.extend_from_slice(r.status.as_str().as_bytes());
         out.extend_from_slice(b"\",\"queueName\":");
         let _ = serde_json::to_writer(&mut out, r.queue_name);
         out.extend_from_slice(b",\"trace_id\":");
@@ -170,8 +253,8 @@ pub(super) fn results<'a>(messages: &'a [NewMessage], stored: &[Stored]) -> Vec<
         .enumerate()
         .map(|(index, (m, s))| {
             let (status, message_id) = match s {
-                Stored::Queued(id) => ("queued", *id),
-                Stored::Duplicate(id) => ("duplicate", *id),
+                Stored::Queued(id) => (PushStatus::Queued, *id),
+                Stored::Duplicate(id) => (PushStatus::Duplicate, *id),
                 Stored::PartitionGone => unreachable!("refused in store()"),
             };
             PushResult {
@@ -299,7 +382,7 @@ mod tests {
                 transaction_id: TransactionId::Client("plain"),
                 message_id: ids[0],
                 partition_id: ids[1],
-                status: "queued",
+                status: PushStatus::Queued,
                 queue_name: "orders",
                 trace_id: None,
             },
@@ -308,7 +391,7 @@ mod tests {
                 transaction_id: TransactionId::Client("quote \" backslash \\ tab \t é ✓ \u{1F600}"),
                 message_id: ids[2],
                 partition_id: ids[1],
-                status: "duplicate",
+                status: PushStatus::Duplicate,
                 queue_name: "q.with-dash_1",
                 trace_id: Some("trace \"x\" \u{7f} /"),
             },
@@ -317,7 +400,7 @@ mod tests {
                 transaction_id: TransactionId::Own(ids[0]),
                 message_id: ids[0],
                 partition_id: ids[1],
-                status: "queued",
+                status: PushStatus::Queued,
                 queue_name: "orders",
                 trace_id: None,
             },

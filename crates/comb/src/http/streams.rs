@@ -5,13 +5,13 @@ use crate::code::Code;
 use axum::Extension;
 use axum::extract::State as AxState;
 use axum::http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::body::{JsonBody, LimitedBody, parse_json};
-use super::push::{PushItem, results};
+use super::push::{PushItem, PushResult, results};
 use super::{Problem, State};
 use crate::auth::Principal;
 use crate::queue::{QUEUE_MODE_GROUP, validate_group_name, validate_queue_name};
@@ -22,21 +22,50 @@ use crate::streams::{
 /// Longest query name and config hash.
 const MAX_NAME_LEN: usize = 255;
 
-#[derive(Deserialize)]
+/// A stream query to register.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamQueryRequest)]
 pub(crate) struct RegisterIn {
-    name: Option<String>,
-    source_queue: Option<String>,
-    sink_queue: Option<String>,
-    config_hash: Option<String>,
+    /// Required.
+    pub(crate) name: Option<String>,
+    /// Required: the queue the query reads.
+    pub(crate) source_queue: Option<String>,
+    /// The queue its cycles push to.
+    pub(crate) sink_queue: Option<String>,
+    /// Required: a registration with another hash under the same name is refused, unless `reset`.
+    pub(crate) config_hash: Option<String>,
+    /// Start the query afresh: its state is forgotten.
     #[serde(default)]
-    reset: bool,
+    pub(crate) reset: bool,
 }
 
-/// `POST /streams/v1/queries`: registers a query (idempotent for the same config hash).
+/// A registered query.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamQueryRegistered)]
+pub(crate) struct RegisterOut {
+    pub(crate) success: bool,
+    pub(crate) query_id: Uuid,
+    pub(crate) name: String,
+    pub(crate) config_hash: String,
+    /// Registered by this request.
+    pub(crate) fresh: bool,
+    /// Reset by this request.
+    pub(crate) reset: bool,
+}
+
+/// Register a stream query (idempotent for the same config hash).
+#[utoipa::path(
+    post,
+    path = "/streams/v1/queries",
+    tag = "streams",
+    operation_id = "registerStreamQuery",
+    request_body = RegisterIn,
+    responses((status = 200, description = "Registered.", body = RegisterOut))
+)]
 pub(crate) async fn register(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<RegisterIn>,
-) -> Result<axum::Json<Value>, Problem> {
+) -> Result<axum::Json<RegisterOut>, Problem> {
     let text = |v: Option<String>, field: &str| -> Result<String, Problem> {
         match v {
             Some(s) if !s.is_empty() && s.len() <= MAX_NAME_LEN && !s.contains('\0') => Ok(s),
@@ -67,45 +96,84 @@ pub(crate) async fn register(
             reset: body.reset,
         })
         .await?;
-    Ok(axum::Json(json!({
-        "success": true,
-        "query_id": r.query_id,
-        "name": r.name,
-        "config_hash": r.config_hash,
-        "fresh": r.fresh,
-        "reset": r.reset,
-    })))
+    Ok(axum::Json(RegisterOut {
+        success: true,
+        query_id: r.query_id,
+        name: r.name,
+        config_hash: r.config_hash,
+        fresh: r.fresh,
+        reset: r.reset,
+    }))
 }
 
-#[derive(Deserialize)]
-struct CycleIn<'a> {
+/// One cycle of a stream query on one partition: state ops, sink pushes and the source ack,
+/// committed together or not at all.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamCycleRequest)]
+pub(crate) struct CycleIn<'a> {
+    #[schema(value_type = String, format = Uuid)]
     query_id: Option<String>,
+    #[schema(value_type = String, format = Uuid)]
     partition_id: Option<String>,
     consumer_group: Option<String>,
     #[serde(default, borrow)]
+    #[schema(value_type = Vec<StateOpIn>)]
     state_ops: Vec<&'a RawValue>,
     #[serde(default, borrow)]
     push_items: Vec<PushItem<'a>>,
     ack: Option<AckIn>,
+    /// End the lease after the ack (true by default).
     release_lease: Option<bool>,
 }
 
-#[derive(Deserialize)]
+/// The cycle's ack of its source messages: the next `count` of the lease, completed.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = StreamCycleAck)]
 struct AckIn {
     transaction_id: Option<String>,
     lease_id: Option<String>,
+    /// `completed` (or `success`) only.
     status: Option<String>,
     count: Option<u64>,
 }
 
-#[derive(Deserialize)]
+/// A change to the query's state on the partition.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamStateOp)]
 struct StateOpIn<'a> {
+    /// `upsert` or `delete`.
     #[serde(rename = "type")]
     kind: Option<String>,
     key: Option<String>,
     #[serde(borrow)]
+    #[schema(value_type = Option<Value>)]
     value: Option<&'a RawValue>,
+}
+
+/// The answer of a committed cycle.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = StreamCycleResult)]
+pub(crate) struct CycleOut<'a> {
+    success: bool,
+    query_id: Uuid,
+    partition_id: Uuid,
+    #[serde(rename = "queueName")]
+    queue_name: String,
+    state_ops_applied: usize,
+    push_results: Vec<PushResult<'a>>,
+    /// The source ack, when the cycle had one.
+    ack_result: Option<CycleAckOut>,
+}
+
+/// What the cycle's ack did.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamCycleAckResult)]
+pub(crate) struct CycleAckOut {
+    pub(crate) success: bool,
+    pub(crate) count: usize,
+    pub(crate) lease_released: bool,
+    pub(crate) dlq: bool,
 }
 
 fn uuid_field(v: Option<&str>, field: &str) -> Result<Uuid, Problem> {
@@ -162,13 +230,22 @@ fn state_op(i: usize, raw: &RawValue) -> Result<StateOp, Problem> {
     }
 }
 
-/// `POST /streams/v1/cycle`: state ops, sink pushes and the source ack of one cycle, all
-/// committed or none.
+/// Commit one cycle of a stream query.
+///
+/// State ops, sink pushes and the source ack of one cycle, all committed or none.
+#[utoipa::path(
+    post,
+    path = "/streams/v1/cycle",
+    tag = "streams",
+    operation_id = "streamCycle",
+    request_body = CycleIn,
+    responses((status = 200, description = "Committed.", body = CycleOut))
+)]
 pub(crate) async fn cycle(
     AxState(app): AxState<State>,
     principal: Option<Extension<Principal>>,
     LimitedBody(bytes): LimitedBody,
-) -> Result<axum::Json<Value>, Problem> {
+) -> Result<axum::response::Response, Problem> {
     let principal = principal.map(|p| p.0);
     let body: CycleIn = parse_json(&bytes)?;
     let query_id = uuid_field(body.query_id.as_deref(), "query_id")?;
@@ -217,23 +294,23 @@ pub(crate) async fn cycle(
             principal.and_then(|p| p.sub),
         )
         .await?;
-    let pushed = serde_json::to_value(results(&done.messages, &done.stored))
-        .unwrap_or_else(|_| Value::Array(Vec::new()));
-    let ack_result = match done.acked {
-        Some((count, released)) => json!({
-            "success": true, "count": count, "lease_released": released, "dlq": false,
+    let body = CycleOut {
+        success: true,
+        query_id,
+        partition_id,
+        queue_name: done.source_queue.clone(),
+        state_ops_applied: done.state_ops_applied,
+        push_results: results(&done.messages, &done.stored),
+        ack_result: done.acked.map(|(count, released)| CycleAckOut {
+            success: true,
+            count,
+            lease_released: released,
+            dlq: false,
         }),
-        None => Value::Null,
     };
-    Ok(axum::Json(json!({
-        "success": true,
-        "query_id": query_id,
-        "partition_id": partition_id,
-        "queueName": done.source_queue,
-        "state_ops_applied": done.state_ops_applied,
-        "push_results": pushed,
-        "ack_result": ack_result,
-    })))
+    Ok(axum::response::IntoResponse::into_response(axum::Json(
+        body,
+    )))
 }
 
 /// The cycle's source ack. Only completions: a cycle that cannot process its messages
@@ -274,21 +351,54 @@ fn validate_ack(a: AckIn) -> Result<CycleAck, Problem> {
     })
 }
 
-#[derive(Deserialize)]
+/// Which state to read.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamStateRequest)]
 pub(crate) struct StateGetIn {
-    query_id: Option<String>,
-    partition_id: Option<String>,
+    #[schema(value_type = String, format = Uuid)]
+    pub(crate) query_id: Option<String>,
+    #[schema(value_type = String, format = Uuid)]
+    pub(crate) partition_id: Option<String>,
+    /// These keys (all when empty).
     #[serde(default)]
-    keys: Vec<String>,
-    key_prefix: Option<String>,
-    ripe_at_or_before: Option<Value>,
+    pub(crate) keys: Vec<String>,
+    /// Only keys starting with this.
+    pub(crate) key_prefix: Option<String>,
+    /// Only keys whose value's `ripe_at` (ms since the epoch) is at or before this.
+    pub(crate) ripe_at_or_before: Option<Value>,
 }
 
-/// `POST /streams/v1/state/get`: a query's state on one partition, by key.
+/// A query's state on one partition.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamState)]
+pub(crate) struct StateGetOut {
+    pub(crate) success: bool,
+    pub(crate) rows: Vec<StateRowOut>,
+}
+
+/// One key of a query's state.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamStateRow)]
+pub(crate) struct StateRowOut {
+    pub(crate) key: String,
+    pub(crate) value: Value,
+    /// When it was written (RFC 3339, milliseconds).
+    pub(crate) updated_at: Option<String>,
+}
+
+/// Read a stream query's state on one partition, by key.
+#[utoipa::path(
+    post,
+    path = "/streams/v1/state/get",
+    tag = "streams",
+    operation_id = "streamStateGet",
+    request_body = StateGetIn,
+    responses((status = 200, description = "The state.", body = StateGetOut))
+)]
 pub(crate) async fn state_get(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<StateGetIn>,
-) -> Result<axum::Json<Value>, Problem> {
+) -> Result<axum::Json<StateGetOut>, Problem> {
     let query_id = uuid_field(body.query_id.as_deref(), "query_id")?;
     let partition_id = uuid_field(body.partition_id.as_deref(), "partition_id")?;
     // Queen ignores a bound that is not a number.
@@ -306,21 +416,39 @@ pub(crate) async fn state_get(
             ripe_at_or_before,
         })
         .await?;
-    let rows: Vec<Value> = rows
+    let rows = rows
         .into_iter()
-        .map(|r| {
-            let at = r
+        .map(|r| StateRowOut {
+            updated_at: r
                 .updated_ms
                 .and_then(chrono::DateTime::from_timestamp_millis)
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
-            json!({"key": r.key, "value": r.value, "updated_at": at})
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+            key: r.key,
+            value: r.value,
         })
         .collect();
-    Ok(axum::Json(json!({"success": true, "rows": rows})))
+    Ok(axum::Json(StateGetOut {
+        success: true,
+        rows,
+    }))
 }
 
-/// `GET /api/v1/streams/queries`: every registered query, its partitions and their state.
-pub(crate) async fn list(AxState(app): AxState<State>) -> Result<axum::Json<Value>, Problem> {
+/// Every registered stream query.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = StreamQueries)]
+pub(crate) struct QueriesOut {
+    pub(crate) queries: Vec<crate::streams::QueryListed>,
+}
+
+/// List stream queries: every registered query, its partitions and their state.
+#[utoipa::path(
+    get,
+    path = "/api/v1/streams/queries",
+    tag = "streams",
+    operation_id = "listStreamQueries",
+    responses((status = 200, description = "Every registered query.", body = QueriesOut))
+)]
+pub(crate) async fn list(AxState(app): AxState<State>) -> Result<axum::Json<QueriesOut>, Problem> {
     let queries = app.streams.list().await?;
-    Ok(axum::Json(json!({ "queries": queries })))
+    Ok(axum::Json(QueriesOut { queries }))
 }

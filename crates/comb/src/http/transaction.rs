@@ -16,10 +16,25 @@ use crate::code::Code;
 
 /// The transaction request body. Operations are kept raw until their `type` is known:
 /// push payloads are captured verbatim, which serde's tagged-enum buffering cannot do.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = TransactionRequest)]
 pub(crate) struct TransactionIn<'a> {
+    /// Acks and pushes, committed together or not at all.
     #[serde(borrow)]
+    #[schema(value_type = Vec<OperationIn>)]
     operations: Vec<&'a RawValue>,
+}
+
+/// One operation of a transaction, as the document describes it (read by [`Operation::parse`]).
+#[derive(utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+#[schema(as = TransactionOperation)]
+#[allow(dead_code)]
+pub(crate) enum OperationIn {
+    /// Acknowledge a message: strictly, under its live lease.
+    Ack(#[schema(inline)] AckIn),
+    /// Push messages.
+    Push { items: Vec<PushItem<'static>> },
 }
 
 /// One operation of a transaction; pushed items borrow from the request body.
@@ -61,17 +76,21 @@ impl<'a> Operation<'a> {
     }
 }
 
-#[derive(Serialize)]
+/// The answer of a committed transaction: one result per operation, in request order.
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = TransactionResponse)]
 pub(crate) struct TransactionOut<'a> {
     transaction_id: Uuid,
     success: bool,
     results: Vec<OperationOut<'a>>,
 }
 
-#[derive(Serialize)]
+/// The result of one operation of a transaction.
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "lowercase")]
-enum OperationOut<'a> {
+#[schema(as = TransactionOperationResult)]
+pub(crate) enum OperationOut<'a> {
     Ack(AckOut),
     Push { results: Vec<PushResult<'a>> },
 }
@@ -82,7 +101,18 @@ enum Slot {
     Push(std::ops::Range<usize>),
 }
 
-/// Validates every operation, then runs them all in one PostgreSQL transaction.
+/// Acknowledge and push in one transaction.
+///
+/// Validates every operation, then runs them all in one PostgreSQL transaction: every ack
+/// must hold under its live lease, and nothing is committed unless everything is.
+#[utoipa::path(
+    post,
+    path = "/api/v1/transaction",
+    tag = "messages",
+    operation_id = "transaction",
+    request_body = TransactionIn,
+    responses((status = 200, description = "Committed.", body = TransactionOut))
+)]
 pub(crate) async fn transaction(
     AxState(app): AxState<State>,
     principal: Option<axum::Extension<crate::auth::Principal>>,

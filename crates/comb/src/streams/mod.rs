@@ -340,10 +340,50 @@ impl Streams {
     }
 
     /// Every registered query with its partitions and the size of their state.
-    pub(crate) async fn list(&self) -> Result<Value, Refusal> {
+    pub(crate) async fn list(&self) -> Result<Vec<QueryListed>, Refusal> {
         let client = self.pool.get().await.map_err(DbError::from)?;
-        Ok(store::list(&client).await?)
+        let listed = store::list(&client).await?;
+        serde_json::from_value(listed).map_err(|e| Refusal {
+            cause: Some(format!("stream queries as listed: {e}")),
+            ..Refusal::new(
+                crate::refusal::Kind::Internal,
+                Code::DatabaseError,
+                "the listing could not be read",
+            )
+        })
     }
+}
+
+/// A registered query as the administration lists it.
+#[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = StreamQuery)]
+pub(crate) struct QueryListed {
+    pub(crate) query_id: Uuid,
+    pub(crate) name: String,
+    pub(crate) source_queue: String,
+    pub(crate) sink_queue: Option<String>,
+    pub(crate) config_hash: String,
+    /// RFC 3339.
+    pub(crate) registered_at: String,
+    pub(crate) partitions: Vec<PartitionListed>,
+}
+
+/// One partition a query reads, with the size of its state there.
+#[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = StreamQueryPartition)]
+pub(crate) struct PartitionListed {
+    pub(crate) partition_id: Uuid,
+    /// The partition's name; null once its queue was deleted.
+    pub(crate) partition: Option<String>,
+    pub(crate) state_keys: i64,
+    pub(crate) state_bytes: i64,
+    pub(crate) state_version: i64,
+    /// When the state was last written (RFC 3339).
+    pub(crate) updated_at: Option<String>,
+    /// Messages of the partition the query has not consumed yet.
+    pub(crate) lag: Option<i64>,
 }
 
 /// The state of one pair: its keys' values and when each was written.

@@ -21,6 +21,7 @@ mod citus;
 mod claim_plans;
 mod cli;
 mod consumer_groups;
+mod contract;
 mod dashboard;
 mod errors;
 mod failover;

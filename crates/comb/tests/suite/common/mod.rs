@@ -2,7 +2,8 @@
 //! process per test, and a small HTTP client speaking the API.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use comb_harness::{Postgres, Server};
@@ -36,9 +37,33 @@ pub struct Env {
     pub http: reqwest::Client,
 }
 
-/// Path of the server binary built for these tests.
+/// Path of the `comb` binary (package `comb-cli`), built once per test run in this build's
+/// profile: Cargo builds only a package's own binaries for its tests, and `comb` is another
+/// package's. `COMB_BIN` names a binary to use instead.
 pub fn comb_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_comb"))
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("COMB_BIN") {
+            return bin.into();
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let release = !cfg!(debug_assertions);
+        let mut build = std::process::Command::new(env!("CARGO"));
+        build
+            .current_dir(&root)
+            .args(["build", "--quiet", "-p", "comb-cli", "--bin", "comb"]);
+        if release {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo runs");
+        assert!(status.success(), "cargo build -p comb-cli failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        target
+            .join(if release { "release" } else { "debug" })
+            .join("comb")
+    })
 }
 
 impl Env {

@@ -10,18 +10,19 @@ use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use comb::wire::{Problem, PushResult};
 use serde_json::{Value, json};
 
 /// Exit code: the server failed or could not be reached.
-pub const EXIT_FAILED: i32 = 1;
+pub(crate) const EXIT_FAILED: i32 = 1;
 /// Exit code: what was named does not exist.
-pub const EXIT_NOT_FOUND: i32 = 3;
+pub(crate) const EXIT_NOT_FOUND: i32 = 3;
 /// Exit code: the server refused the request as wrong.
-pub const EXIT_REFUSED: i32 = 4;
+pub(crate) const EXIT_REFUSED: i32 = 4;
 
 /// Where the server is and how to print, for every client command.
 #[derive(Debug, Clone, Args)]
-pub struct Client {
+pub(crate) struct Client {
     /// The server's base URL.
     #[arg(
         long,
@@ -37,7 +38,7 @@ pub struct Client {
 
 /// The client commands.
 #[derive(Debug, Subcommand)]
-pub enum ClientCommand {
+pub(crate) enum ClientCommand {
     /// List queues with depth, in flight, dead letters and oldest pending age.
     Queues {
         #[command(flatten)]
@@ -101,7 +102,7 @@ pub enum ClientCommand {
 
 /// Which dead letters.
 #[derive(Debug, Clone, Args)]
-pub struct DlqSelection {
+pub(crate) struct DlqSelection {
     pub queue: String,
     #[arg(long)]
     pub group: Option<String>,
@@ -114,7 +115,7 @@ pub struct DlqSelection {
 
 /// What to do with dead letters.
 #[derive(Debug, Subcommand)]
-pub enum DlqAction {
+pub(crate) enum DlqAction {
     /// List a queue's dead letters (of `--group`, default the queue mode group).
     List {
         #[command(flatten)]
@@ -142,7 +143,7 @@ pub enum DlqAction {
 
 /// What to do with a consumer group.
 #[derive(Debug, Subcommand)]
-pub enum GroupAction {
+pub(crate) enum GroupAction {
     /// Move the group's cursors of a queue (or one partition) to the end, the start or a time.
     Seek {
         group: String,
@@ -167,7 +168,7 @@ struct Failed(String, i32);
 type Outcome = Result<(), Failed>;
 
 /// Runs a client command; returns the process's exit code.
-pub async fn run(command: ClientCommand) -> i32 {
+pub(crate) async fn run(command: ClientCommand) -> i32 {
     match command_run(command).await {
         Ok(()) => 0,
         Err(Failed(message, code)) => {
@@ -205,12 +206,14 @@ impl Http {
         }
     }
 
-    async fn send(
+    /// The answer's bytes, or the failure a refusal (read as the server's problem type) or
+    /// an unreachable server means.
+    async fn send_bytes(
         &self,
         method: reqwest::Method,
         path: &str,
         body: Option<&Value>,
-    ) -> Result<Value, Failed> {
+    ) -> Result<Vec<u8>, Failed> {
         let url = format!("{}{path}", self.base);
         let mut request = self.client.request(method, &url);
         if let Some(b) = body {
@@ -225,25 +228,35 @@ impl Http {
             .bytes()
             .await
             .map_err(|e| Failed(format!("reading the answer of {url}: {e}"), EXIT_FAILED))?;
-        let body: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        };
         if status.is_success() {
-            return Ok(body);
+            return Ok(bytes.to_vec());
         }
-        let detail = body["detail"]
-            .as_str()
-            .map(String::from)
-            .unwrap_or_else(|| body.to_string());
+        let detail = match serde_json::from_slice::<Problem>(&bytes) {
+            Ok(problem) => problem.detail,
+            Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+        };
         let code = match status.as_u16() {
             404 => EXIT_NOT_FOUND,
             400..=499 => EXIT_REFUSED,
             _ => EXIT_FAILED,
         };
         Err(Failed(format!("{} ({status})", detail), code))
+    }
+
+    /// The answer as JSON.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, Failed> {
+        let bytes = self.send_bytes(method, path, body).await?;
+        Ok(if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        })
     }
 
     async fn get(&self, path: &str) -> Result<Value, Failed> {
@@ -428,24 +441,33 @@ async fn command_run(command: ClientCommand) -> Outcome {
             let data: Value = serde_json::from_str(&text)
                 .map_err(|e| Failed(format!("the payload is not JSON: {e}"), EXIT_REFUSED))?;
             let http = Http::new(&client);
-            let v = http
-                .post(
+            let bytes = http
+                .send_bytes(
+                    reqwest::Method::POST,
                     "/api/v1/push",
-                    &json!({"items": [{"queue": queue, "partition": partition, "payload": data}]}),
+                    Some(&json!({"items": [{"queue": queue, "partition": partition, "payload": data}]})),
                 )
                 .await?;
+            let results: Vec<PushResult> = serde_json::from_slice(&bytes).map_err(|e| {
+                Failed(
+                    format!("the server's answer is not a push answer: {e}"),
+                    EXIT_FAILED,
+                )
+            })?;
             if client.json {
-                print_json(&v);
+                print_json(&serde_json::to_value(&results).unwrap_or_default());
             } else {
-                let r = &v[0];
-                table(
-                    &["STATUS", "TRANSACTION", "PARTITION ID"],
-                    &[vec![
-                        cell(&r["status"]),
-                        cell(&r["transaction_id"]),
-                        cell(&r["partition_id"]),
-                    ]],
-                );
+                let rows: Vec<Vec<String>> = results
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.status().as_str().to_string(),
+                            r.transaction_id(),
+                            r.partition_id().to_string(),
+                        ]
+                    })
+                    .collect();
+                table(&["STATUS", "TRANSACTION", "PARTITION ID"], &rows);
             }
             Ok(())
         }
