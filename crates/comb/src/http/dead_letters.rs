@@ -82,6 +82,15 @@ async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Sel
 }
 
 /// Stores the selected dead letters again at the end of their partitions, in their order.
+#[utoipa::path(
+    post,
+    path = "/api/v1/dlq/requeue",
+    request_body(content = crate::http::admin_api::DeadLetterSelection, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn requeue(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<Map<String, Value>>,
@@ -103,6 +112,15 @@ pub async fn requeue(
 }
 
 /// Deletes the selected dead letters.
+#[utoipa::path(
+    post,
+    path = "/api/v1/dlq/purge",
+    request_body(content = crate::http::admin_api::DeadLetterSelection, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn purge(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<Map<String, Value>>,

@@ -14,6 +14,22 @@ use crate::queue::{validate_group_name, validate_partition_name, validate_queue_
 
 /// Lists dead letters of a queue, newest first: `queue` (required), `consumerGroup`,
 /// `partition`, `from`, `to` (RFC 3339), `limit` (100), `offset` (0).
+#[utoipa::path(
+    get,
+    path = "/api/v1/dlq",
+    params(
+        ("queue" = String, Query, description = "Queue name"),
+        ("consumerGroup" = Option<String>, Query, description = "Only this group"),
+        ("partition" = Option<String>, Query, description = "Only this partition"),
+        ("from" = Option<String>, Query, description = "Dead-lettered at or after (RFC 3339 or a date)"),
+        ("to" = Option<String>, Query, description = "Dead-lettered at or before (RFC 3339 or a date)"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn list(
     AxState(app): AxState<State>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,

@@ -18,12 +18,33 @@ fn check_group(group: &str) -> Result<(), Problem> {
 }
 
 /// Every group with its queues' lag.
+#[utoipa::path(
+    get,
+    path = "/api/v1/consumer-groups",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn list(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     Ok(Json(groups::list(&app.pool).await?))
 }
 
 /// One group: per queue (or the one `queue` names) a page of partitions (`limit`,
 /// `offset`) with cursor, head, lag and lease.
+#[utoipa::path(
+    get,
+    path = "/api/v1/consumer-groups/{group}",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+        ("queue" = Option<String>, Query, description = "Only this queue"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn detail(
     AxState(app): AxState<State>,
     PathParams(group): PathParams<String>,
@@ -40,6 +61,17 @@ pub async fn detail(
 
 /// Cursors whose oldest unsettled message waits at least `minLagSeconds` (default 3600, as
 /// Queen).
+#[utoipa::path(
+    get,
+    path = "/api/v1/consumer-groups/lagging",
+    params(
+        ("minLagSeconds" = Option<u64>, Query, description = "Least wait of the oldest unsettled message (default 3600)"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn lagging(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
     let min = query(q)?
         .uint("minLagSeconds")?
@@ -49,6 +81,19 @@ pub async fn lagging(AxState(app): AxState<State>, q: QueryString) -> Result<Jso
 }
 
 /// Deletes a group's reading of one queue (`deleteMetadata`, default true).
+#[utoipa::path(
+    delete,
+    path = "/api/v1/consumer-groups/{group}/queues/{queue}",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+        ("queue" = String, Path, description = "Queue name"),
+        ("deleteMetadata" = Option<bool>, Query, description = "Forget cursors and subscription (default true)"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn delete_for_queue(
     AxState(app): AxState<State>,
     PathParams((group, queue)): PathParams<(String, String)>,
@@ -63,6 +108,18 @@ pub async fn delete_for_queue(
 }
 
 /// Sets where the group reads its queues from (`subscriptionTimestamp`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/consumer-groups/{group}/subscription",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+    ),
+    request_body(content = crate::http::admin_api::SubscriptionBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn subscription(
     AxState(app): AxState<State>,
     PathParams(group): PathParams<String>,
@@ -101,6 +158,19 @@ fn target(body: Map<String, Value>) -> Result<Target, Problem> {
 }
 
 /// Moves the group's cursors of every partition of the queue.
+#[utoipa::path(
+    post,
+    path = "/api/v1/consumer-groups/{group}/queues/{queue}/seek",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+        ("queue" = String, Path, description = "Queue name"),
+    ),
+    request_body(content = crate::http::admin_api::SeekBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn seek(
     AxState(app): AxState<State>,
     PathParams((group, queue)): PathParams<(String, String)>,
@@ -115,6 +185,20 @@ pub async fn seek(
 }
 
 /// Moves the group's cursor of one partition.
+#[utoipa::path(
+    post,
+    path = "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+        ("queue" = String, Path, description = "Queue name"),
+        ("partition" = String, Path, description = "Partition name"),
+    ),
+    request_body(content = crate::http::admin_api::SeekBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn seek_partition(
     AxState(app): AxState<State>,
     PathParams((group, queue, partition)): PathParams<(String, String, String)>,

@@ -10,6 +10,17 @@ use crate::code::Code;
 use crate::queue::validate_queue_name;
 
 /// Deletes a queue and everything the catalog knows of it.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/resources/queues/{queue}",
+    params(
+        ("queue" = String, Path, description = "Queue name"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub(crate) async fn delete_queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,

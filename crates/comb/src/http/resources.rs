@@ -29,11 +29,33 @@ pub(super) fn check_partition(partition: &str) -> Result<(), Problem> {
 }
 
 /// Counts and depth of everything.
+#[utoipa::path(
+    get,
+    path = "/api/v1/resources/overview",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn overview(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     Ok(Json(resources::overview(&app.pool).await?))
 }
 
 /// A page of queues with their depth, in flight, dead letters and oldest pending age.
+#[utoipa::path(
+    get,
+    path = "/api/v1/resources/queues",
+    params(
+        ("namespace" = Option<String>, Query, description = "Only queues of this namespace"),
+        ("task" = Option<String>, Query, description = "Only queues of this task"),
+        ("search" = Option<String>, Query, description = "Only queues whose name contains this"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn queues(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
     let params = query(q)?;
     let filter = QueueFilter {
@@ -47,6 +69,18 @@ pub async fn queues(AxState(app): AxState<State>, q: QueryString) -> Result<Json
 }
 
 /// One queue with a page of its partitions and its groups' lag.
+#[utoipa::path(
+    get,
+    path = "/api/v1/resources/queues/{queue}",
+    params(
+        ("queue" = String, Path, description = "Queue name"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
@@ -58,6 +92,18 @@ pub async fn queue(
 }
 
 /// A page of partitions (of `queue` if given).
+#[utoipa::path(
+    get,
+    path = "/api/v1/resources/partitions",
+    params(
+        ("queue" = Option<String>, Query, description = "Only partitions of this queue"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn partitions(
     AxState(app): AxState<State>,
     q: QueryString,
@@ -70,6 +116,14 @@ pub async fn partitions(
 }
 
 /// Namespaces with their queues' counts and depth.
+#[utoipa::path(
+    get,
+    path = "/api/v1/resources/namespaces",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn namespaces(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     Ok(Json(
         resources::groupings(&app.pool, Grouping::Namespace).await?,
@@ -77,11 +131,31 @@ pub async fn namespaces(AxState(app): AxState<State>) -> Result<Json<Value>, Pro
 }
 
 /// Tasks with their queues' counts and depth.
+#[utoipa::path(
+    get,
+    path = "/api/v1/resources/tasks",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn tasks(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     Ok(Json(resources::groupings(&app.pool, Grouping::Task).await?))
 }
 
 /// Passes everything pending in a queue (or `?partition=`) for every group.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/queues/{queue}/clear",
+    params(
+        ("queue" = String, Path, description = "Queue name"),
+        ("partition" = Option<String>, Query, description = "Only this partition"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn clear(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,

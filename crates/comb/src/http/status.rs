@@ -14,18 +14,53 @@ fn range(params: &Params) -> Result<Range, Problem> {
 }
 
 /// Overview with throughput over `from`..`to` (default the last hour).
+#[utoipa::path(
+    get,
+    path = "/api/v1/status",
+    params(
+        crate::http::admin_api::RangeParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn status(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
     let params = query(q)?;
     Ok(Json(status::status(&app.pool, range(&params)?).await?))
 }
 
 /// A page of queues with their figures.
+#[utoipa::path(
+    get,
+    path = "/api/v1/status/queues",
+    params(
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn queues(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
     let page = query(q)?.page()?;
     Ok(Json(status::queues(&app.pool, page).await?))
 }
 
 /// One queue with its partitions, groups and depth and lag over the range.
+#[utoipa::path(
+    get,
+    path = "/api/v1/status/queues/{queue}",
+    params(
+        ("queue" = String, Path, description = "Queue name"),
+        crate::http::admin_api::RangeParams,
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
@@ -39,6 +74,18 @@ pub async fn queue(
 }
 
 /// Throughput, errors, depth and lag per bucket over the range, of every queue or of `queue`.
+#[utoipa::path(
+    get,
+    path = "/api/v1/status/analytics",
+    params(
+        crate::http::admin_api::RangeParams,
+        ("queue" = Option<String>, Query, description = "Only this queue"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn analytics(
     AxState(app): AxState<State>,
     q: QueryString,
@@ -51,11 +98,27 @@ pub async fn analytics(
 }
 
 /// PostgreSQL's statistics of the database and Comb's tables.
+#[utoipa::path(
+    get,
+    path = "/api/v1/analytics/postgres-stats",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn postgres_stats(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     Ok(Json(status::postgres_stats(&app.pool).await?))
 }
 
 /// This server: process, uptime, request pool and requests served.
+#[utoipa::path(
+    get,
+    path = "/api/v1/analytics/system-metrics",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn system_metrics(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     let pool = app.pools.status();
     let rss_kb = std::fs::read_to_string("/proc/self/status")
@@ -85,6 +148,17 @@ pub async fn system_metrics(AxState(app): AxState<State>) -> Result<Json<Value>,
 }
 
 /// What each server did over the range, from the per-minute counters every server writes.
+#[utoipa::path(
+    get,
+    path = "/api/v1/analytics/worker-metrics",
+    params(
+        crate::http::admin_api::RangeParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn worker_metrics(
     AxState(app): AxState<State>,
     q: QueryString,
@@ -95,6 +169,14 @@ pub async fn worker_metrics(
 
 /// Comb's figures are computed when asked, from heads and cursors: nothing to refresh. Answers
 /// when they were computed, for Queen's clients that ask.
+#[utoipa::path(
+    post,
+    path = "/api/v1/stats/refresh",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn refresh(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     let overview = crate::admin::resources::overview(&app.pool).await?;
     Ok(Json(json!({

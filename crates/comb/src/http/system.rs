@@ -19,11 +19,28 @@ async fn set(app: &State, mode: Mode, body: Map<String, Value>) -> Result<Json<V
 }
 
 /// Whether pushes are held back.
+#[utoipa::path(
+    get,
+    path = "/api/v1/system/maintenance",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn get_push(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     Ok(Json(app.modes.get(&app.pool, Mode::Push).await?))
 }
 
 /// Holds pushes back (503 with `Retry-After`) or lets them in again.
+#[utoipa::path(
+    post,
+    path = "/api/v1/system/maintenance",
+    request_body(content = crate::http::admin_api::ModeBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn set_push(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<Map<String, Value>>,
@@ -32,11 +49,28 @@ pub async fn set_push(
 }
 
 /// Whether pops are held back.
+#[utoipa::path(
+    get,
+    path = "/api/v1/system/maintenance/pop",
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn get_pop(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
     Ok(Json(app.modes.get(&app.pool, Mode::Pop).await?))
 }
 
 /// Holds pops back (204 at once) or lets them through again.
+#[utoipa::path(
+    post,
+    path = "/api/v1/system/maintenance/pop",
+    request_body(content = crate::http::admin_api::ModeBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn set_pop(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<Map<String, Value>>,

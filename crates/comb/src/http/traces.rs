@@ -34,6 +34,15 @@ fn short_text(name: &str, text: &str) -> Result<(), Problem> {
 
 /// Records an event on a message: `transactionId`, `partitionId`, `data` (required),
 /// `consumerGroup`, `eventType`, `traceNames` (a name or a list).
+#[utoipa::path(
+    post,
+    path = "/api/v1/traces",
+    request_body(content = crate::http::admin_api::TraceBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The event was recorded", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn record(
     AxState(app): AxState<State>,
     JsonBody(mut body): JsonBody<Map<String, Value>>,
@@ -102,6 +111,18 @@ pub async fn record(
 }
 
 /// The events of one message, oldest first.
+#[utoipa::path(
+    get,
+    path = "/api/v1/traces/{partitionId}/{transactionId}",
+    params(
+        ("partitionId" = String, Path, description = "Partition id (UUID)"),
+        ("transactionId" = String, Path, description = "Message transaction id"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn of_message(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
@@ -112,6 +133,18 @@ pub async fn of_message(
 }
 
 /// A page of the events with one name, newest first.
+#[utoipa::path(
+    get,
+    path = "/api/v1/traces/by-name/{traceName}",
+    params(
+        ("traceName" = String, Path, description = "Trace name"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn by_name(
     AxState(app): AxState<State>,
     PathParams(name): PathParams<String>,
@@ -123,6 +156,17 @@ pub async fn by_name(
 }
 
 /// The names in use.
+#[utoipa::path(
+    get,
+    path = "/api/v1/traces/names",
+    params(
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn names(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
     let page = query(q)?.page()?;
     Ok(Json(traces::names(&app.pool, page).await?))
