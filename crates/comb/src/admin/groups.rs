@@ -10,19 +10,22 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use serde_json::{Value, json};
-use tokio_postgres::GenericClient;
+use serde::{Deserialize, Serialize};
+use tokio_postgres::{GenericClient, Row};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::cursors::{self, Selection, Target};
+use super::wire::{iso, iso_opt};
 use super::{MAX_LIMIT, Page, Refusal};
 use crate::backlog::group_lag;
 use crate::catalog::{Catalog, StartFrom};
 use crate::code::Code;
 
-/// How old a lag figure is, as JSON members, for objects built over [`group_lag`]'s `l`.
-const FIGURES_AT: &str = "'figuresAt', comb.iso(l.figures_at),
-    'figuresAgeSeconds', greatest(extract(epoch FROM now() - l.figures_at), 0)::float8";
+/// How old a lag figure is, as columns `figures_at` and `figures_age`, for rows read over
+/// [`group_lag`]'s `l`.
+const FIGURES_AT: &str = "l.figures_at,
+    greatest(extract(epoch FROM now() - l.figures_at), 0)::float8 AS figures_age";
 
 /// Leases held now, summed over every (queue, group) as [`group_lag`] takes them.
 pub(crate) fn leases_sql() -> String {
@@ -32,53 +35,203 @@ pub(crate) fn leases_sql() -> String {
     )
 }
 
+/// When a lag figure was taken: now for pairs computed live, else the per-minute snapshot's
+/// time (see the module's documentation).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct FiguresAt {
+    #[serde(serialize_with = "iso_opt")]
+    pub figures_at: Option<DateTime<Utc>>,
+    pub figures_age_seconds: Option<f64>,
+}
+
+impl FiguresAt {
+    fn from_row(row: &Row) -> FiguresAt {
+        FiguresAt {
+            figures_at: row.get("figures_at"),
+            figures_age_seconds: row.get("figures_age"),
+        }
+    }
+}
+
+/// A group reading one queue, as `GET /api/v1/resources/queues/{queue}` lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct QueueGroup {
+    pub name: String,
+    /// How it subscribed: `all`, `new` or `from`.
+    pub mode: String,
+    #[serde(serialize_with = "iso")]
+    pub subscribed_at: DateTime<Utc>,
+    /// Cursors it has on the queue.
+    pub partitions: i64,
+    /// Messages not yet settled.
+    pub lag: i64,
+    /// Age of the oldest unsettled message.
+    pub lag_seconds: f64,
+    pub leased_partitions: i64,
+    #[serde(flatten)]
+    pub figures: FiguresAt,
+}
+
 /// The groups reading one queue, with their lag.
 pub(crate) async fn of_queue(
     client: &impl GenericClient,
     queue_id: Uuid,
-) -> Result<Value, Refusal> {
+) -> Result<Vec<QueueGroup>, Refusal> {
     let sql = format!(
         "WITH sub AS (SELECT * FROM comb.subscriptions WHERE queue_id = $1
                       ORDER BY consumer_group LIMIT {MAX_LIMIT})
-         SELECT coalesce(jsonb_agg(jsonb_build_object(
-                    'name', sub.consumer_group, 'mode', sub.mode,
-                    'subscribedAt', comb.iso(sub.created_at), 'partitions', l.partitions,
-                    'lag', l.lag, 'lagSeconds', l.lag_seconds, 'leasedPartitions', l.leased,
-                    {FIGURES_AT})
-                ORDER BY sub.consumer_group), '[]')
-         FROM sub {lag}",
+         SELECT sub.consumer_group, sub.mode, sub.created_at, l.partitions, l.lag,
+                l.lag_seconds, l.leased, {FIGURES_AT}
+         FROM sub {lag}
+         ORDER BY sub.consumer_group",
         lag = group_lag("SELECT queue_id, consumer_group FROM sub")
     );
-    Ok(client.query_one(&sql, &[&queue_id]).await?.get(0))
+    Ok(client
+        .query(&sql, &[&queue_id])
+        .await?
+        .iter()
+        .map(|r| QueueGroup {
+            name: r.get("consumer_group"),
+            mode: r.get("mode"),
+            subscribed_at: r.get("created_at"),
+            partitions: r.get("partitions"),
+            lag: r.get("lag"),
+            lag_seconds: r.get("lag_seconds"),
+            leased_partitions: r.get("leased"),
+            figures: FiguresAt::from_row(r),
+        })
+        .collect())
+}
+
+/// A group in `GET /api/v1/consumer-groups`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupSummary {
+    pub name: String,
+    /// The queues it reads, by name.
+    pub queues: Vec<GroupQueueLag>,
+    pub queue_count: i64,
+    pub total_lag: i64,
+    pub max_lag_seconds: f64,
+    /// `Stable` with nothing unsettled, else `Lagging`.
+    pub state: String,
+}
+
+/// A queue a group reads, with the group's lag on it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupQueueLag {
+    pub queue: String,
+    pub mode: String,
+    pub partitions: i64,
+    pub lag: i64,
+    pub lag_seconds: f64,
+    pub leased_partitions: i64,
+    #[serde(flatten)]
+    pub figures: FiguresAt,
 }
 
 /// `GET /api/v1/consumer-groups`: every group with its queues and their lag (messages and
-/// seconds), as Queen answers it: a JSON array.
-pub async fn list(pool: &Pool) -> Result<Value, Refusal> {
+/// seconds), as Queen answers it: a JSON array, groups and their queues by name.
+pub async fn list(pool: &Pool) -> Result<Vec<GroupSummary>, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "WITH sub AS (SELECT * FROM comb.subscriptions
                       ORDER BY consumer_group, queue_id LIMIT {MAX_LIMIT})
-         SELECT coalesce(jsonb_agg(jsonb_build_object(
-                    'name', g.name, 'queues', g.queues, 'queueCount', g.n,
-                    'totalLag', g.lag, 'maxLagSeconds', g.lag_seconds,
-                    'state', CASE WHEN g.lag = 0 THEN 'Stable' ELSE 'Lagging' END)
-                ORDER BY g.name), '[]')
-         FROM (
-            SELECT sub.consumer_group AS name, count(*) AS n, sum(l.lag)::bigint AS lag,
-                   max(l.lag_seconds) AS lag_seconds,
-                   jsonb_agg(jsonb_build_object(
-                       'queue', q.name, 'mode', sub.mode, 'partitions', l.partitions,
-                       'lag', l.lag, 'lagSeconds', l.lag_seconds,
-                       'leasedPartitions', l.leased, {FIGURES_AT}) ORDER BY q.name) AS queues
-            FROM sub
-            JOIN comb.queues q ON q.id = sub.queue_id
-            {lag}
-            GROUP BY sub.consumer_group
-         ) g",
+         SELECT sub.consumer_group, q.name AS queue, sub.mode, l.partitions, l.lag,
+                l.lag_seconds, l.leased, {FIGURES_AT}
+         FROM sub
+         JOIN comb.queues q ON q.id = sub.queue_id
+         {lag}
+         ORDER BY sub.consumer_group, q.name",
         lag = group_lag("SELECT queue_id, consumer_group FROM sub")
     );
-    Ok(client.query_one(&sql, &[]).await?.get(0))
+    let mut groups: Vec<GroupSummary> = Vec::new();
+    for r in client.query(&sql, &[]).await? {
+        let name: String = r.get("consumer_group");
+        let queue = GroupQueueLag {
+            queue: r.get("queue"),
+            mode: r.get("mode"),
+            partitions: r.get("partitions"),
+            lag: r.get("lag"),
+            lag_seconds: r.get("lag_seconds"),
+            leased_partitions: r.get("leased"),
+            figures: FiguresAt::from_row(&r),
+        };
+        match groups.last_mut() {
+            Some(g) if g.name == name => g.queues.push(queue),
+            _ => groups.push(GroupSummary {
+                name,
+                queues: vec![queue],
+                queue_count: 0,
+                total_lag: 0,
+                max_lag_seconds: 0.0,
+                state: String::new(),
+            }),
+        }
+    }
+    for g in &mut groups {
+        g.queue_count = g.queues.len() as i64;
+        g.total_lag = g.queues.iter().map(|q| q.lag).sum();
+        g.max_lag_seconds = g
+            .queues
+            .iter()
+            .map(|q| q.lag_seconds)
+            .fold(f64::NEG_INFINITY, f64::max);
+        g.state = if g.total_lag == 0 {
+            "Stable"
+        } else {
+            "Lagging"
+        }
+        .into();
+    }
+    Ok(groups)
+}
+
+/// `GET /api/v1/consumer-groups/{group}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupDetail {
+    pub name: String,
+    pub queues: Vec<GroupQueueDetail>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+/// A queue a group reads, with a page of its partitions.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupQueueDetail {
+    pub queue: String,
+    pub mode: String,
+    #[serde(serialize_with = "iso")]
+    pub subscribed_at: DateTime<Utc>,
+    pub lag: i64,
+    pub lag_seconds: f64,
+    #[serde(flatten)]
+    pub figures: FiguresAt,
+    /// The group's cursors on the queue; `partitions` is one page of them.
+    pub partitions_total: i64,
+    pub partitions: Vec<GroupPartition>,
+}
+
+/// One cursor of a group: where it is, the partition's head, its lag and lease.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupPartition {
+    pub partition_id: Uuid,
+    pub partition: String,
+    pub cursor: Option<i64>,
+    pub head: Option<i64>,
+    pub lag: Option<i64>,
+    pub lag_seconds: f64,
+    pub lease_id: Option<Uuid>,
+    #[serde(serialize_with = "iso_opt")]
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "iso_opt")]
+    pub last_claimed_at: Option<DateTime<Utc>>,
 }
 
 /// `GET /api/v1/consumer-groups/{group}`: the group's queues (or the one named), each with
@@ -89,52 +242,118 @@ pub async fn detail(
     group: &str,
     queue: Option<&str>,
     page: Page,
-) -> Result<Value, Refusal> {
+) -> Result<GroupDetail, Refusal> {
     let client = pool.get().await?;
+    // A row per (queue, partition of the page); a queue whose page is empty comes once, with
+    // NULL partition columns.
     let sql = format!(
-        "SELECT jsonb_agg(jsonb_build_object(
-                    'queue', q.name, 'mode', sub.mode, 'subscribedAt', comb.iso(sub.created_at),
-                    'lag', l.lag, 'lagSeconds', l.lag_seconds, {FIGURES_AT},
-                    'partitionsTotal', l.partitions,
-                    'partitions', (
-                        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                                   'partitionId', p.id, 'partition', p.name,
-                                   'cursor', x.cursor_pos, 'head', x.head, 'lag', x.lag,
-                                   'lagSeconds', coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8,
-                                   'leaseId', x.lease_id,
-                                   'leaseExpiresAt', comb.iso(x.lease_expires_at),
-                                   'lastClaimedAt', comb.iso(x.last_claimed_at))
-                               ORDER BY p.name), '[]')
-                        FROM (SELECT p.* FROM comb.partitions p
-                              WHERE p.queue_id = sub.queue_id
-                              ORDER BY p.name LIMIT $2 OFFSET $3) p
-                        CROSS JOIN LATERAL comb.cursor_lag(p.id, sub.consumer_group) x))
-                ORDER BY q.name)
+        "SELECT q.name AS queue, sub.mode, sub.created_at, l.lag, l.lag_seconds, {FIGURES_AT},
+                l.partitions AS partitions_total, px.id AS partition_id,
+                px.name AS partition, px.cursor_pos, px.head, px.lag AS partition_lag,
+                coalesce(extract(epoch FROM now() - px.oldest_unsettled_at), 0)::float8
+                    AS partition_lag_seconds,
+                px.lease_id, px.lease_expires_at, px.last_claimed_at
          FROM comb.subscriptions sub
          JOIN comb.queues q ON q.id = sub.queue_id
          {lag}
-         WHERE sub.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)",
+         LEFT JOIN LATERAL (
+             SELECT p.id, p.name, x.*
+             FROM (SELECT p.* FROM comb.partitions p
+                   WHERE p.queue_id = sub.queue_id
+                   ORDER BY p.name LIMIT $2 OFFSET $3) p
+             CROSS JOIN LATERAL comb.cursor_lag(p.id, sub.consumer_group) x
+         ) px ON true
+         WHERE sub.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)
+         ORDER BY q.name, px.name",
         lag = group_lag(
             "SELECT s.queue_id, s.consumer_group FROM comb.subscriptions s
              JOIN comb.queues q ON q.id = s.queue_id
              WHERE s.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)"
         )
     );
-    let queues: Option<Value> = client
-        .query_one(&sql, &[&group, &page.limit, &page.offset, &queue])
-        .await?
-        .get(0);
-    let queues = queues.ok_or_else(|| match queue {
-        Some(queue) => Refusal::not_found(
-            Code::ConsumerGroupNotFound,
-            format!("consumer group `{group}` does not read queue `{queue}`"),
-        ),
-        None => Refusal::not_found(
-            Code::ConsumerGroupNotFound,
-            format!("consumer group `{group}` reads no queue"),
-        ),
-    })?;
-    Ok(json!({"name": group, "queues": queues, "limit": page.limit, "offset": page.offset}))
+    let rows = client
+        .query(&sql, &[&group, &page.limit, &page.offset, &queue])
+        .await?;
+    let mut queues: Vec<GroupQueueDetail> = Vec::new();
+    for r in &rows {
+        let name: String = r.get("queue");
+        if queues.last().is_none_or(|q| q.queue != name) {
+            queues.push(GroupQueueDetail {
+                queue: name,
+                mode: r.get("mode"),
+                subscribed_at: r.get("created_at"),
+                lag: r.get("lag"),
+                lag_seconds: r.get("lag_seconds"),
+                figures: FiguresAt::from_row(r),
+                partitions_total: r.get("partitions_total"),
+                partitions: Vec::new(),
+            });
+        }
+        let Some(partition_id) = r.get::<_, Option<Uuid>>("partition_id") else {
+            continue;
+        };
+        queues
+            .last_mut()
+            .expect("pushed above")
+            .partitions
+            .push(GroupPartition {
+                partition_id,
+                partition: r.get("partition"),
+                cursor: r.get("cursor_pos"),
+                head: r.get("head"),
+                lag: r.get("partition_lag"),
+                lag_seconds: r.get("partition_lag_seconds"),
+                lease_id: r.get("lease_id"),
+                lease_expires_at: r.get("lease_expires_at"),
+                last_claimed_at: r.get("last_claimed_at"),
+            });
+    }
+    if queues.is_empty() {
+        return Err(match queue {
+            Some(queue) => Refusal::not_found(
+                Code::ConsumerGroupNotFound,
+                format!("consumer group `{group}` does not read queue `{queue}`"),
+            ),
+            None => Refusal::not_found(
+                Code::ConsumerGroupNotFound,
+                format!("consumer group `{group}` reads no queue"),
+            ),
+        });
+    }
+    Ok(GroupDetail {
+        name: group.to_string(),
+        queues,
+        limit: page.limit,
+        offset: page.offset,
+    })
+}
+
+/// A cursor (or, for pairs served from the snapshot, a whole queue) whose oldest unsettled
+/// message waits long.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct LaggingCursor {
+    pub consumer_group: String,
+    pub queue: String,
+    /// NULL for a whole queue's row.
+    pub partition: Option<String>,
+    pub partition_id: Option<Uuid>,
+    pub lag: i64,
+    pub lag_seconds: Option<f64>,
+    #[serde(serialize_with = "iso_opt")]
+    pub oldest_unsettled_at: Option<DateTime<Utc>>,
+    /// Only on a whole queue's row: its cursors and when its figures were taken.
+    #[serde(flatten)]
+    pub snapshot: Option<LaggingSnapshot>,
+}
+
+/// The members only a whole queue's row of [`LaggingCursor`] has.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct LaggingSnapshot {
+    pub partitions: i64,
+    #[serde(flatten)]
+    pub figures: FiguresAt,
 }
 
 /// `GET /api/v1/consumer-groups/lagging`: where a group's oldest unsettled message waits
@@ -143,41 +362,65 @@ pub async fn detail(
 /// from the snapshot are listed once, for the whole queue (`partition` null, `partitions`
 /// their count, `figuresAt` the snapshot's time): per cursor they would cost a probe of every
 /// partition.
-pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Value, Refusal> {
+pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Vec<LaggingCursor>, Refusal> {
     let client = pool.get().await?;
     let sql = format!(
         "WITH sub AS (SELECT queue_id, consumer_group FROM comb.subscriptions), pairs AS (
             SELECT l.* FROM sub {lag}
          )
-         SELECT coalesce(jsonb_agg(r.j ORDER BY r.secs DESC), '[]') FROM (
-            SELECT * FROM (
-                SELECT jsonb_build_object(
-                           'consumerGroup', l.consumer_group, 'queue', q.name,
-                           'partition', p.name, 'partitionId', p.id, 'lag', x.lag,
-                           'lagSeconds', extract(epoch FROM now() - x.oldest_unsettled_at)::float8,
-                           'oldestUnsettledAt', comb.iso(x.oldest_unsettled_at)) AS j,
-                       extract(epoch FROM now() - x.oldest_unsettled_at) AS secs
-                FROM pairs l
-                CROSS JOIN LATERAL comb.lagging_cursors(
-                    CASE WHEN l.live THEN l.queue_id END, l.consumer_group, $1) x
-                JOIN comb.partitions p ON p.id = x.partition_id
-                JOIN comb.queues q ON q.id = l.queue_id
-                UNION ALL
-                SELECT jsonb_build_object(
-                           'consumerGroup', l.consumer_group, 'queue', q.name,
-                           'partition', NULL, 'partitionId', NULL, 'partitions', l.partitions,
-                           'lag', l.lag, 'lagSeconds', l.lag_seconds,
-                           'oldestUnsettledAt', comb.iso(l.oldest_unsettled_at), {FIGURES_AT}),
-                       extract(epoch FROM now() - l.oldest_unsettled_at)
-                FROM pairs l JOIN comb.queues q ON q.id = l.queue_id
-                WHERE NOT l.live AND l.lag > 0
-                  AND l.oldest_unsettled_at <= now() - make_interval(secs => $1)
-            ) u
-            ORDER BY secs DESC LIMIT {MAX_LIMIT}
-         ) r",
+         SELECT * FROM (
+            SELECT l.consumer_group, q.name AS queue, p.name AS partition,
+                   p.id AS partition_id, x.lag,
+                   extract(epoch FROM now() - x.oldest_unsettled_at)::float8 AS lag_seconds,
+                   x.oldest_unsettled_at, false AS whole, NULL::bigint AS partitions,
+                   NULL::timestamptz AS figures_at, NULL::float8 AS figures_age,
+                   extract(epoch FROM now() - x.oldest_unsettled_at) AS secs
+            FROM pairs l
+            CROSS JOIN LATERAL comb.lagging_cursors(
+                CASE WHEN l.live THEN l.queue_id END, l.consumer_group, $1) x
+            JOIN comb.partitions p ON p.id = x.partition_id
+            JOIN comb.queues q ON q.id = l.queue_id
+            UNION ALL
+            SELECT l.consumer_group, q.name, NULL, NULL, l.lag, l.lag_seconds,
+                   l.oldest_unsettled_at, true, l.partitions, {FIGURES_AT},
+                   extract(epoch FROM now() - l.oldest_unsettled_at)
+            FROM pairs l JOIN comb.queues q ON q.id = l.queue_id
+            WHERE NOT l.live AND l.lag > 0
+              AND l.oldest_unsettled_at <= now() - make_interval(secs => $1)
+         ) u
+         ORDER BY secs DESC LIMIT {MAX_LIMIT}",
         lag = group_lag("SELECT queue_id, consumer_group FROM sub")
     );
-    Ok(client.query_one(&sql, &[&min_seconds]).await?.get(0))
+    Ok(client
+        .query(&sql, &[&min_seconds])
+        .await?
+        .iter()
+        .map(|r| LaggingCursor {
+            consumer_group: r.get("consumer_group"),
+            queue: r.get("queue"),
+            partition: r.get("partition"),
+            partition_id: r.get("partition_id"),
+            lag: r.get("lag"),
+            lag_seconds: r.get("lag_seconds"),
+            oldest_unsettled_at: r.get("oldest_unsettled_at"),
+            snapshot: r.get::<_, bool>("whole").then(|| LaggingSnapshot {
+                partitions: r.get("partitions"),
+                figures: FiguresAt::from_row(r),
+            }),
+        })
+        .collect())
+}
+
+/// What `DELETE /api/v1/consumer-groups/{group}/queues/{queue}` did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupDeleted {
+    pub success: bool,
+    pub consumer_group: String,
+    pub queue_name: String,
+    /// Cursors deleted, or moved back to where the group subscribed.
+    pub deleted_partitions: u64,
+    pub metadata_deleted: bool,
 }
 
 /// `DELETE /api/v1/consumer-groups/{group}/queues/{queue}`: with `delete_metadata` the group
@@ -189,7 +432,7 @@ pub async fn delete_for_queue(
     group: &str,
     queue: &str,
     delete_metadata: bool,
-) -> Result<Value, Refusal> {
+) -> Result<GroupDeleted, Refusal> {
     let mut client = pool.get().await?;
     let id = super::queue_id(&**client, queue).await?;
     let tx = client.transaction().await?;
@@ -255,13 +498,25 @@ pub async fn delete_for_queue(
         // This server forgets at once; the others when the announcement reaches them.
         catalog.forget_queue(queue);
     }
-    Ok(json!({
-        "success": true,
-        "consumerGroup": group,
-        "queueName": queue,
-        "deletedPartitions": partitions,
-        "metadataDeleted": delete_metadata,
-    }))
+    Ok(GroupDeleted {
+        success: true,
+        consumer_group: group.to_string(),
+        queue_name: queue.to_string(),
+        deleted_partitions: partitions,
+        metadata_deleted: delete_metadata,
+    })
+}
+
+/// What `POST /api/v1/consumer-groups/{group}/subscription` did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SubscriptionSet {
+    pub success: bool,
+    pub consumer_group: String,
+    #[serde(serialize_with = "iso")]
+    pub subscription_timestamp: DateTime<Utc>,
+    pub queues_updated: u64,
+    pub cursors_moved: u64,
 }
 
 /// `POST /api/v1/consumer-groups/{group}/subscription`: the group reads every queue it is
@@ -271,7 +526,7 @@ pub async fn set_subscription(
     pool: &Pool,
     group: &str,
     at: DateTime<Utc>,
-) -> Result<Value, Refusal> {
+) -> Result<SubscriptionSet, Refusal> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let queues: Vec<Uuid> = tx
@@ -306,13 +561,30 @@ pub async fn set_subscription(
         .cursors;
     }
     tx.commit().await?;
-    Ok(json!({
-        "success": true,
-        "consumerGroup": group,
-        "subscriptionTimestamp": at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "queuesUpdated": queues.len(),
-        "cursorsMoved": moved,
-    }))
+    Ok(SubscriptionSet {
+        success: true,
+        consumer_group: group.to_string(),
+        subscription_timestamp: at,
+        queues_updated: queues.len() as u64,
+        cursors_moved: moved,
+    })
+}
+
+/// What a seek did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Sought {
+    pub success: bool,
+    pub consumer_group: String,
+    pub queue_name: String,
+    pub partition: Option<String>,
+    pub to_end: bool,
+    pub to_start: bool,
+    #[serde(serialize_with = "iso_opt")]
+    pub timestamp: Option<DateTime<Utc>>,
+    pub partitions_moved: u64,
+    /// Messages left unsettled after the moved cursors.
+    pub lag: i64,
 }
 
 /// `POST /api/v1/consumer-groups/{group}/queues/{queue}[/partitions/{partition}]/seek`:
@@ -325,7 +597,7 @@ pub async fn seek(
     queue: &str,
     partition: Option<&str>,
     target: Target,
-) -> Result<Value, Refusal> {
+) -> Result<Sought, Refusal> {
     let mut client = pool.get().await?;
     let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     catalog
@@ -344,23 +616,18 @@ pub async fn seek(
     )
     .await?;
     tx.commit().await?;
-    let (to_end, timestamp) = match target {
-        Target::End => (true, None),
-        Target::Start => (false, None),
-        Target::Time(t) => (
-            false,
-            Some(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
-        ),
-    };
-    Ok(json!({
-        "success": true,
-        "consumerGroup": group,
-        "queueName": queue,
-        "partition": partition,
-        "toEnd": to_end,
-        "toStart": target == Target::Start,
-        "timestamp": timestamp,
-        "partitionsMoved": moved.cursors,
-        "lag": moved.unsettled_after,
-    }))
+    Ok(Sought {
+        success: true,
+        consumer_group: group.to_string(),
+        queue_name: queue.to_string(),
+        partition: partition.map(str::to_string),
+        to_end: target == Target::End,
+        to_start: target == Target::Start,
+        timestamp: match target {
+            Target::Time(t) => Some(t),
+            Target::End | Target::Start => None,
+        },
+        partitions_moved: moved.cursors,
+        lag: moved.unsettled_after,
+    })
 }

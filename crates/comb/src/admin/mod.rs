@@ -5,7 +5,9 @@
 //! message after a cursor) and every listing is paged with a capped `limit`, so no answer
 //! reads message storage in bulk. Changes are written the way the data path writes: a moved
 //! cursor is a new cursor state version, a requeued dead letter a row of its own.
-//! Answers are JSON in Queen's shapes, built where the rows are read.
+//! Answers are Rust types serialised in Queen's shapes (field names, nesting, nulls); the SQL
+//! returns plain columns read by name, and JSON comes from the database only where it is stored
+//! data (payloads, trace data).
 
 pub mod cursors;
 pub mod dead_letters;
@@ -18,6 +20,28 @@ pub mod traces;
 
 use crate::code::Code;
 use crate::refusal::Refusal;
+
+/// How answers write values the way Queen's clients read them.
+pub(crate) mod wire {
+    use chrono::{DateTime, SecondsFormat, Utc};
+    use serde::Serializer;
+
+    /// A time as Queen writes it: UTC, milliseconds, `Z` (`comb.iso` in SQL writes the same).
+    pub(crate) fn iso<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
+    }
+
+    /// [`iso`] of a time that may be absent (`null`).
+    pub(crate) fn iso_opt<S: Serializer>(
+        t: &Option<DateTime<Utc>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => iso(t, s),
+            None => s.serialize_none(),
+        }
+    }
+}
 
 /// Most rows a listing answers at once.
 pub const MAX_LIMIT: i64 = 1000;

@@ -157,7 +157,7 @@ pub async fn queue(pool: &Pool, name: &str, page: Page) -> Result<Value, Refusal
         .get(0);
     let groups = super::groups::of_queue(&**client, id).await?;
     out["partitionList"] = partitions;
-    out["consumerGroups"] = groups;
+    out["consumerGroups"] = json!(groups);
     out["limit"] = json!(page.limit);
     out["offset"] = json!(page.offset);
     Ok(out)

@@ -22,11 +22,13 @@ fn check_group(group: &str) -> Result<(), Problem> {
     get,
     path = "/api/v1/consumer-groups",
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = Vec<groups::GroupSummary>),
         crate::http::admin_api::Refused,
     )
 )]
-pub async fn list(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+pub async fn list(
+    AxState(app): AxState<State>,
+) -> Result<Json<Vec<groups::GroupSummary>>, Problem> {
     Ok(Json(groups::list(&app.pool).await?))
 }
 
@@ -41,7 +43,7 @@ pub async fn list(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> 
         crate::http::admin_api::PageParams,
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = groups::GroupDetail),
         crate::http::admin_api::Refused,
     )
 )]
@@ -49,7 +51,7 @@ pub async fn detail(
     AxState(app): AxState<State>,
     PathParams(group): PathParams<String>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::GroupDetail>, Problem> {
     check_group(&group)?;
     let params = query(q)?;
     let queue = optional_queue(&params)?;
@@ -68,11 +70,14 @@ pub async fn detail(
         ("minLagSeconds" = Option<u64>, Query, description = "Least wait of the oldest unsettled message (default 3600)"),
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = Vec<groups::LaggingCursor>),
         crate::http::admin_api::Refused,
     )
 )]
-pub async fn lagging(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+pub async fn lagging(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<Vec<groups::LaggingCursor>>, Problem> {
     let min = query(q)?
         .uint("minLagSeconds")?
         .unwrap_or(3600)
@@ -90,7 +95,7 @@ pub async fn lagging(AxState(app): AxState<State>, q: QueryString) -> Result<Jso
         ("deleteMetadata" = Option<bool>, Query, description = "Forget cursors and subscription (default true)"),
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = groups::GroupDeleted),
         crate::http::admin_api::Refused,
     )
 )]
@@ -98,7 +103,7 @@ pub async fn delete_for_queue(
     AxState(app): AxState<State>,
     PathParams((group, queue)): PathParams<(String, String)>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::GroupDeleted>, Problem> {
     check_group(&group)?;
     check_queue(&queue)?;
     let delete_metadata = query(q)?.flag("deleteMetadata")?.unwrap_or(true);
@@ -116,7 +121,7 @@ pub async fn delete_for_queue(
     ),
     request_body(content = crate::http::admin_api::SubscriptionBody, content_type = "application/json"),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = groups::SubscriptionSet),
         crate::http::admin_api::Refused,
     )
 )]
@@ -124,7 +129,7 @@ pub async fn subscription(
     AxState(app): AxState<State>,
     PathParams(group): PathParams<String>,
     JsonBody(body): JsonBody<Map<String, Value>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::SubscriptionSet>, Problem> {
     check_group(&group)?;
     let params = Params::Json(body);
     let at = params.time("subscriptionTimestamp")?.ok_or_else(|| {
@@ -167,7 +172,7 @@ fn target(body: Map<String, Value>) -> Result<Target, Problem> {
     ),
     request_body(content = crate::http::admin_api::SeekBody, content_type = "application/json"),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = groups::Sought),
         crate::http::admin_api::Refused,
     )
 )]
@@ -175,7 +180,7 @@ pub async fn seek(
     AxState(app): AxState<State>,
     PathParams((group, queue)): PathParams<(String, String)>,
     JsonBody(body): JsonBody<Map<String, Value>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::Sought>, Problem> {
     check_group(&group)?;
     check_queue(&queue)?;
     let target = target(body)?;
@@ -195,7 +200,7 @@ pub async fn seek(
     ),
     request_body(content = crate::http::admin_api::SeekBody, content_type = "application/json"),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = groups::Sought),
         crate::http::admin_api::Refused,
     )
 )]
@@ -203,7 +208,7 @@ pub async fn seek_partition(
     AxState(app): AxState<State>,
     PathParams((group, queue, partition)): PathParams<(String, String, String)>,
     JsonBody(body): JsonBody<Map<String, Value>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::Sought>, Problem> {
     check_group(&group)?;
     check_queue(&queue)?;
     check_partition(&partition)?;
