@@ -19,7 +19,7 @@ use super::cursors::{self, Selection, Target};
 use super::wire::{iso, iso_opt};
 use super::{MAX_LIMIT, Page, Refusal};
 use crate::backlog::group_lag;
-use crate::catalog::{Catalog, StartFrom};
+use crate::catalog::{Catalog, StartFrom, listing};
 use crate::code::Code;
 
 /// How old a lag figure is, as columns `figures_at` and `figures_age`, for rows read over
@@ -436,12 +436,7 @@ pub async fn delete_for_queue(
     let mut client = pool.get().await?;
     let id = super::queue_id(&**client, queue).await?;
     let tx = client.transaction().await?;
-    let sub = tx
-        .query_opt(
-            "SELECT mode, start_at, created_at FROM comb.subscriptions
-             WHERE queue_id = $1 AND consumer_group = $2 FOR UPDATE",
-            &[&id, &group],
-        )
+    let sub = listing::lock_subscription(&*tx, id, group)
         .await?
         .ok_or_else(|| {
             Refusal::not_found(
@@ -450,34 +445,15 @@ pub async fn delete_for_queue(
             )
         })?;
     let partitions = if delete_metadata {
-        // Cursor rows are locked before they go, as every writer of cursors does.
-        tx.query(
-            "SELECT 1 FROM comb.cursors WHERE queue_id = $1 AND consumer_group = $2
-             ORDER BY partition_id FOR UPDATE",
-            &[&id, &group],
-        )
-        .await?;
-        let n = tx
-            .execute(
-                "DELETE FROM comb.cursors WHERE queue_id = $1 AND consumer_group = $2",
-                &[&id, &group],
-            )
-            .await?;
-        tx.execute(
-            "DELETE FROM comb.subscriptions WHERE queue_id = $1 AND consumer_group = $2",
-            &[&id, &group],
-        )
-        .await?;
+        let n = crate::cursor::delete_group_cursors(&*tx, id, group).await?;
+        listing::delete_subscription(&*tx, id, group).await?;
         // Every server forgets the queue's cached subscriptions.
         crate::wake::announce_queue_deleted(&tx, queue).await?;
         n
     } else {
-        let mode: String = sub.get(0);
-        let start_at: Option<DateTime<Utc>> = sub.get(1);
-        let created_at: DateTime<Utc> = sub.get(2);
-        let target = match mode.as_str() {
-            "from" => Target::Time(start_at.unwrap_or(created_at)),
-            "new" => Target::Time(created_at),
+        let target = match sub.mode.as_str() {
+            "from" => Target::Time(sub.start_at.unwrap_or(sub.created_at)),
+            "new" => Target::Time(sub.created_at),
             _ => Target::Start,
         };
         let moved = cursors::move_in(
@@ -529,16 +505,7 @@ pub async fn set_subscription(
 ) -> Result<SubscriptionSet, Refusal> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let queues: Vec<Uuid> = tx
-        .query(
-            "UPDATE comb.subscriptions SET mode = 'from', start_at = $2
-             WHERE consumer_group = $1 RETURNING queue_id",
-            &[&group, &at],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let queues = listing::subscribe_from(&*tx, group, at).await?;
     if queues.is_empty() {
         return Err(Refusal::not_found(
             Code::ConsumerGroupNotFound,

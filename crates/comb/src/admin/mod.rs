@@ -99,15 +99,7 @@ pub(crate) async fn ensure_a_reader(
     catalog: &crate::catalog::Catalog,
     queue_id: uuid::Uuid,
 ) -> Result<(), Refusal> {
-    let subscribed: bool = pool
-        .get()
-        .await?
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM comb.subscriptions WHERE queue_id = $1)",
-            &[&queue_id],
-        )
-        .await?
-        .get(0);
+    let subscribed = crate::catalog::listing::is_subscribed(&**pool.get().await?, queue_id).await?;
     if !subscribed {
         catalog
             .ensure_subscription(
@@ -126,10 +118,8 @@ pub(crate) async fn queue_id(
     client: &impl tokio_postgres::GenericClient,
     queue: &str,
 ) -> Result<uuid::Uuid, Refusal> {
-    client
-        .query_opt("SELECT id FROM comb.queues WHERE name = $1", &[&queue])
+    crate::catalog::listing::queue_id(client, queue)
         .await?
-        .map(|r| r.get(0))
         .ok_or_else(|| {
             Refusal::not_found(
                 Code::QueueNotFound,
@@ -145,13 +135,8 @@ pub(crate) async fn partition_id(
     queue: &str,
     partition: &str,
 ) -> Result<uuid::Uuid, Refusal> {
-    client
-        .query_opt(
-            "SELECT id FROM comb.partitions WHERE queue_id = $1 AND name = $2",
-            &[&queue_id, &partition],
-        )
+    crate::catalog::listing::partition_id(client, queue_id, partition)
         .await?
-        .map(|r| r.get(0))
         .ok_or_else(|| {
             Refusal::not_found(
                 Code::PartitionNotFound,

@@ -206,6 +206,7 @@ pub(crate) struct AdminApi;
 mod tests {
     use std::collections::BTreeSet;
 
+    use axum::http::Method;
     use utoipa::OpenApi;
 
     use super::{ADMIN_PREFIXES, AdminApi};
@@ -215,11 +216,11 @@ mod tests {
         let mut out = BTreeSet::new();
         for (path, item) in &doc.paths.paths {
             for (method, op) in [
-                ("GET", &item.get),
-                ("POST", &item.post),
-                ("PUT", &item.put),
-                ("PATCH", &item.patch),
-                ("DELETE", &item.delete),
+                (Method::GET, &item.get),
+                (Method::POST, &item.post),
+                (Method::PUT, &item.put),
+                (Method::PATCH, &item.patch),
+                (Method::DELETE, &item.delete),
             ] {
                 if op.is_some() {
                     out.insert((method.to_string(), path.clone()));
