@@ -421,7 +421,7 @@ pub(crate) mod generations {
     }
 }
 
-// Changes for the administration.
+// Reads and changes for the administration.
 
 /// Deletes a group's cursors of a queue (when the group stops reading it); answers how many.
 /// The rows are locked first, in partition order, as every writer of cursors locks them.
@@ -443,6 +443,23 @@ pub(crate) async fn delete_group_cursors(
             &[&queue_id, &group],
         )
         .await?)
+}
+
+/// The (partition, group) of every cursor of the given partitions, by partition and group.
+pub(crate) async fn cursors_of_partitions(
+    client: &impl tokio_postgres::GenericClient,
+    partitions: &[Uuid],
+) -> Result<Vec<(Uuid, String)>, DbError> {
+    Ok(client
+        .query(
+            "SELECT partition_id, consumer_group FROM comb.cursors
+             WHERE partition_id = ANY ($1) ORDER BY partition_id, consumer_group",
+            &[&partitions],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get("partition_id"), r.get("consumer_group")))
+        .collect())
 }
 
 #[cfg(test)]

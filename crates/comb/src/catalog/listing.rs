@@ -112,3 +112,216 @@ pub(crate) async fn subscribe_from(
         .map(|r| r.get("queue_id"))
         .collect())
 }
+
+/// A queue's catalog row, as listings show it.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueRow {
+    pub id: Uuid,
+    pub name: String,
+    pub namespace: Option<String>,
+    pub task: Option<String>,
+    pub created_at: DateTime<Utc>,
+    /// The options as stored.
+    pub options: serde_json::Value,
+}
+
+impl QueueRow {
+    fn from_row(r: &tokio_postgres::Row) -> QueueRow {
+        QueueRow {
+            id: r.get("id"),
+            name: r.get("name"),
+            namespace: r.get("namespace"),
+            task: r.get("task"),
+            created_at: r.get("created_at"),
+            options: r.get("options"),
+        }
+    }
+}
+
+/// Which queues a listing shows: all of them, narrowed by namespace, task and part of the
+/// name.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct QueueFilter {
+    pub namespace: Option<String>,
+    pub task: Option<String>,
+    /// Part of the name.
+    pub search: Option<String>,
+}
+
+const QUEUE_WHERE: &str = "($1::text IS NULL OR namespace = $1)
+  AND ($2::text IS NULL OR task = $2)
+  AND ($3::text IS NULL OR strpos(name, $3) > 0)";
+
+/// A page of the queues `filter` selects, by name, and how many it selects in all.
+pub(crate) async fn queue_page(
+    client: &impl GenericClient,
+    filter: &QueueFilter,
+    limit: i64,
+    offset: i64,
+) -> Result<(Vec<QueueRow>, i64), DbError> {
+    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+        &filter.namespace,
+        &filter.task,
+        &filter.search,
+        &limit,
+        &offset,
+    ];
+    let rows = client
+        .query(
+            &format!(
+                "SELECT id, name, namespace, task, created_at, options FROM comb.queues
+                 WHERE {QUEUE_WHERE} ORDER BY name LIMIT $4 OFFSET $5"
+            ),
+            &args,
+        )
+        .await?;
+    let total: i64 = client
+        .query_one(
+            &format!("SELECT count(*) AS n FROM comb.queues WHERE {QUEUE_WHERE}"),
+            &args[..3],
+        )
+        .await?
+        .get("n");
+    Ok((rows.iter().map(QueueRow::from_row).collect(), total))
+}
+
+/// One queue's catalog row.
+pub(crate) async fn queue_row(
+    client: &impl GenericClient,
+    queue_id: Uuid,
+) -> Result<Option<QueueRow>, DbError> {
+    Ok(client
+        .query_opt(
+            "SELECT id, name, namespace, task, created_at, options FROM comb.queues
+             WHERE id = $1",
+            &[&queue_id],
+        )
+        .await?
+        .as_ref()
+        .map(QueueRow::from_row))
+}
+
+/// How many of each thing the catalog holds, and every queue's id.
+#[derive(Debug, Clone)]
+pub(crate) struct Counts {
+    pub queues: i64,
+    pub partitions: i64,
+    pub namespaces: i64,
+    pub tasks: i64,
+    pub consumer_groups: i64,
+    pub queue_ids: Vec<Uuid>,
+}
+
+/// The catalog's [`Counts`], in one statement.
+pub(crate) async fn counts(client: &impl GenericClient) -> Result<Counts, DbError> {
+    let r = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM comb.queues) AS queues,
+                    (SELECT count(*) FROM comb.partitions) AS partitions,
+                    (SELECT count(DISTINCT namespace) FROM comb.queues) AS namespaces,
+                    (SELECT count(DISTINCT task) FROM comb.queues) AS tasks,
+                    (SELECT count(DISTINCT consumer_group) FROM comb.subscriptions) AS groups,
+                    ARRAY(SELECT id FROM comb.queues) AS ids",
+            &[],
+        )
+        .await?;
+    Ok(Counts {
+        queues: r.get("queues"),
+        partitions: r.get("partitions"),
+        namespaces: r.get("namespaces"),
+        tasks: r.get("tasks"),
+        consumer_groups: r.get("groups"),
+        queue_ids: r.get("ids"),
+    })
+}
+
+/// The queue column a grouping listing groups by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grouping {
+    Namespace,
+    Task,
+}
+
+/// Every queue's id with its namespace (or task), for queues that have one.
+pub(crate) async fn queues_by(
+    client: &impl GenericClient,
+    grouping: Grouping,
+) -> Result<Vec<(String, Uuid)>, DbError> {
+    let col = match grouping {
+        Grouping::Namespace => "namespace",
+        Grouping::Task => "task",
+    };
+    Ok(client
+        .query(
+            &format!("SELECT {col} AS v, id FROM comb.queues WHERE {col} IS NOT NULL"),
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get("v"), r.get("id")))
+        .collect())
+}
+
+/// A partition's catalog row, with its queue's name.
+#[derive(Debug, Clone)]
+pub(crate) struct PartitionRow {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    pub queue: String,
+}
+
+/// A page of partitions (of one queue, or of all by queue and name), and how many there
+/// are in all.
+pub(crate) async fn partition_page(
+    client: &impl GenericClient,
+    queue_id: Option<Uuid>,
+    limit: i64,
+    offset: i64,
+) -> Result<(Vec<PartitionRow>, i64), DbError> {
+    let rows = client
+        .query(
+            "SELECT p.id, p.name, p.created_at, q.name AS queue FROM comb.partitions p
+             JOIN comb.queues q ON q.id = p.queue_id
+             WHERE $1::uuid IS NULL OR p.queue_id = $1
+             ORDER BY q.name, p.name LIMIT $2 OFFSET $3",
+            &[&queue_id, &limit, &offset],
+        )
+        .await?;
+    let total: i64 = client
+        .query_one(
+            "SELECT count(*) AS n FROM comb.partitions WHERE $1::uuid IS NULL OR queue_id = $1",
+            &[&queue_id],
+        )
+        .await?
+        .get("n");
+    Ok((
+        rows.iter()
+            .map(|r| PartitionRow {
+                id: r.get("id"),
+                name: r.get("name"),
+                created_at: r.get("created_at"),
+                queue: r.get("queue"),
+            })
+            .collect(),
+        total,
+    ))
+}
+
+/// The queue's and the partition's names of each partition given that still exists.
+pub(crate) async fn partition_names(
+    client: &impl GenericClient,
+    partitions: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, (String, String)>, DbError> {
+    Ok(client
+        .query(
+            "SELECT p.id, q.name AS queue, p.name FROM comb.partitions p
+             JOIN comb.queues q ON q.id = p.queue_id
+             WHERE p.id = ANY ($1)",
+            &[&partitions],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get("id"), (r.get("queue"), r.get("name"))))
+        .collect())
+}

@@ -2,7 +2,6 @@
 
 use axum::Json;
 use axum::extract::State as AxState;
-use serde_json::Value;
 
 use super::params::{PathParams, QueryString, query};
 use super::{Problem, State};
@@ -33,11 +32,11 @@ pub(super) fn check_partition(partition: &str) -> Result<(), Problem> {
     get,
     path = "/api/v1/resources/overview",
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = resources::Overview),
         crate::http::admin_api::Refused,
     )
 )]
-pub async fn overview(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+pub async fn overview(AxState(app): AxState<State>) -> Result<Json<resources::Overview>, Problem> {
     Ok(Json(resources::overview(&app.pool).await?))
 }
 
@@ -52,11 +51,14 @@ pub async fn overview(AxState(app): AxState<State>) -> Result<Json<Value>, Probl
         crate::http::admin_api::PageParams,
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = resources::QueueList),
         crate::http::admin_api::Refused,
     )
 )]
-pub async fn queues(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+pub async fn queues(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<resources::QueueList>, Problem> {
     let params = query(q)?;
     let filter = QueueFilter {
         namespace: params.text("namespace")?,
@@ -77,7 +79,7 @@ pub async fn queues(AxState(app): AxState<State>, q: QueryString) -> Result<Json
         crate::http::admin_api::PageParams,
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = resources::QueueDetail),
         crate::http::admin_api::Refused,
     )
 )]
@@ -85,7 +87,7 @@ pub async fn queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<resources::QueueDetail>, Problem> {
     check_queue(&queue)?;
     let page = query(q)?.page()?;
     Ok(Json(resources::queue(&app.pool, &queue, page).await?))
@@ -100,14 +102,14 @@ pub async fn queue(
         crate::http::admin_api::PageParams,
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = resources::PartitionList),
         crate::http::admin_api::Refused,
     )
 )]
 pub async fn partitions(
     AxState(app): AxState<State>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<resources::PartitionList>, Problem> {
     let params = query(q)?;
     let queue = optional_queue(&params)?;
     Ok(Json(
@@ -120,11 +122,13 @@ pub async fn partitions(
     get,
     path = "/api/v1/resources/namespaces",
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = resources::GroupingList),
         crate::http::admin_api::Refused,
     )
 )]
-pub async fn namespaces(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+pub async fn namespaces(
+    AxState(app): AxState<State>,
+) -> Result<Json<resources::GroupingList>, Problem> {
     Ok(Json(
         resources::groupings(&app.pool, Grouping::Namespace).await?,
     ))
@@ -135,11 +139,11 @@ pub async fn namespaces(AxState(app): AxState<State>) -> Result<Json<Value>, Pro
     get,
     path = "/api/v1/resources/tasks",
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = resources::GroupingList),
         crate::http::admin_api::Refused,
     )
 )]
-pub async fn tasks(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+pub async fn tasks(AxState(app): AxState<State>) -> Result<Json<resources::GroupingList>, Problem> {
     Ok(Json(resources::groupings(&app.pool, Grouping::Task).await?))
 }
 
@@ -152,7 +156,7 @@ pub async fn tasks(AxState(app): AxState<State>) -> Result<Json<Value>, Problem>
         ("partition" = Option<String>, Query, description = "Only this partition"),
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = resources::Cleared),
         crate::http::admin_api::Refused,
     )
 )]
@@ -160,7 +164,7 @@ pub async fn clear(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<resources::Cleared>, Problem> {
     check_queue(&queue)?;
     let partition = query(q)?.text("partition")?;
     if let Some(p) = &partition {

@@ -39,14 +39,14 @@ fn short_text(name: &str, text: &str) -> Result<(), Problem> {
     path = "/api/v1/traces",
     request_body(content = crate::http::admin_api::TraceBody, content_type = "application/json"),
     responses(
-        (status = 201, description = "The event was recorded", body = serde_json::Value),
+        (status = 201, description = "The event was recorded", body = traces::TraceRecorded),
         crate::http::admin_api::Refused,
     )
 )]
 pub async fn record(
     AxState(app): AxState<State>,
     JsonBody(mut body): JsonBody<Map<String, Value>>,
-) -> Result<(StatusCode, Json<Value>), Problem> {
+) -> Result<(StatusCode, Json<traces::TraceRecorded>), Problem> {
     let data = body
         .remove("data")
         .ok_or_else(|| Problem::bad_request(Code::ParameterMissing, "`data` is required"))?;
@@ -119,14 +119,14 @@ pub async fn record(
         ("transactionId" = String, Path, description = "Message transaction id"),
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = traces::MessageTraces),
         crate::http::admin_api::Refused,
     )
 )]
 pub async fn of_message(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<traces::MessageTraces>, Problem> {
     let p = partition_id(&partition)?;
     short_text("transactionId", &transaction)?;
     Ok(Json(traces::of_message(&app.pool, p, &transaction).await?))
@@ -141,7 +141,7 @@ pub async fn of_message(
         crate::http::admin_api::PageParams,
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = traces::NamedTraces),
         crate::http::admin_api::Refused,
     )
 )]
@@ -149,7 +149,7 @@ pub async fn by_name(
     AxState(app): AxState<State>,
     PathParams(name): PathParams<String>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<traces::NamedTraces>, Problem> {
     short_text("traceName", &name)?;
     let page = query(q)?.page()?;
     Ok(Json(traces::by_name(&app.pool, &name, page).await?))
@@ -163,11 +163,14 @@ pub async fn by_name(
         crate::http::admin_api::PageParams,
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = traces::TraceNames),
         crate::http::admin_api::Refused,
     )
 )]
-pub async fn names(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+pub async fn names(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<traces::TraceNames>, Problem> {
     let page = query(q)?.page()?;
     Ok(Json(traces::names(&app.pool, page).await?))
 }
