@@ -8,6 +8,8 @@
 //! for pairs made since the newest per-minute snapshot, read from that snapshot for the
 //! others (`figuresAt` says when).
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use serde::{Deserialize, Serialize};
@@ -19,7 +21,8 @@ use super::cursors::{self, Selection, Target};
 use super::wire::{iso, iso_opt};
 use super::{MAX_LIMIT, Page, Refusal};
 use crate::backlog::group_lag;
-use crate::catalog::{Catalog, StartFrom, listing};
+use crate::catalog::listing::{self, Subscribers, SubscriptionRow};
+use crate::catalog::{Catalog, StartFrom};
 use crate::code::Code;
 
 /// How old a lag figure is, as columns `figures_at` and `figures_age`, for rows read over
@@ -28,11 +31,36 @@ const FIGURES_AT: &str = "l.figures_at,
     greatest(extract(epoch FROM now() - l.figures_at), 0)::float8 AS figures_age";
 
 /// Leases held now, summed over every (queue, group) as [`group_lag`] takes them.
-pub(crate) fn leases_sql() -> String {
-    format!(
-        "SELECT coalesce(sum(l.leased), 0)::bigint FROM comb.subscriptions sub {lag}",
-        lag = group_lag("SELECT queue_id, consumer_group FROM comb.subscriptions")
-    )
+pub(crate) async fn leases_held(client: &impl GenericClient) -> Result<i64, Refusal> {
+    let subs = listing::subscriptions(client, Subscribers::All).await?;
+    Ok(lag_of(client, &subs)
+        .await?
+        .values()
+        .map(|r| r.get::<_, i64>("leased"))
+        .sum())
+}
+
+/// The lag figures of the given subscriptions (see [`group_lag`]), by (queue id, group):
+/// one statement over the pairs.
+async fn lag_of(
+    client: &impl GenericClient,
+    subs: &[SubscriptionRow],
+) -> Result<HashMap<(Uuid, String), Row>, Refusal> {
+    let (queues, groups): (Vec<Uuid>, Vec<&str>) =
+        subs.iter().map(|s| (s.queue_id, s.group.as_str())).unzip();
+    let sql = format!(
+        "WITH sub AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS s(queue_id, consumer_group))
+         SELECT sub.queue_id, sub.consumer_group, l.partitions, l.lag, l.lag_seconds, l.leased,
+                l.oldest_unsettled_at, l.live, {FIGURES_AT}
+         FROM sub {lag}",
+        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
+    );
+    Ok(client
+        .query(&sql, &[&queues, &groups])
+        .await?
+        .into_iter()
+        .map(|r| ((r.get("queue_id"), r.get("consumer_group")), r))
+        .collect())
 }
 
 /// When a lag figure was taken: now for pairs computed live, else the per-minute snapshot's
@@ -79,28 +107,22 @@ pub(crate) async fn of_queue(
     client: &impl GenericClient,
     queue_id: Uuid,
 ) -> Result<Vec<QueueGroup>, Refusal> {
-    let sql = format!(
-        "WITH sub AS (SELECT * FROM comb.subscriptions WHERE queue_id = $1
-                      ORDER BY consumer_group LIMIT {MAX_LIMIT})
-         SELECT sub.consumer_group, sub.mode, sub.created_at, l.partitions, l.lag,
-                l.lag_seconds, l.leased, {FIGURES_AT}
-         FROM sub {lag}
-         ORDER BY sub.consumer_group",
-        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
-    );
-    Ok(client
-        .query(&sql, &[&queue_id])
-        .await?
-        .iter()
-        .map(|r| QueueGroup {
-            name: r.get("consumer_group"),
-            mode: r.get("mode"),
-            subscribed_at: r.get("created_at"),
-            partitions: r.get("partitions"),
-            lag: r.get("lag"),
-            lag_seconds: r.get("lag_seconds"),
-            leased_partitions: r.get("leased"),
-            figures: FiguresAt::from_row(r),
+    let subs = listing::subscriptions(client, Subscribers::OfQueue(queue_id, MAX_LIMIT)).await?;
+    let mut lags = lag_of(client, &subs).await?;
+    Ok(subs
+        .into_iter()
+        .filter_map(|s| {
+            let r = lags.remove(&(s.queue_id, s.group.clone()))?;
+            Some(QueueGroup {
+                name: s.group,
+                mode: s.mode,
+                subscribed_at: s.created_at,
+                partitions: r.get("partitions"),
+                lag: r.get("lag"),
+                lag_seconds: r.get("lag_seconds"),
+                leased_partitions: r.get("leased"),
+                figures: FiguresAt::from_row(&r),
+            })
         })
         .collect())
 }
@@ -137,23 +159,16 @@ pub(crate) struct GroupQueueLag {
 /// seconds), as Queen answers it: a JSON array, groups and their queues by name.
 pub async fn list(pool: &Pool) -> Result<Vec<GroupSummary>, Refusal> {
     let client = pool.get().await?;
-    let sql = format!(
-        "WITH sub AS (SELECT * FROM comb.subscriptions
-                      ORDER BY consumer_group, queue_id LIMIT {MAX_LIMIT})
-         SELECT sub.consumer_group, q.name AS queue, sub.mode, l.partitions, l.lag,
-                l.lag_seconds, l.leased, {FIGURES_AT}
-         FROM sub
-         JOIN comb.queues q ON q.id = sub.queue_id
-         {lag}
-         ORDER BY sub.consumer_group, q.name",
-        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
-    );
+    let subs = listing::subscriptions(&**client, Subscribers::First(MAX_LIMIT)).await?;
+    let mut lags = lag_of(&**client, &subs).await?;
     let mut groups: Vec<GroupSummary> = Vec::new();
-    for r in client.query(&sql, &[]).await? {
-        let name: String = r.get("consumer_group");
+    for s in subs {
+        let Some(r) = lags.remove(&(s.queue_id, s.group.clone())) else {
+            continue;
+        };
         let queue = GroupQueueLag {
-            queue: r.get("queue"),
-            mode: r.get("mode"),
+            queue: s.queue,
+            mode: s.mode,
             partitions: r.get("partitions"),
             lag: r.get("lag"),
             lag_seconds: r.get("lag_seconds"),
@@ -161,9 +176,9 @@ pub async fn list(pool: &Pool) -> Result<Vec<GroupSummary>, Refusal> {
             figures: FiguresAt::from_row(&r),
         };
         match groups.last_mut() {
-            Some(g) if g.name == name => g.queues.push(queue),
+            Some(g) if g.name == s.group => g.queues.push(queue),
             _ => groups.push(GroupSummary {
-                name,
+                name: s.group,
                 queues: vec![queue],
                 queue_count: 0,
                 total_lag: 0,
@@ -244,70 +259,59 @@ pub async fn detail(
     page: Page,
 ) -> Result<GroupDetail, Refusal> {
     let client = pool.get().await?;
-    // A row per (queue, partition of the page); a queue whose page is empty comes once, with
-    // NULL partition columns.
-    let sql = format!(
-        "SELECT q.name AS queue, sub.mode, sub.created_at, l.lag, l.lag_seconds, {FIGURES_AT},
-                l.partitions AS partitions_total, px.id AS partition_id,
-                px.name AS partition, px.cursor_pos, px.head, px.lag AS partition_lag,
-                coalesce(extract(epoch FROM now() - px.oldest_unsettled_at), 0)::float8
-                    AS partition_lag_seconds,
-                px.lease_id, px.lease_expires_at, px.last_claimed_at
-         FROM comb.subscriptions sub
-         JOIN comb.queues q ON q.id = sub.queue_id
-         {lag}
-         LEFT JOIN LATERAL (
-             SELECT p.id, p.name, x.*
-             FROM (SELECT p.* FROM comb.partitions p
-                   WHERE p.queue_id = sub.queue_id
-                   ORDER BY p.name LIMIT $2 OFFSET $3) p
-             CROSS JOIN LATERAL comb.cursor_lag(p.id, sub.consumer_group) x
-         ) px ON true
-         WHERE sub.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)
-         ORDER BY q.name, px.name",
-        lag = group_lag(
-            "SELECT s.queue_id, s.consumer_group FROM comb.subscriptions s
-             JOIN comb.queues q ON q.id = s.queue_id
-             WHERE s.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)"
+    let subs = listing::subscriptions(&**client, Subscribers::OfGroup(group, queue)).await?;
+    let mut lags = lag_of(&**client, &subs).await?;
+    let queue_ids: Vec<Uuid> = subs.iter().map(|s| s.queue_id).collect();
+    let pages = listing::partition_pages(&**client, &queue_ids, page.limit, page.offset).await?;
+    // Each cursor of the pages, exact; a partition the group has no cursor in is left out.
+    let partition_ids: Vec<Uuid> = pages.iter().map(|(_, p, _)| *p).collect();
+    let mut cursors: HashMap<Uuid, Row> = client
+        .query(
+            "SELECT k.p, x.cursor_pos, x.head, x.lag,
+                    coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8
+                        AS lag_seconds,
+                    x.lease_id, x.lease_expires_at, x.last_claimed_at
+             FROM unnest($1::uuid[]) AS k(p)
+             CROSS JOIN LATERAL comb.cursor_lag(k.p, $2) x",
+            &[&partition_ids, &group],
         )
-    );
-    let rows = client
-        .query(&sql, &[&group, &page.limit, &page.offset, &queue])
-        .await?;
-    let mut queues: Vec<GroupQueueDetail> = Vec::new();
-    for r in &rows {
-        let name: String = r.get("queue");
-        if queues.last().is_none_or(|q| q.queue != name) {
-            queues.push(GroupQueueDetail {
-                queue: name,
-                mode: r.get("mode"),
-                subscribed_at: r.get("created_at"),
-                lag: r.get("lag"),
-                lag_seconds: r.get("lag_seconds"),
-                figures: FiguresAt::from_row(r),
-                partitions_total: r.get("partitions_total"),
-                partitions: Vec::new(),
-            });
-        }
-        let Some(partition_id) = r.get::<_, Option<Uuid>>("partition_id") else {
+        .await?
+        .into_iter()
+        .map(|r| (r.get("p"), r))
+        .collect();
+    let mut by_queue: HashMap<Uuid, Vec<GroupPartition>> = HashMap::new();
+    for (queue_id, partition_id, name) in pages {
+        let Some(x) = cursors.remove(&partition_id) else {
             continue;
         };
-        queues
-            .last_mut()
-            .expect("pushed above")
-            .partitions
-            .push(GroupPartition {
-                partition_id,
-                partition: r.get("partition"),
-                cursor: r.get("cursor_pos"),
-                head: r.get("head"),
-                lag: r.get("partition_lag"),
-                lag_seconds: r.get("partition_lag_seconds"),
-                lease_id: r.get("lease_id"),
-                lease_expires_at: r.get("lease_expires_at"),
-                last_claimed_at: r.get("last_claimed_at"),
-            });
+        by_queue.entry(queue_id).or_default().push(GroupPartition {
+            partition_id,
+            partition: name,
+            cursor: x.get("cursor_pos"),
+            head: x.get("head"),
+            lag: x.get("lag"),
+            lag_seconds: x.get("lag_seconds"),
+            lease_id: x.get("lease_id"),
+            lease_expires_at: x.get("lease_expires_at"),
+            last_claimed_at: x.get("last_claimed_at"),
+        });
     }
+    let queues: Vec<GroupQueueDetail> = subs
+        .into_iter()
+        .filter_map(|s| {
+            let r = lags.remove(&(s.queue_id, s.group.clone()))?;
+            Some(GroupQueueDetail {
+                partitions: by_queue.remove(&s.queue_id).unwrap_or_default(),
+                queue: s.queue,
+                mode: s.mode,
+                subscribed_at: s.created_at,
+                lag: r.get("lag"),
+                lag_seconds: r.get("lag_seconds"),
+                figures: FiguresAt::from_row(&r),
+                partitions_total: r.get("partitions"),
+            })
+        })
+        .collect();
     if queues.is_empty() {
         return Err(match queue {
             Some(queue) => Refusal::not_found(
@@ -364,51 +368,76 @@ pub(crate) struct LaggingSnapshot {
 /// partition.
 pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Vec<LaggingCursor>, Refusal> {
     let client = pool.get().await?;
-    let sql = format!(
-        "WITH sub AS (SELECT queue_id, consumer_group FROM comb.subscriptions), pairs AS (
-            SELECT l.* FROM sub {lag}
-         )
-         SELECT * FROM (
-            SELECT l.consumer_group, q.name AS queue, p.name AS partition,
-                   p.id AS partition_id, x.lag,
-                   extract(epoch FROM now() - x.oldest_unsettled_at)::float8 AS lag_seconds,
-                   x.oldest_unsettled_at, false AS whole, NULL::bigint AS partitions,
-                   NULL::timestamptz AS figures_at, NULL::float8 AS figures_age,
-                   extract(epoch FROM now() - x.oldest_unsettled_at) AS secs
-            FROM pairs l
-            CROSS JOIN LATERAL comb.lagging_cursors(
-                CASE WHEN l.live THEN l.queue_id END, l.consumer_group, $1) x
-            JOIN comb.partitions p ON p.id = x.partition_id
-            JOIN comb.queues q ON q.id = l.queue_id
-            UNION ALL
-            SELECT l.consumer_group, q.name, NULL, NULL, l.lag, l.lag_seconds,
-                   l.oldest_unsettled_at, true, l.partitions, {FIGURES_AT},
-                   extract(epoch FROM now() - l.oldest_unsettled_at)
-            FROM pairs l JOIN comb.queues q ON q.id = l.queue_id
-            WHERE NOT l.live AND l.lag > 0
-              AND l.oldest_unsettled_at <= now() - make_interval(secs => $1)
-         ) u
-         ORDER BY secs DESC LIMIT {MAX_LIMIT}",
-        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
-    );
-    Ok(client
-        .query(&sql, &[&min_seconds])
-        .await?
+    let subs = listing::subscriptions(&**client, Subscribers::All).await?;
+    let lags = lag_of(&**client, &subs).await?;
+    // Pairs computed now: each lagging cursor, exact.
+    let (live_queues, live_groups): (Vec<Uuid>, Vec<&str>) = subs
         .iter()
-        .map(|r| LaggingCursor {
-            consumer_group: r.get("consumer_group"),
-            queue: r.get("queue"),
-            partition: r.get("partition"),
-            partition_id: r.get("partition_id"),
-            lag: r.get("lag"),
-            lag_seconds: r.get("lag_seconds"),
-            oldest_unsettled_at: r.get("oldest_unsettled_at"),
-            snapshot: r.get::<_, bool>("whole").then(|| LaggingSnapshot {
+        .filter(|s| {
+            lags.get(&(s.queue_id, s.group.clone()))
+                .is_some_and(|r| r.get::<_, bool>("live"))
+        })
+        .map(|s| (s.queue_id, s.group.as_str()))
+        .unzip();
+    let cursors = client
+        .query(
+            "SELECT k.g, k.q, x.partition_id, x.lag, x.oldest_unsettled_at,
+                    extract(epoch FROM now() - x.oldest_unsettled_at)::float8 AS lag_seconds
+             FROM unnest($1::uuid[], $2::text[]) AS k(q, g)
+             CROSS JOIN LATERAL comb.lagging_cursors(k.q, k.g, $3) x",
+            &[&live_queues, &live_groups, &min_seconds],
+        )
+        .await?;
+    let partition_ids: Vec<Uuid> = cursors.iter().map(|r| r.get("partition_id")).collect();
+    let places = listing::partition_names(&**client, &partition_ids).await?;
+    let mut out: Vec<LaggingCursor> = cursors
+        .iter()
+        .filter_map(|r| {
+            let partition_id: Uuid = r.get("partition_id");
+            let (queue, partition) = places.get(&partition_id)?.clone();
+            Some(LaggingCursor {
+                consumer_group: r.get("g"),
+                queue,
+                partition: Some(partition),
+                partition_id: Some(partition_id),
+                lag: r.get("lag"),
+                lag_seconds: r.get("lag_seconds"),
+                oldest_unsettled_at: r.get("oldest_unsettled_at"),
+                snapshot: None,
+            })
+        })
+        .collect();
+    // Pairs served from the snapshot: once for the whole queue.
+    for s in &subs {
+        let Some(r) = lags.get(&(s.queue_id, s.group.clone())) else {
+            continue;
+        };
+        let oldest: Option<DateTime<Utc>> = r.get("oldest_unsettled_at");
+        let lag: i64 = r.get("lag");
+        let lag_seconds: f64 = r.get("lag_seconds");
+        if r.get::<_, bool>("live") || lag <= 0 || oldest.is_none() || lag_seconds < min_seconds {
+            continue;
+        }
+        out.push(LaggingCursor {
+            consumer_group: s.group.clone(),
+            queue: s.queue.clone(),
+            partition: None,
+            partition_id: None,
+            lag,
+            lag_seconds: Some(lag_seconds),
+            oldest_unsettled_at: oldest,
+            snapshot: Some(LaggingSnapshot {
                 partitions: r.get("partitions"),
                 figures: FiguresAt::from_row(r),
             }),
-        })
-        .collect())
+        });
+    }
+    out.sort_by(|a, b| {
+        let secs = |c: &LaggingCursor| c.lag_seconds.unwrap_or(f64::NEG_INFINITY);
+        secs(b).total_cmp(&secs(a))
+    });
+    out.truncate(MAX_LIMIT as usize);
+    Ok(out)
 }
 
 /// What `DELETE /api/v1/consumer-groups/{group}/queues/{queue}` did.

@@ -15,9 +15,14 @@ use deadpool_postgres::Pool;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use std::collections::HashMap;
+
+use uuid::Uuid;
+
 use super::resources::{Overview, QueueDetail, QueueList};
 use super::wire::{iso, iso_opt};
 use super::{Page, Refusal};
+use crate::catalog::listing;
 use crate::code::Code;
 use crate::metrics::{Metrics, QueueCounts};
 
@@ -255,10 +260,7 @@ pub async fn status(pool: &Pool, range: Range) -> Result<Status, Refusal> {
     let overview = super::resources::overview(pool).await?;
     let client = pool.get().await?;
     let (buckets, minutes) = series(&client, range, None).await?;
-    let leases: i64 = client
-        .query_one(&super::groups::leases_sql(), &[])
-        .await?
-        .get(0);
+    let leases = super::groups::leases_held(&**client).await?;
     Ok(Status {
         overview,
         totals: Totals::of(&buckets),
@@ -465,10 +467,10 @@ pub(crate) struct TableStats {
     pub last_autovacuum: Option<DateTime<Utc>>,
 }
 
-/// The minute's snapshot: each queue's figures and each group's lag on each queue, computed
-/// now over every partition and cursor (exact), for the listings that serve the figures of
-/// large queues from it (`comb.queue_figures`, `comb.group_figures`).
-const SNAPSHOT_SQL: &str = "
+/// The minute's snapshot of each queue's figures, computed now over every partition (exact),
+/// for the queues whose ids are `$1`: what the listings serve large queues' totals from
+/// (`comb.queue_figures`).
+const QUEUE_SNAPSHOT_SQL: &str = "
 INSERT INTO comb.queue_minutes
     (day, minute, queue_id, total, pending, processing, dead_letters, lag_seconds,
      partitions, oldest_pending_at, last_message_at, taken_at)
@@ -476,18 +478,24 @@ SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), q.id,
        l.total, l.pending, l.processing, l.dead_letters,
        coalesce(extract(epoch FROM now() - l.oldest_pending_at), 0)::float8,
        l.partitions, l.oldest_pending_at, l.last_message_at, now()
-FROM comb.queues q CROSS JOIN LATERAL comb.queue_live(q.id) l
-ON CONFLICT DO NOTHING;
+FROM unnest($1::uuid[]) AS q(id) CROSS JOIN LATERAL comb.queue_live(q.id) l
+ON CONFLICT DO NOTHING";
+
+/// The minute's snapshot of each group's lag on each queue it reads, for the (queue, group)
+/// pairs `$1`, `$2` (`comb.group_figures`).
+const GROUP_SNAPSHOT_SQL: &str = "
 INSERT INTO comb.group_minutes
     (day, minute, queue_id, consumer_group, partitions, lag, oldest_unsettled_at, leased,
      taken_at)
 SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), s.queue_id,
        s.consumer_group, l.partitions, l.lag, l.oldest_unsettled_at, l.leased, now()
-FROM comb.subscriptions s CROSS JOIN LATERAL comb.group_live(s.queue_id, s.consumer_group) l
+FROM unnest($1::uuid[], $2::text[]) AS s(queue_id, consumer_group)
+CROSS JOIN LATERAL comb.group_live(s.queue_id, s.consumer_group) l
 ON CONFLICT DO NOTHING";
 
 /// Writes what this server did to `comb.server_minutes` every `interval`, and, once a
-/// minute, on whichever server gets there first, the snapshot of [`SNAPSHOT_SQL`]. Runs
+/// minute, on whichever server gets there first, the snapshot of [`QUEUE_SNAPSHOT_SQL`] and
+/// [`GROUP_SNAPSHOT_SQL`]. Runs
 /// forever; failures are logged and the next tick tries again.
 pub async fn record(pool: Pool, metrics: Arc<Metrics>, server: String, interval: Duration) {
     let mut last = [0u64; 5];
@@ -533,20 +541,26 @@ async fn write_queue_counts(pool: &Pool, server: &str, metrics: &Metrics) {
     };
     let names: Vec<&str> = counts.iter().map(|(q, _)| &**q).collect();
     let written = async {
-        pool.get()
+        let client = pool.get().await?;
+        // Names to ids through the catalog; counts of a queue deleted since are dropped.
+        let ids: HashMap<String, Uuid> = listing::queue_ids_by_name(&**client, &names)
             .await?
+            .into_iter()
+            .collect();
+        let ids: Vec<Option<Uuid>> = names.iter().map(|n| ids.get(*n).copied()).collect();
+        client
             .execute(
                 "INSERT INTO comb.queue_counts
                      (day, minute, server, queue_id, pushed, popped, acked, failed, dead_lettered)
-                 SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), $1, q.id,
+                 SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), $1, u.id,
                         u.pushed, u.popped, u.acked, u.failed, u.dead_lettered
-                 FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+                 FROM unnest($2::uuid[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
                              $7::bigint[])
-                     AS u(name, pushed, popped, acked, failed, dead_lettered)
-                 JOIN comb.queues q ON q.name = u.name",
+                     AS u(id, pushed, popped, acked, failed, dead_lettered)
+                 WHERE u.id IS NOT NULL",
                 &[
                     &server,
-                    &names,
+                    &ids,
                     &column(|c| c.pushed),
                     &column(|c| c.popped),
                     &column(|c| c.acked),
@@ -596,7 +610,15 @@ async fn write_minute(pool: &Pool, server: &str, delta: &[i64]) -> Result<(), Re
         .await?
         .get(0);
     if mine && !taken {
-        tx.batch_execute(SNAPSHOT_SQL).await?;
+        let queues = listing::queue_ids(&*tx).await?;
+        tx.execute(QUEUE_SNAPSHOT_SQL, &[&queues]).await?;
+        let (queues, groups): (Vec<Uuid>, Vec<String>) =
+            listing::subscriptions(&*tx, listing::Subscribers::All)
+                .await?
+                .into_iter()
+                .map(|s| (s.queue_id, s.group))
+                .unzip();
+        tx.execute(GROUP_SNAPSHOT_SQL, &[&queues, &groups]).await?;
     }
     tx.commit().await?;
     Ok(())

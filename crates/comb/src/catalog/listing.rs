@@ -325,3 +325,149 @@ pub(crate) async fn partition_names(
         .map(|r| (r.get("id"), (r.get("queue"), r.get("name"))))
         .collect())
 }
+
+/// A group's subscription to a queue, with the queue's name.
+#[derive(Debug, Clone)]
+pub(crate) struct SubscriptionRow {
+    pub queue_id: Uuid,
+    pub queue: String,
+    pub group: String,
+    /// `all`, `new` or `from`.
+    pub mode: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Which subscriptions [`subscriptions`] reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Subscribers<'a> {
+    /// Every group of one queue, the first `limit` groups by name.
+    OfQueue(Uuid, i64),
+    /// The first `limit` subscriptions by group and queue id.
+    First(i64),
+    /// One group's, of every queue or of the queue named.
+    OfGroup(&'a str, Option<&'a str>),
+    /// Every subscription.
+    All,
+}
+
+/// The subscriptions `which` selects, by group and then queue name.
+pub(crate) async fn subscriptions(
+    client: &impl GenericClient,
+    which: Subscribers<'_>,
+) -> Result<Vec<SubscriptionRow>, DbError> {
+    const COLUMNS: &str = "s.queue_id, q.name AS queue, s.consumer_group, s.mode, s.created_at";
+    let rows = match which {
+        Subscribers::OfQueue(queue_id, limit) => {
+            client
+                .query(
+                    &format!(
+                        "SELECT {COLUMNS} FROM (SELECT * FROM comb.subscriptions
+                                               WHERE queue_id = $1
+                                               ORDER BY consumer_group LIMIT $2) s
+                         JOIN comb.queues q ON q.id = s.queue_id
+                         ORDER BY s.consumer_group"
+                    ),
+                    &[&queue_id, &limit],
+                )
+                .await?
+        }
+        Subscribers::First(limit) => {
+            client
+                .query(
+                    &format!(
+                        "SELECT {COLUMNS} FROM (SELECT * FROM comb.subscriptions
+                                               ORDER BY consumer_group, queue_id LIMIT $1) s
+                         JOIN comb.queues q ON q.id = s.queue_id
+                         ORDER BY s.consumer_group, q.name"
+                    ),
+                    &[&limit],
+                )
+                .await?
+        }
+        Subscribers::OfGroup(group, queue) => {
+            client
+                .query(
+                    &format!(
+                        "SELECT {COLUMNS} FROM comb.subscriptions s
+                         JOIN comb.queues q ON q.id = s.queue_id
+                         WHERE s.consumer_group = $1 AND ($2::text IS NULL OR q.name = $2)
+                         ORDER BY q.name"
+                    ),
+                    &[&group, &queue],
+                )
+                .await?
+        }
+        Subscribers::All => {
+            client
+                .query(
+                    &format!(
+                        "SELECT {COLUMNS} FROM comb.subscriptions s
+                         JOIN comb.queues q ON q.id = s.queue_id
+                         ORDER BY s.consumer_group, q.name"
+                    ),
+                    &[],
+                )
+                .await?
+        }
+    };
+    Ok(rows
+        .iter()
+        .map(|r| SubscriptionRow {
+            queue_id: r.get("queue_id"),
+            queue: r.get("queue"),
+            group: r.get("consumer_group"),
+            mode: r.get("mode"),
+            created_at: r.get("created_at"),
+        })
+        .collect())
+}
+
+/// A page of each given queue's partitions by name (`limit` after `offset` per queue), in
+/// the queues' order: (queue id, partition id, partition name).
+pub(crate) async fn partition_pages(
+    client: &impl GenericClient,
+    queue_ids: &[Uuid],
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<(Uuid, Uuid, String)>, DbError> {
+    Ok(client
+        .query(
+            "SELECT k.id AS queue_id, p.id, p.name
+             FROM unnest($1::uuid[]) WITH ORDINALITY AS k(id, i)
+             CROSS JOIN LATERAL (SELECT p.id, p.name FROM comb.partitions p
+                                 WHERE p.queue_id = k.id
+                                 ORDER BY p.name LIMIT $2 OFFSET $3) p
+             ORDER BY k.i, p.name",
+            &[&queue_ids, &limit, &offset],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get("queue_id"), r.get("id"), r.get("name")))
+        .collect())
+}
+
+/// Every queue's id.
+pub(crate) async fn queue_ids(client: &impl GenericClient) -> Result<Vec<Uuid>, DbError> {
+    Ok(client
+        .query("SELECT id FROM comb.queues", &[])
+        .await?
+        .iter()
+        .map(|r| r.get("id"))
+        .collect())
+}
+
+/// The ids of the queues named, each with its name; names of no queue are left out.
+pub(crate) async fn queue_ids_by_name(
+    client: &impl GenericClient,
+    names: &[&str],
+) -> Result<Vec<(String, Uuid)>, DbError> {
+    Ok(client
+        .query(
+            "SELECT name, id FROM comb.queues WHERE name = ANY ($1)",
+            &[&names],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get("name"), r.get("id")))
+        .collect())
+}
