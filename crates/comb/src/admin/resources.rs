@@ -542,3 +542,10 @@ pub async fn clear(
         messages_cleared: moved.unsettled_before,
     })
 }
+
+/// What `DELETE /api/v1/resources/queues/{queue}` did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct QueueDeleted {
+    pub deleted: bool,
+    pub queue: String,
+}
