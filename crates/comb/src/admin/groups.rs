@@ -70,6 +70,7 @@ async fn lag_of(
 pub(crate) struct FiguresAt {
     #[serde(serialize_with = "iso_opt")]
     pub figures_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "super::wire::num_opt")]
     pub figures_age_seconds: Option<f64>,
 }
 
@@ -96,6 +97,7 @@ pub(crate) struct QueueGroup {
     /// Messages not yet settled.
     pub lag: i64,
     /// Age of the oldest unsettled message.
+    #[serde(serialize_with = "super::wire::num")]
     pub lag_seconds: f64,
     pub leased_partitions: i64,
     #[serde(flatten)]
@@ -136,6 +138,7 @@ pub(crate) struct GroupSummary {
     pub queues: Vec<GroupQueueLag>,
     pub queue_count: i64,
     pub total_lag: i64,
+    #[serde(serialize_with = "super::wire::num")]
     pub max_lag_seconds: f64,
     /// `Stable` with nothing unsettled, else `Lagging`.
     pub state: String,
@@ -149,6 +152,7 @@ pub(crate) struct GroupQueueLag {
     pub mode: String,
     pub partitions: i64,
     pub lag: i64,
+    #[serde(serialize_with = "super::wire::num")]
     pub lag_seconds: f64,
     pub leased_partitions: i64,
     #[serde(flatten)]
@@ -224,6 +228,7 @@ pub(crate) struct GroupQueueDetail {
     #[serde(serialize_with = "iso")]
     pub subscribed_at: DateTime<Utc>,
     pub lag: i64,
+    #[serde(serialize_with = "super::wire::num")]
     pub lag_seconds: f64,
     #[serde(flatten)]
     pub figures: FiguresAt,
@@ -241,6 +246,7 @@ pub(crate) struct GroupPartition {
     pub cursor: Option<i64>,
     pub head: Option<i64>,
     pub lag: Option<i64>,
+    #[serde(serialize_with = "super::wire::num")]
     pub lag_seconds: f64,
     pub lease_id: Option<Uuid>,
     #[serde(serialize_with = "iso_opt")]
@@ -343,6 +349,7 @@ pub(crate) struct LaggingCursor {
     pub partition: Option<String>,
     pub partition_id: Option<Uuid>,
     pub lag: i64,
+    #[serde(serialize_with = "super::wire::num_opt")]
     pub lag_seconds: Option<f64>,
     #[serde(serialize_with = "iso_opt")]
     pub oldest_unsettled_at: Option<DateTime<Utc>>,

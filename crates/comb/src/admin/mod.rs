@@ -32,6 +32,24 @@ pub(crate) mod wire {
         s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
     }
 
+    /// A figure as PostgreSQL writes a `float8` in JSON: a whole number without a fraction
+    /// (`0`, not `0.0`), so answers and the CLI's tables read as they always have.
+    pub(crate) fn num<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.fract() == 0.0 && x.abs() < 9.0e15 {
+            s.serialize_i64(*x as i64)
+        } else {
+            s.serialize_f64(*x)
+        }
+    }
+
+    /// [`num`] of a figure that may be absent (`null`).
+    pub(crate) fn num_opt<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match x {
+            Some(x) => num(x, s),
+            None => s.serialize_none(),
+        }
+    }
+
     /// [`iso`] of a time that may be absent (`null`).
     pub(crate) fn iso_opt<S: Serializer>(
         t: &Option<DateTime<Utc>>,

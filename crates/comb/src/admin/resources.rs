@@ -56,11 +56,13 @@ pub(crate) struct QueueFigures {
     pub dead_letters: Option<i64>,
     #[serde(serialize_with = "iso_opt")]
     pub oldest_pending_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "super::wire::num")]
     pub oldest_pending_age_seconds: f64,
     #[serde(serialize_with = "iso_opt")]
     pub last_message_at: Option<DateTime<Utc>>,
     #[serde(serialize_with = "iso_opt")]
     pub figures_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "super::wire::num_opt")]
     pub figures_age_seconds: Option<f64>,
     /// Whether the figures were computed now rather than read from the snapshot.
     pub figures_live: Option<bool>,
@@ -133,10 +135,12 @@ pub(crate) struct Overview {
     pub messages: MessageCounts,
     #[serde(serialize_with = "iso_opt")]
     pub oldest_pending_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "super::wire::num")]
     pub oldest_pending_age_seconds: f64,
     /// When the oldest of the queue totals summed was taken.
     #[serde(serialize_with = "iso")]
     pub figures_at: DateTime<Utc>,
+    #[serde(serialize_with = "super::wire::num")]
     pub figures_age_seconds: f64,
     #[serde(serialize_with = "iso")]
     pub timestamp: DateTime<Utc>,
@@ -222,6 +226,7 @@ pub(crate) struct PartitionFigures {
     pub consumer_groups: Option<i64>,
     #[serde(serialize_with = "iso_opt")]
     pub oldest_pending_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "super::wire::num")]
     pub oldest_pending_age_seconds: f64,
     #[serde(serialize_with = "iso_opt")]
     pub last_message_at: Option<DateTime<Utc>>,
@@ -290,6 +295,7 @@ pub(crate) struct PartitionGroupLag {
     pub consumer_group: String,
     pub cursor: Option<i64>,
     pub lag: Option<i64>,
+    #[serde(serialize_with = "super::wire::num")]
     pub lag_seconds: f64,
     #[serde(serialize_with = "iso_opt")]
     pub lease_expires_at: Option<DateTime<Utc>>,

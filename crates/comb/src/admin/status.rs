@@ -128,12 +128,15 @@ pub(crate) struct Bucket {
     pub acked: i64,
     pub failed: i64,
     pub dead_lettered: i64,
+    #[serde(serialize_with = "super::wire::num")]
     pub pushed_per_second: f64,
+    #[serde(serialize_with = "super::wire::num")]
     pub acked_per_second: f64,
     pub messages: Option<i64>,
     pub pending: Option<i64>,
     pub processing: Option<i64>,
     pub dead_letters: Option<i64>,
+    #[serde(serialize_with = "super::wire::num_opt")]
     pub lag_seconds: Option<f64>,
 }
 
@@ -439,8 +442,10 @@ pub(crate) struct PostgresStats {
     /// Connections to the database by state (`active`, `idle`, …; `other` without one).
     pub connections: std::collections::BTreeMap<String, i64>,
     pub max_connections: i32,
+    #[serde(serialize_with = "super::wire::num_opt")]
     pub cache_hit_ratio: Option<f64>,
     pub transactions: Transactions,
+    #[serde(serialize_with = "super::wire::num_opt")]
     pub oldest_transaction_seconds: Option<f64>,
     /// Comb's tables, the largest first (a partitioned table with its parts).
     pub tables: Vec<TableStats>,

@@ -60,6 +60,19 @@ impl AdminApi {
         })
     }
 
+    /// `POST path` with a JSON body, the answer decoded into the administration's type for it.
+    pub async fn post_as<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<T, ApiError> {
+        let Json(value) = self.post(path, body).await?;
+        serde_json::from_value(value).map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            detail: format!("reading the answer: {e}"),
+        })
+    }
+
     /// `POST path` with a JSON body.
     pub async fn post(&self, path: &str, body: &Value) -> Result<Json, ApiError> {
         self.call(Method::POST, path, Some(body)).await

@@ -8,7 +8,7 @@ use axum::response::Response;
 use chrono::{Duration, Utc};
 
 use super::chart::{self, Series};
-use super::{AdminApi, Json, enc, figures, respond, unavailable};
+use super::{AdminApi, enc, figures, respond, unavailable};
 use crate::admin::resources::{QueueFigures, QueueList};
 use crate::admin::status::{Servers, Status};
 use crate::http::State;
@@ -204,25 +204,8 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     )
 }
 
-/// Where the administration API's answers hold the figures pages show.
-pub(crate) const DEPTH: &[&str] = &["messages.pending"];
-pub(crate) const IN_FLIGHT: &[&str] = &["messages.processing"];
-pub(crate) const DEAD: &[&str] = &["messages.deadLetters", "deadLetters"];
-
 /// Age of the oldest pending message of a queue, partition or the whole system; none when
 /// nothing is pending.
-pub(crate) fn oldest_pending(q: &Json) -> Option<f64> {
-    if q.at("oldestPendingAt").is_null() {
-        return None;
-    }
-    q.num(&["oldestPendingAgeSeconds"])
-}
-/// Age of the oldest pending message, from a typed answer: none when nothing is pending.
-fn pending_age(at: Option<chrono::DateTime<Utc>>, age_seconds: f64) -> Option<f64> {
+pub(crate) fn pending_age(at: Option<chrono::DateTime<Utc>>, age_seconds: f64) -> Option<f64> {
     at.map(|_| age_seconds)
-}
-
-/// A queue's pending messages.
-pub(crate) fn queue_depth(q: &Json) -> i64 {
-    q.count(DEPTH)
 }
