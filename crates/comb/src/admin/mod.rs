@@ -60,6 +60,40 @@ pub(crate) mod wire {
             None => s.serialize_none(),
         }
     }
+    #[cfg(test)]
+    mod tests {
+        use chrono::TimeZone;
+
+        #[derive(serde::Serialize)]
+        struct Figures {
+            #[serde(serialize_with = "super::num")]
+            whole: f64,
+            #[serde(serialize_with = "super::num")]
+            fraction: f64,
+            #[serde(serialize_with = "super::num_opt")]
+            absent: Option<f64>,
+            #[serde(serialize_with = "super::iso")]
+            at: chrono::DateTime<chrono::Utc>,
+        }
+
+        #[test]
+        fn figures_and_times_are_written_as_the_database_wrote_them() {
+            let at = chrono::Utc
+                .timestamp_opt(1_700_000_000, 123_456_789)
+                .single()
+                .unwrap();
+            let figures = Figures {
+                whole: 0.0,
+                fraction: 1.5,
+                absent: None,
+                at,
+            };
+            assert_eq!(
+                serde_json::to_string(&figures).unwrap(),
+                r#"{"whole":0,"fraction":1.5,"absent":null,"at":"2023-11-14T22:13:20.123Z"}"#
+            );
+        }
+    }
 }
 
 /// Most rows a listing answers at once.

@@ -127,7 +127,8 @@ impl AdminApi {
 }
 
 /// A decoded answer, read tolerantly: a missing or mistyped field reads as absent, never as a
-/// failed page.
+/// failed page. Only for answers that have no Rust type yet (message listings and lookups,
+/// streams); the others are read with [`AdminApi::get_as`] into the types the API serialises.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Json(pub Value);
 
