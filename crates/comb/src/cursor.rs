@@ -550,6 +550,47 @@ pub(crate) mod generations {
     }
 }
 
+// Reads and changes for the administration.
+
+/// Deletes a group's cursors of a queue (when the group stops reading it); answers how many.
+/// The rows are locked first, in partition order, as every writer of cursors locks them.
+pub(crate) async fn delete_group_cursors(
+    client: &impl tokio_postgres::GenericClient,
+    queue_id: Uuid,
+    group: &str,
+) -> Result<u64, DbError> {
+    client
+        .query(
+            "SELECT 1 FROM comb.cursors WHERE queue_id = $1 AND consumer_group = $2
+             ORDER BY partition_id FOR UPDATE",
+            &[&queue_id, &group],
+        )
+        .await?;
+    Ok(client
+        .execute(
+            "DELETE FROM comb.cursors WHERE queue_id = $1 AND consumer_group = $2",
+            &[&queue_id, &group],
+        )
+        .await?)
+}
+
+/// The (partition, group) of every cursor of the given partitions, by partition and group.
+pub(crate) async fn cursors_of_partitions(
+    client: &impl tokio_postgres::GenericClient,
+    partitions: &[Uuid],
+) -> Result<Vec<(Uuid, String)>, DbError> {
+    Ok(client
+        .query(
+            "SELECT partition_id, consumer_group FROM comb.cursors
+             WHERE partition_id = ANY ($1) ORDER BY partition_id, consumer_group",
+            &[&partitions],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get("partition_id"), r.get("consumer_group")))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::array_literal;

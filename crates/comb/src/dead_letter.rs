@@ -267,3 +267,21 @@ pub(crate) async fn list(pool: &Pool, filter: &Filter) -> Result<Option<Page>, D
         total: total?.get("count"),
     }))
 }
+
+// Reads for the administration.
+
+/// Whether a dead letter of the partition's message with this transaction id is kept.
+pub(crate) async fn exists_for(
+    client: &impl tokio_postgres::GenericClient,
+    partition: Uuid,
+    transaction: &str,
+) -> Result<bool, DbError> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM comb.dead_letters d
+                            WHERE d.partition_id = $1 AND d.transaction_id = $2) AS known",
+            &[&partition, &transaction],
+        )
+        .await?
+        .get("known"))
+}

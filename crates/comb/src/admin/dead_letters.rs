@@ -225,3 +225,64 @@ pub async fn purge(pool: &Pool, selection: &Selection) -> Result<u64, Refusal> {
     tx.commit().await?;
     Ok(ids.len() as u64)
 }
+
+/// What `POST /api/v1/dlq/requeue` did.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RequeueAnswer {
+    /// Entries requeued.
+    pub requeued: u64,
+    /// Messages stored again.
+    pub messages: u64,
+    /// Groups that receive them.
+    pub consumer_groups: Vec<String>,
+    /// Selected entries left for another request.
+    pub remaining: u64,
+    pub queue: String,
+}
+
+/// What `POST /api/v1/dlq/purge` did.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub(crate) struct PurgeAnswer {
+    /// Entries deleted.
+    pub purged: u64,
+    pub queue: String,
+}
+
+/// `GET /api/v1/dlq`: a page of a queue's dead letters, newest first, in Queen's shape.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub(crate) struct DeadLetterList {
+    pub messages: Vec<DeadLetterEntry>,
+    /// Entries the filter selects (counted up to a cap).
+    pub total: i64,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+/// One dead letter.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct DeadLetterEntry {
+    pub id: Uuid,
+    pub message_id: Uuid,
+    pub partition_id: Uuid,
+    pub transaction_id: String,
+    pub consumer_group: String,
+    pub error_message: Option<String>,
+    pub retry_count: i32,
+    #[serde(serialize_with = "super::wire::iso")]
+    pub original_created_at: DateTime<Utc>,
+    #[serde(serialize_with = "super::wire::iso")]
+    pub moved_to_dlq_at: DateTime<Utc>,
+    #[serde(serialize_with = "super::wire::iso")]
+    pub message_created_at: DateTime<Utc>,
+    pub queue_name: String,
+    pub namespace: Option<String>,
+    pub task: Option<String>,
+    pub partition_name: String,
+    /// The payload as JSON; `{"encrypted": true}` when no key opens it, or a string saying it
+    /// is not JSON.
+    pub data: serde_json::Value,
+    pub trace_id: Option<String>,
+    pub producer_sub: Option<String>,
+}

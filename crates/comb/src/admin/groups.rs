@@ -8,77 +8,251 @@
 //! for pairs made since the newest per-minute snapshot, read from that snapshot for the
 //! others (`figuresAt` says when).
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use serde_json::{Value, json};
-use tokio_postgres::GenericClient;
+use serde::{Deserialize, Serialize};
+use tokio_postgres::{GenericClient, Row};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::cursors::{self, Selection, Target};
+use super::wire::{iso, iso_opt};
 use super::{MAX_LIMIT, Page, Refusal};
 use crate::backlog::group_lag;
+use crate::catalog::listing::{self, Subscribers, SubscriptionRow};
 use crate::catalog::{Catalog, StartFrom};
 use crate::code::Code;
 
-/// How old a lag figure is, as JSON members, for objects built over [`group_lag`]'s `l`.
-const FIGURES_AT: &str = "'figuresAt', comb.iso(l.figures_at),
-    'figuresAgeSeconds', greatest(extract(epoch FROM now() - l.figures_at), 0)::float8";
+/// How old a lag figure is, as columns `figures_at` and `figures_age`, for rows read over
+/// [`group_lag`]'s `l`.
+const FIGURES_AT: &str = "l.figures_at,
+    greatest(extract(epoch FROM now() - l.figures_at), 0)::float8 AS figures_age";
 
 /// Leases held now, summed over every (queue, group) as [`group_lag`] takes them.
-pub(crate) fn leases_sql() -> String {
-    format!(
-        "SELECT coalesce(sum(l.leased), 0)::bigint FROM comb.subscriptions sub {lag}",
-        lag = group_lag("SELECT queue_id, consumer_group FROM comb.subscriptions")
-    )
+pub(crate) async fn leases_held(client: &impl GenericClient) -> Result<i64, Refusal> {
+    let subs = listing::subscriptions(client, Subscribers::All).await?;
+    Ok(lag_of(client, &subs)
+        .await?
+        .values()
+        .map(|r| r.get::<_, i64>("leased"))
+        .sum())
+}
+
+/// The lag figures of the given subscriptions (see [`group_lag`]), by (queue id, group):
+/// one statement over the pairs.
+async fn lag_of(
+    client: &impl GenericClient,
+    subs: &[SubscriptionRow],
+) -> Result<HashMap<(Uuid, String), Row>, Refusal> {
+    let (queues, groups): (Vec<Uuid>, Vec<&str>) =
+        subs.iter().map(|s| (s.queue_id, s.group.as_str())).unzip();
+    let sql = format!(
+        "WITH sub AS (SELECT * FROM unnest($1::uuid[], $2::text[]) AS s(queue_id, consumer_group))
+         SELECT sub.queue_id, sub.consumer_group, l.partitions, l.lag, l.lag_seconds, l.leased,
+                l.oldest_unsettled_at, l.live, {FIGURES_AT}
+         FROM sub {lag}",
+        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
+    );
+    Ok(client
+        .query(&sql, &[&queues, &groups])
+        .await?
+        .into_iter()
+        .map(|r| ((r.get("queue_id"), r.get("consumer_group")), r))
+        .collect())
+}
+
+/// When a lag figure was taken: now for pairs computed live, else the per-minute snapshot's
+/// time (see the module's documentation).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct FiguresAt {
+    #[serde(serialize_with = "iso_opt")]
+    pub figures_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "super::wire::num_opt")]
+    pub figures_age_seconds: Option<f64>,
+}
+
+impl FiguresAt {
+    fn from_row(row: &Row) -> FiguresAt {
+        FiguresAt {
+            figures_at: row.get("figures_at"),
+            figures_age_seconds: row.get("figures_age"),
+        }
+    }
+}
+
+/// A group reading one queue, as `GET /api/v1/resources/queues/{queue}` lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct QueueGroup {
+    pub name: String,
+    /// How it subscribed: `all`, `new` or `from`.
+    pub mode: String,
+    #[serde(serialize_with = "iso")]
+    pub subscribed_at: DateTime<Utc>,
+    /// Cursors it has on the queue.
+    pub partitions: i64,
+    /// Messages not yet settled.
+    pub lag: i64,
+    /// Age of the oldest unsettled message.
+    #[serde(serialize_with = "super::wire::num")]
+    pub lag_seconds: f64,
+    pub leased_partitions: i64,
+    #[serde(flatten)]
+    pub figures: FiguresAt,
 }
 
 /// The groups reading one queue, with their lag.
 pub(crate) async fn of_queue(
     client: &impl GenericClient,
     queue_id: Uuid,
-) -> Result<Value, Refusal> {
-    let sql = format!(
-        "WITH sub AS (SELECT * FROM comb.subscriptions WHERE queue_id = $1
-                      ORDER BY consumer_group LIMIT {MAX_LIMIT})
-         SELECT coalesce(jsonb_agg(jsonb_build_object(
-                    'name', sub.consumer_group, 'mode', sub.mode,
-                    'subscribedAt', comb.iso(sub.created_at), 'partitions', l.partitions,
-                    'lag', l.lag, 'lagSeconds', l.lag_seconds, 'leasedPartitions', l.leased,
-                    {FIGURES_AT})
-                ORDER BY sub.consumer_group), '[]')
-         FROM sub {lag}",
-        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
-    );
-    Ok(client.query_one(&sql, &[&queue_id]).await?.get(0))
+) -> Result<Vec<QueueGroup>, Refusal> {
+    let subs = listing::subscriptions(client, Subscribers::OfQueue(queue_id, MAX_LIMIT)).await?;
+    let mut lags = lag_of(client, &subs).await?;
+    Ok(subs
+        .into_iter()
+        .filter_map(|s| {
+            let r = lags.remove(&(s.queue_id, s.group.clone()))?;
+            Some(QueueGroup {
+                name: s.group,
+                mode: s.mode,
+                subscribed_at: s.created_at,
+                partitions: r.get("partitions"),
+                lag: r.get("lag"),
+                lag_seconds: r.get("lag_seconds"),
+                leased_partitions: r.get("leased"),
+                figures: FiguresAt::from_row(&r),
+            })
+        })
+        .collect())
+}
+
+/// A group in `GET /api/v1/consumer-groups`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupSummary {
+    pub name: String,
+    /// The queues it reads, by name.
+    pub queues: Vec<GroupQueueLag>,
+    pub queue_count: i64,
+    pub total_lag: i64,
+    #[serde(serialize_with = "super::wire::num")]
+    pub max_lag_seconds: f64,
+    /// `Stable` with nothing unsettled, else `Lagging`.
+    pub state: String,
+}
+
+/// A queue a group reads, with the group's lag on it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupQueueLag {
+    pub queue: String,
+    pub mode: String,
+    pub partitions: i64,
+    pub lag: i64,
+    #[serde(serialize_with = "super::wire::num")]
+    pub lag_seconds: f64,
+    pub leased_partitions: i64,
+    #[serde(flatten)]
+    pub figures: FiguresAt,
 }
 
 /// `GET /api/v1/consumer-groups`: every group with its queues and their lag (messages and
-/// seconds), as Queen answers it: a JSON array.
-pub async fn list(pool: &Pool) -> Result<Value, Refusal> {
+/// seconds), as Queen answers it: a JSON array, groups and their queues by name.
+pub async fn list(pool: &Pool) -> Result<Vec<GroupSummary>, Refusal> {
     let client = pool.get().await?;
-    let sql = format!(
-        "WITH sub AS (SELECT * FROM comb.subscriptions
-                      ORDER BY consumer_group, queue_id LIMIT {MAX_LIMIT})
-         SELECT coalesce(jsonb_agg(jsonb_build_object(
-                    'name', g.name, 'queues', g.queues, 'queueCount', g.n,
-                    'totalLag', g.lag, 'maxLagSeconds', g.lag_seconds,
-                    'state', CASE WHEN g.lag = 0 THEN 'Stable' ELSE 'Lagging' END)
-                ORDER BY g.name), '[]')
-         FROM (
-            SELECT sub.consumer_group AS name, count(*) AS n, sum(l.lag)::bigint AS lag,
-                   max(l.lag_seconds) AS lag_seconds,
-                   jsonb_agg(jsonb_build_object(
-                       'queue', q.name, 'mode', sub.mode, 'partitions', l.partitions,
-                       'lag', l.lag, 'lagSeconds', l.lag_seconds,
-                       'leasedPartitions', l.leased, {FIGURES_AT}) ORDER BY q.name) AS queues
-            FROM sub
-            JOIN comb.queues q ON q.id = sub.queue_id
-            {lag}
-            GROUP BY sub.consumer_group
-         ) g",
-        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
-    );
-    Ok(client.query_one(&sql, &[]).await?.get(0))
+    let subs = listing::subscriptions(&**client, Subscribers::First(MAX_LIMIT)).await?;
+    let mut lags = lag_of(&**client, &subs).await?;
+    let mut groups: Vec<GroupSummary> = Vec::new();
+    for s in subs {
+        let Some(r) = lags.remove(&(s.queue_id, s.group.clone())) else {
+            continue;
+        };
+        let queue = GroupQueueLag {
+            queue: s.queue,
+            mode: s.mode,
+            partitions: r.get("partitions"),
+            lag: r.get("lag"),
+            lag_seconds: r.get("lag_seconds"),
+            leased_partitions: r.get("leased"),
+            figures: FiguresAt::from_row(&r),
+        };
+        match groups.last_mut() {
+            Some(g) if g.name == s.group => g.queues.push(queue),
+            _ => groups.push(GroupSummary {
+                name: s.group,
+                queues: vec![queue],
+                queue_count: 0,
+                total_lag: 0,
+                max_lag_seconds: 0.0,
+                state: String::new(),
+            }),
+        }
+    }
+    for g in &mut groups {
+        g.queue_count = g.queues.len() as i64;
+        g.total_lag = g.queues.iter().map(|q| q.lag).sum();
+        g.max_lag_seconds = g
+            .queues
+            .iter()
+            .map(|q| q.lag_seconds)
+            .fold(f64::NEG_INFINITY, f64::max);
+        g.state = if g.total_lag == 0 {
+            "Stable"
+        } else {
+            "Lagging"
+        }
+        .into();
+    }
+    Ok(groups)
+}
+
+/// `GET /api/v1/consumer-groups/{group}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupDetail {
+    pub name: String,
+    pub queues: Vec<GroupQueueDetail>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+/// A queue a group reads, with a page of its partitions.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupQueueDetail {
+    pub queue: String,
+    pub mode: String,
+    #[serde(serialize_with = "iso")]
+    pub subscribed_at: DateTime<Utc>,
+    pub lag: i64,
+    #[serde(serialize_with = "super::wire::num")]
+    pub lag_seconds: f64,
+    #[serde(flatten)]
+    pub figures: FiguresAt,
+    /// The group's cursors on the queue; `partitions` is one page of them.
+    pub partitions_total: i64,
+    pub partitions: Vec<GroupPartition>,
+}
+
+/// One cursor of a group: where it is, the partition's head, its lag and lease.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupPartition {
+    pub partition_id: Uuid,
+    pub partition: String,
+    pub cursor: Option<i64>,
+    pub head: Option<i64>,
+    pub lag: Option<i64>,
+    #[serde(serialize_with = "super::wire::num")]
+    pub lag_seconds: f64,
+    pub lease_id: Option<Uuid>,
+    #[serde(serialize_with = "iso_opt")]
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "iso_opt")]
+    pub last_claimed_at: Option<DateTime<Utc>>,
 }
 
 /// `GET /api/v1/consumer-groups/{group}`: the group's queues (or the one named), each with
@@ -89,52 +263,108 @@ pub async fn detail(
     group: &str,
     queue: Option<&str>,
     page: Page,
-) -> Result<Value, Refusal> {
+) -> Result<GroupDetail, Refusal> {
     let client = pool.get().await?;
-    let sql = format!(
-        "SELECT jsonb_agg(jsonb_build_object(
-                    'queue', q.name, 'mode', sub.mode, 'subscribedAt', comb.iso(sub.created_at),
-                    'lag', l.lag, 'lagSeconds', l.lag_seconds, {FIGURES_AT},
-                    'partitionsTotal', l.partitions,
-                    'partitions', (
-                        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                                   'partitionId', p.id, 'partition', p.name,
-                                   'cursor', x.cursor_pos, 'head', x.head, 'lag', x.lag,
-                                   'lagSeconds', coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8,
-                                   'leaseId', x.lease_id,
-                                   'leaseExpiresAt', comb.iso(x.lease_expires_at),
-                                   'lastClaimedAt', comb.iso(x.last_claimed_at))
-                               ORDER BY p.name), '[]')
-                        FROM (SELECT p.* FROM comb.partitions p
-                              WHERE p.queue_id = sub.queue_id
-                              ORDER BY p.name LIMIT $2 OFFSET $3) p
-                        CROSS JOIN LATERAL comb.cursor_lag(p.id, sub.consumer_group) x))
-                ORDER BY q.name)
-         FROM comb.subscriptions sub
-         JOIN comb.queues q ON q.id = sub.queue_id
-         {lag}
-         WHERE sub.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)",
-        lag = group_lag(
-            "SELECT s.queue_id, s.consumer_group FROM comb.subscriptions s
-             JOIN comb.queues q ON q.id = s.queue_id
-             WHERE s.consumer_group = $1 AND ($4::text IS NULL OR q.name = $4)"
+    let subs = listing::subscriptions(&**client, Subscribers::OfGroup(group, queue)).await?;
+    let mut lags = lag_of(&**client, &subs).await?;
+    let queue_ids: Vec<Uuid> = subs.iter().map(|s| s.queue_id).collect();
+    let pages = listing::partition_pages(&**client, &queue_ids, page.limit, page.offset).await?;
+    // Each cursor of the pages, exact; a partition the group has no cursor in is left out.
+    let partition_ids: Vec<Uuid> = pages.iter().map(|(_, p, _)| *p).collect();
+    let mut cursors: HashMap<Uuid, Row> = client
+        .query(
+            "SELECT k.p, x.cursor_pos, x.head, x.lag,
+                    coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8
+                        AS lag_seconds,
+                    x.lease_id, x.lease_expires_at, x.last_claimed_at
+             FROM unnest($1::uuid[]) AS k(p)
+             CROSS JOIN LATERAL comb.cursor_lag(k.p, $2) x",
+            &[&partition_ids, &group],
         )
-    );
-    let queues: Option<Value> = client
-        .query_one(&sql, &[&group, &page.limit, &page.offset, &queue])
         .await?
-        .get(0);
-    let queues = queues.ok_or_else(|| match queue {
-        Some(queue) => Refusal::not_found(
-            Code::ConsumerGroupNotFound,
-            format!("consumer group `{group}` does not read queue `{queue}`"),
-        ),
-        None => Refusal::not_found(
-            Code::ConsumerGroupNotFound,
-            format!("consumer group `{group}` reads no queue"),
-        ),
-    })?;
-    Ok(json!({"name": group, "queues": queues, "limit": page.limit, "offset": page.offset}))
+        .into_iter()
+        .map(|r| (r.get("p"), r))
+        .collect();
+    let mut by_queue: HashMap<Uuid, Vec<GroupPartition>> = HashMap::new();
+    for (queue_id, partition_id, name) in pages {
+        let Some(x) = cursors.remove(&partition_id) else {
+            continue;
+        };
+        by_queue.entry(queue_id).or_default().push(GroupPartition {
+            partition_id,
+            partition: name,
+            cursor: x.get("cursor_pos"),
+            head: x.get("head"),
+            lag: x.get("lag"),
+            lag_seconds: x.get("lag_seconds"),
+            lease_id: x.get("lease_id"),
+            lease_expires_at: x.get("lease_expires_at"),
+            last_claimed_at: x.get("last_claimed_at"),
+        });
+    }
+    let queues: Vec<GroupQueueDetail> = subs
+        .into_iter()
+        .filter_map(|s| {
+            let r = lags.remove(&(s.queue_id, s.group.clone()))?;
+            Some(GroupQueueDetail {
+                partitions: by_queue.remove(&s.queue_id).unwrap_or_default(),
+                queue: s.queue,
+                mode: s.mode,
+                subscribed_at: s.created_at,
+                lag: r.get("lag"),
+                lag_seconds: r.get("lag_seconds"),
+                figures: FiguresAt::from_row(&r),
+                partitions_total: r.get("partitions"),
+            })
+        })
+        .collect();
+    if queues.is_empty() {
+        return Err(match queue {
+            Some(queue) => Refusal::not_found(
+                Code::ConsumerGroupNotFound,
+                format!("consumer group `{group}` does not read queue `{queue}`"),
+            ),
+            None => Refusal::not_found(
+                Code::ConsumerGroupNotFound,
+                format!("consumer group `{group}` reads no queue"),
+            ),
+        });
+    }
+    Ok(GroupDetail {
+        name: group.to_string(),
+        queues,
+        limit: page.limit,
+        offset: page.offset,
+    })
+}
+
+/// A cursor (or, for pairs served from the snapshot, a whole queue) whose oldest unsettled
+/// message waits long.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct LaggingCursor {
+    pub consumer_group: String,
+    pub queue: String,
+    /// NULL for a whole queue's row.
+    pub partition: Option<String>,
+    pub partition_id: Option<Uuid>,
+    pub lag: i64,
+    #[serde(serialize_with = "super::wire::num_opt")]
+    pub lag_seconds: Option<f64>,
+    #[serde(serialize_with = "iso_opt")]
+    pub oldest_unsettled_at: Option<DateTime<Utc>>,
+    /// Only on a whole queue's row: its cursors and when its figures were taken.
+    #[serde(flatten)]
+    pub snapshot: Option<LaggingSnapshot>,
+}
+
+/// The members only a whole queue's row of [`LaggingCursor`] has.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct LaggingSnapshot {
+    pub partitions: i64,
+    #[serde(flatten)]
+    pub figures: FiguresAt,
 }
 
 /// `GET /api/v1/consumer-groups/lagging`: where a group's oldest unsettled message waits
@@ -143,41 +373,90 @@ pub async fn detail(
 /// from the snapshot are listed once, for the whole queue (`partition` null, `partitions`
 /// their count, `figuresAt` the snapshot's time): per cursor they would cost a probe of every
 /// partition.
-pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Value, Refusal> {
+pub async fn lagging(pool: &Pool, min_seconds: f64) -> Result<Vec<LaggingCursor>, Refusal> {
     let client = pool.get().await?;
-    let sql = format!(
-        "WITH sub AS (SELECT queue_id, consumer_group FROM comb.subscriptions), pairs AS (
-            SELECT l.* FROM sub {lag}
-         )
-         SELECT coalesce(jsonb_agg(r.j ORDER BY r.secs DESC), '[]') FROM (
-            SELECT * FROM (
-                SELECT jsonb_build_object(
-                           'consumerGroup', l.consumer_group, 'queue', q.name,
-                           'partition', p.name, 'partitionId', p.id, 'lag', x.lag,
-                           'lagSeconds', extract(epoch FROM now() - x.oldest_unsettled_at)::float8,
-                           'oldestUnsettledAt', comb.iso(x.oldest_unsettled_at)) AS j,
-                       extract(epoch FROM now() - x.oldest_unsettled_at) AS secs
-                FROM pairs l
-                CROSS JOIN LATERAL comb.lagging_cursors(
-                    CASE WHEN l.live THEN l.queue_id END, l.consumer_group, $1) x
-                JOIN comb.partitions p ON p.id = x.partition_id
-                JOIN comb.queues q ON q.id = l.queue_id
-                UNION ALL
-                SELECT jsonb_build_object(
-                           'consumerGroup', l.consumer_group, 'queue', q.name,
-                           'partition', NULL, 'partitionId', NULL, 'partitions', l.partitions,
-                           'lag', l.lag, 'lagSeconds', l.lag_seconds,
-                           'oldestUnsettledAt', comb.iso(l.oldest_unsettled_at), {FIGURES_AT}),
-                       extract(epoch FROM now() - l.oldest_unsettled_at)
-                FROM pairs l JOIN comb.queues q ON q.id = l.queue_id
-                WHERE NOT l.live AND l.lag > 0
-                  AND l.oldest_unsettled_at <= now() - make_interval(secs => $1)
-            ) u
-            ORDER BY secs DESC LIMIT {MAX_LIMIT}
-         ) r",
-        lag = group_lag("SELECT queue_id, consumer_group FROM sub")
-    );
-    Ok(client.query_one(&sql, &[&min_seconds]).await?.get(0))
+    let subs = listing::subscriptions(&**client, Subscribers::All).await?;
+    let lags = lag_of(&**client, &subs).await?;
+    // Pairs computed now: each lagging cursor, exact.
+    let (live_queues, live_groups): (Vec<Uuid>, Vec<&str>) = subs
+        .iter()
+        .filter(|s| {
+            lags.get(&(s.queue_id, s.group.clone()))
+                .is_some_and(|r| r.get::<_, bool>("live"))
+        })
+        .map(|s| (s.queue_id, s.group.as_str()))
+        .unzip();
+    let cursors = client
+        .query(
+            "SELECT k.g, k.q, x.partition_id, x.lag, x.oldest_unsettled_at,
+                    extract(epoch FROM now() - x.oldest_unsettled_at)::float8 AS lag_seconds
+             FROM unnest($1::uuid[], $2::text[]) AS k(q, g)
+             CROSS JOIN LATERAL comb.lagging_cursors(k.q, k.g, $3) x",
+            &[&live_queues, &live_groups, &min_seconds],
+        )
+        .await?;
+    let partition_ids: Vec<Uuid> = cursors.iter().map(|r| r.get("partition_id")).collect();
+    let places = listing::partition_names(&**client, &partition_ids).await?;
+    let mut out: Vec<LaggingCursor> = cursors
+        .iter()
+        .filter_map(|r| {
+            let partition_id: Uuid = r.get("partition_id");
+            let (queue, partition) = places.get(&partition_id)?.clone();
+            Some(LaggingCursor {
+                consumer_group: r.get("g"),
+                queue,
+                partition: Some(partition),
+                partition_id: Some(partition_id),
+                lag: r.get("lag"),
+                lag_seconds: r.get("lag_seconds"),
+                oldest_unsettled_at: r.get("oldest_unsettled_at"),
+                snapshot: None,
+            })
+        })
+        .collect();
+    // Pairs served from the snapshot: once for the whole queue.
+    for s in &subs {
+        let Some(r) = lags.get(&(s.queue_id, s.group.clone())) else {
+            continue;
+        };
+        let oldest: Option<DateTime<Utc>> = r.get("oldest_unsettled_at");
+        let lag: i64 = r.get("lag");
+        let lag_seconds: f64 = r.get("lag_seconds");
+        if r.get::<_, bool>("live") || lag <= 0 || oldest.is_none() || lag_seconds < min_seconds {
+            continue;
+        }
+        out.push(LaggingCursor {
+            consumer_group: s.group.clone(),
+            queue: s.queue.clone(),
+            partition: None,
+            partition_id: None,
+            lag,
+            lag_seconds: Some(lag_seconds),
+            oldest_unsettled_at: oldest,
+            snapshot: Some(LaggingSnapshot {
+                partitions: r.get("partitions"),
+                figures: FiguresAt::from_row(r),
+            }),
+        });
+    }
+    out.sort_by(|a, b| {
+        let secs = |c: &LaggingCursor| c.lag_seconds.unwrap_or(f64::NEG_INFINITY);
+        secs(b).total_cmp(&secs(a))
+    });
+    out.truncate(MAX_LIMIT as usize);
+    Ok(out)
+}
+
+/// What `DELETE /api/v1/consumer-groups/{group}/queues/{queue}` did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupDeleted {
+    pub success: bool,
+    pub consumer_group: String,
+    pub queue_name: String,
+    /// Cursors deleted, or moved back to where the group subscribed.
+    pub deleted_partitions: u64,
+    pub metadata_deleted: bool,
 }
 
 /// `DELETE /api/v1/consumer-groups/{group}/queues/{queue}`: with `delete_metadata` the group
@@ -189,16 +468,11 @@ pub async fn delete_for_queue(
     group: &str,
     queue: &str,
     delete_metadata: bool,
-) -> Result<Value, Refusal> {
+) -> Result<GroupDeleted, Refusal> {
     let mut client = pool.get().await?;
     let id = super::queue_id(&**client, queue).await?;
     let tx = client.transaction().await?;
-    let sub = tx
-        .query_opt(
-            "SELECT mode, start_at, created_at FROM comb.subscriptions
-             WHERE queue_id = $1 AND consumer_group = $2 FOR UPDATE",
-            &[&id, &group],
-        )
+    let sub = listing::lock_subscription(&*tx, id, group)
         .await?
         .ok_or_else(|| {
             Refusal::not_found(
@@ -207,34 +481,15 @@ pub async fn delete_for_queue(
             )
         })?;
     let partitions = if delete_metadata {
-        // Cursor rows are locked before they go, as every writer of cursors does.
-        tx.query(
-            "SELECT 1 FROM comb.cursors WHERE queue_id = $1 AND consumer_group = $2
-             ORDER BY partition_id FOR UPDATE",
-            &[&id, &group],
-        )
-        .await?;
-        let n = tx
-            .execute(
-                "DELETE FROM comb.cursors WHERE queue_id = $1 AND consumer_group = $2",
-                &[&id, &group],
-            )
-            .await?;
-        tx.execute(
-            "DELETE FROM comb.subscriptions WHERE queue_id = $1 AND consumer_group = $2",
-            &[&id, &group],
-        )
-        .await?;
+        let n = crate::cursor::delete_group_cursors(&*tx, id, group).await?;
+        listing::delete_subscription(&*tx, id, group).await?;
         // Every server forgets the queue's cached subscriptions.
         crate::wake::announce_queue_deleted(&tx, queue).await?;
         n
     } else {
-        let mode: String = sub.get(0);
-        let start_at: Option<DateTime<Utc>> = sub.get(1);
-        let created_at: DateTime<Utc> = sub.get(2);
-        let target = match mode.as_str() {
-            "from" => Target::Time(start_at.unwrap_or(created_at)),
-            "new" => Target::Time(created_at),
+        let target = match sub.mode.as_str() {
+            "from" => Target::Time(sub.start_at.unwrap_or(sub.created_at)),
+            "new" => Target::Time(sub.created_at),
             _ => Target::Start,
         };
         let moved = cursors::move_in(
@@ -255,13 +510,25 @@ pub async fn delete_for_queue(
         // This server forgets at once; the others when the announcement reaches them.
         catalog.forget_queue(queue);
     }
-    Ok(json!({
-        "success": true,
-        "consumerGroup": group,
-        "queueName": queue,
-        "deletedPartitions": partitions,
-        "metadataDeleted": delete_metadata,
-    }))
+    Ok(GroupDeleted {
+        success: true,
+        consumer_group: group.to_string(),
+        queue_name: queue.to_string(),
+        deleted_partitions: partitions,
+        metadata_deleted: delete_metadata,
+    })
+}
+
+/// What `POST /api/v1/consumer-groups/{group}/subscription` did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SubscriptionSet {
+    pub success: bool,
+    pub consumer_group: String,
+    #[serde(serialize_with = "iso")]
+    pub subscription_timestamp: DateTime<Utc>,
+    pub queues_updated: u64,
+    pub cursors_moved: u64,
 }
 
 /// `POST /api/v1/consumer-groups/{group}/subscription`: the group reads every queue it is
@@ -271,19 +538,10 @@ pub async fn set_subscription(
     pool: &Pool,
     group: &str,
     at: DateTime<Utc>,
-) -> Result<Value, Refusal> {
+) -> Result<SubscriptionSet, Refusal> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let queues: Vec<Uuid> = tx
-        .query(
-            "UPDATE comb.subscriptions SET mode = 'from', start_at = $2
-             WHERE consumer_group = $1 RETURNING queue_id",
-            &[&group, &at],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let queues = listing::subscribe_from(&*tx, group, at).await?;
     if queues.is_empty() {
         return Err(Refusal::not_found(
             Code::ConsumerGroupNotFound,
@@ -306,13 +564,30 @@ pub async fn set_subscription(
         .cursors;
     }
     tx.commit().await?;
-    Ok(json!({
-        "success": true,
-        "consumerGroup": group,
-        "subscriptionTimestamp": at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "queuesUpdated": queues.len(),
-        "cursorsMoved": moved,
-    }))
+    Ok(SubscriptionSet {
+        success: true,
+        consumer_group: group.to_string(),
+        subscription_timestamp: at,
+        queues_updated: queues.len() as u64,
+        cursors_moved: moved,
+    })
+}
+
+/// What a seek did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Sought {
+    pub success: bool,
+    pub consumer_group: String,
+    pub queue_name: String,
+    pub partition: Option<String>,
+    pub to_end: bool,
+    pub to_start: bool,
+    #[serde(serialize_with = "iso_opt")]
+    pub timestamp: Option<DateTime<Utc>>,
+    pub partitions_moved: u64,
+    /// Messages left unsettled after the moved cursors.
+    pub lag: i64,
 }
 
 /// `POST /api/v1/consumer-groups/{group}/queues/{queue}[/partitions/{partition}]/seek`:
@@ -325,7 +600,7 @@ pub async fn seek(
     queue: &str,
     partition: Option<&str>,
     target: Target,
-) -> Result<Value, Refusal> {
+) -> Result<Sought, Refusal> {
     let mut client = pool.get().await?;
     let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     catalog
@@ -344,23 +619,18 @@ pub async fn seek(
     )
     .await?;
     tx.commit().await?;
-    let (to_end, timestamp) = match target {
-        Target::End => (true, None),
-        Target::Start => (false, None),
-        Target::Time(t) => (
-            false,
-            Some(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
-        ),
-    };
-    Ok(json!({
-        "success": true,
-        "consumerGroup": group,
-        "queueName": queue,
-        "partition": partition,
-        "toEnd": to_end,
-        "toStart": target == Target::Start,
-        "timestamp": timestamp,
-        "partitionsMoved": moved.cursors,
-        "lag": moved.unsettled_after,
-    }))
+    Ok(Sought {
+        success: true,
+        consumer_group: group.to_string(),
+        queue_name: queue.to_string(),
+        partition: partition.map(str::to_string),
+        to_end: target == Target::End,
+        to_start: target == Target::Start,
+        timestamp: match target {
+            Target::Time(t) => Some(t),
+            Target::End | Target::Start => None,
+        },
+        partitions_moved: moved.cursors,
+        lag: moved.unsettled_after,
+    })
 }

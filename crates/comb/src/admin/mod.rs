@@ -5,7 +5,10 @@
 //! message after a cursor) and every listing is paged with a capped `limit`, so no answer
 //! reads message storage in bulk. Changes are written the way the data path writes: a moved
 //! cursor is a new cursor state version, a requeued dead letter a row of its own.
-//! Answers are JSON in Queen's shapes, built where the rows are read.
+//! Answers are Rust types serialised in Queen's shapes (field names, nesting, nulls); the SQL
+//! returns plain columns read by name, and JSON comes from the database only where it is stored
+//! data (payloads, trace data, queue options). `messages` still assembles its listings and
+//! lookups as JSON in SQL.
 
 pub mod cursors;
 pub mod dead_letters;
@@ -18,6 +21,80 @@ pub mod traces;
 
 use crate::code::Code;
 use crate::refusal::Refusal;
+
+/// How answers write values the way Queen's clients read them.
+pub(crate) mod wire {
+    use chrono::{DateTime, SecondsFormat, Utc};
+    use serde::Serializer;
+
+    /// A time as Queen writes it: UTC, milliseconds, `Z` (`comb.iso` in SQL writes the same).
+    pub(crate) fn iso<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
+    }
+
+    /// A figure as PostgreSQL writes a `float8` in JSON: a whole number without a fraction
+    /// (`0`, not `0.0`), so answers and the CLI's tables read as they always have.
+    pub(crate) fn num<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.fract() == 0.0 && x.abs() < 9.0e15 {
+            s.serialize_i64(*x as i64)
+        } else {
+            s.serialize_f64(*x)
+        }
+    }
+
+    /// [`num`] of a figure that may be absent (`null`).
+    pub(crate) fn num_opt<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match x {
+            Some(x) => num(x, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// [`iso`] of a time that may be absent (`null`).
+    pub(crate) fn iso_opt<S: Serializer>(
+        t: &Option<DateTime<Utc>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => iso(t, s),
+            None => s.serialize_none(),
+        }
+    }
+    #[cfg(test)]
+    mod tests {
+        use chrono::TimeZone;
+
+        #[derive(serde::Serialize)]
+        struct Figures {
+            #[serde(serialize_with = "super::num")]
+            whole: f64,
+            #[serde(serialize_with = "super::num")]
+            fraction: f64,
+            #[serde(serialize_with = "super::num_opt")]
+            absent: Option<f64>,
+            #[serde(serialize_with = "super::iso")]
+            at: chrono::DateTime<chrono::Utc>,
+        }
+
+        #[test]
+        fn figures_and_times_are_written_as_the_database_wrote_them() {
+            let at = chrono::Utc
+                .timestamp_opt(1_700_000_000, 123_456_789)
+                .single()
+                .unwrap();
+            let figures = Figures {
+                whole: 0.0,
+                fraction: 1.5,
+                absent: None,
+                at,
+            };
+            assert_eq!(
+                serde_json::to_string(&figures).unwrap(),
+                r#"{"whole":0,"fraction":1.5,"absent":null,"at":"2023-11-14T22:13:20.123Z"}"#
+            );
+        }
+    }
+}
 
 /// Most rows a listing answers at once.
 pub const MAX_LIMIT: i64 = 1000;
@@ -75,15 +152,7 @@ pub(crate) async fn ensure_a_reader(
     catalog: &crate::catalog::Catalog,
     queue_id: uuid::Uuid,
 ) -> Result<(), Refusal> {
-    let subscribed: bool = pool
-        .get()
-        .await?
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM comb.subscriptions WHERE queue_id = $1)",
-            &[&queue_id],
-        )
-        .await?
-        .get(0);
+    let subscribed = crate::catalog::listing::is_subscribed(&**pool.get().await?, queue_id).await?;
     if !subscribed {
         catalog
             .ensure_subscription(
@@ -102,10 +171,8 @@ pub(crate) async fn queue_id(
     client: &impl tokio_postgres::GenericClient,
     queue: &str,
 ) -> Result<uuid::Uuid, Refusal> {
-    client
-        .query_opt("SELECT id FROM comb.queues WHERE name = $1", &[&queue])
+    crate::catalog::listing::queue_id(client, queue)
         .await?
-        .map(|r| r.get(0))
         .ok_or_else(|| {
             Refusal::not_found(
                 Code::QueueNotFound,
@@ -121,13 +188,8 @@ pub(crate) async fn partition_id(
     queue: &str,
     partition: &str,
 ) -> Result<uuid::Uuid, Refusal> {
-    client
-        .query_opt(
-            "SELECT id FROM comb.partitions WHERE queue_id = $1 AND name = $2",
-            &[&queue_id, &partition],
-        )
+    crate::catalog::listing::partition_id(client, queue_id, partition)
         .await?
-        .map(|r| r.get(0))
         .ok_or_else(|| {
             Refusal::not_found(
                 Code::PartitionNotFound,

@@ -11,8 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::code::Code;
 use crate::db::DbError;
@@ -126,7 +128,7 @@ impl Modes {
     }
 
     /// Turns a mode on or off for every server; this one knows at once.
-    pub async fn set(&self, pool: &Pool, mode: Mode, enabled: bool) -> Result<Value, DbError> {
+    pub async fn set(&self, pool: &Pool, mode: Mode, enabled: bool) -> Result<ModeState, DbError> {
         let client = pool.get().await?;
         client
             .execute(
@@ -140,27 +142,42 @@ impl Modes {
     }
 
     /// A mode as stored, in Queen's shape.
-    pub async fn get(&self, pool: &Pool, mode: Mode) -> Result<Value, DbError> {
+    pub async fn get(&self, pool: &Pool, mode: Mode) -> Result<ModeState, DbError> {
         let client = pool.get().await?;
         let row = client
             .query_opt(
-                "SELECT enabled, comb.iso(changed_at) FROM comb.system_modes WHERE mode = $1",
+                "SELECT enabled, changed_at FROM comb.system_modes WHERE mode = $1",
                 &[&mode.name()],
             )
             .await?;
-        let (enabled, changed_at): (bool, Option<String>) =
-            row.map_or((false, None), |r| (r.get(0), r.get(1)));
+        let (enabled, changed_at): (bool, Option<DateTime<Utc>>) =
+            row.map_or((false, None), |r| (r.get("enabled"), r.get("changed_at")));
         self.flag(mode).store(enabled, Ordering::Release);
         let what = match mode {
             Mode::Push => "pushes are answered 503 with Retry-After",
             Mode::Pop => "pops answer 204 without messages",
         };
-        Ok(json!({
-            "maintenanceMode": enabled,
-            "enabled": enabled,
-            "mode": mode.name(),
-            "changedAt": changed_at,
-            "effect": if enabled { what } else { "none" },
-        }))
+        Ok(ModeState {
+            maintenance_mode: enabled,
+            enabled,
+            mode: mode.name().to_string(),
+            changed_at,
+            effect: if enabled { what } else { "none" }.to_string(),
+        })
     }
+}
+
+/// A maintenance mode as stored, in Queen's shape.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ModeState {
+    /// Same as `enabled`, as Queen names it.
+    pub maintenance_mode: bool,
+    pub enabled: bool,
+    /// `push` or `pop`.
+    pub mode: String,
+    #[serde(serialize_with = "super::wire::iso_opt")]
+    pub changed_at: Option<DateTime<Utc>>,
+    /// What the mode does to requests while on.
+    pub effect: String,
 }

@@ -12,9 +12,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
+use std::collections::HashMap;
+
+use uuid::Uuid;
+
+use super::resources::{Overview, QueueDetail, QueueList};
+use super::wire::{iso, iso_opt};
 use super::{Page, Refusal};
+use crate::catalog::listing;
 use crate::code::Code;
 use crate::metrics::{Metrics, QueueCounts};
 
@@ -98,185 +106,376 @@ WITH counts AS (
            max(lag_seconds) AS lag_seconds
     FROM per_minute GROUP BY 1
 )
-SELECT coalesce(jsonb_agg(jsonb_build_object(
-           'timestamp', comb.iso(coalesce(s.b, q.b)),
-           'pushed', coalesce(s.pushed, 0), 'popped', coalesce(s.popped, 0),
-           'acked', coalesce(s.acked, 0), 'failed', coalesce(s.failed, 0),
-           'deadLettered', coalesce(s.dead_lettered, 0),
-           'pushedPerSecond', coalesce(s.pushed, 0) / ($3 * 60.0),
-           'ackedPerSecond', coalesce(s.acked, 0) / ($3 * 60.0),
-           'messages', q.total, 'pending', q.pending, 'processing', q.processing,
-           'deadLetters', q.dead_letters, 'lagSeconds', q.lag_seconds)
-       ORDER BY coalesce(s.b, q.b)), '[]')
-FROM s FULL JOIN q ON q.b = s.b";
+SELECT coalesce(s.b, q.b) AS at,
+       coalesce(s.pushed, 0) AS pushed, coalesce(s.popped, 0) AS popped,
+       coalesce(s.acked, 0) AS acked, coalesce(s.failed, 0) AS failed,
+       coalesce(s.dead_lettered, 0) AS dead_lettered,
+       (coalesce(s.pushed, 0) / ($3 * 60.0))::float8 AS pushed_per_second,
+       (coalesce(s.acked, 0) / ($3 * 60.0))::float8 AS acked_per_second,
+       q.total, q.pending, q.processing, q.dead_letters, q.lag_seconds
+FROM s FULL JOIN q ON q.b = s.b
+ORDER BY 1";
+
+/// One bucket of a time series: what the servers (or one queue) did in it, and the depth and
+/// lag the per-minute snapshots saw.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Bucket {
+    #[serde(serialize_with = "iso")]
+    pub timestamp: DateTime<Utc>,
+    pub pushed: i64,
+    pub popped: i64,
+    pub acked: i64,
+    pub failed: i64,
+    pub dead_lettered: i64,
+    #[serde(serialize_with = "super::wire::num")]
+    pub pushed_per_second: f64,
+    #[serde(serialize_with = "super::wire::num")]
+    pub acked_per_second: f64,
+    pub messages: Option<i64>,
+    pub pending: Option<i64>,
+    pub processing: Option<i64>,
+    pub dead_letters: Option<i64>,
+    #[serde(serialize_with = "super::wire::num_opt")]
+    pub lag_seconds: Option<f64>,
+}
 
 async fn series(
     client: &deadpool_postgres::Client,
     range: Range,
     queue_id: Option<uuid::Uuid>,
-) -> Result<(Value, i64), Refusal> {
+) -> Result<(Vec<Bucket>, i64), Refusal> {
     let minutes = range.bucket_minutes();
     let m = minutes as i32;
-    let v: Value = client
-        .query_one(SERIES_SQL, &[&range.from, &range.to, &m, &queue_id])
+    let buckets = client
+        .query(SERIES_SQL, &[&range.from, &range.to, &m, &queue_id])
         .await?
-        .get(0);
-    Ok((v, minutes))
+        .iter()
+        .map(|r| Bucket {
+            timestamp: r.get("at"),
+            pushed: r.get("pushed"),
+            popped: r.get("popped"),
+            acked: r.get("acked"),
+            failed: r.get("failed"),
+            dead_lettered: r.get("dead_lettered"),
+            pushed_per_second: r.get("pushed_per_second"),
+            acked_per_second: r.get("acked_per_second"),
+            messages: r.get("total"),
+            pending: r.get("pending"),
+            processing: r.get("processing"),
+            dead_letters: r.get("dead_letters"),
+            lag_seconds: r.get("lag_seconds"),
+        })
+        .collect();
+    Ok((buckets, minutes))
+}
+
+/// `GET /api/v1/status/analytics`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Analytics {
+    #[serde(serialize_with = "iso")]
+    pub from: DateTime<Utc>,
+    #[serde(serialize_with = "iso")]
+    pub to: DateTime<Utc>,
+    pub queue: Option<String>,
+    pub bucket_minutes: i64,
+    pub time_series: Vec<Bucket>,
+    pub totals: Totals,
 }
 
 /// `GET /api/v1/status/analytics`: throughput, errors, depth and lag per bucket.
-pub async fn analytics(pool: &Pool, range: Range, queue: Option<&str>) -> Result<Value, Refusal> {
+pub async fn analytics(
+    pool: &Pool,
+    range: Range,
+    queue: Option<&str>,
+) -> Result<Analytics, Refusal> {
     let client = pool.get().await?;
     let queue_id = match queue {
         Some(q) => Some(super::queue_id(&**client, q).await?),
         None => None,
     };
     let (buckets, minutes) = series(&client, range, queue_id).await?;
-    let totals = totals(&buckets);
-    Ok(json!({
-        "from": range.from.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "to": range.to.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "queue": queue,
-        "bucketMinutes": minutes,
-        "timeSeries": buckets,
-        "totals": totals,
-    }))
-}
-
-fn totals(buckets: &Value) -> Value {
-    let sum = |k: &str| -> i64 {
-        buckets
-            .as_array()
-            .map(|b| b.iter().filter_map(|x| x[k].as_i64()).sum())
-            .unwrap_or(0)
-    };
-    json!({
-        "pushed": sum("pushed"),
-        "popped": sum("popped"),
-        "acked": sum("acked"),
-        "failed": sum("failed"),
-        "deadLettered": sum("deadLettered"),
+    Ok(Analytics {
+        from: range.from,
+        to: range.to,
+        queue: queue.map(str::to_string),
+        bucket_minutes: minutes,
+        totals: Totals::of(&buckets),
+        time_series: buckets,
     })
 }
 
+/// What the buckets of a series add up to.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Totals {
+    pub pushed: i64,
+    pub popped: i64,
+    pub acked: i64,
+    pub failed: i64,
+    pub dead_lettered: i64,
+}
+
+impl Totals {
+    fn of(buckets: &[Bucket]) -> Totals {
+        let sum = |f: fn(&Bucket) -> i64| buckets.iter().map(f).sum();
+        Totals {
+            pushed: sum(|b| b.pushed),
+            popped: sum(|b| b.popped),
+            acked: sum(|b| b.acked),
+            failed: sum(|b| b.failed),
+            dead_lettered: sum(|b| b.dead_lettered),
+        }
+    }
+}
+
+/// Leases held now.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct Leases {
+    pub active: i64,
+}
+
+/// `GET /api/v1/status`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Status {
+    #[serde(flatten)]
+    pub overview: Overview,
+    pub totals: Totals,
+    pub throughput: Vec<Bucket>,
+    pub bucket_minutes: i64,
+    pub leases: Leases,
+}
+
+/// `GET /api/v1/status/queues/{queue}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct QueueStatus {
+    #[serde(flatten)]
+    pub queue: QueueDetail,
+    pub time_series: Vec<Bucket>,
+    pub bucket_minutes: i64,
+}
+
 /// `GET /api/v1/status`: the overview of resources with the range's throughput.
-pub async fn status(pool: &Pool, range: Range) -> Result<Value, Refusal> {
-    let mut out = super::resources::overview(pool).await?;
+pub async fn status(pool: &Pool, range: Range) -> Result<Status, Refusal> {
+    let overview = super::resources::overview(pool).await?;
     let client = pool.get().await?;
     let (buckets, minutes) = series(&client, range, None).await?;
-    out["totals"] = totals(&buckets);
-    out["throughput"] = buckets;
-    out["bucketMinutes"] = json!(minutes);
-    let leases: i64 = client
-        .query_one(&super::groups::leases_sql(), &[])
-        .await?
-        .get(0);
-    out["leases"] = json!({ "active": leases });
-    Ok(out)
+    let leases = super::groups::leases_held(&**client).await?;
+    Ok(Status {
+        overview,
+        totals: Totals::of(&buckets),
+        throughput: buckets,
+        bucket_minutes: minutes,
+        leases: Leases { active: leases },
+    })
 }
 
 /// `GET /api/v1/status/queues`: a page of queues with their figures (as the resources
 /// listing).
-pub async fn queues(pool: &Pool, page: Page) -> Result<Value, Refusal> {
+pub async fn queues(pool: &Pool, page: Page) -> Result<QueueList, Refusal> {
     super::resources::queues(pool, &Default::default(), page).await
 }
 
 /// `GET /api/v1/status/queues/{queue}`: the queue's figures, partitions and groups, with its
 /// depth and lag per bucket over the range.
-pub async fn queue(pool: &Pool, name: &str, range: Range, page: Page) -> Result<Value, Refusal> {
-    let mut out = super::resources::queue(pool, name, page).await?;
+pub async fn queue(
+    pool: &Pool,
+    name: &str,
+    range: Range,
+    page: Page,
+) -> Result<QueueStatus, Refusal> {
+    let queue = super::resources::queue(pool, name, page).await?;
     let client = pool.get().await?;
-    let id = super::queue_id(&**client, name).await?;
-    let (buckets, minutes) = series(&client, range, Some(id)).await?;
-    out["timeSeries"] = buckets;
-    out["bucketMinutes"] = json!(minutes);
-    Ok(out)
+    let (buckets, minutes) = series(&client, range, Some(queue.queue.id)).await?;
+    Ok(QueueStatus {
+        queue,
+        time_series: buckets,
+        bucket_minutes: minutes,
+    })
 }
 
 /// `GET /api/v1/analytics/worker-metrics`: what each server did over the range, from the
 /// per-minute counters every server writes.
-pub async fn servers(pool: &Pool, range: Range) -> Result<Value, Refusal> {
+pub async fn servers(pool: &Pool, range: Range) -> Result<Servers, Refusal> {
     let client = pool.get().await?;
-    let v: Value = client
-        .query_one(
-            "SELECT coalesce(jsonb_agg(jsonb_build_object(
-                        'server', s.server, 'pushed', s.pushed, 'popped', s.popped,
-                        'acked', s.acked, 'failed', s.failed, 'deadLettered', s.dead_lettered,
-                        'lastSeen', comb.iso(s.last_minute)) ORDER BY s.server), '[]')
-             FROM (
-                SELECT server, sum(pushed)::bigint AS pushed, sum(popped)::bigint AS popped,
-                       sum(acked)::bigint AS acked, sum(failed)::bigint AS failed,
-                       sum(dead_lettered)::bigint AS dead_lettered, max(minute) AS last_minute
-                FROM comb.server_minutes
-                WHERE day >= ($1 AT TIME ZONE 'UTC')::date AND day <= ($2 AT TIME ZONE 'UTC')::date
-                  AND minute >= date_trunc('minute', $1) AND minute < $2
-                GROUP BY server
-                ORDER BY server LIMIT 1000
-             ) s",
+    let workers = client
+        .query(
+            "SELECT server, sum(pushed)::bigint AS pushed, sum(popped)::bigint AS popped,
+                    sum(acked)::bigint AS acked, sum(failed)::bigint AS failed,
+                    sum(dead_lettered)::bigint AS dead_lettered, max(minute) AS last_minute
+             FROM comb.server_minutes
+             WHERE day >= ($1 AT TIME ZONE 'UTC')::date AND day <= ($2 AT TIME ZONE 'UTC')::date
+               AND minute >= date_trunc('minute', $1) AND minute < $2
+             GROUP BY server
+             ORDER BY server LIMIT 1000",
             &[&range.from, &range.to],
         )
         .await?
-        .get(0);
-    Ok(json!({
-        "from": range.from.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "to": range.to.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "workers": v,
-    }))
+        .iter()
+        .map(|r| ServerFigures {
+            server: r.get("server"),
+            pushed: r.get("pushed"),
+            popped: r.get("popped"),
+            acked: r.get("acked"),
+            failed: r.get("failed"),
+            dead_lettered: r.get("dead_lettered"),
+            last_seen: r.get("last_minute"),
+        })
+        .collect();
+    Ok(Servers {
+        from: range.from,
+        to: range.to,
+        workers,
+    })
+}
+
+/// `GET /api/v1/analytics/worker-metrics`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct Servers {
+    #[serde(serialize_with = "iso")]
+    pub from: DateTime<Utc>,
+    #[serde(serialize_with = "iso")]
+    pub to: DateTime<Utc>,
+    pub workers: Vec<ServerFigures>,
+}
+
+/// What one server did over the range.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ServerFigures {
+    pub server: String,
+    pub pushed: Option<i64>,
+    pub popped: Option<i64>,
+    pub acked: Option<i64>,
+    pub failed: Option<i64>,
+    pub dead_lettered: Option<i64>,
+    /// The last minute it wrote counters for.
+    #[serde(serialize_with = "iso_opt")]
+    pub last_seen: Option<DateTime<Utc>>,
 }
 
 /// `GET /api/v1/analytics/postgres-stats`: the database as PostgreSQL sees it: size,
 /// connections by state, cache hits, transactions, and per Comb table its size, live and
 /// dead rows and last vacuum.
-pub async fn postgres_stats(pool: &Pool) -> Result<Value, Refusal> {
+pub async fn postgres_stats(pool: &Pool) -> Result<PostgresStats, Refusal> {
     let client = pool.get().await?;
-    let row = client
+    let db = client
         .query_one(
-            "SELECT jsonb_build_object(
-                'version', current_setting('server_version'),
-                'database', current_database(),
-                'databaseSizeBytes', pg_database_size(current_database()),
-                'connections', (SELECT coalesce(jsonb_object_agg(coalesce(state, 'other'), n), '{}')
-                                FROM (SELECT state, count(*) AS n FROM pg_stat_activity
-                                      WHERE datname = current_database() GROUP BY state) a),
-                'maxConnections', current_setting('max_connections')::int,
-                'cacheHitRatio', (SELECT round(blks_hit::numeric / nullif(blks_hit + blks_read, 0), 4)
-                                  FROM pg_stat_database WHERE datname = current_database()),
-                'transactions', (SELECT jsonb_build_object('committed', xact_commit,
-                                                           'rolledBack', xact_rollback,
-                                                           'deadlocks', deadlocks)
-                                 FROM pg_stat_database WHERE datname = current_database()),
-                'oldestTransactionSeconds', (SELECT extract(epoch FROM now() - min(xact_start))::float8
-                                             FROM pg_stat_activity
-                                             WHERE datname = current_database()
-                                               AND xact_start IS NOT NULL),
-                'tables', (
-                    SELECT coalesce(jsonb_agg(jsonb_build_object(
-                               'table', t.name, 'sizeBytes', t.size, 'liveRows', t.live,
-                               'deadRows', t.dead, 'lastAutovacuum', comb.iso(t.vac))
-                           ORDER BY t.size DESC), '[]')
-                    FROM (
-                        SELECT coalesce(parent.relname, c.relname) AS name,
-                               sum(pg_total_relation_size(c.oid))::bigint AS size,
-                               sum(s.n_live_tup)::bigint AS live, sum(s.n_dead_tup)::bigint AS dead,
-                               max(s.last_autovacuum) AS vac
-                        FROM pg_class c
-                        JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'comb'
-                        LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-                        LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
-                        LEFT JOIN pg_class parent ON parent.oid = i.inhparent
-                        WHERE c.relkind = 'r'
-                        GROUP BY 1
-                    ) t))",
+            "SELECT current_setting('server_version') AS version,
+                    current_database() AS database,
+                    pg_database_size(current_database()) AS size,
+                    current_setting('max_connections')::int AS max_connections,
+                    round(d.blks_hit::numeric / nullif(d.blks_hit + d.blks_read, 0), 4)::float8
+                        AS cache_hit_ratio,
+                    d.xact_commit AS committed, d.xact_rollback AS rolled_back, d.deadlocks,
+                    (SELECT extract(epoch FROM now() - min(xact_start))::float8
+                     FROM pg_stat_activity
+                     WHERE datname = current_database() AND xact_start IS NOT NULL)
+                        AS oldest_transaction
+             FROM pg_stat_database d WHERE d.datname = current_database()",
             &[],
         )
         .await?;
-    Ok(row.get(0))
+    let connections = client
+        .query(
+            "SELECT coalesce(state, 'other') AS state, count(*) AS n FROM pg_stat_activity
+             WHERE datname = current_database() GROUP BY state",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get("state"), r.get("n")))
+        .collect();
+    let tables = client
+        .query(
+            "SELECT coalesce(parent.relname, c.relname)::text AS name,
+                    sum(pg_total_relation_size(c.oid))::bigint AS size,
+                    sum(s.n_live_tup)::bigint AS live, sum(s.n_dead_tup)::bigint AS dead,
+                    max(s.last_autovacuum) AS vac
+             FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'comb'
+             LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+             LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+             LEFT JOIN pg_class parent ON parent.oid = i.inhparent
+             WHERE c.relkind = 'r'
+             GROUP BY 1
+             ORDER BY size DESC",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| TableStats {
+            table: r.get("name"),
+            size_bytes: r.get("size"),
+            live_rows: r.get("live"),
+            dead_rows: r.get("dead"),
+            last_autovacuum: r.get("vac"),
+        })
+        .collect();
+    Ok(PostgresStats {
+        version: db.get("version"),
+        database: db.get("database"),
+        database_size_bytes: db.get("size"),
+        connections,
+        max_connections: db.get("max_connections"),
+        cache_hit_ratio: db.get("cache_hit_ratio"),
+        transactions: Transactions {
+            committed: db.get("committed"),
+            rolled_back: db.get("rolled_back"),
+            deadlocks: db.get("deadlocks"),
+        },
+        oldest_transaction_seconds: db.get("oldest_transaction"),
+        tables,
+    })
 }
 
-/// The minute's snapshot: each queue's figures and each group's lag on each queue, computed
-/// now over every partition and cursor (exact), for the listings that serve the figures of
-/// large queues from it (`comb.queue_figures`, `comb.group_figures`).
-const SNAPSHOT_SQL: &str = "
+/// `GET /api/v1/analytics/postgres-stats`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PostgresStats {
+    pub version: String,
+    pub database: String,
+    pub database_size_bytes: i64,
+    /// Connections to the database by state (`active`, `idle`, …; `other` without one).
+    pub connections: std::collections::BTreeMap<String, i64>,
+    pub max_connections: i32,
+    #[serde(serialize_with = "super::wire::num_opt")]
+    pub cache_hit_ratio: Option<f64>,
+    pub transactions: Transactions,
+    #[serde(serialize_with = "super::wire::num_opt")]
+    pub oldest_transaction_seconds: Option<f64>,
+    /// Comb's tables, the largest first (a partitioned table with its parts).
+    pub tables: Vec<TableStats>,
+}
+
+/// The database's transactions since its statistics were reset.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Transactions {
+    pub committed: i64,
+    pub rolled_back: i64,
+    pub deadlocks: i64,
+}
+
+/// One of Comb's tables as PostgreSQL sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct TableStats {
+    pub table: String,
+    pub size_bytes: Option<i64>,
+    pub live_rows: Option<i64>,
+    pub dead_rows: Option<i64>,
+    #[serde(serialize_with = "iso_opt")]
+    pub last_autovacuum: Option<DateTime<Utc>>,
+}
+
+/// The minute's snapshot of each queue's figures, computed now over every partition (exact),
+/// for the queues whose ids are `$1`: what the listings serve large queues' totals from
+/// (`comb.queue_figures`).
+const QUEUE_SNAPSHOT_SQL: &str = "
 INSERT INTO comb.queue_minutes
     (day, minute, queue_id, total, pending, processing, dead_letters, lag_seconds,
      partitions, oldest_pending_at, last_message_at, taken_at)
@@ -284,18 +483,24 @@ SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), q.id,
        l.total, l.pending, l.processing, l.dead_letters,
        coalesce(extract(epoch FROM now() - l.oldest_pending_at), 0)::float8,
        l.partitions, l.oldest_pending_at, l.last_message_at, now()
-FROM comb.queues q CROSS JOIN LATERAL comb.queue_live(q.id) l
-ON CONFLICT DO NOTHING;
+FROM unnest($1::uuid[]) AS q(id) CROSS JOIN LATERAL comb.queue_live(q.id) l
+ON CONFLICT DO NOTHING";
+
+/// The minute's snapshot of each group's lag on each queue it reads, for the (queue, group)
+/// pairs `$1`, `$2` (`comb.group_figures`).
+const GROUP_SNAPSHOT_SQL: &str = "
 INSERT INTO comb.group_minutes
     (day, minute, queue_id, consumer_group, partitions, lag, oldest_unsettled_at, leased,
      taken_at)
 SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), s.queue_id,
        s.consumer_group, l.partitions, l.lag, l.oldest_unsettled_at, l.leased, now()
-FROM comb.subscriptions s CROSS JOIN LATERAL comb.group_live(s.queue_id, s.consumer_group) l
+FROM unnest($1::uuid[], $2::text[]) AS s(queue_id, consumer_group)
+CROSS JOIN LATERAL comb.group_live(s.queue_id, s.consumer_group) l
 ON CONFLICT DO NOTHING";
 
 /// Writes what this server did to `comb.server_minutes` every `interval`, and, once a
-/// minute, on whichever server gets there first, the snapshot of [`SNAPSHOT_SQL`]. Runs
+/// minute, on whichever server gets there first, the snapshot of [`QUEUE_SNAPSHOT_SQL`] and
+/// [`GROUP_SNAPSHOT_SQL`]. Runs
 /// forever; failures are logged and the next tick tries again.
 pub async fn record(pool: Pool, metrics: Arc<Metrics>, server: String, interval: Duration) {
     let mut last = [0u64; 5];
@@ -341,20 +546,26 @@ async fn write_queue_counts(pool: &Pool, server: &str, metrics: &Metrics) {
     };
     let names: Vec<&str> = counts.iter().map(|(q, _)| &**q).collect();
     let written = async {
-        pool.get()
+        let client = pool.get().await?;
+        // Names to ids through the catalog; counts of a queue deleted since are dropped.
+        let ids: HashMap<String, Uuid> = listing::queue_ids_by_name(&**client, &names)
             .await?
+            .into_iter()
+            .collect();
+        let ids: Vec<Option<Uuid>> = names.iter().map(|n| ids.get(*n).copied()).collect();
+        client
             .execute(
                 "INSERT INTO comb.queue_counts
                      (day, minute, server, queue_id, pushed, popped, acked, failed, dead_lettered)
-                 SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), $1, q.id,
+                 SELECT (now() AT TIME ZONE 'UTC')::date, date_trunc('minute', now()), $1, u.id,
                         u.pushed, u.popped, u.acked, u.failed, u.dead_lettered
-                 FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+                 FROM unnest($2::uuid[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
                              $7::bigint[])
-                     AS u(name, pushed, popped, acked, failed, dead_lettered)
-                 JOIN comb.queues q ON q.name = u.name",
+                     AS u(id, pushed, popped, acked, failed, dead_lettered)
+                 WHERE u.id IS NOT NULL",
                 &[
                     &server,
-                    &names,
+                    &ids,
                     &column(|c| c.pushed),
                     &column(|c| c.popped),
                     &column(|c| c.acked),
@@ -404,8 +615,61 @@ async fn write_minute(pool: &Pool, server: &str, delta: &[i64]) -> Result<(), Re
         .await?
         .get(0);
     if mine && !taken {
-        tx.batch_execute(SNAPSHOT_SQL).await?;
+        let queues = listing::queue_ids(&*tx).await?;
+        tx.execute(QUEUE_SNAPSHOT_SQL, &[&queues]).await?;
+        let (queues, groups): (Vec<Uuid>, Vec<String>) =
+            listing::subscriptions(&*tx, listing::Subscribers::All)
+                .await?
+                .into_iter()
+                .map(|s| (s.queue_id, s.group))
+                .unzip();
+        tx.execute(GROUP_SNAPSHOT_SQL, &[&queues, &groups]).await?;
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// `GET /api/v1/analytics/system-metrics`: this server's process, pool and requests.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SystemMetrics {
+    /// The address it listens on.
+    pub server: String,
+    pub pid: u32,
+    pub uptime_seconds: f64,
+    pub memory: Memory,
+    pub database: PoolFigures,
+    /// Requests served since it started.
+    pub requests: u64,
+    pub maintenance_leader: bool,
+}
+
+/// The process's memory.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Memory {
+    /// Resident set size; null where the system does not say.
+    pub resident_bytes: Option<u64>,
+}
+
+/// The request connection pool.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PoolFigures {
+    pub pool_size: usize,
+    pub pool_idle: usize,
+    pub pool_max: usize,
+    pub waiting: usize,
+}
+
+/// `POST /api/v1/stats/refresh`: nothing to refresh (figures are computed when asked); says
+/// when they were computed, for Queen's clients that ask.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Refreshed {
+    pub success: bool,
+    pub refreshed: bool,
+    #[serde(serialize_with = "iso")]
+    pub computed_at: DateTime<Utc>,
+    pub queues: i64,
 }

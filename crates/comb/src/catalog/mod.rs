@@ -5,6 +5,7 @@
 //! Creating a partition and subscribing a group both lock the queue row, so that every
 //! (partition, group) pair gets its cursor row exactly once, whichever comes first.
 
+pub(crate) mod listing;
 mod queues;
 
 use std::collections::{HashMap, HashSet};

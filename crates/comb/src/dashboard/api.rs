@@ -47,6 +47,32 @@ impl AdminApi {
         self.call(Method::GET, path_and_query.as_ref(), None).await
     }
 
+    /// `GET path_and_query`, decoded into the administration's answer type for it: pages read
+    /// the same types the API serialises.
+    pub async fn get_as<T: serde::de::DeserializeOwned>(
+        &self,
+        path_and_query: impl AsRef<str>,
+    ) -> Result<T, ApiError> {
+        let Json(value) = self.get(path_and_query).await?;
+        serde_json::from_value(value).map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            detail: format!("reading the answer: {e}"),
+        })
+    }
+
+    /// `POST path` with a JSON body, the answer decoded into the administration's type for it.
+    pub async fn post_as<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<T, ApiError> {
+        let Json(value) = self.post(path, body).await?;
+        serde_json::from_value(value).map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            detail: format!("reading the answer: {e}"),
+        })
+    }
+
     /// `POST path` with a JSON body.
     pub async fn post(&self, path: &str, body: &Value) -> Result<Json, ApiError> {
         self.call(Method::POST, path, Some(body)).await
@@ -101,7 +127,8 @@ impl AdminApi {
 }
 
 /// A decoded answer, read tolerantly: a missing or mistyped field reads as absent, never as a
-/// failed page.
+/// failed page. Only for answers that have no Rust type yet (message listings and lookups,
+/// streams); the others are read with [`AdminApi::get_as`] into the types the API serialises.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Json(pub Value);
 

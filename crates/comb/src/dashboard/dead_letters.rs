@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{AdminApi, Notice, Viewer, access, enc, figures, rendered, respond, unavailable};
+use crate::admin::dead_letters::PurgeAnswer;
+use crate::admin::resources::QueueList;
 use crate::http::State;
 use crate::queue::QUEUE_MODE_GROUP;
 
@@ -115,12 +117,8 @@ pub(crate) async fn list(
     Query(filter): Query<Filter>,
 ) -> Response {
     let api = AdminApi::new(&state, &headers);
-    let queues: Vec<String> = match api.get("/api/v1/resources/queues").await {
-        Ok(q) => q
-            .list(&["queues"])
-            .iter()
-            .filter_map(|q| q.text(&["name"]))
-            .collect(),
+    let queues: Vec<String> = match api.get_as::<QueueList>("/api/v1/resources/queues").await {
+        Ok(q) => q.queues.into_iter().map(|q| q.name).collect(),
         Err(_) => Vec::new(),
     };
     let mut filter = filter;
@@ -326,8 +324,8 @@ pub(crate) async fn purge(
         }
         body["ids"] = json!(ids);
     }
-    match api.post("/api/v1/dlq/purge", &body).await {
-        Ok(a) => done("Purged", a.count(&["purged"]), 0),
+    match api.post_as::<PurgeAnswer>("/api/v1/dlq/purge", &body).await {
+        Ok(a) => done("Purged", a.purged as i64, 0),
         Err(e) => Notice::failed("purge", &e),
     }
 }

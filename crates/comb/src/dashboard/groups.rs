@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{AdminApi, Notice, Viewer, access, enc, figures, respond, unavailable};
+use crate::admin::groups::GroupSummary;
 use crate::http::State;
 
 #[derive(Template)]
@@ -37,24 +38,24 @@ pub(crate) async fn list(AxumState(state): AxumState<State>, headers: HeaderMap)
     let api = AdminApi::new(&state, &headers);
     let mut note = None;
     let mut rows = Vec::new();
-    match api.get("/api/v1/consumer-groups").await {
+    match api
+        .get_as::<Vec<GroupSummary>>("/api/v1/consumer-groups")
+        .await
+    {
         Ok(groups) => {
-            for g in groups.list(&["groups"]) {
-                let group = g.text(&["name"]).unwrap_or_default();
-                for q in g.list(&["queues"]) {
-                    let queue = q.text(&["queue"]).unwrap_or_default();
-                    let lag = q.count(&["lag"]);
-                    let lag_seconds = (lag > 0).then(|| q.num(&["lagSeconds"])).flatten();
+            for g in groups {
+                for q in g.queues {
+                    let lag_seconds = (q.lag > 0).then_some(q.lag_seconds);
                     rows.push(GroupRow {
-                        group_enc: enc(&group),
-                        group: group.clone(),
-                        queue_href: format!("/queues/{}", enc(&queue)),
-                        lag: figures::count(lag),
+                        group_enc: enc(&g.name),
+                        group: g.name.clone(),
+                        queue_href: format!("/queues/{}", enc(&q.queue)),
+                        lag: figures::count(q.lag),
                         lag_seconds: figures::age(lag_seconds),
-                        leases: figures::count(q.count(&["leasedPartitions"])),
-                        partitions: figures::count(q.count(&["partitions"])),
+                        leases: figures::count(q.leased_partitions),
+                        partitions: figures::count(q.partitions),
                         lagging: lag_seconds.is_some_and(|s| s > 60.0),
-                        queue,
+                        queue: q.queue,
                     });
                 }
             }

@@ -8,7 +8,9 @@ use axum::response::Response;
 use chrono::{Duration, Utc};
 
 use super::chart::{self, Series};
-use super::{AdminApi, Json, enc, figures, respond, unavailable};
+use super::{AdminApi, enc, figures, respond, unavailable};
+use crate::admin::resources::{QueueFigures, QueueList};
+use crate::admin::status::{Servers, Status};
 use crate::http::State;
 
 #[derive(Template)]
@@ -45,33 +47,36 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     let hour_ago = now - Duration::hours(1);
     let recent = now - Duration::minutes(2);
     let (status, workers, queues, streams) = tokio::join!(
-        api.get(format!(
+        api.get_as::<Status>(format!(
             "/api/v1/status?from={}&to={}",
             enc(&hour_ago.to_rfc3339()),
             enc(&now.to_rfc3339())
         )),
-        api.get(format!(
+        api.get_as::<Servers>(format!(
             "/api/v1/analytics/worker-metrics?from={}",
             enc(&recent.to_rfc3339())
         )),
-        api.get("/api/v1/resources/queues?limit=1000"),
+        api.get_as::<QueueList>("/api/v1/resources/queues?limit=1000"),
         api.get("/api/v1/streams/queries"),
     );
     let mut notes = Vec::new();
     let mut throughput_note = None;
-    let status = status.unwrap_or_else(|e| {
-        throughput_note = Some(unavailable("Throughput", &e));
-        notes.push(unavailable("Totals", &e));
-        Json::default()
-    });
-    let queues = queues.map(|q| q.list(&["queues"])).unwrap_or_else(|e| {
+    let status = status
+        .map_err(|e| {
+            throughput_note = Some(unavailable("Throughput", &e));
+            notes.push(unavailable("Totals", &e));
+        })
+        .ok();
+    let queues = queues.map(|q| q.queues).unwrap_or_else(|e| {
         notes.push(unavailable("Queues", &e));
         Vec::new()
     });
-    let depth_total = status.count(DEPTH);
-    let oldest = oldest_pending(&status);
-    let dead = status.count(DEAD);
-    let queue_count = status.count(&["queues"]);
+    let overview = status.as_ref().map(|s| &s.overview);
+    let depth_total = overview.and_then(|o| o.messages.pending).unwrap_or(0);
+    let oldest =
+        overview.and_then(|o| pending_age(o.oldest_pending_at, o.oldest_pending_age_seconds));
+    let dead = overview.and_then(|o| o.messages.dead_letters).unwrap_or(0);
+    let queue_count = overview.map_or(0, |o| o.queues);
     // Streams queries registered (Queen's streams SDK), with the source partitions they run on.
     let streams = streams
         .map(|s| {
@@ -86,25 +91,19 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
         .unwrap_or_else(|_| "—".to_string());
     // Servers that wrote their per-minute counters in the last two minutes.
     let servers = workers
-        .map(|w| figures::count(w.list(&["workers"]).len() as i64))
+        .map(|w| figures::count(w.workers.len() as i64))
         .unwrap_or_else(|_| "—".to_string());
 
     // Sixty one-minute slots ending now; the API lists only minutes that saw something.
     let mut pushed = vec![0.0; 60];
     let mut done = vec![0.0; 60];
     let mut errors = vec![0.0; 60];
-    for b in status.list(&["throughput"]) {
-        let Some(at) = b
-            .text(&["timestamp"])
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
-        else {
-            continue;
-        };
-        let slot = (at.with_timezone(&Utc) - hour_ago).num_minutes();
+    for b in status.iter().flat_map(|s| &s.throughput) {
+        let slot = (b.timestamp - hour_ago).num_minutes();
         if let Ok(slot @ 0..60) = usize::try_from(slot) {
-            pushed[slot] += b.num(&["pushed"]).unwrap_or(0.0);
-            done[slot] += b.num(&["acked"]).unwrap_or(0.0);
-            errors[slot] += b.num(&["failed"]).unwrap_or(0.0);
+            pushed[slot] += b.pushed as f64;
+            done[slot] += b.acked as f64;
+            errors[slot] += b.failed as f64;
         }
     }
     let chart = chart::bars(
@@ -137,8 +136,9 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
         figures::rate(sum(&pushed) / 3600.0),
     );
 
-    let mut deepest: Vec<&Json> = queues.iter().collect();
-    deepest.sort_by_key(|q| std::cmp::Reverse(queue_depth(q)));
+    let depth = |q: &QueueFigures| q.messages.pending.unwrap_or(0);
+    let mut deepest: Vec<&QueueFigures> = queues.iter().collect();
+    deepest.sort_by_key(|q| std::cmp::Reverse(depth(q)));
     let page = Overview {
         cards: vec![
             Card {
@@ -185,9 +185,12 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
             .into_iter()
             .take(10)
             .map(|q| QueueLine {
-                name: q.text(&["name"]).unwrap_or_default(),
-                depth: figures::count(queue_depth(q)),
-                oldest: figures::age(oldest_pending(q)),
+                name: q.name.clone(),
+                depth: figures::count(depth(q)),
+                oldest: figures::age(pending_age(
+                    q.oldest_pending_at,
+                    q.oldest_pending_age_seconds,
+                )),
             })
             .collect(),
         notes,
@@ -201,20 +204,8 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     )
 }
 
-/// Where the administration API's answers hold the figures pages show.
-pub(crate) const DEPTH: &[&str] = &["messages.pending"];
-pub(crate) const IN_FLIGHT: &[&str] = &["messages.processing"];
-pub(crate) const DEAD: &[&str] = &["messages.deadLetters", "deadLetters"];
-
 /// Age of the oldest pending message of a queue, partition or the whole system; none when
 /// nothing is pending.
-pub(crate) fn oldest_pending(q: &Json) -> Option<f64> {
-    if q.at("oldestPendingAt").is_null() {
-        return None;
-    }
-    q.num(&["oldestPendingAgeSeconds"])
-}
-/// A queue's pending messages.
-pub(crate) fn queue_depth(q: &Json) -> i64 {
-    q.count(DEPTH)
+pub(crate) fn pending_age(at: Option<chrono::DateTime<Utc>>, age_seconds: f64) -> Option<f64> {
+    at.map(|_| age_seconds)
 }

@@ -10,8 +10,10 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use serde::Deserialize;
 
-use super::overview::{DEAD, DEPTH, IN_FLIGHT, oldest_pending, queue_depth};
+use super::overview::pending_age;
 use super::{AdminApi, Json, chart, enc, figures, respond, unavailable};
+use crate::admin::resources::{QueueDetail, QueueFigures, QueueList};
+use crate::admin::status::Analytics;
 use crate::http::State;
 
 #[derive(Template)]
@@ -70,8 +72,11 @@ pub(crate) async fn list(
 ) -> Response {
     let api = AdminApi::new(&state, &headers);
     let mut note = None;
-    let queues = match api.get("/api/v1/resources/queues?limit=1000").await {
-        Ok(q) => q.list(&["queues"]),
+    let queues = match api
+        .get_as::<QueueList>("/api/v1/resources/queues?limit=1000")
+        .await
+    {
+        Ok(q) => q.queues,
         Err(e) => {
             note = Some(unavailable("Queues", &e));
             Vec::new()
@@ -84,10 +89,10 @@ pub(crate) async fn list(
     let names: Vec<String> = queues
         .iter()
         .take(THROUGHPUT_QUEUES)
-        .filter_map(|q| q.text(&["name"]))
+        .map(|q| q.name.clone())
         .collect();
     let series = futures_util::future::join_all(names.iter().map(|n| {
-        api.get(format!(
+        api.get_as::<Analytics>(format!(
             "/api/v1/status/analytics?queue={}&from={from}",
             enc(n)
         ))
@@ -110,24 +115,21 @@ pub(crate) async fn list(
         Some("desc") => true,
         _ => key != "name",
     };
-    let mut rows: Vec<(&Json, f64)> = queues
+    let mut rows: Vec<(&QueueFigures, f64)> = queues
         .iter()
-        .map(|q| {
-            let name = q.text(&["name"]).unwrap_or_default();
-            (q, throughput.get(&name).map(|t| t.0).unwrap_or(0.0))
-        })
+        .map(|q| (q, throughput.get(&q.name).map(|t| t.0).unwrap_or(0.0)))
         .collect();
     rows.sort_by(|(a, ta), (b, tb)| {
-        let number = |q: &Json, t: f64| match key {
-            "depth" => queue_depth(q) as f64,
-            "inflight" => q.count(IN_FLIGHT) as f64,
-            "dead" => q.count(DEAD) as f64,
-            "oldest" => oldest_pending(q).unwrap_or(-1.0),
-            "partitions" => q.count(PARTITIONS) as f64,
+        let number = |q: &QueueFigures, t: f64| match key {
+            "depth" => depth(q) as f64,
+            "inflight" => in_flight(q) as f64,
+            "dead" => dead_letters(q) as f64,
+            "oldest" => queue_oldest(q).unwrap_or(-1.0),
+            "partitions" => q.partitions.unwrap_or(0) as f64,
             _ => t,
         };
         let order = if key == "name" {
-            a.text(&["name"]).cmp(&b.text(&["name"]))
+            a.name.cmp(&b.name)
         } else {
             number(a, *ta).total_cmp(&number(b, *tb))
         };
@@ -162,20 +164,20 @@ pub(crate) async fn list(
         rows: rows
             .into_iter()
             .map(|(q, t)| {
-                let name = q.text(&["name"]).unwrap_or_default();
+                let name = q.name.clone();
                 let spark = throughput
                     .get(&name)
                     .map(|t| chart::sparkline(&t.1))
                     .unwrap_or_else(|| chart::sparkline(&[]));
-                let dead = q.count(DEAD);
+                let dead = dead_letters(q);
                 QueueRow {
                     href: format!("/queues/{}", enc(&name)),
-                    depth: figures::count(queue_depth(q)),
-                    in_flight: figures::count(q.count(IN_FLIGHT)),
+                    depth: figures::count(depth(q)),
+                    in_flight: figures::count(in_flight(q)),
                     dead: figures::count(dead),
                     dead_warn: dead > 0,
-                    oldest: figures::age(oldest_pending(q)),
-                    partitions: figures::count(q.count(PARTITIONS)),
+                    oldest: figures::age(queue_oldest(q)),
+                    partitions: figures::count(q.partitions.unwrap_or(0)),
                     throughput: figures::rate(t),
                     spark,
                     name,
@@ -197,21 +199,36 @@ pub(crate) async fn list(
     )
 }
 
-const PARTITIONS: &[&str] = &["partitions"];
+/// A queue's pending messages.
+fn depth(q: &QueueFigures) -> i64 {
+    q.messages.pending.unwrap_or(0)
+}
+
+/// A queue's messages handed out under a lease.
+fn in_flight(q: &QueueFigures) -> i64 {
+    q.messages.processing.unwrap_or(0)
+}
+
+/// A queue's dead letters.
+fn dead_letters(q: &QueueFigures) -> i64 {
+    q.messages.dead_letters.or(q.dead_letters).unwrap_or(0)
+}
+
+/// Age of a queue's oldest pending message; none when nothing is pending.
+fn queue_oldest(q: &QueueFigures) -> Option<f64> {
+    pending_age(q.oldest_pending_at, q.oldest_pending_age_seconds)
+}
 
 /// Queues whose throughput the list shows (one analytics call each).
 const THROUGHPUT_QUEUES: usize = 100;
 
 /// From a queue's analytics: messages pushed per second over the series, and per bucket (the
 /// growth of its stored total between consecutive buckets).
-fn pushed_per_minute(analytics: &Json) -> (f64, Vec<f64>) {
-    let points: Vec<(chrono::DateTime<chrono::FixedOffset>, f64)> = analytics
-        .list(&["timeSeries"])
+fn pushed_per_minute(analytics: &Analytics) -> (f64, Vec<f64>) {
+    let points: Vec<(chrono::DateTime<chrono::Utc>, f64)> = analytics
+        .time_series
         .iter()
-        .filter_map(|b| {
-            let at = chrono::DateTime::parse_from_rfc3339(&b.text(&["timestamp"])?).ok()?;
-            Some((at, b.num(&["messages"])?))
-        })
+        .filter_map(|b| Some((b.timestamp, b.messages? as f64)))
         .collect();
     let growth: Vec<f64> = points
         .windows(2)
@@ -277,20 +294,19 @@ pub(crate) async fn detail(
     let offset = (at.offset.unwrap_or(0).min(crate::admin::MAX_OFFSET) as i64 / PAGE) * PAGE;
     let mut notes = Vec::new();
     let detail = api
-        .get(format!(
+        .get_as::<QueueDetail>(format!(
             "/api/v1/resources/queues/{q}?limit={PAGE}&offset={offset}"
         ))
         .await
-        .unwrap_or_else(|e| {
-            notes.push(unavailable("This queue", &e));
-            Json::default()
-        });
-    let total = detail.count(&["partitions"]).max(0);
-    let partitions = detail.list(&["partitionList"]);
+        .map_err(|e| notes.push(unavailable("This queue", &e)))
+        .ok();
+    let totals = detail.as_ref().map(|d| &d.queue);
+    let total = totals.and_then(|f| f.partitions).unwrap_or(0).max(0);
+    let partitions = detail.as_ref().map_or(&[][..], |d| &d.partition_list[..]);
     let group_names: Vec<String> = detail
-        .list(&["consumerGroups"])
         .iter()
-        .filter_map(|g| g.text(&["name"]))
+        .flat_map(|d| &d.consumer_groups)
+        .map(|g| g.name.clone())
         .collect();
 
     let rows: Vec<PartitionRow> = partitions
@@ -298,18 +314,22 @@ pub(crate) async fn detail(
         .map(|p| {
             // Each group's exact lag on this partition, by group name.
             let lag: BTreeMap<String, (i64, Option<f64>)> = p
-                .list(&["groupLag"])
+                .group_lag
                 .iter()
-                .filter_map(|g| {
-                    let messages = g.count(&["lag"]);
-                    let seconds = (messages > 0).then(|| g.num(&["lagSeconds"])).flatten();
-                    Some((g.text(&["consumerGroup"])?, (messages, seconds)))
+                .map(|g| {
+                    let messages = g.lag.unwrap_or(0);
+                    let seconds = (messages > 0).then_some(g.lag_seconds);
+                    (g.consumer_group.clone(), (messages, seconds))
                 })
                 .collect();
+            let f = &p.figures;
             PartitionRow {
-                depth: figures::count(p.count(DEPTH)),
-                in_flight: figures::count(p.count(IN_FLIGHT)),
-                oldest: figures::age(oldest_pending(p)),
+                depth: figures::count(f.messages.pending.unwrap_or(0)),
+                in_flight: figures::count(f.messages.processing.unwrap_or(0)),
+                oldest: figures::age(pending_age(
+                    f.oldest_pending_at,
+                    f.oldest_pending_age_seconds,
+                )),
                 lags: group_names
                     .iter()
                     .map(|g| match lag.get(g) {
@@ -317,11 +337,11 @@ pub(crate) async fn detail(
                         None => ("—".into(), "—".into()),
                     })
                     .collect(),
-                name: p.text(&["name"]).unwrap_or_default(),
+                name: f.name.clone(),
             }
         })
         .collect();
-    let options = match detail.at("options").as_object() {
+    let options = match totals.and_then(|f| f.options.as_object()) {
         Some(map) => map
             .iter()
             .map(|(k, v)| {
@@ -341,13 +361,19 @@ pub(crate) async fn detail(
     let page = QueuePage {
         name_enc: q.clone(),
         summary: vec![
-            ("Pending", figures::count(detail.count(DEPTH))),
-            ("In flight", figures::count(detail.count(IN_FLIGHT))),
-            ("Dead letters", figures::count(detail.count(DEAD))),
-            ("Oldest pending", figures::age(oldest_pending(&detail))),
+            ("Pending", figures::count(totals.map_or(0, depth))),
+            ("In flight", figures::count(totals.map_or(0, in_flight))),
+            (
+                "Dead letters",
+                figures::count(totals.map_or(0, dead_letters)),
+            ),
+            (
+                "Oldest pending",
+                figures::age(totals.and_then(queue_oldest)),
+            ),
             ("Partitions", figures::count(total)),
         ],
-        figures_note: figures_note(&detail),
+        figures_note: totals.and_then(figures_note),
         shown: if shown > 0 {
             format!(
                 "{}–{}",
@@ -373,12 +399,12 @@ pub(crate) async fn detail(
 
 /// "Totals as of 12:03:10 UTC (41 s ago)" when a queue's totals come from the per-minute
 /// snapshot rather than from now.
-fn figures_note(detail: &Json) -> Option<String> {
-    if detail.at("figuresLive").as_bool() != Some(false) {
+fn figures_note(detail: &QueueFigures) -> Option<String> {
+    if detail.figures_live != Some(false) {
         return None;
     }
-    let at = chrono::DateTime::parse_from_rfc3339(&detail.text(&["figuresAt"])?).ok()?;
-    let age = detail.num(&["figuresAgeSeconds"]);
+    let at = detail.figures_at?;
+    let age = detail.figures_age_seconds;
     Some(format!(
         "Totals as of {} UTC ({} ago): a queue this large is summed once a minute; each \
          partition below is exact.",

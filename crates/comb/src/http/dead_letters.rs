@@ -5,14 +5,14 @@
 
 use axum::Json;
 use axum::extract::State as AxState;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::body::JsonBody;
 use super::params::Params;
 use super::resources::{check_partition, check_queue};
 use super::{Problem, State};
-use crate::admin::dead_letters::{self, Selection};
+use crate::admin::dead_letters::{self, PurgeAnswer, RequeueAnswer, Selection};
 use crate::admin::{partition_id, queue_id};
 use crate::code::Code;
 use crate::refusal::Refusal;
@@ -82,10 +82,19 @@ async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Sel
 }
 
 /// Stores the selected dead letters again at the end of their partitions, in their order.
+#[utoipa::path(
+    post,
+    path = "/api/v1/dlq/requeue",
+    request_body(content = crate::http::admin_api::DeadLetterSelection, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = RequeueAnswer),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn requeue(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<Map<String, Value>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<RequeueAnswer>, Problem> {
     let (queue, selection) = selection(&app, body).await?;
     let done = dead_letters::requeue(&app.pool, &selection)
         .await
@@ -93,23 +102,32 @@ pub async fn requeue(
     if done.stored > 0 {
         app.wake.requeued(&queue);
     }
-    Ok(Json(json!({
-        "requeued": done.requeued,
-        "messages": done.stored,
-        "consumerGroups": done.groups,
-        "remaining": done.remaining,
-        "queue": queue,
-    })))
+    Ok(Json(RequeueAnswer {
+        requeued: done.requeued,
+        messages: done.stored,
+        consumer_groups: done.groups,
+        remaining: done.remaining,
+        queue,
+    }))
 }
 
 /// Deletes the selected dead letters.
+#[utoipa::path(
+    post,
+    path = "/api/v1/dlq/purge",
+    request_body(content = crate::http::admin_api::DeadLetterSelection, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = PurgeAnswer),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn purge(
     AxState(app): AxState<State>,
     JsonBody(body): JsonBody<Map<String, Value>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<PurgeAnswer>, Problem> {
     let (queue, selection) = selection(&app, body).await?;
     let purged = dead_letters::purge(&app.pool, &selection)
         .await
         .map_err(|e: Refusal| Problem::from(e))?;
-    Ok(Json(json!({"purged": purged, "queue": queue})))
+    Ok(Json(PurgeAnswer { purged, queue }))
 }

@@ -3,21 +3,38 @@
 use std::collections::HashMap;
 
 use axum::extract::{Query, State as AxState};
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::{Value, json};
+use chrono::{DateTime, Utc};
+use serde_json::json;
 
 use super::params::Params;
 use super::{Problem, State};
+use crate::admin::dead_letters::{DeadLetterEntry, DeadLetterList};
 use crate::code::Code;
 use crate::dead_letter::{self, Filter, MAX_LIMIT, MAX_OFFSET};
 use crate::queue::{validate_group_name, validate_partition_name, validate_queue_name};
 
 /// Lists dead letters of a queue, newest first: `queue` (required), `consumerGroup`,
 /// `partition`, `from`, `to` (RFC 3339), `limit` (100), `offset` (0).
+#[utoipa::path(
+    get,
+    path = "/api/v1/dlq",
+    params(
+        ("queue" = String, Query, description = "Queue name"),
+        ("consumerGroup" = Option<String>, Query, description = "Only this group"),
+        ("partition" = Option<String>, Query, description = "Only this partition"),
+        ("from" = Option<String>, Query, description = "Dead-lettered at or after (RFC 3339 or a date)"),
+        ("to" = Option<String>, Query, description = "Dead-lettered at or before (RFC 3339 or a date)"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = DeadLetterList),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn list(
     AxState(app): AxState<State>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
-) -> Result<axum::Json<Value>, Problem> {
+) -> Result<axum::Json<DeadLetterList>, Problem> {
     let params = Params::Query(
         query
             .map(|q| q.0)
@@ -65,7 +82,6 @@ pub async fn list(
             format!("queue `{}` does not exist", filter.queue),
         ));
     };
-    let ms = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
     let mut messages = Vec::with_capacity(page.letters.len());
     for d in &page.letters {
         // A dead letter is often there because its payload could not be read: listing it
@@ -78,32 +94,32 @@ pub async fn list(
                 json!("payload not shown: the stored payload is not valid JSON")
             }
         };
-        messages.push(json!({
-            "id": d.id,
-            "messageId": d.message_id,
-            "partitionId": d.partition_id,
-            "transactionId": d.transaction_id,
-            "consumerGroup": d.group,
-            "errorMessage": d.error,
-            "retryCount": d.attempts,
-            "originalCreatedAt": ms(d.created_at),
-            "movedToDlqAt": ms(d.dead_at),
-            "messageCreatedAt": ms(d.created_at),
-            "queueName": filter.queue,
-            "namespace": page.namespace,
-            "task": page.task,
-            "partitionName": d.partition,
-            "data": data,
-            "traceId": d.trace_id,
-            "producerSub": d.producer_sub,
-        }));
+        messages.push(DeadLetterEntry {
+            id: d.id,
+            message_id: d.message_id,
+            partition_id: d.partition_id,
+            transaction_id: d.transaction_id.clone(),
+            consumer_group: d.group.clone(),
+            error_message: d.error.clone(),
+            retry_count: d.attempts,
+            original_created_at: d.created_at,
+            moved_to_dlq_at: d.dead_at,
+            message_created_at: d.created_at,
+            queue_name: filter.queue.clone(),
+            namespace: page.namespace.clone(),
+            task: page.task.clone(),
+            partition_name: d.partition.clone(),
+            data,
+            trace_id: d.trace_id.clone(),
+            producer_sub: d.producer_sub.clone(),
+        });
     }
-    Ok(axum::Json(json!({
-        "messages": messages,
-        "total": page.total,
-        "limit": filter.limit,
-        "offset": filter.offset,
-    })))
+    Ok(axum::Json(DeadLetterList {
+        messages,
+        total: page.total,
+        limit: filter.limit,
+        offset: filter.offset,
+    }))
 }
 
 fn time(params: &Params, name: &str) -> Result<Option<DateTime<Utc>>, Problem> {

@@ -18,17 +18,40 @@ fn check_group(group: &str) -> Result<(), Problem> {
 }
 
 /// Every group with its queues' lag.
-pub async fn list(AxState(app): AxState<State>) -> Result<Json<Value>, Problem> {
+#[utoipa::path(
+    get,
+    path = "/api/v1/consumer-groups",
+    responses(
+        (status = 200, description = "The answer", body = Vec<groups::GroupSummary>),
+        crate::http::admin_api::Refused,
+    )
+)]
+pub async fn list(
+    AxState(app): AxState<State>,
+) -> Result<Json<Vec<groups::GroupSummary>>, Problem> {
     Ok(Json(groups::list(&app.pool).await?))
 }
 
 /// One group: per queue (or the one `queue` names) a page of partitions (`limit`,
 /// `offset`) with cursor, head, lag and lease.
+#[utoipa::path(
+    get,
+    path = "/api/v1/consumer-groups/{group}",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+        ("queue" = Option<String>, Query, description = "Only this queue"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = groups::GroupDetail),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn detail(
     AxState(app): AxState<State>,
     PathParams(group): PathParams<String>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::GroupDetail>, Problem> {
     check_group(&group)?;
     let params = query(q)?;
     let queue = optional_queue(&params)?;
@@ -40,7 +63,21 @@ pub async fn detail(
 
 /// Cursors whose oldest unsettled message waits at least `minLagSeconds` (default 3600, as
 /// Queen).
-pub async fn lagging(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+#[utoipa::path(
+    get,
+    path = "/api/v1/consumer-groups/lagging",
+    params(
+        ("minLagSeconds" = Option<u64>, Query, description = "Least wait of the oldest unsettled message (default 3600)"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = Vec<groups::LaggingCursor>),
+        crate::http::admin_api::Refused,
+    )
+)]
+pub async fn lagging(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<Vec<groups::LaggingCursor>>, Problem> {
     let min = query(q)?
         .uint("minLagSeconds")?
         .unwrap_or(3600)
@@ -49,11 +86,24 @@ pub async fn lagging(AxState(app): AxState<State>, q: QueryString) -> Result<Jso
 }
 
 /// Deletes a group's reading of one queue (`deleteMetadata`, default true).
+#[utoipa::path(
+    delete,
+    path = "/api/v1/consumer-groups/{group}/queues/{queue}",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+        ("queue" = String, Path, description = "Queue name"),
+        ("deleteMetadata" = Option<bool>, Query, description = "Forget cursors and subscription (default true)"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = groups::GroupDeleted),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn delete_for_queue(
     AxState(app): AxState<State>,
     PathParams((group, queue)): PathParams<(String, String)>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::GroupDeleted>, Problem> {
     check_group(&group)?;
     check_queue(&queue)?;
     let delete_metadata = query(q)?.flag("deleteMetadata")?.unwrap_or(true);
@@ -63,11 +113,23 @@ pub async fn delete_for_queue(
 }
 
 /// Sets where the group reads its queues from (`subscriptionTimestamp`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/consumer-groups/{group}/subscription",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+    ),
+    request_body(content = crate::http::admin_api::SubscriptionBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = groups::SubscriptionSet),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn subscription(
     AxState(app): AxState<State>,
     PathParams(group): PathParams<String>,
     JsonBody(body): JsonBody<Map<String, Value>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::SubscriptionSet>, Problem> {
     check_group(&group)?;
     let params = Params::Json(body);
     let at = params.time("subscriptionTimestamp")?.ok_or_else(|| {
@@ -101,11 +163,24 @@ fn target(body: Map<String, Value>) -> Result<Target, Problem> {
 }
 
 /// Moves the group's cursors of every partition of the queue.
+#[utoipa::path(
+    post,
+    path = "/api/v1/consumer-groups/{group}/queues/{queue}/seek",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+        ("queue" = String, Path, description = "Queue name"),
+    ),
+    request_body(content = crate::http::admin_api::SeekBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = groups::Sought),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn seek(
     AxState(app): AxState<State>,
     PathParams((group, queue)): PathParams<(String, String)>,
     JsonBody(body): JsonBody<Map<String, Value>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::Sought>, Problem> {
     check_group(&group)?;
     check_queue(&queue)?;
     let target = target(body)?;
@@ -115,11 +190,25 @@ pub async fn seek(
 }
 
 /// Moves the group's cursor of one partition.
+#[utoipa::path(
+    post,
+    path = "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek",
+    params(
+        ("group" = String, Path, description = "Consumer group name"),
+        ("queue" = String, Path, description = "Queue name"),
+        ("partition" = String, Path, description = "Partition name"),
+    ),
+    request_body(content = crate::http::admin_api::SeekBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The answer", body = groups::Sought),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn seek_partition(
     AxState(app): AxState<State>,
     PathParams((group, queue, partition)): PathParams<(String, String, String)>,
     JsonBody(body): JsonBody<Map<String, Value>>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<groups::Sought>, Problem> {
     check_group(&group)?;
     check_queue(&queue)?;
     check_partition(&partition)?;

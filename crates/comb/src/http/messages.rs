@@ -12,6 +12,23 @@ use crate::admin::messages::{self, Filter, Status};
 use crate::code::Code;
 
 /// A page of messages by queue, partition, status (for `consumerGroup`) and time.
+#[utoipa::path(
+    get,
+    path = "/api/v1/messages",
+    params(
+        ("queue" = Option<String>, Query, description = "Only this queue"),
+        ("partition" = Option<String>, Query, description = "Only this partition"),
+        ("consumerGroup" = Option<String>, Query, description = "Status as this group sees it"),
+        ("status" = Option<String>, Query, description = "pending, processing, completed or dead_letter"),
+        ("from" = Option<String>, Query, description = "Stored at or after (RFC 3339)"),
+        ("to" = Option<String>, Query, description = "Stored at or before (RFC 3339)"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn list(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
     let params = query(q)?;
     let status = match params.text("status")? {
@@ -61,6 +78,18 @@ fn ids(partition: &str, transaction: String) -> Result<(Uuid, String), Problem> 
 }
 
 /// One message with its status per group and its dead letters.
+#[utoipa::path(
+    get,
+    path = "/api/v1/messages/{partitionId}/{transactionId}",
+    params(
+        ("partitionId" = String, Path, description = "Partition id (UUID)"),
+        ("transactionId" = String, Path, description = "Message transaction id"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn get(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
@@ -70,6 +99,18 @@ pub async fn get(
 }
 
 /// Settles the message for every group.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/messages/{partitionId}/{transactionId}",
+    params(
+        ("partitionId" = String, Path, description = "Partition id (UUID)"),
+        ("transactionId" = String, Path, description = "Message transaction id"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn delete(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
@@ -81,6 +122,18 @@ pub async fn delete(
 }
 
 /// Requeues a dead-lettered message, or resets a failed one's attempts.
+#[utoipa::path(
+    post,
+    path = "/api/v1/messages/{partitionId}/{transactionId}/retry",
+    params(
+        ("partitionId" = String, Path, description = "Partition id (UUID)"),
+        ("transactionId" = String, Path, description = "Message transaction id"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn retry(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
@@ -94,6 +147,18 @@ pub async fn retry(
 }
 
 /// Dead-letters the message for every group that has not settled it.
+#[utoipa::path(
+    post,
+    path = "/api/v1/messages/{partitionId}/{transactionId}/dlq",
+    params(
+        ("partitionId" = String, Path, description = "Partition id (UUID)"),
+        ("transactionId" = String, Path, description = "Message transaction id"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = serde_json::Value),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn dead_letter(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,

@@ -1,6 +1,7 @@
 //! The HTTP API v1: routing, shared state, and the edge where every request is validated.
 
 mod ack;
+pub(crate) mod admin_api;
 mod body;
 mod configure;
 mod dead_letters;

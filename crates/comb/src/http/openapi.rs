@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use axum::http::header;
 use axum::response::IntoResponse;
-use serde_json::{Value, json};
+
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::{OpenApi as Document, RefOr};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
@@ -62,10 +62,12 @@ use crate::code::Code;
 )]
 pub(crate) struct ApiDoc;
 
-/// The document as served: generated, with the administration routes merged in.
+/// The document as served: generated, with the administration's part
+/// ([`super::admin_api::AdminApi`]) merged in and every operation given its problem answers.
 pub(crate) static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
-    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
-    merge_administration(&mut doc);
+    let mut doc = ApiDoc::openapi();
+    doc.merge(super::admin_api::AdminApi::openapi());
+    Contract.modify(&mut doc);
     serde_json::to_string(&doc).expect("the document serialises")
 });
 
@@ -167,40 +169,10 @@ impl Modify for Contract {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The administration routes, until their handlers carry `#[utoipa::path]`: their paths and the
-// components those name, as written by hand in `openapi_admin.json`. Replaced by merging the
-// administration's own `#[derive(OpenApi)]` document.
-// ---------------------------------------------------------------------------------------------
-
-/// The administration routes' part of the document, written by hand.
-const ADMINISTRATION: &str = include_str!("openapi_admin.json");
-
-/// Adds the administration routes' paths and the components they name; a component the
-/// generated part already has keeps the generated form.
-fn merge_administration(doc: &mut Value) {
-    let admin: Value = serde_json::from_str(ADMINISTRATION).expect("openapi_admin.json is JSON");
-    let paths = doc["paths"].as_object_mut().expect("paths");
-    for (path, item) in admin["paths"].as_object().expect("paths") {
-        paths.insert(path.clone(), item.clone());
-    }
-    for (kind, entries) in admin["components"].as_object().expect("components") {
-        let target = doc["components"]
-            .as_object_mut()
-            .expect("components")
-            .entry(kind.clone())
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .expect("a component kind is an object");
-        for (name, entry) in entries.as_object().expect("components of a kind") {
-            target.entry(name.clone()).or_insert_with(|| entry.clone());
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
     use std::collections::BTreeSet;
 
     fn document() -> Value {

@@ -3,18 +3,32 @@
 use axum::extract::State as AxState;
 
 use super::params::PathParams;
-use serde_json::{Value, json};
 
 use super::{Problem, State};
+use crate::admin::resources::QueueDeleted;
 use crate::code::Code;
 use crate::queue::validate_queue_name;
 
 /// Deletes a queue and everything the catalog knows of it.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/resources/queues/{queue}",
+    params(
+        ("queue" = String, Path, description = "Queue name"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = QueueDeleted),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub(crate) async fn delete_queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
-) -> Result<axum::Json<Value>, Problem> {
+) -> Result<axum::Json<QueueDeleted>, Problem> {
     validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
     app.catalog.delete_queue(&app.pool, &queue).await?;
-    Ok(axum::Json(json!({"deleted": true, "queue": queue})))
+    Ok(axum::Json(QueueDeleted {
+        deleted: true,
+        queue,
+    }))
 }

@@ -34,10 +34,19 @@ fn short_text(name: &str, text: &str) -> Result<(), Problem> {
 
 /// Records an event on a message: `transactionId`, `partitionId`, `data` (required),
 /// `consumerGroup`, `eventType`, `traceNames` (a name or a list).
+#[utoipa::path(
+    post,
+    path = "/api/v1/traces",
+    request_body(content = crate::http::admin_api::TraceBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The event was recorded", body = traces::TraceRecorded),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn record(
     AxState(app): AxState<State>,
     JsonBody(mut body): JsonBody<Map<String, Value>>,
-) -> Result<(StatusCode, Json<Value>), Problem> {
+) -> Result<(StatusCode, Json<traces::TraceRecorded>), Problem> {
     let data = body
         .remove("data")
         .ok_or_else(|| Problem::bad_request(Code::ParameterMissing, "`data` is required"))?;
@@ -102,28 +111,66 @@ pub async fn record(
 }
 
 /// The events of one message, oldest first.
+#[utoipa::path(
+    get,
+    path = "/api/v1/traces/{partitionId}/{transactionId}",
+    params(
+        ("partitionId" = String, Path, description = "Partition id (UUID)"),
+        ("transactionId" = String, Path, description = "Message transaction id"),
+    ),
+    responses(
+        (status = 200, description = "The answer", body = traces::MessageTraces),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn of_message(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<traces::MessageTraces>, Problem> {
     let p = partition_id(&partition)?;
     short_text("transactionId", &transaction)?;
     Ok(Json(traces::of_message(&app.pool, p, &transaction).await?))
 }
 
 /// A page of the events with one name, newest first.
+#[utoipa::path(
+    get,
+    path = "/api/v1/traces/by-name/{traceName}",
+    params(
+        ("traceName" = String, Path, description = "Trace name"),
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = traces::NamedTraces),
+        crate::http::admin_api::Refused,
+    )
+)]
 pub async fn by_name(
     AxState(app): AxState<State>,
     PathParams(name): PathParams<String>,
     q: QueryString,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<traces::NamedTraces>, Problem> {
     short_text("traceName", &name)?;
     let page = query(q)?.page()?;
     Ok(Json(traces::by_name(&app.pool, &name, page).await?))
 }
 
 /// The names in use.
-pub async fn names(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+#[utoipa::path(
+    get,
+    path = "/api/v1/traces/names",
+    params(
+        crate::http::admin_api::PageParams,
+    ),
+    responses(
+        (status = 200, description = "The answer", body = traces::TraceNames),
+        crate::http::admin_api::Refused,
+    )
+)]
+pub async fn names(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<traces::TraceNames>, Problem> {
     let page = query(q)?.page()?;
     Ok(Json(traces::names(&app.pool, page).await?))
 }

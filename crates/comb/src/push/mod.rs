@@ -6,6 +6,7 @@
 //! validates the request and writes the answer; `/transaction` and anything else that pushes
 //! uses the same handle.
 
+pub(crate) mod listing;
 mod messages;
 pub(crate) mod segments;
 mod store;
