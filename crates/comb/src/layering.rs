@@ -129,7 +129,6 @@ const PENDING_OWNERSHIP: &[&str] = &[
     "cursor_lag",
     "queues",
     "partitions",
-    "subscriptions",
     "segments",
     "segment_partitions",
     "retention_secs",
