@@ -266,6 +266,31 @@ JOIN (
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 );
 
+/// [`APPEND_SQL`] on Citus: the heads' reads name the batch's partitions (`$7`) to the
+/// distributed tables in so many words, so Citus reads only their shards — one, as pushes
+/// are fused per shard — instead of every shard of the messages.
+static APPEND_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let sql = APPEND_SQL
+        .replace(
+            "WHERE m.partition_id = p.id",
+            "WHERE m.partition_id = p.id AND m.partition_id = ANY($7)",
+        )
+        .replace(
+            "WHERE sp.partition_id = p.id",
+            "WHERE sp.partition_id = p.id AND sp.partition_id = ANY($7)",
+        );
+    debug_assert_eq!(sql.matches("ANY($7)").count(), 3, "{sql}");
+    sql
+});
+
+fn append_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        &APPEND_CITUS_SQL
+    } else {
+        APPEND_SQL
+    }
+}
+
 /// Heads of the batch's partitions, the newest segment and the time to stamp, read after the
 /// lock for a batch the broker copies in. Which partitions still exist is what the lock
 /// returned, so the partition rows are not read again here.
@@ -490,7 +515,7 @@ impl Statements {
         let insert = if plan.checks_duplicates() {
             client.prepare_cached(insert_sql()).await?
         } else {
-            client.prepare_cached(APPEND_SQL).await?
+            client.prepare_cached(append_sql()).await?
         };
         Ok(Statements { lock, insert })
     }
