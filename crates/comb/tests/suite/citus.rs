@@ -912,9 +912,8 @@ async fn fused_pushes_of_partitions_on_two_workers_commit_on_one_node_each() {
     let before = two_phase_commits(&env.db_name);
     let env = std::sync::Arc::new(env);
     let mut tasks = tokio::task::JoinSet::new();
-    for k in 0..12usize {
+    for p in names.clone() {
         let env = env.clone();
-        let p = names[k].clone();
         tasks.spawn(async move {
             for n in 1..=20 {
                 env.push(json!([{"queue": "q", "partition": p, "payload": {"n": n}}]))
