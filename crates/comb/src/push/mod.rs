@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::catalog::Catalog;
 use crate::code::Code;
+use crate::db::DbError;
 use crate::encryption::Keys;
 use crate::fusion::Fuser;
 use crate::metrics::{Metrics, QueueCounts, Stage};
@@ -353,7 +354,16 @@ impl Pusher {
         let mut ids: Vec<Uuid> = messages.iter().map(|m| m.partition_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        let shards = self.per_shard.placement.shards(&self.pool, &ids).await?;
+        let placement = &self.per_shard.placement;
+        let (mut shards, missing) = placement.known(&ids);
+        if !missing.is_empty() {
+            let client = self.pool.get().await.map_err(DbError::from)?;
+            let found = placement
+                .look_up(&client, &missing)
+                .await
+                .map_err(DbError::from)?;
+            shards.extend(found);
+        }
         let mut of_push = ids.iter().map(|id| shards.get(id));
         let Some(Some(&shard)) = of_push.next() else {
             return Ok(self.fuser.clone());

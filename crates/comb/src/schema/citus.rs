@@ -19,7 +19,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::Pool;
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
@@ -85,38 +84,39 @@ pub(crate) struct Placement {
 }
 
 impl Placement {
-    /// The shard of each of `ids`. One round trip for the partitions not cached or cached too
-    /// long ago, none otherwise.
-    pub(crate) async fn shards(
-        &self,
-        pool: &Pool,
-        ids: &[Uuid],
-    ) -> Result<HashMap<Uuid, i64>, crate::db::DbError> {
+    /// The cached shard of each of `ids`, and the ids not cached (or cached too long ago),
+    /// sorted, without repeats: those are for [`Placement::look_up`].
+    pub(crate) fn known(&self, ids: &[Uuid]) -> (HashMap<Uuid, i64>, Vec<Uuid>) {
         let now = Instant::now();
         let mut out = HashMap::with_capacity(ids.len());
         let mut missing = Vec::new();
-        {
-            let known = self.known.lock().unwrap();
-            for id in ids {
-                match known.get(id) {
-                    Some((shard, at)) if now.duration_since(*at) < PLACEMENT_TTL => {
-                        out.insert(*id, *shard);
-                    }
-                    _ => missing.push(*id),
+        let known = self.known.lock().unwrap();
+        for id in ids {
+            match known.get(id) {
+                Some((shard, at)) if now.duration_since(*at) < PLACEMENT_TTL => {
+                    out.insert(*id, *shard);
                 }
+                _ => missing.push(*id),
             }
-        }
-        if missing.is_empty() {
-            return Ok(out);
         }
         missing.sort_unstable();
         missing.dedup();
-        let client = pool.get().await?;
-        let rows = client.query(SHARDS_SQL, &[&missing]).await?;
+        (out, missing)
+    }
+
+    /// Reads the shards of `ids` (one round trip) and caches them.
+    pub(crate) async fn look_up(
+        &self,
+        client: &Client,
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, i64>, tokio_postgres::Error> {
+        let rows = client.query(SHARDS_SQL, &[&ids]).await?;
+        let now = Instant::now();
         let mut known = self.known.lock().unwrap();
         if known.len() > PLACEMENT_CAP {
             known.clear();
         }
+        let mut out = HashMap::with_capacity(rows.len());
         for r in rows {
             let (id, shard): (Uuid, i64) = (r.get(0), r.get(1));
             known.insert(id, (shard, now));
