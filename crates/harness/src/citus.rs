@@ -22,6 +22,11 @@ const CITUS_SETTINGS: &[(&str, &str)] = &[
     // several shards per worker, not Citus's default 32.
     ("citus.shard_count", "8"),
     ("citus.log_remote_commands", "off"),
+    // Every two-phase commit leaves a row in `pg_dist_transaction` until recovery, which
+    // would run every minute, removes it: the tests count those rows to show that a request
+    // committed on one node, so the rows stay. (Recovery is for nodes that fail mid-commit;
+    // the test clusters' nodes do not.)
+    ("citus.recover_2pc_interval", "-1"),
 ];
 
 /// A Citus cluster of a coordinator and (by default) two workers, each on a free port of 127.0.0.1 with

@@ -13,7 +13,7 @@ mod store;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use deadpool_postgres::Pool;
@@ -21,9 +21,10 @@ use uuid::Uuid;
 
 use crate::catalog::Catalog;
 use crate::code::Code;
+use crate::db::DbError;
 use crate::encryption::Keys;
 use crate::fusion::Fuser;
-use crate::metrics::{Metrics, QueueCounts};
+use crate::metrics::{Metrics, QueueCounts, Stage};
 use crate::queue::{DEFAULT_PARTITION, PartitionName, QueueName};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
@@ -64,6 +65,24 @@ pub(crate) struct Pusher {
     metrics: Arc<Metrics>,
     /// Seals the payloads of queues with `encryptionEnabled`.
     keys: Arc<Keys>,
+    /// On Citus: which shard holds which partition, and a fuser per shard (below).
+    per_shard: PerShard,
+}
+
+/// On Citus, a fused batch of pushes to partitions of different shards would commit in two
+/// phases (Citus does so for a transaction that wrote several shards, even of one worker), on
+/// several nodes when the shards are: N requests of one shard each made into one of many. So
+/// there a push whose partitions all sit in one shard goes to that shard's own fuser,
+/// started on first use, and its batches commit on that shard's worker alone. A push naming
+/// partitions of several shards is such a request by itself; it goes to the shared fuser. On
+/// PostgreSQL none of this is used.
+struct PerShard {
+    placement: crate::schema::citus::Placement,
+    fusers: Mutex<HashMap<i64, Fuser<PushJob>>>,
+    wake: Arc<Wake>,
+    stage: Arc<Stage>,
+    workers: usize,
+    max_items: usize,
 }
 
 impl Pusher {
@@ -78,13 +97,27 @@ impl Pusher {
         max_items: usize,
     ) -> Pusher {
         let stage = metrics.fusion.push.clone();
-        let fuser = store::start(pool.clone(), wake, workers, max_items, stage);
+        let fuser = store::start(
+            pool.clone(),
+            wake.clone(),
+            workers,
+            max_items,
+            stage.clone(),
+        );
         Pusher {
             pool,
             catalog,
             fuser,
             metrics,
             keys,
+            per_shard: PerShard {
+                placement: Default::default(),
+                fusers: Mutex::default(),
+                wake,
+                stage,
+                workers,
+                max_items,
+            },
         }
     }
 
@@ -312,9 +345,52 @@ impl Pusher {
 
     async fn submit(&self, messages: Arc<Vec<NewMessage>>) -> Result<Vec<Stored>, Refusal> {
         let key = store::shard_key(&messages);
-        self.fuser
+        self.fuser_for(&messages)
+            .await?
             .ask(key, |reply| PushJob { messages, reply })
             .await
+    }
+
+    /// The fuser a push goes to: the shared one, or on Citus the one of the shard holding
+    /// every partition the push names ([`PerShard`]).
+    async fn fuser_for(&self, messages: &[NewMessage]) -> Result<Fuser<PushJob>, Refusal> {
+        if !crate::schema::citus::on() {
+            return Ok(self.fuser.clone());
+        }
+        let mut ids: Vec<Uuid> = messages.iter().map(|m| m.partition_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let placement = &self.per_shard.placement;
+        let (mut shards, missing) = placement.known(&ids);
+        if !missing.is_empty() {
+            let client = self.pool.get().await.map_err(DbError::from)?;
+            let found = placement
+                .look_up(&client, &missing)
+                .await
+                .map_err(DbError::from)?;
+            shards.extend(found);
+        }
+        let mut of_push = ids.iter().map(|id| shards.get(id));
+        let Some(Some(&shard)) = of_push.next() else {
+            return Ok(self.fuser.clone());
+        };
+        if !of_push.all(|s| s == Some(&shard)) {
+            return Ok(self.fuser.clone());
+        }
+        let n = &self.per_shard;
+        let mut fusers = n.fusers.lock().unwrap();
+        Ok(fusers
+            .entry(shard)
+            .or_insert_with(|| {
+                store::start(
+                    self.pool.clone(),
+                    n.wake.clone(),
+                    n.workers,
+                    n.max_items,
+                    n.stage.clone(),
+                )
+            })
+            .clone())
     }
 
     /// Forgets a queue found deleted under a push, so its next push resolves it anew.

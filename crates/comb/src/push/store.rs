@@ -20,7 +20,7 @@
 //! skipped however pushes race (the defect of cursors taken from transaction start time).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use chrono::{DateTime, Utc};
@@ -195,6 +195,36 @@ LEFT JOIN stored s ON s.message_id = i.message_id
 ORDER BY i.ord"
 );
 
+/// [`INSERT_SQL`] on Citus, of one partition (`$8`, the only one in `$1`): every read of a
+/// distributed table names it, so the statement runs on that partition's worker. Over several
+/// partitions Citus cannot plan the look-up of prior transaction ids (a lateral subquery with
+/// a limit, over the input list); the batch sends one statement per partition instead.
+static INSERT_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let sql = INSERT_SQL
+        .replace(
+            "WHERE m.partition_id = i.partition_id AND",
+            "WHERE m.partition_id = i.partition_id AND m.partition_id = $8 AND",
+        )
+        .replace(
+            "WHERE m.partition_id = d.partition_id",
+            "WHERE m.partition_id = d.partition_id AND m.partition_id = $8",
+        )
+        .replace(
+            "WHERE sp.partition_id = d.partition_id",
+            "WHERE sp.partition_id = d.partition_id AND sp.partition_id = $8",
+        );
+    debug_assert_eq!(sql.matches("$8").count(), 3, "{sql}");
+    sql
+});
+
+fn insert_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        &INSERT_CITUS_SQL
+    } else {
+        INSERT_SQL
+    }
+}
+
 /// The insert for batches without producer-given transaction ids, which cannot repeat a stored
 /// message: positions `head + rank` with each item's rank in its partition computed by the
 /// broker, no duplicate check, nothing returned. Partitions deleted before the lock are not
@@ -222,6 +252,31 @@ JOIN (
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 );
 
+/// [`APPEND_SQL`] on Citus: the heads' reads name the batch's partitions (`$7`) to the
+/// distributed tables in so many words, so Citus reads only their shards — one, as pushes
+/// are fused per shard — instead of every shard of the messages.
+static APPEND_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let sql = APPEND_SQL
+        .replace(
+            "WHERE m.partition_id = p.id",
+            "WHERE m.partition_id = p.id AND m.partition_id = ANY($7)",
+        )
+        .replace(
+            "WHERE sp.partition_id = p.id",
+            "WHERE sp.partition_id = p.id AND sp.partition_id = ANY($7)",
+        );
+    debug_assert_eq!(sql.matches("ANY($7)").count(), 3, "{sql}");
+    sql
+});
+
+fn append_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        &APPEND_CITUS_SQL
+    } else {
+        APPEND_SQL
+    }
+}
+
 /// Heads of the batch's partitions, the newest segment and the time to stamp, read after the
 /// lock for a batch the broker copies in. Which partitions still exist is what the lock
 /// returned, so the partition rows are not read again here.
@@ -232,6 +287,14 @@ SELECT p.id, ",
     " AS head, s.seg, statement_timestamp() AS at
 FROM unnest($1::uuid[]) AS p(id)
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
+);
+
+/// [`HEADS_SQL`] on Citus, of one partition (`$1`): over several, Citus cannot join the
+/// list of partitions to their messages; one statement per partition, each on its worker.
+const HEADS_CITUS_SQL: &str = concat!(
+    "SELECT $1::uuid, ",
+    head_pos!("$1"),
+    ", s.seg, statement_timestamp() FROM (SELECT max(seg) AS seg FROM comb.segments) s"
 );
 
 const COPY_SQL: &str = "COPY comb.messages
@@ -422,9 +485,9 @@ impl Statements {
             .prepare_cached(crate::catalog::lock_partitions_sql())
             .await?;
         let insert = if plan.checks_duplicates() {
-            client.prepare_cached(INSERT_SQL).await?
+            client.prepare_cached(insert_sql()).await?
         } else {
-            client.prepare_cached(APPEND_SQL).await?
+            client.prepare_cached(append_sql()).await?
         };
         Ok(Statements { lock, insert })
     }
@@ -513,7 +576,10 @@ impl<'a> Plan<'a> {
         let lock = client
             .prepare_cached(crate::catalog::lock_partitions_sql())
             .await?;
-        let heads = client.prepare_cached(HEADS_SQL).await?;
+        let citus = crate::schema::citus::on();
+        let heads = client
+            .prepare_cached(if citus { HEADS_CITUS_SQL } else { HEADS_SQL })
+            .await?;
         let with_sub = self
             .sent
             .iter()
@@ -530,7 +596,21 @@ impl<'a> Plan<'a> {
         let (begin, locked, heads, sink) = tokio::join!(
             p.begin(),
             p.query(&lock, &params),
-            p.query(&heads, &params),
+            async {
+                if !citus {
+                    return p.query(&heads, &params).await;
+                }
+                // On Citus a statement over several partitions' shards is not a router
+                // statement: the heads are read a partition at a time.
+                let heads = &heads;
+                let p = &p;
+                let each = self
+                    .lock_ids
+                    .iter()
+                    .map(|id| async move { p.query(heads, &[id]).await });
+                let rows = futures_util::future::try_join_all(each).await?;
+                Ok(rows.into_iter().flatten().collect())
+            },
             p.copy_in(&copy),
         );
         begin?;
@@ -650,6 +730,11 @@ impl<'a> Plan<'a> {
         let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
         let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
         let subs = self.producer_subs();
+        if crate::schema::citus::on() {
+            return self
+                .insert_checked_by_partition(client, insert, &partition_ids)
+                .await;
+        }
         let params: [&(dyn ToSql + Sync); 7] = [
             &partition_ids,
             &txids,
@@ -660,6 +745,53 @@ impl<'a> Plan<'a> {
             &subs,
         ];
         Ok(client.query(insert, &params).await?)
+    }
+
+    /// [`Plan::insert_checked`] on Citus: one statement per partition ([`INSERT_CITUS_SQL`]),
+    /// pipelined; the rows in the order of the messages sent.
+    async fn insert_checked_by_partition<C: Prepared>(
+        &self,
+        client: &C,
+        insert: &Statement,
+        partition_ids: &[Uuid],
+    ) -> Result<Vec<Row>, DbError> {
+        let groups = crate::schema::citus::by_partition(partition_ids, |p| *p);
+        let runs = groups.iter().map(|(partition, ks)| {
+            let sent = || ks.iter().map(|&k| self.all[self.sent[k]]);
+            let ids: Vec<Uuid> = sent().map(|m| m.partition_id).collect();
+            let txids: Vec<TransactionId> = sent().map(|m| m.transaction_id()).collect();
+            let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
+            let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
+            let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
+            let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
+            let subs: Option<Vec<Option<&str>>> = self
+                .producer_subs()
+                .map(|_| sent().map(|m| m.producer_sub.as_deref()).collect());
+            async move {
+                let params: [&(dyn ToSql + Sync); 8] = [
+                    &ids,
+                    &txids,
+                    &message_ids,
+                    &trace_ids,
+                    &payloads,
+                    &check,
+                    &subs,
+                    partition,
+                ];
+                client.query(insert, &params).await
+            }
+        });
+        let answers = futures_util::future::join_all(runs).await;
+        let mut rows: Vec<Option<Row>> = (0..partition_ids.len()).map(|_| None).collect();
+        for ((_, ks), answer) in groups.iter().zip(answers) {
+            for (&k, row) in ks.iter().zip(answer?) {
+                rows[k] = Some(row);
+            }
+        }
+        Ok(rows
+            .into_iter()
+            .map(|r| r.expect("a row per message sent"))
+            .collect())
     }
 
     /// One outcome per message of the batch, in order, from the insert's rows.

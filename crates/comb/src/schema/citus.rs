@@ -14,7 +14,10 @@
 //! server starting on a distributed schema does nothing, and a table added by a later
 //! migration is distributed on the next start that knows it.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
@@ -54,6 +57,73 @@ pub(crate) fn by_partition<T>(items: &[T], of: impl Fn(&T) -> Uuid) -> Vec<(Uuid
         }
     }
     out
+}
+
+/// The shard of `comb.partitions` (and so of every co-located table) holding each partition.
+const SHARDS_SQL: &str = "
+SELECT p.id, get_shard_id_for_distribution_column('comb.partitions', p.id)
+FROM unnest($1::uuid[]) AS p(id)";
+
+/// How long a partition's shard is trusted. Rebalancing moves shards between workers but
+/// keeps their ids; splitting a shard (`citus_split_shard_by_split_points`) makes new ones. A
+/// stale shard id costs performance only: the batch it routes may write two shards (a
+/// two-phase commit), never a wrong result.
+const PLACEMENT_TTL: Duration = Duration::from_secs(60);
+
+/// Placements kept at most; past this the cache starts afresh (deleted partitions' entries
+/// go with it).
+const PLACEMENT_CAP: usize = 100_000;
+
+/// Which shard holds which partition, cached: the push fuser batches a shard's partitions
+/// together, so that a fused batch writes one shard and commits on one node without a
+/// two-phase commit (Citus commits a transaction that wrote several shards in two phases,
+/// even when they sit on one worker; see `docs/scale-out.md`).
+#[derive(Default)]
+pub(crate) struct Placement {
+    known: Mutex<HashMap<Uuid, (i64, Instant)>>,
+}
+
+impl Placement {
+    /// The cached shard of each of `ids`, and the ids not cached (or cached too long ago),
+    /// sorted, without repeats: those are for [`Placement::look_up`].
+    pub(crate) fn known(&self, ids: &[Uuid]) -> (HashMap<Uuid, i64>, Vec<Uuid>) {
+        let now = Instant::now();
+        let mut out = HashMap::with_capacity(ids.len());
+        let mut missing = Vec::new();
+        let known = self.known.lock().unwrap();
+        for id in ids {
+            match known.get(id) {
+                Some((shard, at)) if now.duration_since(*at) < PLACEMENT_TTL => {
+                    out.insert(*id, *shard);
+                }
+                _ => missing.push(*id),
+            }
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        (out, missing)
+    }
+
+    /// Reads the shards of `ids` (one round trip) and caches them.
+    pub(crate) async fn look_up(
+        &self,
+        client: &Client,
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, i64>, tokio_postgres::Error> {
+        let rows = client.query(SHARDS_SQL, &[&ids]).await?;
+        let now = Instant::now();
+        let mut known = self.known.lock().unwrap();
+        if known.len() > PLACEMENT_CAP {
+            known.clear();
+        }
+        let mut out = HashMap::with_capacity(rows.len());
+        for r in rows {
+            let (id, shard): (Uuid, i64) = (r.get(0), r.get(1));
+            known.insert(id, (shard, now));
+            out.insert(id, shard);
+        }
+        Ok(out)
+    }
 }
 
 /// The tables read and written with every request: a copy on every node.

@@ -707,3 +707,438 @@ async fn failed_acks_of_several_partitions_in_one_request_dead_letter_each() {
         );
     }
 }
+
+/// Two-phase commits this database's coordinator has recorded (`pg_dist_transaction`; the
+/// harness keeps the rows, see `comb_harness::Citus`).
+fn two_phase_commits(db: &str) -> i64 {
+    Citus::shared()
+        .coordinator()
+        .psql(db, "SELECT count(*) FROM pg_dist_transaction")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A server on the cluster whose maintenance ran its first cycle and runs no other, and
+/// whose per-minute statistics wait an hour: maintenance's DDL (segments made ahead,
+/// generations) commits on every node, and both read every shard, which the tests counting
+/// two-phase commits and multi-shard statements must not see. Citus counts the database's single- and multi-shard
+/// executions (`citus_stat_counters`).
+async fn on_citus_quiet(prefix: &'static str) -> Env {
+    let env = tokio::task::spawn_blocking(move || {
+        let db_url = Citus::shared().create_database(prefix).unwrap();
+        let db_name = db_url.rsplit('/').next().unwrap().to_string();
+        Citus::shared()
+            .coordinator()
+            .psql(
+                "postgres",
+                &format!("ALTER DATABASE \"{db_name}\" SET citus.enable_stat_counters = on"),
+            )
+            .unwrap();
+        let server = Server::start(
+            common::comb_bin(),
+            &db_url,
+            &[
+                "--maintenance-interval-ms",
+                "3600000",
+                "--stats-interval-ms",
+                "3600000",
+            ],
+        )
+        .expect("server starts");
+        Env {
+            server,
+            db_url,
+            db_name,
+            http: common::client(),
+        }
+    })
+    .await
+    .unwrap();
+    let db = env.db_name.clone();
+    common::until("the first maintenance cycle", || {
+        let db = db.clone();
+        async move {
+            let runs = Citus::shared()
+                .coordinator()
+                .psql(&db, "SELECT count(*) FROM comb.maintenance_runs")
+                .unwrap();
+            runs != "0"
+        }
+    })
+    .await;
+    env
+}
+
+/// Statements the coordinator ran on several shards in this database, and on one.
+fn executions(db: &str) -> (i64, i64) {
+    let row = Citus::shared()
+        .coordinator()
+        .psql(
+            db,
+            "SELECT query_execution_multi_shard || ' ' || query_execution_single_shard
+             FROM citus_stat_counters WHERE name = current_database()",
+        )
+        .unwrap();
+    let (multi, single) = row.split_once(' ').expect("two counts");
+    (multi.parse().unwrap(), single.parse().unwrap())
+}
+
+/// The hot path of one partition on the cluster — a push (with and without producers'
+/// transaction ids), a pop of the named partition, a lease extension naming its partition and
+/// an ack — runs no statement over several shards: every statement is a router statement on
+/// the partition's worker, or a coordinator function running such statements. A push without
+/// transaction ids also commits in one phase; the others do not yet (docs/scale-out.md).
+#[tokio::test]
+async fn push_pop_extend_and_ack_of_one_partition_run_on_one_shard() {
+    let env = on_citus_quiet("citus_router").await;
+    let db = env.db_name.clone();
+    // The first push makes queue and partition, the first pop subscribes the group: catalog
+    // writes, of reference tables, committed on every node.
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 0}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    let (multi, single) = executions(&db);
+    let two_phase = two_phase_commits(&db);
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    assert_eq!(
+        two_phase_commits(&db) - two_phase,
+        0,
+        "a push of one partition committed in two phases"
+    );
+    env.push(json!([
+        {"queue": "q", "partition": "p", "payload": {"n": 2}, "transactionId": "t-2"},
+    ]))
+    .await;
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?batch=10")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&pop), vec![1, 2]);
+    let lease = pop["leaseId"].as_str().unwrap().to_string();
+    // With its partition named; by the lease id alone, the look-up reads every shard
+    // (docs/scale-out.md).
+    let partition = &pop["messages"][0]["partitionId"];
+    let (status, body) = env
+        .post(
+            &format!("/api/v1/lease/{lease}/extend"),
+            &json!({"seconds": 30, "partitionId": partition}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    env.ack_all(&pop, "completed", None).await;
+
+    let (multi_after, single_after) = executions(&db);
+    assert!(
+        single_after > single,
+        "the counters count: {single} {single_after}"
+    );
+    assert_eq!(
+        multi_after - multi,
+        0,
+        "statements of the hot path ran on several shards"
+    );
+}
+
+/// The worker port holding each of `partitions` (names of queue `q`), in their order.
+fn workers_of(db: &str, partitions: &[String]) -> Vec<String> {
+    let names: Vec<String> = partitions.iter().map(|p| format!("'{p}'")).collect();
+    let rows = Citus::shared()
+        .coordinator()
+        .psql(
+            db,
+            &format!(
+                "SELECT p.name || ' ' || n.nodeport FROM comb.partitions p
+                 JOIN pg_dist_placement pl
+                   ON pl.shardid = get_shard_id_for_distribution_column('comb.partitions', p.id)
+                 JOIN pg_dist_node n ON n.groupid = pl.groupid
+                 WHERE p.name IN ({})",
+                names.join(",")
+            ),
+        )
+        .unwrap();
+    let of: std::collections::HashMap<&str, &str> =
+        rows.lines().filter_map(|l| l.split_once(' ')).collect();
+    partitions
+        .iter()
+        .map(|p| of.get(p.as_str()).expect("placed").to_string())
+        .collect()
+}
+
+/// One server fuses concurrent pushes into one transaction. On the cluster it fuses only the
+/// pushes of one worker's partitions: a batch of partitions on two workers would commit on
+/// both (a two-phase commit). Single-partition pushes racing over partitions of both workers
+/// leave no two-phase commit, and each partition keeps its order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fused_pushes_of_partitions_on_two_workers_commit_on_one_node_each() {
+    let env = on_citus_quiet("citus_fusion").await;
+    let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
+    for p in &names {
+        env.push(json!([{"queue": "q", "partition": p, "payload": {"n": 0}}]))
+            .await;
+    }
+    let placed = workers_of(&env.db_name, &names);
+    let mut distinct = placed.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 2, "partitions on both workers: {placed:?}");
+    let before = two_phase_commits(&env.db_name);
+    let env = std::sync::Arc::new(env);
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in names.clone() {
+        let env = env.clone();
+        tasks.spawn(async move {
+            for n in 1..=20 {
+                env.push(json!([{"queue": "q", "partition": p, "payload": {"n": n}}]))
+                    .await;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let after = two_phase_commits(&env.db_name);
+    let batches: f64 = env
+        .metrics_text()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix("comb_fused_batch_seconds_count{kind=\"push\"} "))
+        .expect("the push batches counted")
+        .parse()
+        .unwrap();
+    // 12 first pushes, then 240 racing ones: fewer batches than pushes means some were fused.
+    assert!(batches < 252.0, "no push was fused: {batches} batches");
+    assert_eq!(
+        after - before,
+        0,
+        "fused single-partition pushes committed across workers ({batches} batches)"
+    );
+    for p in &names {
+        let pop = env
+            .pop(&format!("/api/v1/pop/queue/q/partition/{p}?batch=100"))
+            .await
+            .unwrap();
+        assert_eq!(numbers(&pop), (0..=20).collect::<Vec<i64>>(), "{p}");
+    }
+}
+
+/// The key of the cluster's sealing server.
+const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+/// A queue with `encryptionEnabled` on the cluster: payloads are sealed at rest on the
+/// workers, opened by the claim (named partition and whole queue), and an unreadable one
+/// is dead-lettered on its failure.
+#[tokio::test]
+async fn sealed_payloads_are_stored_sealed_and_opened_by_pops() {
+    let env = tokio::task::spawn_blocking(|| {
+        let db_url = Citus::shared().create_database("citus_sealed").unwrap();
+        let db_name = db_url.rsplit('/').next().unwrap().to_string();
+        let server = Server::start_with_env(
+            common::comb_bin(),
+            &db_url,
+            &[],
+            &[("COMB_ENCRYPTION_KEY", KEY)],
+        )
+        .expect("server starts");
+        Env {
+            server,
+            db_url,
+            db_name,
+            http: common::client(),
+        }
+    })
+    .await
+    .unwrap();
+    env.configure(
+        "secret",
+        json!({"encryptionEnabled": true, "retryLimit": 0}),
+    )
+    .await;
+    env.push(json!([{"queue": "secret", "partition": "a", "payload": {"n": 1, "card": "4111"}}]))
+        .await;
+    // A large push is copied in (`COPY`), sealed the same.
+    let large: Vec<Value> = (1..=100)
+        .map(|n| json!({"queue": "secret", "partition": "b", "payload": {"n": n, "card": "4111"}}))
+        .collect();
+    env.push(Value::Array(large)).await;
+    let sql = |q: &str| Citus::shared().coordinator().psql(&env.db_name, q).unwrap();
+    assert_eq!(
+        sql("SELECT count(*) FROM comb.messages WHERE position('4111'::bytea in payload) > 0"),
+        "0"
+    );
+    assert_eq!(
+        sql("SELECT count(*) FROM comb.messages WHERE substr(payload, 1, 2) = '\\x0001'::bytea"),
+        "101"
+    );
+    let pop = env
+        .pop("/api/v1/pop/queue/secret/partition/a")
+        .await
+        .unwrap();
+    assert_eq!(one(&pop)["data"], json!({"n": 1, "card": "4111"}));
+    env.ack_all(&pop, "completed", None).await;
+    let pop = env.pop("/api/v1/pop/queue/secret?batch=100").await.unwrap();
+    assert_eq!(numbers(&pop), (1..=100).collect::<Vec<i64>>());
+    // A failed one goes to the dead letters, opened there too.
+    env.ack_all(&pop, "failed", None).await;
+    let (status, dlq) = env.get("/api/v1/dlq?queue=secret").await;
+    assert_eq!(status, StatusCode::OK, "{dlq}");
+    assert!(dlq.to_string().contains("4111"), "{dlq}");
+}
+
+/// `windowBuffer` on the cluster: a partition is served only once no push came for the
+/// window.
+#[tokio::test]
+async fn window_buffer_holds_a_partition_until_it_is_quiet() {
+    let env = on_citus("citus_window").await;
+    env.configure("win", json!({"windowBuffer": 2})).await;
+    let pushed = std::time::Instant::now();
+    env.push(json!([{"queue": "win", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    for path in ["/api/v1/pop/queue/win/partition/p", "/api/v1/pop/queue/win"] {
+        if let Some(pop) = env.pop(path).await {
+            assert!(
+                pushed.elapsed() >= Duration::from_secs(2),
+                "{path} served inside the window: {pop}"
+            );
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pop = env.pop_now_or_wait("win").await;
+    assert_eq!(numbers(&pop), vec![1]);
+}
+
+/// `retentionSeconds` on the cluster: messages older than it are not handed out; newer ones
+/// are.
+#[tokio::test]
+async fn retention_seconds_hides_messages_past_it() {
+    let env = on_citus("citus_retained").await;
+    env.configure("old", json!({"retentionSeconds": 1})).await;
+    env.push(json!([{"queue": "old", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(env.pop("/api/v1/pop/queue/old/partition/p").await.is_none());
+    assert!(env.pop("/api/v1/pop/queue/old").await.is_none());
+    env.push(json!([{"queue": "old", "partition": "p", "payload": {"n": 2}}]))
+        .await;
+    let pop = env
+        .pop("/api/v1/pop/queue/old/partition/p")
+        .await
+        .expect("the new message");
+    assert_eq!(numbers(&pop), vec![2]);
+}
+
+/// A worker added while Comb serves, and the shards rebalanced onto it
+/// (`citus_rebalance_start`): pushes and consumers run throughout, and afterwards every
+/// partition has handed out each of its messages once, in order. Some shards end on the new
+/// worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_added_and_rebalanced_while_serving_loses_and_reorders_nothing() {
+    let env = std::sync::Arc::new(on_citus("citus_grow").await);
+    let db = env.db_name.clone();
+    let third = tokio::task::spawn_blocking(|| Postgres::start_with(Citus::node_settings()))
+        .await
+        .unwrap()
+        .expect("the third worker starts");
+    const PARTITIONS: usize = 8;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The producer: numbered messages into each partition in turn, retried until accepted
+    // (a push answered with an error stores nothing).
+    let producer = {
+        let (env, stop) = (env.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 40 {
+                n += 1;
+                let items: Vec<Value> = (0..PARTITIONS)
+                    .map(|p| json!({"queue": "grow", "partition": format!("p{p}"), "payload": {"n": n}}))
+                    .collect();
+                loop {
+                    let (status, body) = env.post("/api/v1/push", &json!({"items": items})).await;
+                    if status == StatusCode::CREATED {
+                        break;
+                    }
+                    eprintln!("push answered {status}: {body}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            n
+        })
+    };
+    // The consumer: pops of the queue, acked; every delivery kept.
+    let consumer = {
+        let (env, stop) = (env.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut got: std::collections::HashMap<String, Vec<i64>> = Default::default();
+            let mut idle = 0;
+            loop {
+                let (status, pop) = env.get("/api/v1/pop/queue/grow?batch=20").await;
+                match status {
+                    StatusCode::OK => {
+                        idle = 0;
+                        let p = pop["partition"].as_str().unwrap().to_string();
+                        got.entry(p).or_default().extend(numbers(&pop));
+                        let acked = env.ack_all(&pop, "completed", None).await;
+                        assert!(!acked.is_empty(), "ack answered nothing: {pop}");
+                    }
+                    StatusCode::NO_CONTENT => {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            idle += 1;
+                            if idle > 20 {
+                                return got;
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    other => {
+                        eprintln!("pop answered {other}: {pop}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let moved = tokio::task::spawn_blocking({
+        let db = db.clone();
+        move || {
+            let citus = Citus::shared();
+            citus.add_worker(&db, &third).unwrap();
+            let c = citus.coordinator();
+            c.psql(
+                &db,
+                "SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')",
+            )
+            .unwrap();
+            c.psql(&db, "SELECT citus_rebalance_wait()").unwrap();
+            let on_third = c
+                .psql(
+                    &db,
+                    &format!(
+                        "SELECT count(*) FROM citus_shards
+                         WHERE table_name = 'comb.partitions'::regclass AND nodeport = {}",
+                        third.port()
+                    ),
+                )
+                .unwrap();
+            (third, on_third)
+        }
+    })
+    .await
+    .unwrap();
+    let (_third, on_third) = moved;
+    assert_ne!(on_third, "0", "no shard moved to the new worker");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let pushed = producer.await.unwrap();
+    let got = consumer.await.unwrap();
+    for p in 0..PARTITIONS {
+        let name = format!("p{p}");
+        assert_eq!(
+            got.get(&name).cloned().unwrap_or_default(),
+            (1..=pushed).collect::<Vec<i64>>(),
+            "{name}: every message once, in order"
+        );
+    }
+}
