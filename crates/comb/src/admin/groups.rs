@@ -362,6 +362,9 @@ pub(crate) struct LaggingCursor {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct LaggingSnapshot {
+    /// Not required in the schema: [`LaggingCursor`] flattens this in only on a whole
+    /// queue's row, and a flattened `Option` is described as "this object or null".
+    #[schema(required = false)]
     pub partitions: i64,
     #[serde(flatten)]
     pub figures: FiguresAt,
