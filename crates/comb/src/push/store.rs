@@ -292,9 +292,9 @@ CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 /// [`HEADS_SQL`] on Citus, of one partition (`$1`): over several, Citus cannot join the
 /// list of partitions to their messages; one statement per partition, each on its worker.
 const HEADS_CITUS_SQL: &str = concat!(
-    "SELECT $1::uuid, ",
+    "SELECT $1::uuid AS id, ",
     head_pos!("$1"),
-    ", s.seg, statement_timestamp() FROM (SELECT max(seg) AS seg FROM comb.segments) s"
+    " AS head, s.seg, statement_timestamp() AS at FROM (SELECT max(seg) AS seg FROM comb.segments) s"
 );
 
 const COPY_SQL: &str = "COPY comb.messages
