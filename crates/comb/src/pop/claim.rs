@@ -1033,7 +1033,79 @@ async fn rollback(pg: &tokio_postgres::Client, e: tokio_postgres::Error) -> DbEr
 
 #[cfg(test)]
 mod tests {
-    use super::begin_claim;
+    use super::*;
+
+    /// Every statement of the claim, by name, as this build composes it.
+    fn statements() -> Vec<(&'static str, String)> {
+        vec![
+            ("CANDIDATES_SQL", CANDIDATES_SQL.to_string()),
+            ("CANDIDATES_CITUS_SQL", CANDIDATES_CITUS_SQL.to_string()),
+            (
+                "CANDIDATES_LIST_CITUS_SQL",
+                CANDIDATES_LIST_CITUS_SQL.to_string(),
+            ),
+            ("CLAIM_SQL", CLAIM_SQL.to_string()),
+            ("SHARED_CLAIM_SQL", SHARED_CLAIM_SQL.to_string()),
+            ("OPENING_CLAIM_SQL", OPENING_CLAIM_SQL.to_string()),
+            (
+                "OPENING_SHARED_CLAIM_SQL",
+                OPENING_SHARED_CLAIM_SQL.to_string(),
+            ),
+            ("CLAIM_CITUS_SQL", CLAIM_CITUS_SQL.to_string()),
+            ("SHARED_CLAIM_CITUS_SQL", SHARED_CLAIM_CITUS_SQL.to_string()),
+            (
+                "OPENING_CLAIM_CITUS_SQL",
+                OPENING_CLAIM_CITUS_SQL.to_string(),
+            ),
+            (
+                "OPENING_SHARED_CLAIM_CITUS_SQL",
+                OPENING_SHARED_CLAIM_CITUS_SQL.to_string(),
+            ),
+            ("RELOCK_SQL", RELOCK_SQL.to_string()),
+            ("RELOCK_CITUS_SQL", RELOCK_CITUS_SQL.to_string()),
+        ]
+    }
+
+    /// The statements pinned in `claim_pinned.sql`, one after a `-- @NAME` line each.
+    fn pinned() -> Vec<(String, String)> {
+        include_str!("claim_pinned.sql")
+            .split("-- @")
+            .skip(1)
+            .map(|part| {
+                let (name, sql) = part.split_once('\n').expect("a name line");
+                (name.trim().to_string(), sql.to_string())
+            })
+            .collect()
+    }
+
+    fn words(sql: &str) -> String {
+        sql.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    /// The claim is the hot path of every pop: its statements are composed from the
+    /// fragments of the tables' owners, and a change of a fragment must not change their
+    /// plans unseen. Each expands to the text pinned in `claim_pinned.sql` (whitespace
+    /// aside); a deliberate change rewrites the file with `COMB_PIN_CLAIM_SQL=write`.
+    #[test]
+    fn claim_statements_expand_to_the_pinned_sql() {
+        let now = statements();
+        if std::env::var("COMB_PIN_CLAIM_SQL").as_deref() == Ok("write") {
+            let text: String = now
+                .iter()
+                .map(|(name, sql)| format!("-- @{name}\n{}\n\n", sql.trim()))
+                .collect();
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/pop/claim_pinned.sql");
+            std::fs::write(path, text).unwrap();
+            return;
+        }
+        let pinned = pinned();
+        let names: Vec<&str> = now.iter().map(|(n, _)| *n).collect();
+        let pinned_names: Vec<&str> = pinned.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, pinned_names, "the statements pinned");
+        for ((name, sql), (_, want)) in now.iter().zip(&pinned) {
+            assert_eq!(words(sql), words(want), "{name} changed:\n{sql}");
+        }
+    }
 
     #[test]
     fn only_claims_with_explicit_acks_skip_the_flush_wait() {
