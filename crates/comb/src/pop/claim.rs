@@ -121,9 +121,9 @@ const QUEUE_OPTIONS: &str = concat!(
 /// First half of a claim: the group's cursors of the queue with messages to hand out and no
 /// lease, locked with `SKIP LOCKED` so concurrent claims never wait on each other; and the
 /// cursors whose lease ended unsettled (not locked: `lease::expire_leases` locks them). One row
-/// per cursor: its partition, whether the walk had wrapped around, and what it is —
-/// 0 locked to claim, 1 lease ended, 2 free but passed over (locked by another claim, or
-/// beyond what was wanted).
+/// per cursor: its partition (`partition_id`), whether the walk had wrapped around
+/// (`wrapped`), and what it is (`kind`) — 0 locked to claim, 1 lease ended, 2 free but passed
+/// over (locked by another claim, or beyond what was wanted).
 ///
 /// Fairness is round robin: cursors are walked in partition order starting after the
 /// partition the previous claim of this server took (`$6`), wrapping around, so every
@@ -185,7 +185,7 @@ cand AS (
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
 )
-SELECT partition_id, false, 0::int2 FROM cand
+SELECT partition_id, false AS wrapped, 0::int2 AS kind FROM cand
 UNION ALL
 SELECT partition_id, wrapped, 1::int2 FROM seen WHERE expired
 UNION ALL
@@ -680,7 +680,7 @@ impl Claiming<'_> {
                 break;
             }
             let shape = PopShape {
-                partition_id: Some(row.get(0)),
+                partition_id: Some(row.get("partition_id")),
                 ..self.shape.clone()
             };
             let one = Claiming {
@@ -783,10 +783,11 @@ async fn claim_once(
     let mut expired: Vec<Uuid> = Vec::new();
     let mut passed: Vec<(bool, Uuid)> = Vec::new();
     for r in found {
-        match r.get::<_, i16>(2) {
-            0 => locked.push(r.get(0)),
-            1 => expired.push(r.get(0)),
-            _ => passed.push((r.get(1), r.get(0))),
+        let partition_id = r.get("partition_id");
+        match r.get::<_, i16>("kind") {
+            0 => locked.push(partition_id),
+            1 => expired.push(partition_id),
+            _ => passed.push((r.get("wrapped"), partition_id)),
         }
     }
     let passed_held = locked.len() < partitions && !passed.is_empty();
@@ -832,7 +833,7 @@ async fn claim_once(
             p.query(&relock, relock_params)
         );
         let relocked: Vec<Uuid> = match begin.and(relocked) {
-            Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
+            Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
             Err(e) => return Err(rollback(pg, e).await),
         };
         claimed = if relocked.is_empty() {
@@ -1002,20 +1003,20 @@ fn claims_from_rows(rows: &[tokio_postgres::Row], keys: &Keys) -> (Vec<Claim>, V
     let mut by_partition: HashMap<Uuid, Claim> = HashMap::new();
     let mut unreadable = Vec::new();
     for r in rows {
-        let partition_id: Uuid = r.get(0);
+        let partition_id: Uuid = r.get("partition_id");
         let claim = by_partition.entry(partition_id).or_insert_with(|| Claim {
             partition_id,
-            partition: r.get(1),
-            lease_id: r.get(2),
+            partition: r.get("name"),
+            lease_id: r.get("lease_id"),
             messages: Vec::new(),
         });
-        let attempt: i32 = r.get(10);
-        let data = match keys.open_json(r.get::<_, &[u8]>(8)) {
+        let attempt: i32 = r.get("attempt");
+        let data = match keys.open_json(r.get::<_, &[u8]>("payload")) {
             Ok(data) => data,
             Err(why) => {
                 unreadable.push(Unreadable {
                     partition_id,
-                    pos: r.get(4),
+                    pos: r.get("pos"),
                     attempt,
                     lease_id: claim.lease_id,
                     why,
@@ -1024,14 +1025,14 @@ fn claims_from_rows(rows: &[tokio_postgres::Row], keys: &Keys) -> (Vec<Claim>, V
             }
         };
         claim.messages.push(Delivered {
-            pos: r.get(4),
-            message_id: r.get(5),
-            transaction_id: r.get(6),
-            trace_id: r.get(7),
+            pos: r.get("pos"),
+            message_id: r.get("message_id"),
+            transaction_id: r.get("transaction_id"),
+            trace_id: r.get("trace_id"),
             data,
-            created_at: r.get(9),
+            created_at: r.get("created_at"),
             attempt,
-            producer_sub: r.get(11),
+            producer_sub: r.get("producer_sub"),
         });
     }
     let mut claims: Vec<Claim> = by_partition

@@ -34,8 +34,7 @@ seen AS (
        OR (f.lease_id IS NULL AND f.available_at <= now()
            -- Not EXISTS: the planner drops an EXISTS's ORDER BY and may then walk the
            -- partition in any order; in position order it reads one index entry.
-           AND (SELECT m.pos FROM comb.messages m
-                WHERE m.partition_id = f.partition_id
+           AND (SELECT m.pos FROM comb.messages m WHERE m.partition_id = f.partition_id
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
                 ORDER BY m.pos LIMIT 1) IS NOT NULL
            -- windowBuffer, retentionSeconds and delayedProcessing, checked by a function
@@ -57,7 +56,7 @@ cand AS (
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
 )
-SELECT partition_id, false, 0::int2 FROM cand
+SELECT partition_id, false AS wrapped, 0::int2 AS kind FROM cand
 UNION ALL
 SELECT partition_id, wrapped, 1::int2 FROM seen WHERE expired
 UNION ALL
@@ -103,8 +102,7 @@ seen AS (
        OR (f.lease_id IS NULL AND f.available_at <= now()
            -- Not EXISTS: the planner drops an EXISTS's ORDER BY and may then walk the
            -- partition in any order; in position order it reads one index entry.
-           AND (SELECT m.pos FROM comb.messages m
-                WHERE m.partition_id = f.partition_id AND m.partition_id = $3
+           AND (SELECT m.pos FROM comb.messages m WHERE m.partition_id = f.partition_id AND m.partition_id = $3
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
                 ORDER BY m.pos LIMIT 1) IS NOT NULL
            -- windowBuffer, retentionSeconds and delayedProcessing, checked by a function
@@ -114,8 +112,7 @@ seen AS (
                 OR (
     ((SELECT window_secs FROM q) = 0
      OR ((SELECT h.at FROM (
-              (SELECT m.pos, m.created_at AS at FROM comb.messages m
-               WHERE m.partition_id = $3
+              (SELECT m.pos, m.created_at AS at FROM comb.messages m WHERE m.partition_id = $3
                  AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
                ORDER BY m.pos DESC LIMIT 1)
               UNION ALL
@@ -125,8 +122,7 @@ seen AS (
          <= now() - make_interval(secs => (SELECT window_secs FROM q))) IS TRUE)
     AND ((SELECT retention_secs FROM q) = 0
      OR ((SELECT h.at FROM (
-              (SELECT m.pos, m.created_at AS at FROM comb.messages m
-               WHERE m.partition_id = $3
+              (SELECT m.pos, m.created_at AS at FROM comb.messages m WHERE m.partition_id = $3
                  AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
                ORDER BY m.pos DESC LIMIT 1)
               UNION ALL
@@ -135,8 +131,7 @@ seen AS (
           ORDER BY h.pos DESC LIMIT 1)
          > now() - make_interval(secs => (SELECT retention_secs FROM q))) IS TRUE)
     AND ((SELECT delay_secs FROM q) = 0
-     OR ((SELECT m.created_at FROM comb.messages m
-          WHERE m.partition_id = $3 AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
+     OR ((SELECT m.created_at FROM comb.messages m WHERE m.partition_id = $3 AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
           ORDER BY m.pos LIMIT 1)
          <= now() - make_interval(secs => (SELECT delay_secs FROM q))) IS TRUE))))
     LIMIT $4::bigint + $7::bigint
@@ -150,7 +145,7 @@ cand AS (
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
 )
-SELECT partition_id, false, 0::int2 FROM cand
+SELECT partition_id, false AS wrapped, 0::int2 AS kind FROM cand
 UNION ALL
 SELECT partition_id, wrapped, 1::int2 FROM seen WHERE expired
 UNION ALL
@@ -167,8 +162,7 @@ CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
 WHERE c.queue_id = $1 AND c.consumer_group = $2
   AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
        OR (f.lease_id IS NULL AND f.available_at <= now()
-           AND EXISTS (SELECT 1 FROM comb.messages m
-                       WHERE m.partition_id = c.partition_id
+           AND EXISTS (SELECT 1 FROM comb.messages m WHERE m.partition_id = c.partition_id
                          AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
 ORDER BY c.partition_id <= $3, c.partition_id
 LIMIT $4
@@ -195,8 +189,7 @@ msgs AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id
+        FROM comb.messages m WHERE m.partition_id = st.partition_id
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -266,8 +259,7 @@ picked AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id
+        FROM comb.messages m WHERE m.partition_id = st.partition_id
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -343,8 +335,7 @@ msgs AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id
+        FROM comb.messages m WHERE m.partition_id = st.partition_id
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -413,8 +404,7 @@ picked AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id
+        FROM comb.messages m WHERE m.partition_id = st.partition_id
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -492,8 +482,7 @@ msgs AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id AND m.partition_id = $7
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $7
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -566,8 +555,7 @@ picked AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -646,8 +634,7 @@ msgs AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id AND m.partition_id = $7
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $7
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -719,8 +706,7 @@ picked AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
