@@ -113,6 +113,18 @@ macro_rules! queue_of_cursor {
 }
 pub(crate) use queue_of_cursor;
 
+// Fragments of the claim.
+
+/// The cursors' identity rows as `c` (partition, group, queue), for the claim's walk over a
+/// group's cursors and for its row locks: the claim locks `c` (`FOR NO KEY UPDATE OF c`), never
+/// a state version, so that appending versions never waits on a reader.
+macro_rules! cursors {
+    () => {
+        "comb.cursors c"
+    };
+}
+pub(crate) use cursors;
+
 /// Every cursor `c` with its latest state `s`, the `FROM` of statements that pick cursors
 /// by their state; on Citus (`citus`) the state is read as [`latest_state`], which runs on
 /// each worker correlated by partition.

@@ -114,6 +114,17 @@ macro_rules! join_queue {
 }
 pub(crate) use join_queue;
 
+// Fragments of the claim.
+
+/// The queue of id `$q` (an SQL expression), for a `FROM` whose columns are read unqualified
+/// (`options`): one probe of the queues' key.
+macro_rules! queue_by_id {
+    ($q:literal) => {
+        concat!("comb.queues WHERE id = ", $q)
+    };
+}
+pub(crate) use queue_by_id;
+
 /// The stored options of the queue of partition `$p` (an SQL expression; NULL for a
 /// partition deleted since).
 macro_rules! options_of_partition {

@@ -13,6 +13,12 @@
 //! before holds its cursors, starting after them, so walks never race each other for the same
 //! cursors and a walk reads only two cursors beyond those it wants. Claims of other servers
 //! may still hold some it sees; the walk then goes on past them, looking further.
+//!
+//! The statements name only this module's own functions (`comb.claimable_now`,
+//! `comb.refuse_sealed_payload`): every piece that reads another module's table is that
+//! table's owner's fragment (`cursor`, `catalog`, `push`, `queue`). Their Citus forms rewrite
+//! the composed text, so the unit test pinning each statement's text (`claim_pinned.sql`)
+//! fails when a fragment changes under them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -100,19 +106,24 @@ pub(crate) struct Delivered {
 }
 
 /// Options of the queue a claim reads, with the server's defaults filled in.
-const QUEUE_OPTIONS: &str = "
+const QUEUE_OPTIONS: &str = concat!(
+    "
     SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
-           comb.retention_secs(options) AS retention_secs
-    FROM comb.queues WHERE id = $1";
+           ",
+    crate::queue::retention_secs!("options"),
+    " AS retention_secs
+    FROM ",
+    crate::catalog::queue_by_id!("$1")
+);
 
 /// First half of a claim: the group's cursors of the queue with messages to hand out and no
 /// lease, locked with `SKIP LOCKED` so concurrent claims never wait on each other; and the
 /// cursors whose lease ended unsettled (not locked: `lease::expire_leases` locks them). One row
-/// per cursor: its partition, whether the walk had wrapped around, and what it is —
-/// 0 locked to claim, 1 lease ended, 2 free but passed over (locked by another claim, or
-/// beyond what was wanted).
+/// per cursor: its partition (`partition_id`), whether the walk had wrapped around
+/// (`wrapped`), and what it is (`kind`) — 0 locked to claim, 1 lease ended, 2 free but passed
+/// over (locked by another claim, or beyond what was wanted).
 ///
 /// Fairness is round robin: cursors are walked in partition order starting after the
 /// partition the previous claim of this server took (`$6`), wrapping around, so every
@@ -124,12 +135,12 @@ pub static CANDIDATES_SQL: LazyLock<String> = LazyLock::new(|| {
         "
 WITH q AS ({QUEUE_OPTIONS}),
 walk AS (
-    (SELECT c.partition_id, false AS wrapped FROM comb.cursors c
+    (SELECT c.partition_id, false AS wrapped FROM {cursors}
      WHERE c.queue_id = $1 AND c.consumer_group = $2
        AND ($3::uuid IS NULL OR c.partition_id = $3) AND c.partition_id > $6
      ORDER BY c.partition_id)
     UNION ALL
-    (SELECT c.partition_id, true FROM comb.cursors c
+    (SELECT c.partition_id, true FROM {cursors}
      WHERE c.queue_id = $1 AND c.consumer_group = $2
        AND ($3::uuid IS NULL OR c.partition_id = $3) AND c.partition_id <= $6
      ORDER BY c.partition_id)
@@ -137,7 +148,7 @@ walk AS (
 cs AS (
     SELECT w.wrapped, s.*
     FROM walk w
-    CROSS JOIN LATERAL comb.cursor_state(w.partition_id, $2) s
+    CROSS JOIN LATERAL {walk_state} s
 ),
 -- Cursors to claim (free, with messages to hand out) and cursors whose lease ended, in walk
 -- order; the walk stops a few beyond what is wanted ($7). This server's claims of one group
@@ -152,8 +163,7 @@ seen AS (
        OR (f.lease_id IS NULL AND f.available_at <= now()
            -- Not EXISTS: the planner drops an EXISTS's ORDER BY and may then walk the
            -- partition in any order; in position order it reads one index entry.
-           AND (SELECT m.pos FROM comb.messages m
-                WHERE m.partition_id = f.partition_id
+           AND (SELECT m.pos FROM {next_messages}
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
                 ORDER BY m.pos LIMIT 1) IS NOT NULL
            -- windowBuffer, retentionSeconds and delayedProcessing, checked by a function
@@ -169,20 +179,29 @@ seen AS (
 cand AS (
     SELECT c.partition_id
     FROM seen e
-    JOIN comb.cursors c ON c.partition_id = e.partition_id AND c.consumer_group = $2
+    JOIN {cursors} ON c.partition_id = e.partition_id AND c.consumer_group = $2
     WHERE NOT e.expired
     ORDER BY e.wrapped, e.partition_id
     LIMIT $4
     FOR NO KEY UPDATE OF c SKIP LOCKED
 )
-SELECT partition_id, false, 0::int2 FROM cand
+SELECT partition_id, false AS wrapped, 0::int2 AS kind FROM cand
 UNION ALL
 SELECT partition_id, wrapped, 1::int2 FROM seen WHERE expired
 UNION ALL
 SELECT e.partition_id, e.wrapped, 2::int2 FROM seen e
-WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = e.partition_id)"
+WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = e.partition_id)",
+        cursors = crate::cursor::cursors!(),
+        walk_state = WALK_STATE,
+        next_messages = crate::push::partition_messages!("f.partition_id"),
     )
 });
+
+/// The latest state of the walk's cursor `w`.
+const WALK_STATE: &str = crate::cursor::state_of!("w.partition_id", "$2");
+
+/// The latest state of the claim's cursor `c`.
+const CLAIM_STATE: &str = crate::cursor::state_of!("c.partition_id", "$2");
 
 /// Second half of a claim, run once the cursors are locked (so its snapshot sees every
 /// version written before): read the latest state again, read the next `batch` unsettled
@@ -240,9 +259,9 @@ fn claim_sql(shared: bool, opening: bool) -> String {
         "
 WITH q AS ({QUEUE_OPTIONS}),
 st AS MATERIALIZED (
-    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id) AS name
+    SELECT s.*, {name} AS name
     FROM unnest($3::uuid[]) AS c(partition_id)
-    CROSS JOIN LATERAL comb.cursor_state(c.partition_id, $2) s
+    CROSS JOIN LATERAL {state} s
     WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
 {picked} AS MATERIALIZED (
@@ -254,8 +273,7 @@ st AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m
-        WHERE m.partition_id = st.partition_id
+        FROM {messages}
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -301,6 +319,9 @@ FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id",
         insert_state = crate::cursor::insert_state!(),
         newest_gen = crate::cursor::newest_gen!(),
+        name = crate::catalog::partition_name!("c.partition_id"),
+        state = CLAIM_STATE,
+        messages = crate::push::partition_messages!("st.partition_id"),
     )
 }
 
@@ -323,7 +344,7 @@ pub static CANDIDATES_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
             "ON c.partition_id = e.partition_id AND c.consumer_group = $2 AND c.partition_id = $3",
         )
         .replace(
-            "CROSS JOIN LATERAL comb.cursor_state(w.partition_id, $2) s",
+            &format!("CROSS JOIN LATERAL {WALK_STATE} s"),
             &format!("CROSS JOIN LATERAL {} s", citus_state("w", "$3")),
         );
     // `comb.claimable_now` written out: run on the worker, the function's own queries would
@@ -350,41 +371,32 @@ fn citus_state(of: &str, one: &str) -> String {
 /// expression of the statement: the partition's head time (`comb.partition_head`) against
 /// `windowBuffer` and `retentionSeconds`, its next message's time against
 /// `delayedProcessing`.
-const CLAIMABLE_CITUS: &str = "(
+const CLAIMABLE_CITUS: &str = concat!(
+    "(
     ((SELECT window_secs FROM q) = 0
-     OR ((SELECT h.at FROM (
-              (SELECT m.pos, m.created_at AS at FROM comb.messages m
-               WHERE m.partition_id = $3
-                 AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
-               ORDER BY m.pos DESC LIMIT 1)
-              UNION ALL
-              (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
-               WHERE sp.partition_id = $3 ORDER BY sp.seg DESC LIMIT 1)) h
-          ORDER BY h.pos DESC LIMIT 1)
+     OR (",
+    crate::push::head_at_written_out!("$3"),
+    "
          <= now() - make_interval(secs => (SELECT window_secs FROM q))) IS TRUE)
     AND ((SELECT retention_secs FROM q) = 0
-     OR ((SELECT h.at FROM (
-              (SELECT m.pos, m.created_at AS at FROM comb.messages m
-               WHERE m.partition_id = $3
-                 AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
-               ORDER BY m.pos DESC LIMIT 1)
-              UNION ALL
-              (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
-               WHERE sp.partition_id = $3 ORDER BY sp.seg DESC LIMIT 1)) h
-          ORDER BY h.pos DESC LIMIT 1)
+     OR (",
+    crate::push::head_at_written_out!("$3"),
+    "
          > now() - make_interval(secs => (SELECT retention_secs FROM q))) IS TRUE)
     AND ((SELECT delay_secs FROM q) = 0
-     OR ((SELECT m.created_at FROM comb.messages m
-          WHERE m.partition_id = $3 AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
+     OR ((SELECT m.created_at FROM ",
+    crate::push::partition_messages!("$3"),
+    " AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
           ORDER BY m.pos LIMIT 1)
-         <= now() - make_interval(secs => (SELECT delay_secs FROM q))) IS TRUE))";
+         <= now() - make_interval(secs => (SELECT delay_secs FROM q))) IS TRUE))"
+);
 
 /// [`CLAIM_SQL`] (or [`SHARED_CLAIM_SQL`]) for a Citus cluster: one partition (`one`, a
 /// parameter holding the only element of `$3`), named to every distributed table, for the
 /// reason of [`CANDIDATES_CITUS_SQL`].
 fn claim_citus_sql(sql: &str, one: &str) -> String {
     sql.replace(
-        "CROSS JOIN LATERAL comb.cursor_state(c.partition_id, $2) s",
+        &format!("CROSS JOIN LATERAL {CLAIM_STATE} s"),
         &format!("CROSS JOIN LATERAL {} s", citus_state("c", one)),
     )
     .replace(
@@ -423,17 +435,18 @@ pub static CANDIDATES_LIST_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "
 SELECT c.partition_id
-FROM comb.cursors c
+FROM {cursors}
 CROSS JOIN LATERAL {state} f
 WHERE c.queue_id = $1 AND c.consumer_group = $2
   AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
        OR (f.lease_id IS NULL AND f.available_at <= now()
-           AND EXISTS (SELECT 1 FROM comb.messages m
-                       WHERE m.partition_id = c.partition_id
+           AND EXISTS (SELECT 1 FROM {messages}
                          AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
 ORDER BY c.partition_id <= $3, c.partition_id
 LIMIT $4",
-        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None)
+        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None),
+        cursors = crate::cursor::cursors!(),
+        messages = crate::push::partition_messages!("c.partition_id"),
     )
 });
 
@@ -667,7 +680,7 @@ impl Claiming<'_> {
                 break;
             }
             let shape = PopShape {
-                partition_id: Some(row.get(0)),
+                partition_id: Some(row.get("partition_id")),
                 ..self.shape.clone()
             };
             let one = Claiming {
@@ -770,10 +783,11 @@ async fn claim_once(
     let mut expired: Vec<Uuid> = Vec::new();
     let mut passed: Vec<(bool, Uuid)> = Vec::new();
     for r in found {
-        match r.get::<_, i16>(2) {
-            0 => locked.push(r.get(0)),
-            1 => expired.push(r.get(0)),
-            _ => passed.push((r.get(1), r.get(0))),
+        let partition_id = r.get("partition_id");
+        match r.get::<_, i16>("kind") {
+            0 => locked.push(partition_id),
+            1 => expired.push(partition_id),
+            _ => passed.push((r.get("wrapped"), partition_id)),
         }
     }
     let passed_held = locked.len() < partitions && !passed.is_empty();
@@ -819,7 +833,7 @@ async fn claim_once(
             p.query(&relock, relock_params)
         );
         let relocked: Vec<Uuid> = match begin.and(relocked) {
-            Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
+            Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
             Err(e) => return Err(rollback(pg, e).await),
         };
         claimed = if relocked.is_empty() {
@@ -854,19 +868,27 @@ fn claim_sql_for(shared: &Shared, opening: bool) -> &'static str {
 }
 
 /// Locks cursors of a group again, by partition (see [`claim_once`]).
-const RELOCK_SQL: &str = "
-SELECT c.partition_id FROM comb.cursors c
+const RELOCK_SQL: &str = concat!(
+    "
+SELECT c.partition_id FROM ",
+    crate::cursor::cursors!(),
+    "
 WHERE c.partition_id = ANY($1) AND c.consumer_group = $2
 ORDER BY c.partition_id
-FOR NO KEY UPDATE OF c SKIP LOCKED";
+FOR NO KEY UPDATE OF c SKIP LOCKED"
+);
 
 /// [`RELOCK_SQL`] on Citus, where a claim holds one partition (`$3`): named to the cursors
 /// so that the lock is a router statement on its worker.
-const RELOCK_CITUS_SQL: &str = "
-SELECT c.partition_id FROM comb.cursors c
+const RELOCK_CITUS_SQL: &str = concat!(
+    "
+SELECT c.partition_id FROM ",
+    crate::cursor::cursors!(),
+    "
 WHERE c.partition_id = ANY($1) AND c.partition_id = $3 AND c.consumer_group = $2
 ORDER BY c.partition_id
-FOR NO KEY UPDATE OF c SKIP LOCKED";
+FOR NO KEY UPDATE OF c SKIP LOCKED"
+);
 
 /// Whether a claim failed on a sealed payload it could not open before committing.
 fn refused_sealed(e: &DbError) -> bool {
@@ -981,20 +1003,20 @@ fn claims_from_rows(rows: &[tokio_postgres::Row], keys: &Keys) -> (Vec<Claim>, V
     let mut by_partition: HashMap<Uuid, Claim> = HashMap::new();
     let mut unreadable = Vec::new();
     for r in rows {
-        let partition_id: Uuid = r.get(0);
+        let partition_id: Uuid = r.get("partition_id");
         let claim = by_partition.entry(partition_id).or_insert_with(|| Claim {
             partition_id,
-            partition: r.get(1),
-            lease_id: r.get(2),
+            partition: r.get("name"),
+            lease_id: r.get("lease_id"),
             messages: Vec::new(),
         });
-        let attempt: i32 = r.get(10);
-        let data = match keys.open_json(r.get::<_, &[u8]>(8)) {
+        let attempt: i32 = r.get("attempt");
+        let data = match keys.open_json(r.get::<_, &[u8]>("payload")) {
             Ok(data) => data,
             Err(why) => {
                 unreadable.push(Unreadable {
                     partition_id,
-                    pos: r.get(4),
+                    pos: r.get("pos"),
                     attempt,
                     lease_id: claim.lease_id,
                     why,
@@ -1003,14 +1025,14 @@ fn claims_from_rows(rows: &[tokio_postgres::Row], keys: &Keys) -> (Vec<Claim>, V
             }
         };
         claim.messages.push(Delivered {
-            pos: r.get(4),
-            message_id: r.get(5),
-            transaction_id: r.get(6),
-            trace_id: r.get(7),
+            pos: r.get("pos"),
+            message_id: r.get("message_id"),
+            transaction_id: r.get("transaction_id"),
+            trace_id: r.get("trace_id"),
             data,
-            created_at: r.get(9),
+            created_at: r.get("created_at"),
             attempt,
-            producer_sub: r.get(11),
+            producer_sub: r.get("producer_sub"),
         });
     }
     let mut claims: Vec<Claim> = by_partition
@@ -1033,7 +1055,79 @@ async fn rollback(pg: &tokio_postgres::Client, e: tokio_postgres::Error) -> DbEr
 
 #[cfg(test)]
 mod tests {
-    use super::begin_claim;
+    use super::*;
+
+    /// Every statement of the claim, by name, as this build composes it.
+    fn statements() -> Vec<(&'static str, String)> {
+        vec![
+            ("CANDIDATES_SQL", CANDIDATES_SQL.to_string()),
+            ("CANDIDATES_CITUS_SQL", CANDIDATES_CITUS_SQL.to_string()),
+            (
+                "CANDIDATES_LIST_CITUS_SQL",
+                CANDIDATES_LIST_CITUS_SQL.to_string(),
+            ),
+            ("CLAIM_SQL", CLAIM_SQL.to_string()),
+            ("SHARED_CLAIM_SQL", SHARED_CLAIM_SQL.to_string()),
+            ("OPENING_CLAIM_SQL", OPENING_CLAIM_SQL.to_string()),
+            (
+                "OPENING_SHARED_CLAIM_SQL",
+                OPENING_SHARED_CLAIM_SQL.to_string(),
+            ),
+            ("CLAIM_CITUS_SQL", CLAIM_CITUS_SQL.to_string()),
+            ("SHARED_CLAIM_CITUS_SQL", SHARED_CLAIM_CITUS_SQL.to_string()),
+            (
+                "OPENING_CLAIM_CITUS_SQL",
+                OPENING_CLAIM_CITUS_SQL.to_string(),
+            ),
+            (
+                "OPENING_SHARED_CLAIM_CITUS_SQL",
+                OPENING_SHARED_CLAIM_CITUS_SQL.to_string(),
+            ),
+            ("RELOCK_SQL", RELOCK_SQL.to_string()),
+            ("RELOCK_CITUS_SQL", RELOCK_CITUS_SQL.to_string()),
+        ]
+    }
+
+    /// The statements pinned in `claim_pinned.sql`, one after a `-- @NAME` line each.
+    fn pinned() -> Vec<(String, String)> {
+        include_str!("claim_pinned.sql")
+            .split("-- @")
+            .skip(1)
+            .map(|part| {
+                let (name, sql) = part.split_once('\n').expect("a name line");
+                (name.trim().to_string(), sql.to_string())
+            })
+            .collect()
+    }
+
+    fn words(sql: &str) -> String {
+        sql.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    /// The claim is the hot path of every pop: its statements are composed from the
+    /// fragments of the tables' owners, and a change of a fragment must not change their
+    /// plans unseen. Each expands to the text pinned in `claim_pinned.sql` (whitespace
+    /// aside); a deliberate change rewrites the file with `COMB_PIN_CLAIM_SQL=write`.
+    #[test]
+    fn claim_statements_expand_to_the_pinned_sql() {
+        let now = statements();
+        if std::env::var("COMB_PIN_CLAIM_SQL").as_deref() == Ok("write") {
+            let text: String = now
+                .iter()
+                .map(|(name, sql)| format!("-- @{name}\n{}\n\n", sql.trim()))
+                .collect();
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/pop/claim_pinned.sql");
+            std::fs::write(path, text).unwrap();
+            return;
+        }
+        let pinned = pinned();
+        let names: Vec<&str> = now.iter().map(|(n, _)| *n).collect();
+        let pinned_names: Vec<&str> = pinned.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, pinned_names, "the statements pinned");
+        for ((name, sql), (_, want)) in now.iter().zip(&pinned) {
+            assert_eq!(words(sql), words(want), "{name} changed:\n{sql}");
+        }
+    }
 
     #[test]
     fn only_claims_with_explicit_acks_skip_the_flush_wait() {

@@ -49,6 +49,31 @@ macro_rules! join_message {
 }
 pub(crate) use join_message;
 
+/// The time of the head of partition `$p` (an SQL expression) as a scalar subquery: the body
+/// of `comb.partition_head` written out, for statements run on a Citus worker, where the
+/// function's own queries would be distributed queries from a shard (which Citus refuses).
+/// The newest message still held unsummarised, or else the last segment summary of the
+/// partition; NULL for a partition that never held a message.
+macro_rules! head_at_written_out {
+    ($p:literal) => {
+        concat!(
+            "(SELECT h.at FROM (
+              (SELECT m.pos, m.created_at AS at FROM ",
+            crate::push::partition_messages!($p),
+            "
+                 AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)
+               ORDER BY m.pos DESC LIMIT 1)
+              UNION ALL
+              (SELECT sp.max_pos, sp.max_created_at FROM comb.segment_partitions sp
+               WHERE sp.partition_id = ",
+            $p,
+            " ORDER BY sp.seg DESC LIMIT 1)) h
+          ORDER BY h.pos DESC LIMIT 1)"
+        )
+    };
+}
+pub(crate) use head_at_written_out;
+
 /// The head of partition `$p` (an SQL expression): a call of `comb.partition_head`, one row
 /// of the newest position stored (`pos`, 0 if it never held a message) and its time (`at`).
 macro_rules! head_of {

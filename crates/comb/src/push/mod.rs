@@ -29,7 +29,7 @@ use crate::queue::{DEFAULT_PARTITION, PartitionName, QueueName};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
-pub(crate) use messages::{head_of, join_message, partition_messages};
+pub(crate) use messages::{head_at_written_out, head_of, join_message, partition_messages};
 pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, announce, store_in};
 
 /// One message to push, as the edge decoded and validated it. Names and strings borrow from
