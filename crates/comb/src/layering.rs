@@ -123,15 +123,13 @@ const OWNERS: &[(&str, &str)] = &[
 /// is not enforced for them yet. The test prints each with the files that still name it, and
 /// fails once one of them is clean, so that it leaves this list.
 const PENDING_OWNERSHIP: &[&str] = &[
-    // Named by the claim's statements (`pop::claim`) and the administration's (`admin`).
+    // Named by the administration's statements (`admin`).
     "cursors",
     "cursor_state",
     "cursor_lag",
     "queues",
     "partitions",
     "segments",
-    "segment_partitions",
-    "retention_secs",
     "dead_letter_requeues",
     // Also named by `catalog`, which sits below their owners: a group's subscription starts
     // at the head (`push`), and deleting a queue deletes its dead letters (`dead_letter`).
