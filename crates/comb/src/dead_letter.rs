@@ -288,15 +288,12 @@ pub(crate) async fn exists_for(
 
 // Messages, for the administration.
 
-/// A message a group gave up on, from the dead letter's own copy, with its partition's and
-/// queue's names.
+/// A message a group gave up on, from the dead letter's own copy.
 #[derive(Debug, Clone)]
 pub(crate) struct DeadMessageRow {
     pub message_id: Uuid,
     pub transaction_id: String,
     pub partition_id: Uuid,
-    pub partition: String,
-    pub queue: String,
     pub trace_id: Option<String>,
     pub producer_sub: Option<String>,
     /// The payload as stored (sealed when its queue encrypts).
@@ -324,12 +321,9 @@ pub(crate) async fn dead_messages_page(
 ) -> Result<Vec<DeadMessageRow>, DbError> {
     let rows = client
         .query(
-            "SELECT m.message_id, m.transaction_id, m.partition_id, p.name AS partition,
-                    q.name AS queue, m.trace_id, m.producer_sub, m.payload, m.created_at, m.pos,
-                    m.error, m.attempts, m.dead_at
+            "SELECT m.message_id, m.transaction_id, m.partition_id, m.trace_id, m.producer_sub,
+                    m.payload, m.created_at, m.pos, m.error, m.attempts, m.dead_at
              FROM comb.dead_letters m
-             JOIN comb.partitions p ON p.id = m.partition_id
-             JOIN comb.queues q ON q.id = p.queue_id
              WHERE ($1::uuid IS NULL OR m.queue_id = $1) AND ($2::uuid IS NULL OR m.partition_id = $2)
                AND m.consumer_group = $3
                AND ($4::timestamptz IS NULL OR m.created_at >= $4)
@@ -345,8 +339,6 @@ pub(crate) async fn dead_messages_page(
             message_id: r.get("message_id"),
             transaction_id: r.get("transaction_id"),
             partition_id: r.get("partition_id"),
-            partition: r.get("partition"),
-            queue: r.get("queue"),
             trace_id: r.get("trace_id"),
             producer_sub: r.get("producer_sub"),
             payload: r.get("payload"),
@@ -419,29 +411,4 @@ pub(crate) async fn unrequeued_of_message(
         .iter()
         .map(|r| r.get("id"))
         .collect())
-}
-
-/// Dead-letters the message at `pos` for each group given, with its attempts, as an
-/// operator's move; answers how many were written.
-pub(crate) async fn dead_letter_by_operator(
-    client: &impl tokio_postgres::GenericClient,
-    queue_id: Uuid,
-    partition: Uuid,
-    pos: i64,
-    groups: &[String],
-    attempts: &[i32],
-) -> Result<u64, DbError> {
-    Ok(client
-        .execute(
-            "INSERT INTO comb.dead_letters
-                 (id, queue_id, partition_id, consumer_group, pos, message_id, transaction_id,
-                  trace_id, payload, created_at, attempts, error, producer_sub)
-             SELECT gen_random_uuid(), $1, m.partition_id, g.name, m.pos, m.message_id,
-                    m.transaction_id, m.trace_id, m.payload, m.created_at, g.attempts,
-                    'moved to the dead letters by an operator', m.producer_sub
-             FROM unnest($4::text[], $5::integer[]) AS g(name, attempts)
-             JOIN comb.messages m ON m.partition_id = $2 AND m.pos = $3",
-            &[&queue_id, &partition, &pos, &groups, &attempts],
-        )
-        .await?)
 }

@@ -20,10 +20,11 @@ use uuid::Uuid;
 
 use super::{Page, Refusal};
 use crate::catalog::Catalog;
+use crate::catalog::listing::{PartitionPlace, partition_places};
 use crate::code::Code;
 use crate::cursor::GroupAtMessage;
-use crate::dead_letter::{self, DeadMessageRow, LetterOfMessage};
-use crate::push::listing::{self as stored, MessageRow, MessagesOf};
+use crate::dead_letter::{self, DeadMessageRow, LetterOfMessage, NewDeadLetter};
+use crate::push::listing::{self as stored, ListedRow, MessageRow, MessagesOf};
 use crate::queue::QUEUE_MODE_GROUP;
 
 /// Most partitions one listing visits.
@@ -264,8 +265,25 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<MessageLis
             page.offset,
         )
         .await?;
-        let data = payloads_json(&**client, rows.iter().map(|r| &r.payload[..]).collect()).await?;
-        rows.into_iter().zip(data).map(listed_dead).collect()
+        // The names of the partitions listed; a letter whose partition is gone meanwhile is
+        // left out, as the queue's deletion takes its dead letters with it.
+        let mut ids: Vec<Uuid> = rows.iter().map(|r| r.partition_id).collect();
+        ids.sort();
+        ids.dedup();
+        let places = partition_places(&**client, &ids).await?;
+        let rows: Vec<(DeadMessageRow, &PartitionPlace)> = rows
+            .into_iter()
+            .filter_map(|r| places.get(&r.partition_id).map(|p| (r, p)))
+            .collect();
+        let data = payloads_json(
+            &**client,
+            rows.iter().map(|(r, _)| &r.payload[..]).collect(),
+        )
+        .await?;
+        rows.into_iter()
+            .zip(data)
+            .map(|((m, place), data)| listed_dead(m, place, data))
+            .collect()
     } else {
         let of = MessagesOf {
             queue_id,
@@ -281,12 +299,12 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<MessageLis
         let rows = stored::messages_page(&**client, &of).await?;
         let data = payloads_json(
             &**client,
-            rows.iter().map(|(r, _)| &r.payload[..]).collect(),
+            rows.iter().map(|r| &r.message.payload[..]).collect(),
         )
         .await?;
         rows.into_iter()
             .zip(data)
-            .map(|((m, status), data)| listed(m, status, data))
+            .map(|(r, data)| listed(r, data))
             .collect()
     };
     Ok(MessageListing {
@@ -298,20 +316,21 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<MessageLis
 }
 
 /// A stored message of a listing.
-fn listed(m: MessageRow, status: String, data: Value) -> ListedMessage {
+fn listed(r: ListedRow, data: Value) -> ListedMessage {
+    let m = r.message;
     ListedMessage {
         id: m.message_id,
         message_id: m.message_id,
         transaction_id: m.transaction_id,
         partition_id: m.partition_id,
-        partition: m.partition,
-        queue: m.queue,
+        partition: r.partition,
+        queue: r.queue,
         trace_id: m.trace_id,
         producer_sub: m.producer_sub,
         data,
         created_at: m.created_at,
         position: m.pos,
-        status,
+        status: r.status,
         error_message: None,
         retry_count: None,
         moved_to_dlq_at: None,
@@ -319,14 +338,14 @@ fn listed(m: MessageRow, status: String, data: Value) -> ListedMessage {
 }
 
 /// A dead letter's copy of a message in a listing.
-fn listed_dead((m, data): (DeadMessageRow, Value)) -> ListedMessage {
+fn listed_dead(m: DeadMessageRow, place: &PartitionPlace, data: Value) -> ListedMessage {
     ListedMessage {
         id: m.message_id,
         message_id: m.message_id,
         transaction_id: m.transaction_id,
         partition_id: m.partition_id,
-        partition: m.partition,
-        queue: m.queue,
+        partition: place.partition.clone(),
+        queue: place.queue.clone(),
         trace_id: m.trace_id,
         producer_sub: m.producer_sub,
         data,
@@ -339,15 +358,18 @@ fn listed_dead((m, data): (DeadMessageRow, Value)) -> ListedMessage {
     }
 }
 
-/// The newest message of a partition with this transaction id.
+/// The newest message of a partition with this transaction id, and where its partition sits.
 async fn find(
     client: &impl tokio_postgres::GenericClient,
     partition: Uuid,
     transaction: &str,
-) -> Result<MessageRow, Refusal> {
-    stored::message_by_transaction(client, partition, transaction)
-        .await?
-        .ok_or_else(|| not_found(partition, transaction))
+) -> Result<(MessageRow, PartitionPlace), Refusal> {
+    let m = stored::message_by_transaction(client, partition, transaction).await?;
+    let mut places = partition_places(client, &[partition]).await?;
+    match (m, places.remove(&partition)) {
+        (Some(m), Some(place)) => Ok((m, place)),
+        _ => Err(not_found(partition, transaction)),
+    }
 }
 
 fn not_found(partition: Uuid, transaction: &str) -> Refusal {
@@ -383,7 +405,7 @@ pub async fn get(
     transaction: &str,
 ) -> Result<MessageDetail, Refusal> {
     let client = pool.get().await?;
-    let m = find(&**client, partition, transaction).await?;
+    let (m, place) = find(&**client, partition, transaction).await?;
     let groups = crate::cursor::groups_at_message(&**client, partition, m.pos).await?;
     let letters = dead_letter::letters_of_message(&**client, partition, transaction).await?;
     let data = payloads_json(&**client, vec![&m.payload[..]])
@@ -414,8 +436,8 @@ pub async fn get(
         message_id: m.message_id,
         transaction_id: m.transaction_id,
         partition_id: m.partition_id,
-        partition: m.partition,
-        queue: m.queue,
+        partition: place.partition,
+        queue: place.queue,
         trace_id: m.trace_id,
         producer_sub: m.producer_sub,
         data,
@@ -437,8 +459,8 @@ pub async fn delete(
     transaction: &str,
 ) -> Result<MessageDeleted, Refusal> {
     let mut client = pool.get().await?;
-    let m = find(&**client, partition, transaction).await?;
-    super::ensure_a_reader(pool, catalog, m.queue_id).await?;
+    let (m, place) = find(&**client, partition, transaction).await?;
+    super::ensure_a_reader(pool, catalog, place.queue_id).await?;
     let tx = client.transaction().await?;
     let groups = settle_for_every_group(&tx, partition, m.pos, |_| {}).await?;
     tx.commit().await?;
@@ -459,8 +481,8 @@ pub async fn retry(
     transaction: &str,
 ) -> Result<MessageRetried, Refusal> {
     let mut client = pool.get().await?;
-    let m = find(&**client, partition, transaction).await?;
-    let (pos, queue_id) = (m.pos, m.queue_id);
+    let (m, place) = find(&**client, partition, transaction).await?;
+    let (pos, queue_id) = (m.pos, place.queue_id);
     let dead = dead_letter::unrequeued_of_message(&**client, partition, transaction, pos).await?;
     if !dead.is_empty() {
         let requeued = super::dead_letters::requeue(
@@ -475,7 +497,7 @@ pub async fn retry(
         .await?;
         return Ok(MessageRetried {
             retried: true,
-            queue: m.queue,
+            queue: place.queue.clone(),
             partition_id: partition,
             transaction_id: transaction.to_string(),
             requeued: requeued.requeued,
@@ -501,7 +523,7 @@ pub async fn retry(
     }
     Ok(MessageRetried {
         retried: true,
-        queue: m.queue,
+        queue: place.queue,
         partition_id: partition,
         transaction_id: transaction.to_string(),
         requeued: 0,
@@ -539,8 +561,8 @@ pub async fn dead_letter(
     transaction: &str,
 ) -> Result<MessageDeadLettered, Refusal> {
     let mut client = pool.get().await?;
-    let m = find(&**client, partition, transaction).await?;
-    let (pos, queue_id) = (m.pos, m.queue_id);
+    let (m, place) = find(&**client, partition, transaction).await?;
+    let (pos, queue_id) = (m.pos, place.queue_id);
     super::ensure_a_reader(pool, catalog, queue_id).await?;
     let tx = client.transaction().await?;
     let mut attempts = Vec::new();
@@ -552,8 +574,20 @@ pub async fn dead_letter(
             "every group reading the partition has already settled the message",
         ));
     }
-    dead_letter::dead_letter_by_operator(&*tx, queue_id, partition, pos, &groups, &attempts)
-        .await?;
+    let letters: Vec<NewDeadLetter> = groups
+        .iter()
+        .zip(attempts)
+        .map(|(group, attempts)| NewDeadLetter {
+            queue_id,
+            partition_id: partition,
+            group: group.clone(),
+            pos,
+            attempts,
+            error: Some("moved to the dead letters by an operator".into()),
+        })
+        .collect();
+    let writes = dead_letter::Writes::prepare(&tx).await?;
+    writes.write(&tx, &letters).await?;
     tx.commit().await?;
     Ok(MessageDeadLettered {
         success: true,

@@ -23,15 +23,12 @@ pub(crate) async fn message_exists(
 
 // Messages, for the administration.
 
-/// A stored message with its partition's and queue's names, as the administration shows it.
+/// A stored message as the administration shows it.
 #[derive(Debug, Clone)]
 pub(crate) struct MessageRow {
     pub message_id: Uuid,
     pub transaction_id: String,
     pub partition_id: Uuid,
-    pub partition: String,
-    pub queue_id: Uuid,
-    pub queue: String,
     pub trace_id: Option<String>,
     pub producer_sub: Option<String>,
     /// The payload as stored (sealed when its queue encrypts).
@@ -46,9 +43,6 @@ impl MessageRow {
             message_id: r.get("message_id"),
             transaction_id: r.get("transaction_id"),
             partition_id: r.get("partition_id"),
-            partition: r.get("partition"),
-            queue_id: r.get("queue_id"),
-            queue: r.get("queue"),
             trace_id: r.get("trace_id"),
             producer_sub: r.get("producer_sub"),
             payload: r.get("payload"),
@@ -66,12 +60,9 @@ pub(crate) async fn message_by_transaction(
 ) -> Result<Option<MessageRow>, DbError> {
     Ok(client
         .query_opt(
-            "SELECT m.message_id, m.transaction_id, m.partition_id, p.name AS partition,
-                    p.queue_id, q.name AS queue, m.trace_id, m.producer_sub, m.payload,
-                    m.created_at, m.pos
+            "SELECT m.message_id, m.transaction_id, m.partition_id, m.trace_id, m.producer_sub,
+                    m.payload, m.created_at, m.pos
              FROM comb.messages m
-             JOIN comb.partitions p ON p.id = m.partition_id
-             JOIN comb.queues q ON q.id = p.queue_id
              WHERE m.transaction_id = $2 AND m.partition_id = $1
              ORDER BY m.pos DESC LIMIT 1",
             &[&partition, &transaction],
@@ -79,6 +70,16 @@ pub(crate) async fn message_by_transaction(
         .await?
         .as_ref()
         .map(MessageRow::read))
+}
+
+/// A message of [`messages_page`].
+#[derive(Debug, Clone)]
+pub(crate) struct ListedRow {
+    pub message: MessageRow,
+    pub partition: String,
+    pub queue: String,
+    /// The group's status of the message.
+    pub status: String,
 }
 
 /// What [`messages_page`] lists: partitions of a queue or one partition (every queue's when
@@ -99,7 +100,7 @@ pub(crate) struct MessagesOf<'a> {
 }
 
 /// A page of messages with their status for the group, partition by partition (by queue and
-/// partition name). Each partition is read in position order through its primary key and
+/// partition name), each with its partition's and queue's names. Each partition is read in position order through its primary key and
 /// yields at most a page's worth (offset included): from the cursor on for pending and
 /// processing, newest first otherwise. The status is the group's: dead_letter when it gave up
 /// on the message (and did not requeue it), completed when its cursor passed or settled it,
@@ -107,7 +108,7 @@ pub(crate) struct MessagesOf<'a> {
 pub(crate) async fn messages_page(
     client: &impl GenericClient,
     of: &MessagesOf<'_>,
-) -> Result<Vec<(MessageRow, String)>, DbError> {
+) -> Result<Vec<ListedRow>, DbError> {
     let window = of.limit + of.offset;
     let sql = format!(
         "WITH parts AS (
@@ -162,7 +163,12 @@ pub(crate) async fn messages_page(
         .await?;
     Ok(rows
         .iter()
-        .map(|r| (MessageRow::read(r), r.get("status")))
+        .map(|r| ListedRow {
+            message: MessageRow::read(r),
+            partition: r.get("partition"),
+            queue: r.get("queue"),
+            status: r.get("status"),
+        })
         .collect())
 }
 
