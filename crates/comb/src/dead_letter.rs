@@ -288,6 +288,29 @@ pub(crate) async fn exists_for(
 
 // Messages, for the administration.
 
+/// Whether group `$g` gave up on the message at `$pos` of partition `$p` with transaction id
+/// `$t` (SQL expressions) and kept the dead letter (no requeue): an SQL condition, for the
+/// message listing's statement.
+macro_rules! kept_dead_letter {
+    ($p:literal, $t:literal, $pos:literal, $g:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM comb.dead_letters d
+                WHERE d.partition_id = ",
+            $p,
+            " AND d.transaction_id = ",
+            $t,
+            " AND d.pos = ",
+            $pos,
+            " AND d.consumer_group = ",
+            $g,
+            "
+                  AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r
+                                  WHERE r.dead_letter_id = d.id))"
+        )
+    };
+}
+pub(crate) use kept_dead_letter;
+
 /// A message a group gave up on, from the dead letter's own copy.
 #[derive(Debug, Clone)]
 pub(crate) struct DeadMessageRow {

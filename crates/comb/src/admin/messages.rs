@@ -24,7 +24,7 @@ use crate::catalog::listing::{PartitionPlace, partition_places};
 use crate::code::Code;
 use crate::cursor::GroupAtMessage;
 use crate::dead_letter::{self, DeadMessageRow, LetterOfMessage, NewDeadLetter};
-use crate::push::listing::{self as stored, ListedRow, MessageRow, MessagesOf};
+use crate::push::listing::{self as stored, MessageRow};
 use crate::queue::QUEUE_MODE_GROUP;
 
 /// Most partitions one listing visits.
@@ -296,7 +296,7 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<MessageLis
             offset: page.offset,
             max_partitions: MAX_PARTITIONS,
         };
-        let rows = stored::messages_page(&**client, &of).await?;
+        let rows = messages_page(&**client, &of).await?;
         let data = payloads_json(
             &**client,
             rows.iter().map(|r| &r.message.payload[..]).collect(),
@@ -356,6 +356,113 @@ fn listed_dead(m: DeadMessageRow, place: &PartitionPlace, data: Value) -> Listed
         retry_count: Some(m.attempts),
         moved_to_dlq_at: Some(m.dead_at),
     }
+}
+
+/// A message of [`messages_page`].
+#[derive(Debug, Clone)]
+struct ListedRow {
+    message: MessageRow,
+    partition: String,
+    queue: String,
+    /// The group's status of the message.
+    status: String,
+}
+
+/// What [`messages_page`] lists: partitions of a queue or one partition (every queue's when
+/// neither is given), the group whose status is shown, a status and a creation window.
+#[derive(Debug, Clone)]
+struct MessagesOf<'a> {
+    queue_id: Option<Uuid>,
+    partition_id: Option<Uuid>,
+    group: &'a str,
+    /// `pending`, `processing`, `completed` or `dead_letter`; any when absent.
+    status: Option<&'a str>,
+    from: Option<chrono::DateTime<chrono::Utc>>,
+    to: Option<chrono::DateTime<chrono::Utc>>,
+    limit: i64,
+    offset: i64,
+    /// Most partitions visited.
+    max_partitions: i64,
+}
+
+/// A page of messages with their status for the group, partition by partition (by queue and
+/// partition name), each with its partition's and queue's names: one statement composed of
+/// its tables' owners' fragments, so that the page's limit stops the reads early. Each
+/// partition is read in position order through its primary key and yields at most a page's
+/// worth (offset included): from the cursor on for pending and processing, newest first
+/// otherwise. The status is the group's: dead_letter when it gave up
+/// on the message (and did not requeue it), completed when its cursor passed or settled it,
+/// processing when a live lease handed it out, else pending.
+async fn messages_page(
+    client: &impl tokio_postgres::GenericClient,
+    of: &MessagesOf<'_>,
+) -> Result<Vec<ListedRow>, Refusal> {
+    let window = of.limit + of.offset;
+    let sql = format!(
+        "WITH parts AS ({parts})
+         SELECT x.* FROM (
+            SELECT m.message_id, m.transaction_id, m.partition_id, p.name AS partition,
+                   p.queue_id, p.queue, m.trace_id, m.producer_sub, m.payload, m.created_at,
+                   m.pos,
+                   CASE WHEN {dead} THEN 'dead_letter'
+                        WHEN m.pos <= coalesce(s.cursor_pos, 0) OR m.pos = ANY (s.settled)
+                            THEN 'completed'
+                        WHEN s.lease_expires_at > now() AND m.pos <= s.lease_upto
+                            THEN 'processing'
+                        ELSE 'pending' END AS status
+            FROM parts p
+            LEFT JOIN LATERAL {state} s ON true
+            CROSS JOIN LATERAL (
+                (SELECT * FROM {messages}
+                   AND $8::text IN ('pending', 'processing')
+                   AND m.pos > coalesce(s.cursor_pos, 0) AND m.seg >= coalesce(s.cursor_seg, 0)
+                 ORDER BY m.pos LIMIT $9)
+                UNION ALL
+                (SELECT * FROM {messages}
+                   AND $8::text IS DISTINCT FROM 'pending'
+                   AND $8::text IS DISTINCT FROM 'processing'
+                   AND m.pos <= CASE WHEN $8::text = 'completed' THEN greatest(
+                            coalesce(s.cursor_pos, 0),
+                            coalesce((SELECT max(x) FROM unnest(s.settled) x), 0))
+                        ELSE 9223372036854775807 END
+                 ORDER BY m.pos DESC LIMIT $9)
+            ) m
+         ) x
+         WHERE ($8::text IS NULL OR x.status = $8)
+           AND ($4::timestamptz IS NULL OR x.created_at >= $4)
+           AND ($5::timestamptz IS NULL OR x.created_at < $5)
+         LIMIT $6 OFFSET $7",
+        parts = crate::catalog::listing::partitions_by_name!("$1", "$2", "$10"),
+        state = crate::cursor::state_of!("p.id", "$3"),
+        messages = crate::push::partition_messages!("p.id"),
+        dead = dead_letter::kept_dead_letter!("m.partition_id", "m.transaction_id", "m.pos", "$3"),
+    );
+    let rows = client
+        .query(
+            &sql,
+            &[
+                &of.queue_id,
+                &of.partition_id,
+                &of.group,
+                &of.from,
+                &of.to,
+                &of.limit,
+                &of.offset,
+                &of.status,
+                &window,
+                &of.max_partitions,
+            ],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ListedRow {
+            message: MessageRow::read(r),
+            partition: r.get("partition"),
+            queue: r.get("queue"),
+            status: r.get("status"),
+        })
+        .collect())
 }
 
 /// The newest message of a partition with this transaction id, and where its partition sits.
