@@ -603,6 +603,50 @@ pub(crate) async fn cursors_of_partitions(
         .collect())
 }
 
+// Messages, for the administration.
+
+/// Where one group's cursor of a partition stands with respect to one message.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupAtMessage {
+    pub group: String,
+    /// The cursor passed the message or settled it.
+    pub settled: bool,
+    /// A live lease handed the message out.
+    pub leased: bool,
+    /// Deliveries of the message to the group so far.
+    pub attempts: i32,
+}
+
+/// Every group reading the partition, by name, with where it stands on the message at `pos`.
+pub(crate) async fn groups_at_message(
+    client: &impl tokio_postgres::GenericClient,
+    partition: Uuid,
+    pos: i64,
+) -> Result<Vec<GroupAtMessage>, DbError> {
+    Ok(client
+        .query(
+            "SELECT c.consumer_group,
+                    ($2 <= coalesce(s.cursor_pos, 0) OR $2 = ANY (s.settled)) AS settled,
+                    coalesce(s.lease_expires_at > now() AND $2 <= s.lease_upto, false) AS leased,
+                    coalesce((SELECT n FROM unnest(s.attempt_pos, s.attempt_cnt) AS a(pos, n)
+                              WHERE a.pos = $2), 0) AS attempts
+             FROM comb.cursors c
+             CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+             WHERE c.partition_id = $1
+             ORDER BY c.consumer_group",
+            &[&partition, &pos],
+        )
+        .await?
+        .iter()
+        .map(|r| GroupAtMessage {
+            group: r.get("consumer_group"),
+            settled: r.get::<_, Option<bool>>("settled").unwrap_or(false),
+            leased: r.get("leased"),
+            attempts: r.get("attempts"),
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::array_literal;

@@ -285,3 +285,153 @@ pub(crate) async fn exists_for(
         .await?
         .get("known"))
 }
+
+// Messages, for the administration.
+
+/// Whether group `$g` gave up on the message at `$pos` of partition `$p` with transaction id
+/// `$t` (SQL expressions) and kept the dead letter (no requeue): an SQL condition, for the
+/// message listing's statement.
+macro_rules! kept_dead_letter {
+    ($p:literal, $t:literal, $pos:literal, $g:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM comb.dead_letters d
+                WHERE d.partition_id = ",
+            $p,
+            " AND d.transaction_id = ",
+            $t,
+            " AND d.pos = ",
+            $pos,
+            " AND d.consumer_group = ",
+            $g,
+            "
+                  AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r
+                                  WHERE r.dead_letter_id = d.id))"
+        )
+    };
+}
+pub(crate) use kept_dead_letter;
+
+/// A message a group gave up on, from the dead letter's own copy.
+#[derive(Debug, Clone)]
+pub(crate) struct DeadMessageRow {
+    pub message_id: Uuid,
+    pub transaction_id: String,
+    pub partition_id: Uuid,
+    pub trace_id: Option<String>,
+    pub producer_sub: Option<String>,
+    /// The payload as stored (sealed when its queue encrypts).
+    pub payload: Vec<u8>,
+    pub created_at: DateTime<Utc>,
+    pub pos: i64,
+    pub error: Option<String>,
+    pub attempts: i32,
+    pub dead_at: DateTime<Utc>,
+}
+
+/// A page of the messages a group gave up on and did not requeue, in a queue or one of its
+/// partitions (every queue's when neither is given), created in `[from, to)`: the latest
+/// given up first.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn dead_messages_page(
+    client: &impl tokio_postgres::GenericClient,
+    queue_id: Option<Uuid>,
+    partition_id: Option<Uuid>,
+    group: &str,
+    from: Option<DateTime<Utc>>,
+    to: Option<DateTime<Utc>>,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<DeadMessageRow>, DbError> {
+    let rows = client
+        .query(
+            "SELECT m.message_id, m.transaction_id, m.partition_id, m.trace_id, m.producer_sub,
+                    m.payload, m.created_at, m.pos, m.error, m.attempts, m.dead_at
+             FROM comb.dead_letters m
+             WHERE ($1::uuid IS NULL OR m.queue_id = $1) AND ($2::uuid IS NULL OR m.partition_id = $2)
+               AND m.consumer_group = $3
+               AND ($4::timestamptz IS NULL OR m.created_at >= $4)
+               AND ($5::timestamptz IS NULL OR m.created_at < $5)
+               AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = m.id)
+             ORDER BY m.dead_at DESC, m.pos LIMIT $6 OFFSET $7",
+            &[&queue_id, &partition_id, &group, &from, &to, &limit, &offset],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| DeadMessageRow {
+            message_id: r.get("message_id"),
+            transaction_id: r.get("transaction_id"),
+            partition_id: r.get("partition_id"),
+            trace_id: r.get("trace_id"),
+            producer_sub: r.get("producer_sub"),
+            payload: r.get("payload"),
+            created_at: r.get("created_at"),
+            pos: r.get("pos"),
+            error: r.get("error"),
+            attempts: r.get("attempts"),
+            dead_at: r.get("dead_at"),
+        })
+        .collect())
+}
+
+/// One dead letter of a message: the group's, why and when, and when it was requeued.
+#[derive(Debug, Clone)]
+pub(crate) struct LetterOfMessage {
+    pub id: Uuid,
+    pub group: String,
+    pub pos: i64,
+    pub error: Option<String>,
+    pub attempts: i32,
+    pub dead_at: DateTime<Utc>,
+    pub requeued_at: Option<DateTime<Utc>>,
+}
+
+/// Every dead letter of the partition's messages with this transaction id, oldest first.
+pub(crate) async fn letters_of_message(
+    client: &impl tokio_postgres::GenericClient,
+    partition: Uuid,
+    transaction: &str,
+) -> Result<Vec<LetterOfMessage>, DbError> {
+    let rows = client
+        .query(
+            "SELECT d.id, d.consumer_group, d.pos, d.error, d.attempts, d.dead_at, r.requeued_at
+             FROM comb.dead_letters d
+             LEFT JOIN comb.dead_letter_requeues r ON r.dead_letter_id = d.id
+             WHERE d.partition_id = $1 AND d.transaction_id = $2
+             ORDER BY d.dead_at",
+            &[&partition, &transaction],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| LetterOfMessage {
+            id: r.get("id"),
+            group: r.get("consumer_group"),
+            pos: r.get("pos"),
+            error: r.get("error"),
+            attempts: r.get("attempts"),
+            dead_at: r.get("dead_at"),
+            requeued_at: r.get("requeued_at"),
+        })
+        .collect())
+}
+
+/// Ids of the dead letters of the message at `pos` not requeued yet.
+pub(crate) async fn unrequeued_of_message(
+    client: &impl tokio_postgres::GenericClient,
+    partition: Uuid,
+    transaction: &str,
+    pos: i64,
+) -> Result<Vec<Uuid>, DbError> {
+    Ok(client
+        .query(
+            "SELECT d.id FROM comb.dead_letters d
+             WHERE d.partition_id = $1 AND d.transaction_id = $2 AND d.pos = $3
+               AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)",
+            &[&partition, &transaction, &pos],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get("id"))
+        .collect())
+}

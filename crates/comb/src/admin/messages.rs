@@ -7,17 +7,24 @@
 //! read each partition in position order through its primary key, at most a page per
 //! partition and at most [`MAX_PARTITIONS`] partitions, so no request reads message storage
 //! in bulk. Nothing here updates or deletes a message row: an operator's delete is a settled
-//! position in every group's cursor.
+//! position in every group's cursor. The statements live with their tables' owners (`push`,
+//! `cursor`, `dead_letter`); answers are the types below, and only payloads come from the
+//! database as JSON (`comb.payload_json`, stored data).
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use serde_json::{Value, json};
-use tokio_postgres::types::ToSql;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{Page, Refusal};
 use crate::catalog::Catalog;
+use crate::catalog::listing::{PartitionPlace, partition_places};
 use crate::code::Code;
+use crate::cursor::GroupAtMessage;
+use crate::dead_letter::{self, DeadMessageRow, LetterOfMessage, NewDeadLetter};
+use crate::push::listing::{self as stored, MessageRow};
 use crate::queue::QUEUE_MODE_GROUP;
 
 /// Most partitions one listing visits.
@@ -65,32 +72,169 @@ pub struct Filter {
     pub to: Option<DateTime<Utc>>,
 }
 
-/// Status of message `m` for the group whose cursor state is `s` (NULL when the group never
-/// read the partition), `$3` naming the group.
-const STATUS: &str = "CASE
-    WHEN EXISTS (SELECT 1 FROM comb.dead_letters d
-                 WHERE d.partition_id = m.partition_id AND d.transaction_id = m.transaction_id
-                   AND d.pos = m.pos AND d.consumer_group = $3
-                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r
-                                   WHERE r.dead_letter_id = d.id)) THEN 'dead_letter'
-    WHEN m.pos <= coalesce(s.cursor_pos, 0) OR m.pos = ANY (s.settled) THEN 'completed'
-    WHEN s.lease_expires_at > now() AND m.pos <= s.lease_upto THEN 'processing'
-    ELSE 'pending' END";
+/// A message of a listing, with its status for the listing's group. A dead-lettered one
+/// (listed from the dead letter's copy) also says why and when the group gave up on it;
+/// those fields are absent from the others.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListedMessage {
+    /// The message id (Queen's name for it).
+    pub id: Uuid,
+    pub message_id: Uuid,
+    pub transaction_id: String,
+    pub partition_id: Uuid,
+    pub partition: String,
+    pub queue: String,
+    pub trace_id: Option<String>,
+    pub producer_sub: Option<String>,
+    /// The payload as JSON; `{"encrypted": true}` when sealed at rest, or a string saying
+    /// why it is not shown.
+    pub data: Value,
+    #[serde(serialize_with = "super::wire::iso")]
+    pub created_at: DateTime<Utc>,
+    pub position: i64,
+    /// `pending`, `processing`, `completed` or `dead_letter`.
+    pub status: String,
+    /// Dead-lettered only: the error the group gave (`null` when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub error_message: Option<Option<String>>,
+    /// Dead-lettered only: deliveries before the group gave up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_count: Option<i32>,
+    /// Dead-lettered only: when the group gave up.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "super::wire::iso_opt"
+    )]
+    pub moved_to_dlq_at: Option<DateTime<Utc>>,
+}
 
-/// A message as JSON, over `m` (a message row) and `p` (its partition with `queue`).
-const MESSAGE_JSON: &str = "jsonb_build_object(
-    'id', m.message_id, 'messageId', m.message_id, 'transactionId', m.transaction_id,
-    'partitionId', m.partition_id, 'partition', p.name, 'queue', p.queue,
-    'traceId', m.trace_id, 'producerSub', m.producer_sub, 'data', comb.payload_json(m.payload),
-    'createdAt', comb.iso(m.created_at), 'position', m.pos)";
+/// `GET /api/v1/messages`: a page of messages.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageListing {
+    pub messages: Vec<ListedMessage>,
+    /// The group whose status the listing shows.
+    pub consumer_group: String,
+    pub limit: i64,
+    pub offset: i64,
+}
 
-/// Joins the partition of message `m` as `p`, with its queue's name: what [`MESSAGE_JSON`]
-/// reads.
-const JOIN_PARTITION: &str = "JOIN (SELECT p.id, p.name, q.name AS queue FROM comb.partitions p
-      JOIN comb.queues q ON q.id = p.queue_id) p ON p.id = m.partition_id";
+/// Where one group reading the message's queue stands with it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MessageGroup {
+    pub name: String,
+    /// `pending`, `processing`, `completed` or `dead_letter`.
+    pub status: String,
+    /// Deliveries to the group so far.
+    pub attempts: i32,
+}
+
+/// One time a group gave up on the message.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageDeadLetter {
+    pub id: Uuid,
+    pub consumer_group: String,
+    pub error_message: Option<String>,
+    pub retry_count: i32,
+    #[serde(serialize_with = "super::wire::iso")]
+    pub moved_to_dlq_at: DateTime<Utc>,
+    /// When an operator requeued it; `null` while it is kept.
+    #[serde(serialize_with = "super::wire::iso_opt")]
+    pub requeued_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /api/v1/messages/{partitionId}/{transactionId}`: one message.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageDetail {
+    /// The message id (Queen's name for it).
+    pub id: Uuid,
+    pub message_id: Uuid,
+    pub transaction_id: String,
+    pub partition_id: Uuid,
+    pub partition: String,
+    pub queue: String,
+    pub trace_id: Option<String>,
+    pub producer_sub: Option<String>,
+    /// The payload as JSON; `{"encrypted": true}` when sealed at rest, or a string saying
+    /// why it is not shown.
+    pub data: Value,
+    #[serde(serialize_with = "super::wire::iso")]
+    pub created_at: DateTime<Utc>,
+    pub position: i64,
+    /// Every group reading the partition, by name.
+    pub consumer_groups: Vec<MessageGroup>,
+    /// Every time a group gave up on it, oldest first.
+    pub dead_letters: Vec<MessageDeadLetter>,
+}
+
+/// `DELETE /api/v1/messages/{partitionId}/{transactionId}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageDeleted {
+    /// Always `true`.
+    pub deleted: bool,
+    pub partition_id: Uuid,
+    pub transaction_id: String,
+    /// The groups it was settled for.
+    pub consumer_groups: Vec<String>,
+}
+
+/// `POST /api/v1/messages/{partitionId}/{transactionId}/retry`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageRetried {
+    /// Always `true`.
+    pub retried: bool,
+    pub queue: String,
+    pub partition_id: Uuid,
+    pub transaction_id: String,
+    /// Dead letters requeued (0 when a failed, pending message had its attempts reset).
+    pub requeued: u64,
+    /// The groups that receive it again.
+    pub consumer_groups: Vec<String>,
+}
+
+/// `POST /api/v1/messages/{partitionId}/{transactionId}/dlq`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageDeadLettered {
+    /// Always `true`.
+    pub success: bool,
+    pub partition_id: Uuid,
+    pub transaction_id: String,
+    /// The groups that gave up on it.
+    pub consumer_groups: Vec<String>,
+}
+
+/// The payloads as JSON, in order: `comb.payload_json` shows a sealed payload as
+/// `{"encrypted": true}` and one PostgreSQL cannot parse as a string saying why, as the
+/// answers always have. One statement for a whole page.
+async fn payloads_json(
+    client: &impl tokio_postgres::GenericClient,
+    payloads: Vec<&[u8]>,
+) -> Result<Vec<Value>, Refusal> {
+    if payloads.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(client
+        .query(
+            "SELECT comb.payload_json(u.p) AS data
+             FROM unnest($1::bytea[]) WITH ORDINALITY AS u(p, n) ORDER BY u.n",
+            &[&payloads],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get("data"))
+        .collect())
+}
 
 /// `GET /api/v1/messages`.
-pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Refusal> {
+pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<MessageListing, Refusal> {
     let client = pool.get().await?;
     let queue_id = match &filter.queue {
         Some(q) => Some(super::queue_id(&**client, q).await?),
@@ -109,124 +253,230 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<Value, Ref
         _ => None,
     };
     let group = filter.group.as_deref().unwrap_or(QUEUE_MODE_GROUP);
-    // $1 to $7, shared by both listings; the message listing adds its status and window.
-    let shared: [&(dyn ToSql + Sync); 7] = [
-        &queue_id,
-        &partition_id,
-        &group,
-        &filter.from,
-        &filter.to,
-        &page.limit,
-        &page.offset,
-    ];
-    if filter.status == Some(Status::DeadLetter) {
-        let list = one_json(&**client, &dead_lettered_sql(), &shared).await?;
-        return Ok(listing(list, group, page));
-    }
-    let status = filter.status.map(Status::name);
-    // Each partition yields at most a page's worth (offset included) in its window: from the
-    // cursor on for pending and processing, newest first otherwise.
-    let window = page.limit + page.offset;
-    let sql = format!(
-        "WITH parts AS (
-            SELECT p.id, p.name, q.name AS queue FROM comb.partitions p
-            JOIN comb.queues q ON q.id = p.queue_id
-            WHERE ($1::uuid IS NULL OR p.queue_id = $1) AND ($2::uuid IS NULL OR p.id = $2)
-            ORDER BY q.name, p.name LIMIT {MAX_PARTITIONS}
-         )
-         SELECT coalesce(jsonb_agg(r.j ORDER BY r.n), '[]') FROM (
-            SELECT x.j || jsonb_build_object('status', x.status) AS j,
-                   row_number() OVER () AS n
-            FROM parts p
-            LEFT JOIN LATERAL comb.cursor_state(p.id, $3) s ON true
-            CROSS JOIN LATERAL (
-                SELECT {MESSAGE_JSON} AS j, {STATUS} AS status, m.created_at
-                FROM (
-                    (SELECT * FROM comb.messages m
-                     WHERE m.partition_id = p.id AND $8::text IN ('pending', 'processing')
-                       AND m.pos > coalesce(s.cursor_pos, 0) AND m.seg >= coalesce(s.cursor_seg, 0)
-                     ORDER BY m.pos LIMIT $9)
-                    UNION ALL
-                    (SELECT * FROM comb.messages m
-                     WHERE m.partition_id = p.id AND $8::text IS DISTINCT FROM 'pending'
-                       AND $8::text IS DISTINCT FROM 'processing'
-                       AND m.pos <= CASE WHEN $8::text = 'completed' THEN greatest(
-                                coalesce(s.cursor_pos, 0),
-                                coalesce((SELECT max(x) FROM unnest(s.settled) x), 0))
-                            ELSE 9223372036854775807 END
-                     ORDER BY m.pos DESC LIMIT $9)
-                ) m
-            ) x
-            WHERE ($8::text IS NULL OR x.status = $8)
-              AND ($4::timestamptz IS NULL OR x.created_at >= $4)
-              AND ($5::timestamptz IS NULL OR x.created_at < $5)
-            LIMIT $6 OFFSET $7
-         ) r"
-    );
-    let mut params = shared.to_vec();
-    params.extend_from_slice(&[&status, &window]);
-    let list = one_json(&**client, &sql, &params).await?;
-    Ok(listing(list, group, page))
-}
-
-/// Runs a statement whose one row is one JSON value.
-async fn one_json(
-    client: &impl tokio_postgres::GenericClient,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Value, Refusal> {
-    Ok(client.query_one(sql, params).await?.get(0))
-}
-
-/// A listing's answer.
-fn listing(messages: Value, group: &str, page: Page) -> Value {
-    json!({
-        "messages": messages,
-        "consumerGroup": group,
-        "limit": page.limit,
-        "offset": page.offset,
+    let messages = if filter.status == Some(Status::DeadLetter) {
+        let rows = dead_letter::dead_messages_page(
+            &**client,
+            queue_id,
+            partition_id,
+            group,
+            filter.from,
+            filter.to,
+            page.limit,
+            page.offset,
+        )
+        .await?;
+        // The names of the partitions listed; a letter whose partition is gone meanwhile is
+        // left out, as the queue's deletion takes its dead letters with it.
+        let mut ids: Vec<Uuid> = rows.iter().map(|r| r.partition_id).collect();
+        ids.sort();
+        ids.dedup();
+        let places = partition_places(&**client, &ids).await?;
+        let rows: Vec<(DeadMessageRow, &PartitionPlace)> = rows
+            .into_iter()
+            .filter_map(|r| places.get(&r.partition_id).map(|p| (r, p)))
+            .collect();
+        let data = payloads_json(
+            &**client,
+            rows.iter().map(|(r, _)| &r.payload[..]).collect(),
+        )
+        .await?;
+        rows.into_iter()
+            .zip(data)
+            .map(|((m, place), data)| listed_dead(m, place, data))
+            .collect()
+    } else {
+        let of = MessagesOf {
+            queue_id,
+            partition_id,
+            group,
+            status: filter.status.map(Status::name),
+            from: filter.from,
+            to: filter.to,
+            limit: page.limit,
+            offset: page.offset,
+            max_partitions: MAX_PARTITIONS,
+        };
+        let rows = messages_page(&**client, &of).await?;
+        let data = payloads_json(
+            &**client,
+            rows.iter().map(|r| &r.message.payload[..]).collect(),
+        )
+        .await?;
+        rows.into_iter()
+            .zip(data)
+            .map(|(r, data)| listed(r, data))
+            .collect()
+    };
+    Ok(MessageListing {
+        messages,
+        consumer_group: group.to_string(),
+        limit: page.limit,
+        offset: page.offset,
     })
 }
 
-/// Dead-lettered messages of a listing, from the dead letters' own copies, over the listing's
-/// shared parameters.
-fn dead_lettered_sql() -> String {
-    format!(
-        "SELECT coalesce(jsonb_agg(r.j ORDER BY r.dead_at DESC, r.pos), '[]') FROM (
-            SELECT {MESSAGE_JSON} || jsonb_build_object(
-                       'status', 'dead_letter', 'errorMessage', m.error,
-                       'retryCount', m.attempts, 'movedToDlqAt', comb.iso(m.dead_at)) AS j,
-                   m.dead_at, m.pos
-            FROM comb.dead_letters m {JOIN_PARTITION}
-            WHERE ($1::uuid IS NULL OR m.queue_id = $1) AND ($2::uuid IS NULL OR m.partition_id = $2)
-              AND m.consumer_group = $3
-              AND ($4::timestamptz IS NULL OR m.created_at >= $4)
-              AND ($5::timestamptz IS NULL OR m.created_at < $5)
-              AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues q WHERE q.dead_letter_id = m.id)
-            ORDER BY m.dead_at DESC, m.pos LIMIT $6 OFFSET $7
-         ) r"
-    )
+/// A stored message of a listing.
+fn listed(r: ListedRow, data: Value) -> ListedMessage {
+    let m = r.message;
+    ListedMessage {
+        id: m.message_id,
+        message_id: m.message_id,
+        transaction_id: m.transaction_id,
+        partition_id: m.partition_id,
+        partition: r.partition,
+        queue: r.queue,
+        trace_id: m.trace_id,
+        producer_sub: m.producer_sub,
+        data,
+        created_at: m.created_at,
+        position: m.pos,
+        status: r.status,
+        error_message: None,
+        retry_count: None,
+        moved_to_dlq_at: None,
+    }
 }
 
-/// The newest message of a partition with this transaction id: (position, queue id, queue
-/// name).
+/// A dead letter's copy of a message in a listing.
+fn listed_dead(m: DeadMessageRow, place: &PartitionPlace, data: Value) -> ListedMessage {
+    ListedMessage {
+        id: m.message_id,
+        message_id: m.message_id,
+        transaction_id: m.transaction_id,
+        partition_id: m.partition_id,
+        partition: place.partition.clone(),
+        queue: place.queue.clone(),
+        trace_id: m.trace_id,
+        producer_sub: m.producer_sub,
+        data,
+        created_at: m.created_at,
+        position: m.pos,
+        status: Status::DeadLetter.name().to_string(),
+        error_message: Some(m.error),
+        retry_count: Some(m.attempts),
+        moved_to_dlq_at: Some(m.dead_at),
+    }
+}
+
+/// A message of [`messages_page`].
+#[derive(Debug, Clone)]
+struct ListedRow {
+    message: MessageRow,
+    partition: String,
+    queue: String,
+    /// The group's status of the message.
+    status: String,
+}
+
+/// What [`messages_page`] lists: partitions of a queue or one partition (every queue's when
+/// neither is given), the group whose status is shown, a status and a creation window.
+#[derive(Debug, Clone)]
+struct MessagesOf<'a> {
+    queue_id: Option<Uuid>,
+    partition_id: Option<Uuid>,
+    group: &'a str,
+    /// `pending`, `processing`, `completed` or `dead_letter`; any when absent.
+    status: Option<&'a str>,
+    from: Option<chrono::DateTime<chrono::Utc>>,
+    to: Option<chrono::DateTime<chrono::Utc>>,
+    limit: i64,
+    offset: i64,
+    /// Most partitions visited.
+    max_partitions: i64,
+}
+
+/// A page of messages with their status for the group, partition by partition (by queue and
+/// partition name), each with its partition's and queue's names: one statement composed of
+/// its tables' owners' fragments, so that the page's limit stops the reads early. Each
+/// partition is read in position order through its primary key and yields at most a page's
+/// worth (offset included): from the cursor on for pending and processing, newest first
+/// otherwise. The status is the group's: dead_letter when it gave up
+/// on the message (and did not requeue it), completed when its cursor passed or settled it,
+/// processing when a live lease handed it out, else pending.
+async fn messages_page(
+    client: &impl tokio_postgres::GenericClient,
+    of: &MessagesOf<'_>,
+) -> Result<Vec<ListedRow>, Refusal> {
+    let window = of.limit + of.offset;
+    let sql = format!(
+        "WITH parts AS ({parts})
+         SELECT x.* FROM (
+            SELECT m.message_id, m.transaction_id, m.partition_id, p.name AS partition,
+                   p.queue_id, p.queue, m.trace_id, m.producer_sub, m.payload, m.created_at,
+                   m.pos,
+                   CASE WHEN {dead} THEN 'dead_letter'
+                        WHEN m.pos <= coalesce(s.cursor_pos, 0) OR m.pos = ANY (s.settled)
+                            THEN 'completed'
+                        WHEN s.lease_expires_at > now() AND m.pos <= s.lease_upto
+                            THEN 'processing'
+                        ELSE 'pending' END AS status
+            FROM parts p
+            LEFT JOIN LATERAL {state} s ON true
+            CROSS JOIN LATERAL (
+                (SELECT * FROM {messages}
+                   AND $8::text IN ('pending', 'processing')
+                   AND m.pos > coalesce(s.cursor_pos, 0) AND m.seg >= coalesce(s.cursor_seg, 0)
+                 ORDER BY m.pos LIMIT $9)
+                UNION ALL
+                (SELECT * FROM {messages}
+                   AND $8::text IS DISTINCT FROM 'pending'
+                   AND $8::text IS DISTINCT FROM 'processing'
+                   AND m.pos <= CASE WHEN $8::text = 'completed' THEN greatest(
+                            coalesce(s.cursor_pos, 0),
+                            coalesce((SELECT max(x) FROM unnest(s.settled) x), 0))
+                        ELSE 9223372036854775807 END
+                 ORDER BY m.pos DESC LIMIT $9)
+            ) m
+         ) x
+         WHERE ($8::text IS NULL OR x.status = $8)
+           AND ($4::timestamptz IS NULL OR x.created_at >= $4)
+           AND ($5::timestamptz IS NULL OR x.created_at < $5)
+         LIMIT $6 OFFSET $7",
+        parts = crate::catalog::listing::partitions_by_name!("$1", "$2", "$10"),
+        state = crate::cursor::state_of!("p.id", "$3"),
+        messages = crate::push::partition_messages!("p.id"),
+        dead = dead_letter::kept_dead_letter!("m.partition_id", "m.transaction_id", "m.pos", "$3"),
+    );
+    let rows = client
+        .query(
+            &sql,
+            &[
+                &of.queue_id,
+                &of.partition_id,
+                &of.group,
+                &of.from,
+                &of.to,
+                &of.limit,
+                &of.offset,
+                &of.status,
+                &window,
+                &of.max_partitions,
+            ],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ListedRow {
+            message: MessageRow::read(r),
+            partition: r.get("partition"),
+            queue: r.get("queue"),
+            status: r.get("status"),
+        })
+        .collect())
+}
+
+/// The newest message of a partition with this transaction id, and where its partition sits.
 async fn find(
     client: &impl tokio_postgres::GenericClient,
     partition: Uuid,
     transaction: &str,
-) -> Result<(i64, Uuid, String), Refusal> {
-    client
-        .query_opt(
-            "SELECT m.pos, p.queue_id, q.name FROM comb.messages m
-             JOIN comb.partitions p ON p.id = m.partition_id
-             JOIN comb.queues q ON q.id = p.queue_id
-             WHERE m.transaction_id = $2 AND m.partition_id = $1
-             ORDER BY m.pos DESC LIMIT 1",
-            &[&partition, &transaction],
-        )
-        .await?
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .ok_or_else(|| not_found(partition, transaction))
+) -> Result<(MessageRow, PartitionPlace), Refusal> {
+    let m = stored::message_by_transaction(client, partition, transaction).await?;
+    let mut places = partition_places(client, &[partition]).await?;
+    match (m, places.remove(&partition)) {
+        (Some(m), Some(place)) => Ok((m, place)),
+        _ => Err(not_found(partition, transaction)),
+    }
 }
 
 fn not_found(partition: Uuid, transaction: &str) -> Refusal {
@@ -236,42 +486,73 @@ fn not_found(partition: Uuid, transaction: &str) -> Refusal {
     )
 }
 
+/// The group's status for the message at `pos`: dead_letter when it gave up on it (and no
+/// operator requeued that), completed when its cursor passed or settled it, processing when a
+/// live lease handed it out, else pending.
+fn status_of(g: &GroupAtMessage, pos: i64, letters: &[LetterOfMessage]) -> Status {
+    if letters
+        .iter()
+        .any(|d| d.group == g.group && d.pos == pos && d.requeued_at.is_none())
+    {
+        Status::DeadLetter
+    } else if g.settled {
+        Status::Completed
+    } else if g.leased {
+        Status::Processing
+    } else {
+        Status::Pending
+    }
+}
+
 /// `GET /api/v1/messages/{partitionId}/{transactionId}`: the message with its status for
 /// every group reading its queue, its attempts, and its dead letters.
-pub async fn get(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Refusal> {
+pub async fn get(
+    pool: &Pool,
+    partition: Uuid,
+    transaction: &str,
+) -> Result<MessageDetail, Refusal> {
     let client = pool.get().await?;
-    let sql = format!(
-        "SELECT {MESSAGE_JSON} || jsonb_build_object(
-                'consumerGroups', (
-                    SELECT coalesce(jsonb_agg(jsonb_build_object(
-                               'name', g.consumer_group, 'status', g.status,
-                               'attempts', g.attempts) ORDER BY g.consumer_group), '[]')
-                    FROM (
-                        SELECT c.consumer_group,
-                               {status} AS status,
-                               coalesce((SELECT n FROM unnest(s.attempt_pos, s.attempt_cnt) AS a(pos, n)
-                                         WHERE a.pos = m.pos), 0) AS attempts
-                        FROM comb.cursors c
-                        CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-                        WHERE c.partition_id = m.partition_id
-                    ) g),
-                'deadLetters', (
-                    SELECT coalesce(jsonb_agg(jsonb_build_object(
-                               'id', d.id, 'consumerGroup', d.consumer_group,
-                               'errorMessage', d.error, 'retryCount', d.attempts,
-                               'movedToDlqAt', comb.iso(d.dead_at),
-                               'requeuedAt', comb.iso(r.requeued_at)) ORDER BY d.dead_at), '[]')
-                    FROM comb.dead_letters d
-                    LEFT JOIN comb.dead_letter_requeues r ON r.dead_letter_id = d.id
-                    WHERE d.partition_id = m.partition_id AND d.transaction_id = m.transaction_id))
-         FROM comb.messages m {JOIN_PARTITION}
-         WHERE m.transaction_id = $2 AND m.partition_id = $1
-         ORDER BY m.pos DESC LIMIT 1",
-        status = STATUS.replace("$3", "c.consumer_group"),
-    );
-    let row = client.query_opt(&sql, &[&partition, &transaction]).await?;
-    row.map(|r| r.get(0))
-        .ok_or_else(|| not_found(partition, transaction))
+    let (m, place) = find(&**client, partition, transaction).await?;
+    let groups = crate::cursor::groups_at_message(&**client, partition, m.pos).await?;
+    let letters = dead_letter::letters_of_message(&**client, partition, transaction).await?;
+    let data = payloads_json(&**client, vec![&m.payload[..]])
+        .await?
+        .pop()
+        .unwrap_or(Value::Null);
+    let consumer_groups = groups
+        .iter()
+        .map(|g| MessageGroup {
+            name: g.group.clone(),
+            status: status_of(g, m.pos, &letters).name().to_string(),
+            attempts: g.attempts,
+        })
+        .collect();
+    let dead_letters = letters
+        .into_iter()
+        .map(|d| MessageDeadLetter {
+            id: d.id,
+            consumer_group: d.group,
+            error_message: d.error,
+            retry_count: d.attempts,
+            moved_to_dlq_at: d.dead_at,
+            requeued_at: d.requeued_at,
+        })
+        .collect();
+    Ok(MessageDetail {
+        id: m.message_id,
+        message_id: m.message_id,
+        transaction_id: m.transaction_id,
+        partition_id: m.partition_id,
+        partition: place.partition,
+        queue: place.queue,
+        trace_id: m.trace_id,
+        producer_sub: m.producer_sub,
+        data,
+        created_at: m.created_at,
+        position: m.pos,
+        consumer_groups,
+        dead_letters,
+    })
 }
 
 /// `DELETE /api/v1/messages/{partitionId}/{transactionId}`: the message is settled for every
@@ -283,38 +564,33 @@ pub async fn delete(
     catalog: &Catalog,
     partition: Uuid,
     transaction: &str,
-) -> Result<Value, Refusal> {
+) -> Result<MessageDeleted, Refusal> {
     let mut client = pool.get().await?;
-    let (pos, queue_id, _) = find(&**client, partition, transaction).await?;
-    super::ensure_a_reader(pool, catalog, queue_id).await?;
+    let (m, place) = find(&**client, partition, transaction).await?;
+    super::ensure_a_reader(pool, catalog, place.queue_id).await?;
     let tx = client.transaction().await?;
-    let groups = settle_for_every_group(&tx, partition, pos, |_| {}).await?;
+    let groups = settle_for_every_group(&tx, partition, m.pos, |_| {}).await?;
     tx.commit().await?;
-    Ok(json!({
-        "deleted": true,
-        "partitionId": partition,
-        "transactionId": transaction,
-        "consumerGroups": groups,
-    }))
+    Ok(MessageDeleted {
+        deleted: true,
+        partition_id: partition,
+        transaction_id: transaction.to_string(),
+        consumer_groups: groups,
+    })
 }
 
 /// `POST /api/v1/messages/{partitionId}/{transactionId}/retry`: a dead-lettered message is
 /// requeued (stored again at the end of its partition for the groups that gave up on it);
 /// one that failed but is still pending has its attempts reset and is available at once.
-pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Value, Refusal> {
+pub async fn retry(
+    pool: &Pool,
+    partition: Uuid,
+    transaction: &str,
+) -> Result<MessageRetried, Refusal> {
     let mut client = pool.get().await?;
-    let (pos, queue_id, queue) = find(&**client, partition, transaction).await?;
-    let dead: Vec<Uuid> = client
-        .query(
-            "SELECT d.id FROM comb.dead_letters d
-             WHERE d.partition_id = $1 AND d.transaction_id = $2 AND d.pos = $3
-               AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)",
-            &[&partition, &transaction, &pos],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let (m, place) = find(&**client, partition, transaction).await?;
+    let (pos, queue_id) = (m.pos, place.queue_id);
+    let dead = dead_letter::unrequeued_of_message(&**client, partition, transaction, pos).await?;
     if !dead.is_empty() {
         let requeued = super::dead_letters::requeue(
             pool,
@@ -326,14 +602,14 @@ pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Va
             },
         )
         .await?;
-        return Ok(json!({
-            "retried": true,
-            "queue": queue,
-            "partitionId": partition,
-            "transactionId": transaction,
-            "requeued": requeued.requeued,
-            "consumerGroups": requeued.groups,
-        }));
+        return Ok(MessageRetried {
+            retried: true,
+            queue: place.queue.clone(),
+            partition_id: partition,
+            transaction_id: transaction.to_string(),
+            requeued: requeued.requeued,
+            consumer_groups: requeued.groups,
+        });
     }
     let tx = client.transaction().await?;
     let groups = super::cursors::edit_in(&tx, partition, None, true, |_, c| {
@@ -352,14 +628,14 @@ pub async fn retry(pool: &Pool, partition: Uuid, transaction: &str) -> Result<Va
             "the message is neither dead-lettered nor failed for any group",
         ));
     }
-    Ok(json!({
-        "retried": true,
-        "queue": queue,
-        "partitionId": partition,
-        "transactionId": transaction,
-        "requeued": 0,
-        "consumerGroups": groups,
-    }))
+    Ok(MessageRetried {
+        retried: true,
+        queue: place.queue,
+        partition_id: partition,
+        transaction_id: transaction.to_string(),
+        requeued: 0,
+        consumer_groups: groups,
+    })
 }
 
 /// Settles the message at `pos` for every group of `partition` that has not settled it yet,
@@ -390,9 +666,10 @@ pub async fn dead_letter(
     catalog: &Catalog,
     partition: Uuid,
     transaction: &str,
-) -> Result<Value, Refusal> {
+) -> Result<MessageDeadLettered, Refusal> {
     let mut client = pool.get().await?;
-    let (pos, queue_id, _) = find(&**client, partition, transaction).await?;
+    let (m, place) = find(&**client, partition, transaction).await?;
+    let (pos, queue_id) = (m.pos, place.queue_id);
     super::ensure_a_reader(pool, catalog, queue_id).await?;
     let tx = client.transaction().await?;
     let mut attempts = Vec::new();
@@ -404,23 +681,25 @@ pub async fn dead_letter(
             "every group reading the partition has already settled the message",
         ));
     }
-    tx.execute(
-        "INSERT INTO comb.dead_letters
-             (id, queue_id, partition_id, consumer_group, pos, message_id, transaction_id,
-              trace_id, payload, created_at, attempts, error, producer_sub)
-         SELECT gen_random_uuid(), $1, m.partition_id, g.name, m.pos, m.message_id,
-                m.transaction_id, m.trace_id, m.payload, m.created_at, g.attempts,
-                'moved to the dead letters by an operator', m.producer_sub
-         FROM unnest($4::text[], $5::integer[]) AS g(name, attempts)
-         JOIN comb.messages m ON m.partition_id = $2 AND m.pos = $3",
-        &[&queue_id, &partition, &pos, &groups, &attempts],
-    )
-    .await?;
+    let letters: Vec<NewDeadLetter> = groups
+        .iter()
+        .zip(attempts)
+        .map(|(group, attempts)| NewDeadLetter {
+            queue_id,
+            partition_id: partition,
+            group: group.clone(),
+            pos,
+            attempts,
+            error: Some("moved to the dead letters by an operator".into()),
+        })
+        .collect();
+    let writes = dead_letter::Writes::prepare(&tx).await?;
+    writes.write(&tx, &letters).await?;
     tx.commit().await?;
-    Ok(json!({
-        "success": true,
-        "partitionId": partition,
-        "transactionId": transaction,
-        "consumerGroups": groups,
-    }))
+    Ok(MessageDeadLettered {
+        success: true,
+        partition_id: partition,
+        transaction_id: transaction.to_string(),
+        consumer_groups: groups,
+    })
 }

@@ -7,8 +7,7 @@
 //! cursor is a new cursor state version, a requeued dead letter a row of its own.
 //! Answers are Rust types serialised in Queen's shapes (field names, nesting, nulls); the SQL
 //! returns plain columns read by name, and JSON comes from the database only where it is stored
-//! data (payloads, trace data, queue options). `messages` still assembles its listings and
-//! lookups as JSON in SQL.
+//! data (payloads, trace data, queue options).
 
 pub mod cursors;
 pub mod dead_letters;

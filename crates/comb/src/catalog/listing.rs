@@ -471,3 +471,62 @@ pub(crate) async fn queue_ids_by_name(
         .map(|r| (r.get("name"), r.get("id")))
         .collect())
 }
+
+// Messages, for the administration.
+
+/// The partitions (`id`, `name`, `queue_id`, `queue`: its queue's name) of queue `$q` or only
+/// partition `$p` (SQL expressions, NULL for any), by queue and partition name, at most `$max`:
+/// a query for a `WITH`, for the message listing's statement.
+macro_rules! partitions_by_name {
+    ($q:literal, $p:literal, $max:literal) => {
+        concat!(
+            "SELECT p.id, p.name, p.queue_id, q.name AS queue FROM comb.partitions p
+             JOIN comb.queues q ON q.id = p.queue_id
+             WHERE (",
+            $q,
+            "::uuid IS NULL OR p.queue_id = ",
+            $q,
+            ") AND (",
+            $p,
+            "::uuid IS NULL OR p.id = ",
+            $p,
+            ")
+             ORDER BY q.name, p.name LIMIT ",
+            $max
+        )
+    };
+}
+pub(crate) use partitions_by_name;
+
+/// Where a partition sits: its queue's id and name and its own name.
+#[derive(Debug, Clone)]
+pub(crate) struct PartitionPlace {
+    pub queue_id: Uuid,
+    pub queue: String,
+    pub partition: String,
+}
+
+/// The place of each partition given that still exists.
+pub(crate) async fn partition_places(
+    client: &impl GenericClient,
+    partitions: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, PartitionPlace>, DbError> {
+    Ok(client
+        .query(
+            "SELECT p.id, p.queue_id, q.name AS queue, p.name FROM comb.partitions p
+             JOIN comb.queues q ON q.id = p.queue_id
+             WHERE p.id = ANY ($1)",
+            &[&partitions],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            let place = PartitionPlace {
+                queue_id: r.get("queue_id"),
+                queue: r.get("queue"),
+                partition: r.get("name"),
+            };
+            (r.get("id"), place)
+        })
+        .collect())
+}

@@ -127,8 +127,9 @@ impl AdminApi {
 }
 
 /// A decoded answer, read tolerantly: a missing or mistyped field reads as absent, never as a
-/// failed page. Only for answers that have no Rust type yet (message listings and lookups,
-/// streams); the others are read with [`AdminApi::get_as`] into the types the API serialises.
+/// failed page. For streams' answers, which have no Rust type yet, and the message listings the
+/// dead letters' and queues' pages read; the others are read with [`AdminApi::get_as`] into the
+/// types the API serialises.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Json(pub Value);
 

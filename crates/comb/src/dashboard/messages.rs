@@ -6,7 +6,11 @@ use axum::extract::{Path, State as AxumState};
 use axum::http::HeaderMap;
 use axum::response::Response;
 
-use super::{AdminApi, Json, enc, figures, respond, unavailable};
+use chrono::{DateTime, SecondsFormat, Utc};
+
+use super::{AdminApi, enc, figures, respond, unavailable};
+use crate::admin::messages::MessageDetail;
+use crate::admin::traces::MessageTraces;
 use crate::http::State;
 
 #[derive(Template)]
@@ -53,80 +57,66 @@ pub(crate) async fn detail(
     let api = AdminApi::new(&state, &headers);
     let ids = format!("{}/{}", enc(&partition_id), enc(&transaction_id));
     let (message, traces) = tokio::join!(
-        api.get(format!("/api/v1/messages/{ids}")),
-        api.get(format!("/api/v1/traces/{ids}")),
+        api.get_as::<MessageDetail>(format!("/api/v1/messages/{ids}")),
+        api.get_as::<MessageTraces>(format!("/api/v1/traces/{ids}")),
     );
     let mut notes = Vec::new();
-    let message = message.unwrap_or_else(|e| {
-        notes.push(unavailable("This message", &e));
-        Json::default()
-    });
-    let m = message;
-    let queue = m.text(&["queue"]);
+    let message = message
+        .map_err(|e| notes.push(unavailable("This message", &e)))
+        .ok();
+    let m = message.as_ref();
+    let fact = |f: &dyn Fn(&MessageDetail) -> Option<String>, absent: &str| {
+        m.and_then(f).unwrap_or_else(|| absent.into())
+    };
     let facts = vec![
-        ("Queue", m.text(&["queue"]).unwrap_or_else(|| "—".into())),
-        (
-            "Partition",
-            m.text(&["partition"]).unwrap_or_else(|| "—".into()),
-        ),
-        (
-            "Position",
-            m.text(&["position"]).unwrap_or_else(|| "—".into()),
-        ),
-        (
-            "Created",
-            m.text(&["createdAt"]).unwrap_or_else(|| "—".into()),
-        ),
-        (
-            "Trace id",
-            m.text(&["traceId"]).unwrap_or_else(|| "—".into()),
-        ),
-        ("Message id", m.text(&["id"]).unwrap_or_else(|| "—".into())),
+        ("Queue", fact(&|m| Some(m.queue.clone()), "—")),
+        ("Partition", fact(&|m| Some(m.partition.clone()), "—")),
+        ("Position", fact(&|m| Some(m.position.to_string()), "—")),
+        ("Created", fact(&|m| Some(iso(&m.created_at)), "—")),
+        ("Trace id", fact(&|m| m.trace_id.clone(), "—")),
+        ("Message id", fact(&|m| Some(m.id.to_string()), "—")),
         (
             "Producer",
-            m.text(&["producerSub"])
-                .unwrap_or_else(|| "— (pushed without a token)".into()),
+            fact(&|m| m.producer_sub.clone(), "— (pushed without a token)"),
         ),
     ];
     // Where each group is with it: status and attempts.
     let groups = m
-        .list(&["consumerGroups"])
+        .map(|m| m.consumer_groups.as_slice())
+        .unwrap_or_default()
         .iter()
         .map(|g| GroupState {
-            name: g.text(&["name"]).unwrap_or_default(),
-            status: g.text(&["status"]).unwrap_or_default(),
-            attempts: figures::count(g.count(&["attempts"])),
+            name: g.name.clone(),
+            status: g.status.clone(),
+            attempts: figures::count(g.attempts.into()),
         })
         .collect();
     // Its error history: each time a group dead-lettered it, and whether it was requeued.
     let errors = m
-        .list(&["deadLetters"])
+        .map(|m| m.dead_letters.as_slice())
+        .unwrap_or_default()
         .iter()
         .map(|d| ErrorRow {
-            at: d.text(&["movedToDlqAt"]).unwrap_or_default(),
-            group: d.text(&["consumerGroup"]).unwrap_or_default(),
+            at: iso(&d.moved_to_dlq_at),
+            group: d.consumer_group.clone(),
             error: d
-                .text(&["errorMessage"])
+                .error_message
+                .clone()
                 .unwrap_or_else(|| "(no error given)".into()),
-            attempts: figures::count(d.count(&["retryCount"])),
-            requeued: d.text(&["requeuedAt"]),
+            attempts: figures::count(d.retry_count.into()),
+            requeued: d.requeued_at.as_ref().map(iso),
         })
         .collect();
     let traces = match traces {
         Ok(t) => t
-            .list(&["traces"])
-            .iter()
+            .traces
+            .into_iter()
             .map(|t| TraceRow {
-                at: t.text(&["createdAt"]).unwrap_or_default(),
-                name: t
-                    .list(&["traceNames"])
-                    .iter()
-                    .filter_map(|n| n.0.as_str().map(str::to_string))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                event: t.text(&["eventType"]).unwrap_or_default(),
-                group: t.text(&["consumerGroup"]).unwrap_or_default(),
-                data: t.at("data").to_string(),
+                at: iso(&t.created_at),
+                name: t.trace_names.join(", "),
+                event: t.event_type,
+                group: t.consumer_group,
+                data: t.data.to_string(),
             })
             .collect(),
         Err(e) => {
@@ -137,8 +127,10 @@ pub(crate) async fn detail(
     let page = MessagePage {
         transaction_id: transaction_id.clone(),
         facts,
-        queue_href: queue.map(|q| format!("/queues/{}", enc(&q))),
-        payload: serde_json::to_string_pretty(m.at("data")).unwrap_or_default(),
+        queue_href: m.map(|m| format!("/queues/{}", enc(&m.queue))),
+        payload: m
+            .map(|m| serde_json::to_string_pretty(&m.data).unwrap_or_default())
+            .unwrap_or_else(|| "null".into()),
         groups,
         errors,
         traces,
@@ -151,4 +143,9 @@ pub(crate) async fn detail(
         None,
         &headers,
     )
+}
+
+/// A time as the answers write it (UTC, milliseconds, `Z`).
+fn iso(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }

@@ -2,7 +2,6 @@
 
 use axum::Json;
 use axum::extract::State as AxState;
-use serde_json::Value;
 use uuid::Uuid;
 
 use super::params::{PathParams, QueryString, query};
@@ -25,11 +24,14 @@ use crate::code::Code;
         crate::http::admin_api::PageParams,
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = messages::MessageListing),
         crate::http::admin_api::Refused,
     )
 )]
-pub async fn list(AxState(app): AxState<State>, q: QueryString) -> Result<Json<Value>, Problem> {
+pub async fn list(
+    AxState(app): AxState<State>,
+    q: QueryString,
+) -> Result<Json<messages::MessageListing>, Problem> {
     let params = query(q)?;
     let status = match params.text("status")? {
         None => None,
@@ -86,14 +88,14 @@ fn ids(partition: &str, transaction: String) -> Result<(Uuid, String), Problem> 
         ("transactionId" = String, Path, description = "Message transaction id"),
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = messages::MessageDetail),
         crate::http::admin_api::Refused,
     )
 )]
 pub async fn get(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<messages::MessageDetail>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
     Ok(Json(messages::get(&app.pool, p, &t).await?))
 }
@@ -107,14 +109,14 @@ pub async fn get(
         ("transactionId" = String, Path, description = "Message transaction id"),
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = messages::MessageDeleted),
         crate::http::admin_api::Refused,
     )
 )]
 pub async fn delete(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<messages::MessageDeleted>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
     Ok(Json(
         messages::delete(&app.pool, &app.catalog, p, &t).await?,
@@ -130,19 +132,17 @@ pub async fn delete(
         ("transactionId" = String, Path, description = "Message transaction id"),
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = messages::MessageRetried),
         crate::http::admin_api::Refused,
     )
 )]
 pub async fn retry(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<messages::MessageRetried>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
     let out = messages::retry(&app.pool, p, &t).await?;
-    if let Some(queue) = out["queue"].as_str() {
-        app.wake.pushed(queue, &[p]);
-    }
+    app.wake.pushed(&out.queue, &[p]);
     Ok(Json(out))
 }
 
@@ -155,14 +155,14 @@ pub async fn retry(
         ("transactionId" = String, Path, description = "Message transaction id"),
     ),
     responses(
-        (status = 200, description = "The answer", body = serde_json::Value),
+        (status = 200, description = "The answer", body = messages::MessageDeadLettered),
         crate::http::admin_api::Refused,
     )
 )]
 pub async fn dead_letter(
     AxState(app): AxState<State>,
     PathParams((partition, transaction)): PathParams<(String, String)>,
-) -> Result<Json<Value>, Problem> {
+) -> Result<Json<messages::MessageDeadLettered>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
     Ok(Json(
         messages::dead_letter(&app.pool, &app.catalog, p, &t).await?,

@@ -392,6 +392,11 @@ async fn messages_are_listed_by_status_and_deleted_retried_or_dead_lettered_one_
     let dead = ok(&env, "/api/v1/messages?queue=m&status=dead_letter").await;
     assert_eq!(dead["messages"][0]["transactionId"], "p1-3");
     assert_eq!(dead["messages"][0]["status"], "dead_letter");
+    assert_eq!(dead["messages"][0]["retryCount"], 0, "{dead}");
+    let one = ok(&env, &format!("/api/v1/messages/{pid}/p1-3")).await;
+    assert_eq!(one["consumerGroups"][0]["status"], "dead_letter", "{one}");
+    assert_eq!(one["deadLetters"][0]["consumerGroup"], "__QUEUE_MODE__");
+    assert_eq!(one["deadLetters"][0]["requeuedAt"], Value::Null, "{one}");
     assert_eq!(
         sorted(drained(&env, "m", "__QUEUE_MODE__").await),
         vec![0, 2],
@@ -409,6 +414,7 @@ async fn messages_are_listed_by_status_and_deleted_retried_or_dead_lettered_one_
     assert_eq!(drained(&env, "m", "__QUEUE_MODE__").await, vec![3]);
     let one = ok(&env, &format!("/api/v1/messages/{pid}/p1-3")).await;
     assert_eq!(one["consumerGroups"][0]["status"], "completed");
+    assert!(one["deadLetters"][0]["requeuedAt"].is_string(), "{one}");
 
     // A settled message cannot be retried or dead-lettered.
     let (s, body) = env
