@@ -127,7 +127,6 @@ const PENDING_OWNERSHIP: &[&str] = &[
     "cursors",
     "cursor_state",
     "cursor_lag",
-    "queues",
     "partitions",
     "segments",
     "dead_letter_requeues",
