@@ -110,6 +110,19 @@ impl Writes {
     }
 }
 
+/// Deletes the dead letters of a deleted queue (in the queue deletion's transaction); returns
+/// how many.
+pub(crate) async fn delete_of_queue<C: GenericClient>(
+    tx: &C,
+    queue_id: Uuid,
+) -> Result<u64, tokio_postgres::Error> {
+    tx.execute(
+        "DELETE FROM comb.dead_letters WHERE queue_id = $1",
+        &[&queue_id],
+    )
+    .await
+}
+
 /// Dead letters not requeued, counted per (queue, group): a subquery of rows `queue_id`,
 /// `consumer_group`, `dead`.
 macro_rules! counts_by_group {

@@ -126,15 +126,14 @@ const PENDING_OWNERSHIP: &[&str] = &[
     // Named by the claim's statements (`pop::claim`) and the administration's (`admin`).
     "cursors",
     "cursor_state",
-    "cursor_lag",
     "queues",
     "partitions",
     "segments",
     "segment_partitions",
     "retention_secs",
     "dead_letter_requeues",
-    // Also named by `catalog`, which sits below their owners: a group's subscription starts
-    // at the head (`push`), and deleting a queue deletes its dead letters (`dead_letter`).
+    // Also named by `catalog`, which sits below their owner: a group's subscription starts
+    // at the head (`push`).
     "messages",
     "partition_head",
     "dead_letters",
