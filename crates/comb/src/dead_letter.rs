@@ -34,7 +34,7 @@ SELECT d.id, d.queue_id, m.partition_id, d.consumer_group, m.pos, m.message_id,
 FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::integer[], $7::text[])
     AS d(id, queue_id, partition_id, consumer_group, pos, attempts, error)
 ",
-    crate::push::join_message!("d.partition_id", "d.pos")
+    crate::messages::join_message!("d.partition_id", "d.pos")
 );
 
 /// [`WRITE_SQL`] on Citus, of messages all of one partition (`$8`), named to the messages so

@@ -65,14 +65,16 @@ WITH plan AS (
            cardinality(s.settled) AS settled, s.last_claimed_at, h.pos AS head, t.pos
     FROM comb.cursors c
     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
-    CROSS JOIN LATERAL comb.partition_head(c.partition_id) h
+    CROSS JOIN LATERAL ",
+    crate::messages::head_of!("c.partition_id"),
+    " h
     CROSS JOIN LATERAL (
         SELECT CASE $4::text
             WHEN 'end' THEN h.pos
             WHEN 'start' THEN 0::bigint
-            ELSE coalesce((SELECT m.pos FROM comb.messages m
-                           WHERE m.partition_id = c.partition_id AND m.created_at < $5
-                           ORDER BY m.pos DESC LIMIT 1), 0)
+            ELSE ",
+    crate::messages::position_before!("c.partition_id", "$5"),
+    "
         END AS pos
     ) t
     WHERE c.queue_id = $1 AND ($2::text IS NULL OR c.consumer_group = $2)

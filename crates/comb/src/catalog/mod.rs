@@ -491,11 +491,12 @@ impl Catalog {
                     " o ON true
                  CROSS JOIN LATERAL (
                      SELECT CASE $3::text
-                         WHEN 'new' THEN (SELECT h.pos FROM comb.partition_head(a.partition_id) h)
-                         WHEN 'from' THEN coalesce((
-                             SELECT m.pos FROM comb.messages m
-                             WHERE m.partition_id = a.partition_id AND m.created_at < $4
-                             ORDER BY m.pos DESC LIMIT 1), 0)
+                         WHEN 'new' THEN (SELECT h.pos FROM ",
+                    crate::messages::head_of!("a.partition_id"),
+                    " h)
+                         WHEN 'from' THEN ",
+                    crate::messages::position_before!("a.partition_id", "$4"),
+                    "
                          ELSE 0 END AS pos
                  ) s"
                 ),

@@ -4,7 +4,7 @@
 //!
 //! 1. lock the rows of every partition in the batch, in id order (no deadlocks between batches);
 //! 2. store the messages at positions `head + 1, head + 2, …`, where the head is the newest
-//!    position stored (what `comb.partition_head` answers, written inline by `head_pos!`).
+//!    position stored (what `comb.partition_head` answers, written inline by `messages::head_pos!`).
 //!    Nothing is updated: the partition row is only locked.
 //!
 //! Step 2 takes one of three shapes. Items with a producer's transaction id go through an
@@ -124,29 +124,6 @@ pub(crate) struct PushJob {
     pub(crate) reply: oneshot::Sender<Result<Vec<Stored>, Arc<DbError>>>,
 }
 
-/// The newest position stored in partition `$p` (0 if it never held a message), as an SQL
-/// expression for the push statements. It is what `comb.partition_head` answers, written out:
-/// a message in a segment not yet summarised is always newer than any summary, so the summary
-/// is read only when those segments hold none. Inline, each lookup is one index descent per
-/// live segment (about 2 µs); through the function, whose union and sort are planned per call,
-/// it cost 21 µs. The segment made ahead of the roll-over holds no message yet (pushes write
-/// into the newest segment in `comb.segments`, and the snapshot that reads the head sees that
-/// segment's row), so it is pruned from the descent.
-macro_rules! head_pos {
-    ($p:literal) => {
-        concat!(
-            "coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = ",
-            $p,
-            " AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)",
-            " AND m.seg <= (SELECT max(s.seg) FROM comb.segments s)",
-            " ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp",
-            " WHERE sp.partition_id = ",
-            $p,
-            " ORDER BY sp.seg DESC LIMIT 1), 0)"
-        )
-    };
-}
-
 const INSERT_SQL: &str = concat!(
     "
 WITH input AS (
@@ -173,7 +150,7 @@ fresh AS (
 segment AS (SELECT max(seg) AS seg FROM comb.segments),
 heads AS (
     SELECT d.partition_id, ",
-    head_pos!("d.partition_id"),
+    crate::messages::head_pos!("d.partition_id"),
     " AS pos
     FROM (SELECT DISTINCT partition_id FROM fresh) d
 ),
@@ -243,7 +220,7 @@ FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::by
     AS i(partition_id, rank, message_id, transaction_id, trace_id, payload, producer_sub)
 JOIN (
     SELECT p.id, ",
-    head_pos!("p.id"),
+    crate::messages::head_pos!("p.id"),
     " AS pos
     FROM ",
     crate::catalog::partitions_among!("$7"),
@@ -283,7 +260,7 @@ fn append_sql() -> &'static str {
 const HEADS_SQL: &str = concat!(
     "
 SELECT p.id, ",
-    head_pos!("p.id"),
+    crate::messages::head_pos!("p.id"),
     " AS head, s.seg, statement_timestamp() AS at
 FROM unnest($1::uuid[]) AS p(id)
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
@@ -293,7 +270,7 @@ CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 /// list of partitions to their messages; one statement per partition, each on its worker.
 const HEADS_CITUS_SQL: &str = concat!(
     "SELECT $1::uuid, ",
-    head_pos!("$1"),
+    crate::messages::head_pos!("$1"),
     ", s.seg, statement_timestamp() FROM (SELECT max(seg) AS seg FROM comb.segments) s"
 );
 
@@ -867,7 +844,7 @@ mod tests {
             .unwrap();
         let sql = concat!(
             "SELECT p.name, ",
-            head_pos!("p.id"),
+            crate::messages::head_pos!("p.id"),
             " AS inline, (SELECT h.pos FROM comb.partition_head(p.id) h) AS function
              FROM p ORDER BY p.name"
         );
