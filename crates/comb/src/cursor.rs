@@ -592,6 +592,21 @@ pub(crate) async fn cursors_of_partitions(
         .collect())
 }
 
+/// Locks every cursor of the partitions `partitions` in (partition, group) order, like every
+/// writer of cursors: what a requeue of dead letters holds before it stores into them.
+pub(crate) async fn lock_of_partitions<C: GenericClient>(
+    tx: &C,
+    partitions: &[Uuid],
+) -> Result<(), tokio_postgres::Error> {
+    tx.query(
+        "SELECT 1 FROM comb.cursors WHERE partition_id = ANY ($1)
+         ORDER BY partition_id, consumer_group FOR NO KEY UPDATE",
+        &[&partitions],
+    )
+    .await?;
+    Ok(())
+}
+
 // Moves, for the administration: clearing a queue, seeking a group, editing the cursors of a
 // partition. A move is a new state version written under the cursor's row lock, like every
 // other cursor change: position set, settled and attempt sets emptied, any lease ended (its

@@ -84,3 +84,15 @@ macro_rules! position_before {
     };
 }
 pub(crate) use position_before;
+
+/// `INSERT INTO comb.messages (…)`, for statements that store messages beside their own
+/// tables (a requeued dead letter); the `SELECT` that follows gives, in this order: partition,
+/// position, segment, message id, transaction id, trace id, payload, time, producer's subject.
+macro_rules! insert_messages {
+    () => {
+        "INSERT INTO comb.messages
+        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+         producer_sub)"
+    };
+}
+pub(crate) use insert_messages;
