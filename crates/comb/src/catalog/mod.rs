@@ -145,14 +145,14 @@ macro_rules! partitions_among {
 }
 pub(crate) use partitions_among;
 
-/// Locks the partition rows `$1` in id order and returns the ids of those that exist: what a
-/// push holds while it assigns positions, so that positions commit in order.
+/// Locks the partition rows `$1` in id order and returns the ids of those that exist (column
+/// `id`): what a push holds while it assigns positions, so that positions commit in order.
 const LOCK_PARTITIONS_SQL: &str =
     "SELECT id FROM comb.partitions WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
 
 /// [`LOCK_PARTITIONS_SQL`] on Citus, which locks rows only in a statement of one shard: the
 /// coordinator locks each partition with one of its own (`comb.lock_partitions`).
-const LOCK_PARTITIONS_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1)";
+const LOCK_PARTITIONS_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1) AS id";
 
 /// The partitions' lock this database takes: [`LOCK_PARTITIONS_SQL`], or its Citus form.
 pub(crate) fn lock_partitions_sql() -> &'static str {

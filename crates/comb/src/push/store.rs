@@ -595,7 +595,7 @@ impl<'a> Plan<'a> {
         let heads = heads?;
         let sink = sink?;
         // Partitions deleted before the lock are not among the locked rows (sorted by id).
-        let alive: Vec<Uuid> = locked.iter().map(|r| r.get(0)).collect();
+        let alive: Vec<Uuid> = locked.iter().map(|r| r.get("id")).collect();
         let mut next: HashMap<Uuid, i64> = HashMap::with_capacity(alive.len());
         let (mut seg, mut at) = (0i32, None::<DateTime<Utc>>);
         for row in &heads {
@@ -659,7 +659,7 @@ impl<'a> Plan<'a> {
         );
         let locked = locked?;
         appended?;
-        let stored: Vec<Uuid> = locked.iter().map(|r| r.get(0)).collect();
+        let stored: Vec<Uuid> = locked.iter().map(|r| r.get("id")).collect();
         Ok(self.outcomes_by_partition(|p| stored.contains(p)))
     }
 
@@ -798,69 +798,5 @@ impl<'a> Plan<'a> {
                 },
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The head written inline for the push statements answers what `comb.partition_head`
-    /// answers: from live messages, from a closed segment's summary, and 0 for a partition
-    /// that never held a message.
-    #[tokio::test]
-    async fn the_inline_head_is_the_functions() {
-        let url = tokio::task::spawn_blocking(|| {
-            comb_harness::Postgres::shared()
-                .create_database("heads")
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        crate::schema::migrate(&mut client).await.unwrap();
-        client
-            .batch_execute(
-                "-- Four partitions by name: messages and summaries need no catalog rows.
-                 CREATE TEMP TABLE p (name text, id uuid);
-                 INSERT INTO p SELECT n, gen_random_uuid()
-                 FROM unnest('{live,summary,both,empty}'::text[]) n;
-                 -- Segment 1 is closed and summarised; segment 2 is written now.
-                 UPDATE comb.segments SET summarized = true WHERE seg = 1;
-                 INSERT INTO comb.segments (seg) VALUES (2);
-                 CREATE TABLE comb.messages_2 PARTITION OF comb.messages FOR VALUES FROM (2) TO (3);
-                 INSERT INTO comb.segment_partitions (seg, partition_id, max_pos, max_created_at)
-                 SELECT 1, id, 7, now() FROM p WHERE name IN ('summary', 'both');
-                 INSERT INTO comb.messages
-                     (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
-                 SELECT p.id, x, 2, gen_random_uuid(), x::text, '1'::bytea, now()
-                 FROM p, generate_series(1, 3) x WHERE p.name = 'live'
-                 UNION ALL
-                 SELECT p.id, x, 2, gen_random_uuid(), x::text, '1'::bytea, now()
-                 FROM p, generate_series(8, 9) x WHERE p.name = 'both';",
-            )
-            .await
-            .unwrap();
-        let sql = concat!(
-            "SELECT p.name, ",
-            crate::messages::head_pos!("p.id"),
-            " AS inline, (SELECT h.pos FROM comb.partition_head(p.id) h) AS function
-             FROM p ORDER BY p.name"
-        );
-        let rows = client.query(sql, &[]).await.unwrap();
-        let heads: Vec<(String, i64, i64)> = rows
-            .iter()
-            .map(|r| (r.get("name"), r.get("inline"), r.get("function")))
-            .collect();
-        assert_eq!(
-            heads,
-            vec![
-                ("both".to_string(), 9, 9),
-                ("empty".to_string(), 0, 0),
-                ("live".to_string(), 3, 3),
-                ("summary".to_string(), 7, 7),
-            ]
-        );
     }
 }
