@@ -34,7 +34,7 @@ SELECT d.id, d.queue_id, m.partition_id, d.consumer_group, m.pos, m.message_id,
 FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::integer[], $7::text[])
     AS d(id, queue_id, partition_id, consumer_group, pos, attempts, error)
 ",
-    crate::push::join_message!("d.partition_id", "d.pos")
+    crate::messages::join_message!("d.partition_id", "d.pos")
 );
 
 /// [`WRITE_SQL`] on Citus, of messages all of one partition (`$8`), named to the messages so
@@ -108,6 +108,177 @@ impl Writes {
         tx.execute(&self.dead, &params).await?;
         Ok(())
     }
+}
+
+/// Deletes the dead letters of a deleted queue (in the queue deletion's transaction); returns
+/// how many.
+pub(crate) async fn delete_of_queue<C: GenericClient>(
+    tx: &C,
+    queue_id: Uuid,
+) -> Result<u64, tokio_postgres::Error> {
+    tx.execute(
+        "DELETE FROM comb.dead_letters WHERE queue_id = $1",
+        &[&queue_id],
+    )
+    .await
+}
+
+// Requeue and purge, for the administration (`admin::dead_letters`).
+
+/// The dead letters `d` a requeue or purge selects: parameters queue `$1`, group `$2`, ids
+/// `$3`, partition `$4`, dead-lettered from `$5` and before `$6` (each but the queue may be
+/// NULL).
+const SELECTED: &str = "d.queue_id = $1 AND ($2::text IS NULL OR d.consumer_group = $2)
+  AND ($3::uuid[] IS NULL OR d.id = ANY ($3))
+  AND ($4::uuid IS NULL OR d.partition_id = $4)
+  AND ($5::timestamptz IS NULL OR d.dead_at >= $5)
+  AND ($6::timestamptz IS NULL OR d.dead_at < $6)";
+
+/// The parameters of a selection, in [`SELECTED`]'s order.
+pub(crate) type SelectionArgs<'a> = [&'a (dyn ToSql + Sync); 6];
+
+/// One dead letter a requeue takes.
+pub(crate) struct ToRequeue {
+    pub(crate) id: Uuid,
+    pub(crate) partition_id: Uuid,
+    pub(crate) pos: i64,
+    pub(crate) group: String,
+}
+
+/// Locks up to `limit` selected dead letters not requeued yet, in (partition, position) order;
+/// entries another request is requeueing now are skipped, not waited for. Also returns how
+/// many selected entries are not requeued (locked or not).
+pub(crate) async fn lock_for_requeue<C: GenericClient>(
+    tx: &C,
+    args: &SelectionArgs<'_>,
+    limit: i64,
+) -> Result<(Vec<ToRequeue>, i64), tokio_postgres::Error> {
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT d.id, d.partition_id, d.pos, d.consumer_group FROM comb.dead_letters d
+                 WHERE {SELECTED}
+                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
+                 ORDER BY d.partition_id, d.pos
+                 LIMIT {limit}
+                 FOR UPDATE OF d SKIP LOCKED"
+            ),
+            args,
+        )
+        .await?;
+    let left: i64 = tx
+        .query_one(
+            &format!(
+                "SELECT count(*) AS left FROM comb.dead_letters d WHERE {SELECTED}
+                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)"
+            ),
+            args,
+        )
+        .await?
+        .get("left");
+    let taken = rows
+        .iter()
+        .map(|r| ToRequeue {
+            id: r.get("id"),
+            partition_id: r.get("partition_id"),
+            pos: r.get("pos"),
+            group: r.get("consumer_group"),
+        })
+        .collect();
+    Ok((taken, left))
+}
+
+/// Stores the requeued messages at the positions each gets (per partition, after the head, in
+/// the order of the original positions) and marks the entries requeued. Rows: `partition_id`,
+/// `pos` (the original), `new_pos`, and on each `stored` and `marked` (how many).
+const STORE_SQL: &str = concat!(
+    "
+WITH src AS (
+    SELECT DISTINCT ON (d.partition_id, d.pos)
+           d.partition_id, d.pos, d.transaction_id, d.trace_id, d.payload, d.producer_sub
+    FROM comb.dead_letters d WHERE d.id = ANY ($1)
+    ORDER BY d.partition_id, d.pos
+), numbered AS (
+    SELECT s.*, row_number() OVER (PARTITION BY s.partition_id ORDER BY s.pos) AS rn FROM src s
+), heads AS (
+    SELECT p.partition_id, h.pos AS head
+    FROM (SELECT DISTINCT partition_id FROM numbered) p
+    CROSS JOIN LATERAL ",
+    crate::messages::head_of!("p.partition_id"),
+    " h
+), placed AS (
+    SELECT n.*, hd.head + n.rn AS new_pos FROM numbered n JOIN heads hd USING (partition_id)
+), stored AS (
+    ",
+    crate::messages::insert_messages!(),
+    "
+    SELECT pl.partition_id, pl.new_pos, ",
+    crate::messages::segments::newest_segment!(),
+    ", gen_random_uuid(),
+           pl.transaction_id, pl.trace_id, pl.payload, statement_timestamp(), pl.producer_sub
+    FROM placed pl
+    RETURNING 1
+), marked AS (
+    INSERT INTO comb.dead_letter_requeues (dead_letter_id, partition_id, pos)
+    SELECT d.id, d.partition_id, pl.new_pos
+    FROM comb.dead_letters d JOIN placed pl ON pl.partition_id = d.partition_id AND pl.pos = d.pos
+    WHERE d.id = ANY ($1)
+    RETURNING 1
+)
+SELECT pl.partition_id, pl.pos, pl.new_pos, (SELECT count(*) FROM stored) AS stored,
+       (SELECT count(*) FROM marked) AS marked
+FROM placed pl"
+);
+
+/// What [`store_requeued`] did: each message's (partition, original position, new position),
+/// how many messages were stored and how many entries marked.
+pub(crate) struct Stored {
+    pub(crate) placed: Vec<(Uuid, i64, i64)>,
+    pub(crate) stored: i64,
+    pub(crate) marked: i64,
+}
+
+/// Stores the dead letters `ids` again at the end of their partitions and marks them
+/// requeued, in the caller's transaction (which holds their partitions' and cursors' locks).
+pub(crate) async fn store_requeued<C: GenericClient>(
+    tx: &C,
+    ids: &[Uuid],
+) -> Result<Stored, tokio_postgres::Error> {
+    let rows = tx.query(STORE_SQL, &[&ids]).await?;
+    let (stored, marked) = rows
+        .first()
+        .map(|r| (r.get("stored"), r.get("marked")))
+        .unwrap_or((0, 0));
+    Ok(Stored {
+        placed: rows
+            .iter()
+            .map(|r| (r.get("partition_id"), r.get("pos"), r.get("new_pos")))
+            .collect(),
+        stored,
+        marked,
+    })
+}
+
+/// Deletes the selected dead letters and the marks of those requeued; returns how many.
+pub(crate) async fn purge<C: GenericClient>(
+    tx: &C,
+    args: &SelectionArgs<'_>,
+) -> Result<u64, tokio_postgres::Error> {
+    let ids: Vec<Uuid> = tx
+        .query(
+            &format!("DELETE FROM comb.dead_letters d WHERE {SELECTED} RETURNING d.id"),
+            args,
+        )
+        .await?
+        .iter()
+        .map(|r| r.get("id"))
+        .collect();
+    tx.execute(
+        "DELETE FROM comb.dead_letter_requeues WHERE dead_letter_id = ANY ($1)",
+        &[&ids],
+    )
+    .await?;
+    Ok(ids.len() as u64)
 }
 
 /// Dead letters not requeued, counted per (queue, group): a subquery of rows `queue_id`,

@@ -21,6 +21,7 @@ mod cursor;
 mod db;
 mod encryption;
 mod fusion;
+mod messages;
 mod metrics;
 mod queue;
 mod refusal;

@@ -50,7 +50,7 @@ judged AS MATERIALIZED (
         SELECT array_agg(m.pos ORDER BY m.pos) AS pos, array_agg(m.seg ORDER BY m.pos) AS seg,
                count(*) AS found
         FROM ",
-    crate::push::partition_messages!("c.partition_id"),
+    crate::messages::partition_messages!("c.partition_id"),
     " AND m.transaction_id = ANY (c.txids)
           AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
     ) f

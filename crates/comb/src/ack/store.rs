@@ -16,7 +16,6 @@ use crate::db::{self, DbError, Pipelined};
 use crate::dead_letter::{self, NewDeadLetter};
 use crate::fusion::{self, Fuser, Runner};
 use crate::metrics::Stage;
-use crate::push;
 
 /// Positions of acked messages, found by transaction id: one descent of the transaction id
 /// index per message. Acks read positions from their cursor's delivered range instead
@@ -30,7 +29,7 @@ CROSS JOIN LATERAL (
     -- would make the planner walk the partition in position order instead of using the
     -- (transaction_id, partition_id) index.
     SELECT m.pos, m.seg FROM ",
-    push::partition_messages!("i.partition_id"),
+    crate::messages::partition_messages!("i.partition_id"),
     " AND m.transaction_id = i.transaction_id
     LIMIT 1
 ) m"
@@ -61,7 +60,7 @@ CROSS JOIN LATERAL (
     SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg,
            array_agg(m.transaction_id) AS transaction_id
     FROM ",
-    push::partition_messages!("u.partition_id"),
+    crate::messages::partition_messages!("u.partition_id"),
     "
       AND m.pos > s.cursor_pos
       AND m.pos <= least(s.lease_upto,

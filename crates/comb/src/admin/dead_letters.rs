@@ -13,6 +13,7 @@ use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use super::Refusal;
+use crate::dead_letter;
 
 /// Most entries one request requeues; the answer says how many are left.
 pub const MAX_REQUEUE: i64 = 10_000;
@@ -33,8 +34,8 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// The parameters of [`SELECTED`], in its order.
-    fn args(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 6] {
+    /// The parameters of the owner's selection (`dead_letter::SelectionArgs`), in its order.
+    fn args(&self) -> crate::dead_letter::SelectionArgs<'_> {
         [
             &self.queue_id,
             &self.group,
@@ -45,12 +46,6 @@ impl Selection {
         ]
     }
 }
-
-const SELECTED: &str = "d.queue_id = $1 AND ($2::text IS NULL OR d.consumer_group = $2)
-  AND ($3::uuid[] IS NULL OR d.id = ANY ($3))
-  AND ($4::uuid IS NULL OR d.partition_id = $4)
-  AND ($5::timestamptz IS NULL OR d.dead_at >= $5)
-  AND ($6::timestamptz IS NULL OR d.dead_at < $6)";
 
 /// What a requeue did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,88 +61,30 @@ pub struct Requeued {
     pub remaining: u64,
 }
 
-/// Stores the positions each requeued message gets: per partition, after the head, in the
-/// order of the original positions.
-const STORE_SQL: &str = "
-WITH src AS (
-    SELECT DISTINCT ON (d.partition_id, d.pos)
-           d.partition_id, d.pos, d.transaction_id, d.trace_id, d.payload, d.producer_sub
-    FROM comb.dead_letters d WHERE d.id = ANY ($1)
-    ORDER BY d.partition_id, d.pos
-), numbered AS (
-    SELECT s.*, row_number() OVER (PARTITION BY s.partition_id ORDER BY s.pos) AS rn FROM src s
-), heads AS (
-    SELECT p.partition_id, h.pos AS head
-    FROM (SELECT DISTINCT partition_id FROM numbered) p
-    CROSS JOIN LATERAL comb.partition_head(p.partition_id) h
-), placed AS (
-    SELECT n.*, hd.head + n.rn AS new_pos FROM numbered n JOIN heads hd USING (partition_id)
-), stored AS (
-    INSERT INTO comb.messages
-        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
-         producer_sub)
-    SELECT pl.partition_id, pl.new_pos, (SELECT max(seg) FROM comb.segments), gen_random_uuid(),
-           pl.transaction_id, pl.trace_id, pl.payload, statement_timestamp(), pl.producer_sub
-    FROM placed pl
-    RETURNING 1
-), marked AS (
-    INSERT INTO comb.dead_letter_requeues (dead_letter_id, partition_id, pos)
-    SELECT d.id, d.partition_id, pl.new_pos
-    FROM comb.dead_letters d JOIN placed pl ON pl.partition_id = d.partition_id AND pl.pos = d.pos
-    WHERE d.id = ANY ($1)
-    RETURNING 1
-)
-SELECT pl.partition_id, pl.pos, pl.new_pos, (SELECT count(*) FROM stored), (SELECT count(*) FROM marked)
-FROM placed pl";
-
 /// Requeues the selected dead letters (at most [`MAX_REQUEUE`]) in one transaction.
 pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Refusal> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let args = selection.args();
-    // Entries another request is requeueing now are skipped, not waited for.
-    let rows = tx
-        .query(
-            &format!(
-                "SELECT d.id, d.partition_id, d.pos, d.consumer_group FROM comb.dead_letters d
-                 WHERE {SELECTED}
-                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
-                 ORDER BY d.partition_id, d.pos
-                 LIMIT {MAX_REQUEUE}
-                 FOR UPDATE OF d SKIP LOCKED"
-            ),
-            &args,
-        )
-        .await?;
-    let left: i64 = tx
-        .query_one(
-            &format!(
-                "SELECT count(*) FROM comb.dead_letters d WHERE {SELECTED}
-                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)"
-            ),
-            &args,
-        )
-        .await?
-        .get(0);
+    let (rows, left) = dead_letter::lock_for_requeue(&tx, &args, MAX_REQUEUE).await?;
     if rows.is_empty() {
         return Ok(Requeued {
             remaining: left.max(0) as u64,
             ..Requeued::default()
         });
     }
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     // Which groups get each (partition, original position) back.
     let mut receivers: HashMap<(Uuid, i64), HashSet<String>> = HashMap::new();
     let mut groups: Vec<String> = Vec::new();
-    for r in &rows {
-        let group: String = r.get(3);
-        if !groups.contains(&group) {
-            groups.push(group.clone());
+    for r in rows {
+        if !groups.contains(&r.group) {
+            groups.push(r.group.clone());
         }
         receivers
-            .entry((r.get(1), r.get(2)))
+            .entry((r.partition_id, r.pos))
             .or_default()
-            .insert(group);
+            .insert(r.group);
     }
     let partitions: Vec<Uuid> = {
         let mut p: Vec<Uuid> = receivers.keys().map(|k| k.0).collect();
@@ -156,26 +93,17 @@ pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Ref
         p
     };
     // Cursors first, then partitions: the order of `/transaction` (acks, then pushes).
-    tx.query(
-        "SELECT 1 FROM comb.cursors WHERE partition_id = ANY ($1)
-         ORDER BY partition_id, consumer_group FOR NO KEY UPDATE",
-        &[&partitions],
-    )
-    .await?;
-    tx.query(
-        "SELECT id FROM comb.partitions WHERE id = ANY ($1) ORDER BY id FOR NO KEY UPDATE",
-        &[&partitions],
-    )
-    .await?;
-    let placed = tx.query(STORE_SQL, &[&ids]).await?;
-    let (stored, marked) = placed
-        .first()
-        .map(|r| (r.get::<_, i64>(3), r.get::<_, i64>(4)))
-        .unwrap_or((0, 0));
+    crate::cursor::lock_of_partitions(&tx, &partitions).await?;
+    tx.query(crate::catalog::lock_partitions_sql(), &[&partitions])
+        .await?;
+    let dead_letter::Stored {
+        placed,
+        stored,
+        marked,
+    } = dead_letter::store_requeued(&tx, &ids).await?;
     // New positions the other groups of each partition must not see.
     let mut hide: BTreeMap<Uuid, Vec<(i64, HashSet<String>)>> = BTreeMap::new();
-    for r in &placed {
-        let (partition, pos, new_pos): (Uuid, i64, i64) = (r.get(0), r.get(1), r.get(2));
+    for (partition, pos, new_pos) in placed {
         let to = receivers.remove(&(partition, pos)).unwrap_or_default();
         hide.entry(partition).or_default().push((new_pos, to));
     }
@@ -207,23 +135,9 @@ pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Ref
 pub async fn purge(pool: &Pool, selection: &Selection) -> Result<u64, Refusal> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let args = selection.args();
-    let ids: Vec<Uuid> = tx
-        .query(
-            &format!("DELETE FROM comb.dead_letters d WHERE {SELECTED} RETURNING d.id"),
-            &args,
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    tx.execute(
-        "DELETE FROM comb.dead_letter_requeues WHERE dead_letter_id = ANY ($1)",
-        &[&ids],
-    )
-    .await?;
+    let purged = dead_letter::purge(&tx, &selection.args()).await?;
     tx.commit().await?;
-    Ok(ids.len() as u64)
+    Ok(purged)
 }
 
 /// What `POST /api/v1/dlq/requeue` did.

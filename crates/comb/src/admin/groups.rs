@@ -1,7 +1,7 @@
 //! Consumer groups: their lag per queue and partition, leases, deletion, subscription
 //! changes and seeks.
 //!
-//! A cursor's lag comes from `comb.cursor_lag` (schema version 9): its latest state, its
+//! A cursor's lag comes from its owner's `cursor::lag_of!` (`comb.cursor_lag`): its latest state, its
 //! partition's head and the first unsettled message's time, all index probes. A group's lag
 //! on a queue comes from `comb.group_figures` (schema version 12): computed now for the
 //! smallest (queue, group) pairs of the answer (up to [`LIVE_PARTITIONS`](crate::backlog::LIVE_PARTITIONS) cursors in all) and
@@ -273,12 +273,16 @@ pub async fn detail(
     let partition_ids: Vec<Uuid> = pages.iter().map(|(_, p, _)| *p).collect();
     let mut cursors: HashMap<Uuid, Row> = client
         .query(
-            "SELECT k.p, x.cursor_pos, x.head, x.lag,
-                    coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8
-                        AS lag_seconds,
-                    x.lease_id, x.lease_expires_at, x.last_claimed_at
-             FROM unnest($1::uuid[]) AS k(p)
-             CROSS JOIN LATERAL comb.cursor_lag(k.p, $2) x",
+            concat!(
+                "SELECT k.p, x.cursor_pos, x.head, x.lag,
+                        coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8
+                            AS lag_seconds,
+                        x.lease_id, x.lease_expires_at, x.last_claimed_at
+                 FROM unnest($1::uuid[]) AS k(p)
+                 CROSS JOIN LATERAL ",
+                crate::cursor::lag_of!("k.p", "$2"),
+                " x"
+            ),
             &[&partition_ids, &group],
         )
         .await?

@@ -24,7 +24,7 @@ use crate::catalog::listing::{PartitionPlace, partition_places};
 use crate::code::Code;
 use crate::cursor::GroupAtMessage;
 use crate::dead_letter::{self, DeadMessageRow, LetterOfMessage, NewDeadLetter};
-use crate::push::listing::{self as stored, MessageRow};
+use crate::messages::listing::{self as stored, MessageRow};
 use crate::queue::QUEUE_MODE_GROUP;
 
 /// Most partitions one listing visits.
@@ -434,7 +434,7 @@ async fn messages_page(
          LIMIT $6 OFFSET $7",
         parts = crate::catalog::listing::partitions_by_name!("$1", "$2", "$10"),
         state = crate::cursor::state_of!("p.id", "$3"),
-        messages = crate::push::partition_messages!("p.id"),
+        messages = crate::messages::partition_messages!("p.id"),
         dead = dead_letter::kept_dead_letter!("m.partition_id", "m.transaction_id", "m.pos", "$3"),
     );
     let rows = client

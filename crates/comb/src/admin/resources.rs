@@ -341,13 +341,17 @@ pub async fn queue(pool: &Pool, name: &str, page: Page) -> Result<QueueDetail, R
     let mut lags: HashMap<Uuid, Vec<PartitionGroupLag>> = HashMap::new();
     for r in client
         .query(
-            "SELECT k.p, k.g, x.cursor_pos, x.lag,
-                    coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8
-                        AS lag_seconds,
-                    x.lease_expires_at
-             FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS k(p, g, i)
-             CROSS JOIN LATERAL comb.cursor_lag(k.p, k.g) x
-             ORDER BY k.i",
+            concat!(
+                "SELECT k.p, k.g, x.cursor_pos, x.lag,
+                        coalesce(extract(epoch FROM now() - x.oldest_unsettled_at), 0)::float8
+                            AS lag_seconds,
+                        x.lease_expires_at
+                 FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS k(p, g, i)
+                 CROSS JOIN LATERAL ",
+                crate::cursor::lag_of!("k.p", "k.g"),
+                " x
+                 ORDER BY k.i"
+            ),
             &[&cursor_partitions, &cursor_groups],
         )
         .await?
@@ -546,6 +550,29 @@ pub async fn clear(
         partition: partition.map(str::to_string),
         cursors_moved: moved.cursors,
         messages_cleared: moved.unsettled_before,
+    })
+}
+
+/// Deletes a queue and everything known of it, in one transaction: its row (with its
+/// partitions and subscriptions), its cursors and its dead letters, each through its owner;
+/// every server is told when it commits, and this one forgets the queue at once.
+pub(crate) async fn delete_queue(
+    pool: &Pool,
+    catalog: &Catalog,
+    queue: &str,
+) -> Result<QueueDeleted, Refusal> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let id = Catalog::delete_queue_row(&tx, queue).await?;
+    let cursors = crate::cursor::delete_of_queue(&tx, id).await?;
+    let dead = crate::dead_letter::delete_of_queue(&tx, id).await?;
+    crate::wake::announce_queue_deleted(&tx, queue).await?;
+    tx.commit().await?;
+    catalog.forget_queue(queue);
+    tracing::info!(queue, cursors, dead_letters = dead, "queue deleted");
+    Ok(QueueDeleted {
+        deleted: true,
+        queue: queue.to_string(),
     })
 }
 

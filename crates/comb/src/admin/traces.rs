@@ -38,7 +38,7 @@ pub struct NewTrace {
 pub async fn record(pool: &Pool, trace: &NewTrace) -> Result<TraceRecorded, Refusal> {
     let client = pool.get().await?;
     let (p, t) = (trace.partition_id, trace.transaction_id.as_str());
-    let known = crate::push::listing::message_exists(&**client, p, t).await?
+    let known = crate::messages::listing::message_exists(&**client, p, t).await?
         || crate::dead_letter::exists_for(&**client, p, t).await?;
     if !known {
         return Err(Refusal::not_found(

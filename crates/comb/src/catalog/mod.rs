@@ -156,14 +156,14 @@ macro_rules! partitions_among {
 }
 pub(crate) use partitions_among;
 
-/// Locks the partition rows `$1` in id order and returns the ids of those that exist: what a
-/// push holds while it assigns positions, so that positions commit in order.
+/// Locks the partition rows `$1` in id order and returns the ids of those that exist (column
+/// `id`): what a push holds while it assigns positions, so that positions commit in order.
 const LOCK_PARTITIONS_SQL: &str =
     "SELECT id FROM comb.partitions WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
 
 /// [`LOCK_PARTITIONS_SQL`] on Citus, which locks rows only in a statement of one shard: the
 /// coordinator locks each partition with one of its own (`comb.lock_partitions`).
-const LOCK_PARTITIONS_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1)";
+const LOCK_PARTITIONS_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1) AS id";
 
 /// The partitions' lock this database takes: [`LOCK_PARTITIONS_SQL`], or its Citus form.
 pub(crate) fn lock_partitions_sql() -> &'static str {
@@ -502,11 +502,12 @@ impl Catalog {
                     " o ON true
                  CROSS JOIN LATERAL (
                      SELECT CASE $3::text
-                         WHEN 'new' THEN (SELECT h.pos FROM comb.partition_head(a.partition_id) h)
-                         WHEN 'from' THEN coalesce((
-                             SELECT m.pos FROM comb.messages m
-                             WHERE m.partition_id = a.partition_id AND m.created_at < $4
-                             ORDER BY m.pos DESC LIMIT 1), 0)
+                         WHEN 'new' THEN (SELECT h.pos FROM ",
+                    crate::messages::head_of!("a.partition_id"),
+                    " h)
+                         WHEN 'from' THEN ",
+                    crate::messages::position_before!("a.partition_id", "$4"),
+                    "
                          ELSE 0 END AS pos
                  ) s"
                 ),

@@ -1,9 +1,11 @@
-//! Queue definitions: create or configure a queue, delete it.
+//! Queue definitions: create or configure a queue, delete its row.
 //!
-//! Deleting a queue removes its catalog rows at once (partitions, cursors, subscriptions,
-//! dead letters); its messages stop being reachable and their storage is reclaimed with the
+//! Deleting a queue (`admin::resources::delete_queue`) removes its row here (its partitions and
+//! subscriptions go with it) and, in the same transaction, its cursors and dead letters through
+//! their owners; its messages stop being reachable and their storage is reclaimed with the
 //! segments that hold them, whole tables at a time, by maintenance.
 
+use deadpool_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::Catalog;
@@ -11,7 +13,6 @@ use crate::code::Code;
 use crate::db::DbError;
 use crate::queue::{OptionsSet, QueueOptions};
 use crate::refusal::Refusal;
-use crate::wake;
 
 /// A queue as configured: its options with defaults filled in.
 pub(crate) struct Configured {
@@ -57,14 +58,14 @@ impl Catalog {
         })
     }
 
-    /// Deletes a queue and everything the catalog knows of it, and tells every server.
-    pub(crate) async fn delete_queue(
-        &self,
-        pool: &deadpool_postgres::Pool,
+    /// Deletes the queue's row in `tx` and returns its id, or refuses when there is none.
+    /// The rows of the queue in other owners' tables are deleted by the use case that calls
+    /// this (`admin::resources::delete_queue`), in the same transaction; once it commits,
+    /// [`Catalog::forget_queue`] drops what this server cached.
+    pub(crate) async fn delete_queue_row<C: GenericClient>(
+        tx: &C,
         queue: &str,
-    ) -> Result<(), Refusal> {
-        let mut client = pool.get().await.map_err(DbError::from)?;
-        let tx = client.transaction().await.map_err(DbError::from)?;
+    ) -> Result<Uuid, Refusal> {
         let row = tx
             .query_opt(
                 "DELETE FROM comb.queues WHERE name = $1 RETURNING id",
@@ -78,20 +79,6 @@ impl Catalog {
                 format!("queue `{queue}` does not exist"),
             ));
         };
-        let id: Uuid = row.get(0);
-        let cursors = crate::cursor::delete_of_queue(&tx, id)
-            .await
-            .map_err(DbError::from)?;
-        let dead = tx
-            .execute("DELETE FROM comb.dead_letters WHERE queue_id = $1", &[&id])
-            .await
-            .map_err(DbError::from)?;
-        wake::announce_queue_deleted(&tx, queue)
-            .await
-            .map_err(DbError::from)?;
-        tx.commit().await.map_err(DbError::from)?;
-        self.forget_queue(queue);
-        tracing::info!(queue, cursors, dead_letters = dead, "queue deleted");
-        Ok(())
+        Ok(row.get("id"))
     }
 }

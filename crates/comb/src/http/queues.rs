@@ -1,4 +1,4 @@
-//! Queue resources: `DELETE /api/v1/resources/queues/{queue}` (see `catalog::queues`).
+//! Queue resources: `DELETE /api/v1/resources/queues/{queue}` (see `admin::resources::delete_queue`).
 
 use axum::extract::State as AxState;
 
@@ -26,9 +26,7 @@ pub(crate) async fn delete_queue(
     PathParams(queue): PathParams<String>,
 ) -> Result<axum::Json<QueueDeleted>, Problem> {
     validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
-    app.catalog.delete_queue(&app.pool, &queue).await?;
-    Ok(axum::Json(QueueDeleted {
-        deleted: true,
-        queue,
-    }))
+    Ok(axum::Json(
+        crate::admin::resources::delete_queue(&app.pool, &app.catalog, &queue).await?,
+    ))
 }

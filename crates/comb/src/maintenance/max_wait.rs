@@ -29,8 +29,8 @@ ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000
 FOR NO KEY UPDATE OF c SKIP LOCKED",
         cursors = crate::cursor::cursors_with_state(false),
-        head = crate::push::head_of!("c.partition_id"),
-        messages = crate::push::partition_messages!("c.partition_id"),
+        head = crate::messages::head_of!("c.partition_id"),
+        messages = crate::messages::partition_messages!("c.partition_id"),
         queue = crate::catalog::join_queue!("c.queue_id"),
     )
 });
@@ -54,7 +54,7 @@ WHERE coalesce((q.options->>'maxWaitTimeSeconds')::float8, 0) > 0
 ORDER BY c.partition_id, c.consumer_group
 LIMIT 1000",
         cursors = crate::cursor::cursors_with_state(true),
-        messages = crate::push::partition_messages!("c.partition_id"),
+        messages = crate::messages::partition_messages!("c.partition_id"),
         queue = crate::catalog::join_queue!("c.queue_id"),
     )
 });
@@ -63,7 +63,7 @@ LIMIT 1000",
 const OVERDUE_MESSAGES_SQL: &str = concat!(
     "
 SELECT m.pos, m.seg FROM ",
-    crate::push::partition_messages!("$1"),
+    crate::messages::partition_messages!("$1"),
     " AND m.pos > $2 AND m.seg >= $3
   AND m.created_at < now() - make_interval(secs => $4::float8)
 ORDER BY m.pos

@@ -17,7 +17,7 @@ use super::locks::{give_way, lock_timeout_sql};
 use super::statistics::PARTITIONS_PER_SEGMENT;
 use super::{Report, Settings};
 use crate::db::DbError;
-use crate::push::segments as statements;
+use crate::messages::segments as statements;
 
 /// Seconds after closing before a segment is summarised: pushes whose statement began before
 /// the roll-over may still be writing into it.
@@ -110,12 +110,22 @@ pub(crate) async fn summarize(
 }
 
 /// Segments every queue with messages in them has let go of.
-static RECLAIMABLE_SQL: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| statements::reclaimable_sql(false));
+static RECLAIMABLE_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    statements::reclaimable_sql(
+        false,
+        crate::catalog::join_partition_and_queue!("sp.partition_id"),
+        &crate::cursor::all_passed("sp.partition_id", "sp.max_pos", false),
+    )
+});
 
 /// [`RECLAIMABLE_SQL`] as Citus plans it.
-static RECLAIMABLE_CITUS_SQL: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| statements::reclaimable_sql(true));
+static RECLAIMABLE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    statements::reclaimable_sql(
+        true,
+        crate::catalog::join_partition_and_queue!("sp.partition_id"),
+        &crate::cursor::all_passed("sp.partition_id", "sp.max_pos", true),
+    )
+});
 
 /// Drops every reclaimable segment whose lock can be had within the lock timeout.
 pub(crate) async fn drop_reclaimable(
@@ -141,7 +151,7 @@ pub(crate) async fn drop_reclaimable(
             "BEGIN; {}; {}
              COMMIT;",
             lock_timeout_sql(settings),
-            statements::drop_sql(seg)
+            statements::drop_sql(seg, crate::catalog::partition_exists!("sp.partition_id"))
         );
         if give_way(client, &sql).await? {
             tracing::info!(seg, "dropped message segment");

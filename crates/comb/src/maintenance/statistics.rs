@@ -48,7 +48,7 @@ pub(crate) async fn refresh(client: &Client, settings: &Settings) -> Result<u32,
              JOIN pg_stat_user_tables t ON t.relid = c.oid
              WHERE c.relnamespace = 'comb'::regnamespace
                AND ((c.relname = 'messages_' || ",
-                crate::push::segments::newest_segment!(),
+                crate::messages::segments::newest_segment!(),
                 "
                      AND t.n_mod_since_analyze >= greatest(1000, 0.2 * greatest(c.reltuples, 0)))
                  OR (c.relname = 'cursor_states_' || ",

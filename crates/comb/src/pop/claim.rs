@@ -193,7 +193,7 @@ SELECT e.partition_id, e.wrapped, 2::int2 FROM seen e
 WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = e.partition_id)",
         cursors = crate::cursor::cursors!(),
         walk_state = WALK_STATE,
-        next_messages = crate::push::partition_messages!("f.partition_id"),
+        next_messages = crate::messages::partition_messages!("f.partition_id"),
     )
 });
 
@@ -321,7 +321,7 @@ JOIN leased l ON l.partition_id = m.partition_id",
         newest_gen = crate::cursor::newest_gen!(),
         name = crate::catalog::partition_name!("c.partition_id"),
         state = CLAIM_STATE,
-        messages = crate::push::partition_messages!("st.partition_id"),
+        messages = crate::messages::partition_messages!("st.partition_id"),
     )
 }
 
@@ -375,17 +375,17 @@ const CLAIMABLE_CITUS: &str = concat!(
     "(
     ((SELECT window_secs FROM q) = 0
      OR (",
-    crate::push::head_at_written_out!("$3"),
+    crate::messages::head_at_written_out!("$3"),
     "
          <= now() - make_interval(secs => (SELECT window_secs FROM q))) IS TRUE)
     AND ((SELECT retention_secs FROM q) = 0
      OR (",
-    crate::push::head_at_written_out!("$3"),
+    crate::messages::head_at_written_out!("$3"),
     "
          > now() - make_interval(secs => (SELECT retention_secs FROM q))) IS TRUE)
     AND ((SELECT delay_secs FROM q) = 0
      OR ((SELECT m.created_at FROM ",
-    crate::push::partition_messages!("$3"),
+    crate::messages::partition_messages!("$3"),
     " AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
           ORDER BY m.pos LIMIT 1)
          <= now() - make_interval(secs => (SELECT delay_secs FROM q))) IS TRUE))"
@@ -446,7 +446,7 @@ ORDER BY c.partition_id <= $3, c.partition_id
 LIMIT $4",
         state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None),
         cursors = crate::cursor::cursors!(),
-        messages = crate::push::partition_messages!("c.partition_id"),
+        messages = crate::messages::partition_messages!("c.partition_id"),
     )
 });
 

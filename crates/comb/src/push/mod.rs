@@ -6,9 +6,7 @@
 //! validates the request and writes the answer; `/transaction` and anything else that pushes
 //! uses the same handle.
 
-pub(crate) mod listing;
 mod messages;
-pub(crate) mod segments;
 mod store;
 
 use std::borrow::Cow;
@@ -29,7 +27,6 @@ use crate::queue::{DEFAULT_PARTITION, PartitionName, QueueName};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
-pub(crate) use messages::{head_at_written_out, head_of, join_message, partition_messages};
 pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, announce, store_in};
 
 /// One message to push, as the edge decoded and validated it. Names and strings borrow from

@@ -4,7 +4,7 @@
 //!
 //! 1. lock the rows of every partition in the batch, in id order (no deadlocks between batches);
 //! 2. store the messages at positions `head + 1, head + 2, …`, where the head is the newest
-//!    position stored (what `comb.partition_head` answers, written inline by `head_pos!`).
+//!    position stored (what `comb.partition_head` answers, written inline by `messages::head_pos!`).
 //!    Nothing is updated: the partition row is only locked.
 //!
 //! Step 2 takes one of three shapes. Items with a producer's transaction id go through an
@@ -124,29 +124,6 @@ pub(crate) struct PushJob {
     pub(crate) reply: oneshot::Sender<Result<Vec<Stored>, Arc<DbError>>>,
 }
 
-/// The newest position stored in partition `$p` (0 if it never held a message), as an SQL
-/// expression for the push statements. It is what `comb.partition_head` answers, written out:
-/// a message in a segment not yet summarised is always newer than any summary, so the summary
-/// is read only when those segments hold none. Inline, each lookup is one index descent per
-/// live segment (about 2 µs); through the function, whose union and sort are planned per call,
-/// it cost 21 µs. The segment made ahead of the roll-over holds no message yet (pushes write
-/// into the newest segment in `comb.segments`, and the snapshot that reads the head sees that
-/// segment's row), so it is pruned from the descent.
-macro_rules! head_pos {
-    ($p:literal) => {
-        concat!(
-            "coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = ",
-            $p,
-            " AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)",
-            " AND m.seg <= (SELECT max(s.seg) FROM comb.segments s)",
-            " ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp",
-            " WHERE sp.partition_id = ",
-            $p,
-            " ORDER BY sp.seg DESC LIMIT 1), 0)"
-        )
-    };
-}
-
 const INSERT_SQL: &str = concat!(
     "
 WITH input AS (
@@ -173,7 +150,7 @@ fresh AS (
 segment AS (SELECT max(seg) AS seg FROM comb.segments),
 heads AS (
     SELECT d.partition_id, ",
-    head_pos!("d.partition_id"),
+    crate::messages::head_pos!("d.partition_id"),
     " AS pos
     FROM (SELECT DISTINCT partition_id FROM fresh) d
 ),
@@ -243,7 +220,7 @@ FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::by
     AS i(partition_id, rank, message_id, transaction_id, trace_id, payload, producer_sub)
 JOIN (
     SELECT p.id, ",
-    head_pos!("p.id"),
+    crate::messages::head_pos!("p.id"),
     " AS pos
     FROM ",
     crate::catalog::partitions_among!("$7"),
@@ -283,7 +260,7 @@ fn append_sql() -> &'static str {
 const HEADS_SQL: &str = concat!(
     "
 SELECT p.id, ",
-    head_pos!("p.id"),
+    crate::messages::head_pos!("p.id"),
     " AS head, s.seg, statement_timestamp() AS at
 FROM unnest($1::uuid[]) AS p(id)
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
@@ -293,7 +270,7 @@ CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 /// list of partitions to their messages; one statement per partition, each on its worker.
 const HEADS_CITUS_SQL: &str = concat!(
     "SELECT $1::uuid AS id, ",
-    head_pos!("$1"),
+    crate::messages::head_pos!("$1"),
     " AS head, s.seg, statement_timestamp() AS at FROM (SELECT max(seg) AS seg FROM comb.segments) s"
 );
 
@@ -618,7 +595,7 @@ impl<'a> Plan<'a> {
         let heads = heads?;
         let sink = sink?;
         // Partitions deleted before the lock are not among the locked rows (sorted by id).
-        let alive: Vec<Uuid> = locked.iter().map(|r| r.get(0)).collect();
+        let alive: Vec<Uuid> = locked.iter().map(|r| r.get("id")).collect();
         let mut next: HashMap<Uuid, i64> = HashMap::with_capacity(alive.len());
         let (mut seg, mut at) = (0i32, None::<DateTime<Utc>>);
         for row in &heads {
@@ -682,7 +659,7 @@ impl<'a> Plan<'a> {
         );
         let locked = locked?;
         appended?;
-        let stored: Vec<Uuid> = locked.iter().map(|r| r.get(0)).collect();
+        let stored: Vec<Uuid> = locked.iter().map(|r| r.get("id")).collect();
         Ok(self.outcomes_by_partition(|p| stored.contains(p)))
     }
 
@@ -821,69 +798,5 @@ impl<'a> Plan<'a> {
                 },
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The head written inline for the push statements answers what `comb.partition_head`
-    /// answers: from live messages, from a closed segment's summary, and 0 for a partition
-    /// that never held a message.
-    #[tokio::test]
-    async fn the_inline_head_is_the_functions() {
-        let url = tokio::task::spawn_blocking(|| {
-            comb_harness::Postgres::shared()
-                .create_database("heads")
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        crate::schema::migrate(&mut client).await.unwrap();
-        client
-            .batch_execute(
-                "-- Four partitions by name: messages and summaries need no catalog rows.
-                 CREATE TEMP TABLE p (name text, id uuid);
-                 INSERT INTO p SELECT n, gen_random_uuid()
-                 FROM unnest('{live,summary,both,empty}'::text[]) n;
-                 -- Segment 1 is closed and summarised; segment 2 is written now.
-                 UPDATE comb.segments SET summarized = true WHERE seg = 1;
-                 INSERT INTO comb.segments (seg) VALUES (2);
-                 CREATE TABLE comb.messages_2 PARTITION OF comb.messages FOR VALUES FROM (2) TO (3);
-                 INSERT INTO comb.segment_partitions (seg, partition_id, max_pos, max_created_at)
-                 SELECT 1, id, 7, now() FROM p WHERE name IN ('summary', 'both');
-                 INSERT INTO comb.messages
-                     (partition_id, pos, seg, message_id, transaction_id, payload, created_at)
-                 SELECT p.id, x, 2, gen_random_uuid(), x::text, '1'::bytea, now()
-                 FROM p, generate_series(1, 3) x WHERE p.name = 'live'
-                 UNION ALL
-                 SELECT p.id, x, 2, gen_random_uuid(), x::text, '1'::bytea, now()
-                 FROM p, generate_series(8, 9) x WHERE p.name = 'both';",
-            )
-            .await
-            .unwrap();
-        let sql = concat!(
-            "SELECT p.name, ",
-            head_pos!("p.id"),
-            " AS inline, (SELECT h.pos FROM comb.partition_head(p.id) h) AS function
-             FROM p ORDER BY p.name"
-        );
-        let rows = client.query(sql, &[]).await.unwrap();
-        let heads: Vec<(String, i64, i64)> = rows
-            .iter()
-            .map(|r| (r.get("name"), r.get("inline"), r.get("function")))
-            .collect();
-        assert_eq!(
-            heads,
-            vec![
-                ("both".to_string(), 9, 9),
-                ("empty".to_string(), 0, 0),
-                ("live".to_string(), 3, 3),
-                ("summary".to_string(), 7, 7),
-            ]
-        );
     }
 }

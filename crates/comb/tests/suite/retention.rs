@@ -203,6 +203,37 @@ async fn deleting_a_queue_frees_its_segments() {
     assert_eq!(common::numbers(&pop), vec![2]);
 }
 
+/// Deleting a queue deletes, in its one transaction, what every owner holds of it: its
+/// partitions, its cursors and its dead letters; another queue's stay.
+#[tokio::test]
+async fn deleting_a_queue_deletes_its_cursors_and_dead_letters() {
+    let env = Env::start().await;
+    for q in ["gone", "kept"] {
+        env.push(json!([{"queue": q, "payload": {"n": 1}}])).await;
+        let pop = env
+            .pop(&format!("/api/v1/pop/queue/{q}?consumerGroup=g"))
+            .await
+            .unwrap();
+        let r = env
+            .ack_ok(common::one(&pop), "dlq", Some("g"), Some("no"))
+            .await;
+        assert_eq!(r["dlq"], true, "{r}");
+    }
+    let count = |table: &str| {
+        env.sql(&format!(
+            "SELECT count(*) FROM comb.{table} t JOIN comb.queues q ON q.id = t.queue_id
+             WHERE q.name = 'kept'"
+        ))
+    };
+    assert_eq!(env.sql("SELECT count(*) FROM comb.dead_letters"), "2");
+    assert_eq!(env.sql("SELECT count(*) FROM comb.cursors"), "2");
+    assert_eq!(env.delete_queue("gone").await, StatusCode::OK);
+    assert_eq!(env.sql("SELECT count(*) FROM comb.dead_letters"), "1");
+    assert_eq!(env.sql("SELECT count(*) FROM comb.cursors"), "1");
+    assert_eq!(count("dead_letters"), "1");
+    assert_eq!(count("cursors"), "1");
+}
+
 #[tokio::test]
 async fn a_push_through_another_server_after_a_delete_lands_in_the_new_queue() {
     let env = Env::start().await;

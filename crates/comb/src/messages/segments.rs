@@ -71,7 +71,12 @@ pub(crate) fn summarize_sql(seg: i32) -> String {
 /// PostgreSQL, as the set of held segments on Citus (`citus`), which refuses a subquery
 /// correlated with a reference table (`comb.segments`): the held segments first (a query of
 /// the workers, every subquery correlated by partition), then the segments not among them.
-pub(crate) fn reclaimable_sql(citus: bool) -> String {
+///
+/// What holds a segment is asked of the owners of the other tables, whose fragments the
+/// caller passes: `partition` joins `sp.partition_id` to its partition and its queue `q`
+/// (`comb.partitions`, `comb.queues`), `passed` says whether every consumer group is past
+/// `sp.max_pos` there (the cursors).
+pub(crate) fn reclaimable_sql(citus: bool, partition: &str, passed: &str) -> String {
     if citus {
         format!(
             "WITH held AS (SELECT DISTINCT sp.seg {held})
@@ -80,7 +85,7 @@ pub(crate) fn reclaimable_sql(citus: bool) -> String {
            AND s.seg < (SELECT max(seg) FROM comb.segments)
            AND s.seg NOT IN (SELECT seg FROM held)
          ORDER BY s.seg",
-            held = held_by(true)
+            held = held_by(partition, passed)
         )
     } else {
         format!(
@@ -89,14 +94,14 @@ pub(crate) fn reclaimable_sql(citus: bool) -> String {
            AND s.seg < (SELECT max(seg) FROM comb.segments)
            AND NOT EXISTS (SELECT 1 {held} AND sp.seg = s.seg)
          ORDER BY s.seg",
-            held = held_by(false)
+            held = held_by(partition, passed)
         )
     }
 }
 
 /// The rows of `comb.segment_partitions` (`sp`) whose partition still needs its segment (on
-/// Citus, `citus`, in the form Citus runs on its workers).
-fn held_by(citus: bool) -> String {
+/// Citus, in the form Citus runs on its workers: `passed` is written for it).
+fn held_by(partition: &str, passed: &str) -> String {
     format!(
         "
       FROM comb.segment_partitions sp
@@ -112,10 +117,8 @@ fn held_by(citus: bool) -> String {
              AND sp.max_created_at < now() - make_interval(secs => o.completed)
              AND {passed})
         )",
-        partition = crate::catalog::join_partition_and_queue!("sp.partition_id"),
         retention = crate::queue::retention_secs!("q.options"),
         completed = crate::queue::completed_retention_secs!("q.options"),
-        passed = crate::cursor::all_passed("sp.partition_id", "sp.max_pos", citus)
     )
 }
 
@@ -123,24 +126,19 @@ fn held_by(citus: bool) -> String {
 /// the newest summary of a partition is where its head is read from
 /// (`comb.partition_head`), so it stays until a newer segment's summary supersedes it or the
 /// partition is deleted. Summaries of segments that still exist are what the drop decision
-/// reads, and stay with them.
-const FORGET_SUMMARIES_SQL: &str = concat!(
-    "
-DELETE FROM comb.segment_partitions sp
-WHERE sp.seg <> ALL (ARRAY(SELECT seg FROM comb.segments))
-  AND (EXISTS (SELECT 1 FROM comb.segment_partitions n
-               WHERE n.partition_id = sp.partition_id AND n.seg > sp.seg)
-       OR NOT ",
-    crate::catalog::partition_exists!("sp.partition_id"),
-    ")"
-);
-
+/// reads, and stay with them. Whether the partition `sp.partition_id` still exists is the
+/// catalog's fragment, `partition_exists`, which the caller passes.
+///
 /// Drops segment `seg` whole and forgets it, with the summaries that no longer tell anything.
-pub(crate) fn drop_sql(seg: i32) -> String {
+pub(crate) fn drop_sql(seg: i32, partition_exists: &str) -> String {
     format!(
         "DROP TABLE IF EXISTS {t};
              DELETE FROM comb.segments WHERE seg = {seg};
-             {FORGET_SUMMARIES_SQL};",
+             DELETE FROM comb.segment_partitions sp
+             WHERE sp.seg <> ALL (ARRAY(SELECT seg FROM comb.segments))
+               AND (EXISTS (SELECT 1 FROM comb.segment_partitions n
+                            WHERE n.partition_id = sp.partition_id AND n.seg > sp.seg)
+                    OR NOT {partition_exists});",
         t = table(seg)
     )
 }
