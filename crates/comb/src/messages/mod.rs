@@ -10,6 +10,7 @@
 //!
 //! It sits in the foundation, below every module that reads messages (the catalog too).
 
+pub(crate) mod insert;
 pub(crate) mod listing;
 pub(crate) mod segments;
 

@@ -1,0 +1,149 @@
+//! The push's statements on message storage: the insert with a duplicate check, the plain
+//! append, the heads a copied batch starts from, and the copy itself. `push::store` runs
+//! them in its transaction after locking the batch's partitions.
+
+use std::sync::LazyLock;
+
+/// The insert for batches where some message carries a producer's transaction id: a message
+/// whose id the partition already holds is not stored again, and answers with the id stored.
+pub(crate) const INSERT_SQL: &str = concat!(
+    "
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::bytea[], $6::bool[],
+                         $7::text[])
+        WITH ORDINALITY AS t(partition_id, transaction_id, message_id, trace_id, payload, check_dup,
+                             producer_sub, ord)
+),
+prior AS (
+    SELECT i.ord, m.message_id
+    FROM input i
+    CROSS JOIN LATERAL (
+        SELECT m.message_id FROM comb.messages m
+        WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
+        LIMIT 1
+    ) m
+    WHERE i.check_dup
+),
+fresh AS (
+    SELECT i.*, row_number() OVER (PARTITION BY i.partition_id ORDER BY i.ord) AS rn
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM prior p WHERE p.ord = i.ord)
+),
+segment AS (SELECT max(seg) AS seg FROM comb.segments),
+heads AS (
+    SELECT d.partition_id, ",
+    crate::messages::head_pos!("d.partition_id"),
+    " AS pos
+    FROM (SELECT DISTINCT partition_id FROM fresh) d
+),
+stored AS (
+    INSERT INTO comb.messages
+        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+         producer_sub)
+    SELECT f.partition_id, h.pos + f.rn, s.seg, f.message_id, f.transaction_id,
+           f.trace_id, f.payload, statement_timestamp(), f.producer_sub
+    FROM fresh f
+    JOIN heads h ON h.partition_id = f.partition_id
+    CROSS JOIN segment s
+    RETURNING message_id
+)
+SELECT i.ord, pr.message_id AS prior_id, s.message_id IS NOT NULL AS stored
+FROM input i
+LEFT JOIN prior pr ON pr.ord = i.ord
+LEFT JOIN stored s ON s.message_id = i.message_id
+ORDER BY i.ord"
+);
+
+/// [`INSERT_SQL`] on Citus, of one partition (`$8`, the only one in `$1`): every read of a
+/// distributed table names it, so the statement runs on that partition's worker. Over several
+/// partitions Citus cannot plan the look-up of prior transaction ids (a lateral subquery with
+/// a limit, over the input list); the batch sends one statement per partition instead.
+pub(crate) static INSERT_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let sql = INSERT_SQL
+        .replace(
+            "WHERE m.partition_id = i.partition_id AND",
+            "WHERE m.partition_id = i.partition_id AND m.partition_id = $8 AND",
+        )
+        .replace(
+            "WHERE m.partition_id = d.partition_id",
+            "WHERE m.partition_id = d.partition_id AND m.partition_id = $8",
+        )
+        .replace(
+            "WHERE sp.partition_id = d.partition_id",
+            "WHERE sp.partition_id = d.partition_id AND sp.partition_id = $8",
+        );
+    debug_assert_eq!(sql.matches("$8").count(), 3, "{sql}");
+    sql
+});
+
+pub(crate) fn insert_sql() -> &'static str {
+    if crate::schema::citus::on() {
+        &INSERT_CITUS_SQL
+    } else {
+        INSERT_SQL
+    }
+}
+
+/// The insert for batches without producer-given transaction ids, which cannot repeat a stored
+/// message: positions `head + rank` with each item's rank in its partition computed by the
+/// broker, no duplicate check, nothing returned. Partitions deleted before the lock are not
+/// in `comb.partitions` any more, so their items are left out; the lock statement's rows tell
+/// which partitions were stored into. Producers' subjects (`$8`) are sent only when some
+/// message has one: a missing array pads the column with NULLs at no cost per row. `$partitions`
+/// is the catalog's rows of the batch's partitions (`$7`), given by the caller.
+macro_rules! append_sql {
+    ($($partitions:tt)*) => {
+        concat!(
+    "
+INSERT INTO comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
+SELECT i.partition_id, h.pos + i.rank, s.seg, i.message_id, i.transaction_id, i.trace_id,
+       i.payload, statement_timestamp(), i.producer_sub
+FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::bytea[],
+            $8::text[])
+    AS i(partition_id, rank, message_id, transaction_id, trace_id, payload, producer_sub)
+JOIN (
+    SELECT p.id, ",
+    crate::messages::head_pos!("p.id"),
+    " AS pos
+    FROM ",
+    $($partitions)*,
+    "
+) h ON h.id = i.partition_id
+CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
+)
+    };
+}
+pub(crate) use append_sql;
+
+/// Heads of the batch's partitions, the newest segment and the time to stamp, read after the
+/// lock for a batch the broker copies in. Which partitions still exist is what the lock
+/// returned, so the partition rows are not read again here.
+pub(crate) const HEADS_SQL: &str = concat!(
+    "
+SELECT p.id, ",
+    crate::messages::head_pos!("p.id"),
+    " AS head, s.seg, statement_timestamp() AS at
+FROM unnest($1::uuid[]) AS p(id)
+CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
+);
+
+/// [`HEADS_SQL`] on Citus, of one partition (`$1`): over several, Citus cannot join the
+/// list of partitions to their messages; one statement per partition, each on its worker.
+pub(crate) const HEADS_CITUS_SQL: &str = concat!(
+    "SELECT $1::uuid AS id, ",
+    crate::messages::head_pos!("$1"),
+    " AS head, s.seg, statement_timestamp() AS at FROM (SELECT max(seg) AS seg FROM comb.segments) s"
+);
+
+pub(crate) const COPY_SQL: &str = "COPY comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at)
+    FROM STDIN (FORMAT binary)";
+
+/// [`COPY_SQL`] with the producers' subjects, for batches where some message has one: the
+/// batches of servers without tokens copy exactly what they did before.
+pub(crate) const COPY_WITH_SUB_SQL: &str = "COPY comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
+    FROM STDIN (FORMAT binary)";
