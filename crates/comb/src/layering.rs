@@ -123,8 +123,7 @@ const OWNERS: &[(&str, &str)] = &[
 /// Tables whose statements still sit in modules other than their owner: the ownership rule
 /// is not enforced for them yet. The test prints each with the files that still name it, and
 /// fails once one of them is clean, so that it leaves this list.
-const PENDING_OWNERSHIP: &[&str] = &[
-];
+const PENDING_OWNERSHIP: &[&str] = &[];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
