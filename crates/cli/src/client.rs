@@ -1,7 +1,10 @@
 //! `comb` as a client of a running server: queues, messages, dead letters and consumer
 //! groups from the command line, over the HTTP API (`--url` or `COMB_URL`).
 //!
-//! Human tables by default, `--json` for scripts (the server's answer as it came). Colour
+//! Human tables by default, `--json` for scripts (the server's answer as it came). Tables
+//! are printed from the server's own answer types (`comb::wire`), read back with serde, so
+//! the client cannot drift from the server's field names: a field the server stops writing
+//! fails the command as an unreadable answer instead of printing an empty column. Colour
 //! only when standard output is a terminal. Exit codes: 0 done, 1 the server failed or could
 //! not be reached, 3 not found, 4 the request was refused as wrong (clap's usage errors
 //! exit 2).
@@ -9,8 +12,13 @@
 use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Args, Subcommand};
-use comb::wire::{Problem, PushResult};
+use comb::wire::{
+    GroupSummary, ListedMessage, MessageListing, Problem, PurgeAnswer, PushResult, QueueDetail,
+    QueueList, RequeueAnswer, Sought,
+};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 /// Exit code: the server failed or could not be reached.
@@ -299,18 +307,45 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// One row per element of the array `list`, a cell per dotted path (`messages.pending`).
-fn rows(list: &Value, paths: &[&str]) -> Vec<Vec<String>> {
-    list.as_array()
-        .into_iter()
-        .flatten()
-        .map(|item| {
-            paths
-                .iter()
-                .map(|p| cell(p.split('.').fold(item, |v, k| &v[k])))
-                .collect()
-        })
-        .collect()
+/// The server's answer read as its type: the same type the server wrote it from.
+fn typed<T: DeserializeOwned>(v: &Value, what: &str) -> Result<T, Failed> {
+    T::deserialize(v).map_err(|e| {
+        Failed(
+            format!("the server's answer is not a {what}: {e}"),
+            EXIT_FAILED,
+        )
+    })
+}
+
+/// A figure as the server writes it: whole numbers without a fraction, others to one place.
+fn figure(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 9.0e15 {
+        (x as i64).to_string()
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+/// A value that may be absent: `-` when it is.
+fn opt<T: std::fmt::Display>(x: Option<T>) -> String {
+    x.map_or_else(|| "-".into(), |x| x.to_string())
+}
+
+/// A time as the server writes it (UTC, milliseconds, `Z`).
+fn time(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// A message listing's rows: partition, position, transaction, status, created, payload.
+fn message_row(m: &ListedMessage) -> Vec<String> {
+    vec![
+        m.partition.clone(),
+        m.position.to_string(),
+        m.transaction_id.clone(),
+        m.status.clone(),
+        time(&m.created_at),
+        cell(&m.data),
+    ]
 }
 
 fn cell(v: &Value) -> String {
@@ -359,17 +394,21 @@ async fn command_run(command: ClientCommand) -> Outcome {
                 print_json(&v);
                 return Ok(());
             }
-            let rows = rows(
-                &v["queues"],
-                &[
-                    "name",
-                    "partitions",
-                    "messages.pending",
-                    "messages.processing",
-                    "deadLetters",
-                    "oldestPendingAgeSeconds",
-                ],
-            );
+            let list: QueueList = typed(&v, "queue list")?;
+            let rows: Vec<Vec<String>> = list
+                .queues
+                .iter()
+                .map(|q| {
+                    vec![
+                        q.name.clone(),
+                        opt(q.partitions),
+                        opt(q.messages.pending),
+                        opt(q.messages.processing),
+                        opt(q.dead_letters),
+                        figure(q.oldest_pending_age_seconds),
+                    ]
+                })
+                .collect();
             table(
                 &[
                     "QUEUE",
@@ -395,16 +434,21 @@ async fn command_run(command: ClientCommand) -> Outcome {
                 print_json(&v);
                 return Ok(());
             }
-            let parts = rows(
-                &v["partitionList"],
-                &[
-                    "name",
-                    "messages.total",
-                    "messages.pending",
-                    "messages.processing",
-                    "oldestPendingAgeSeconds",
-                ],
-            );
+            let detail: QueueDetail = typed(&v, "queue")?;
+            let parts: Vec<Vec<String>> = detail
+                .partition_list
+                .iter()
+                .map(|p| &p.figures)
+                .map(|p| {
+                    vec![
+                        p.name.clone(),
+                        opt(p.messages.total),
+                        opt(p.messages.pending),
+                        opt(p.messages.processing),
+                        figure(p.oldest_pending_age_seconds),
+                    ]
+                })
+                .collect();
             table(
                 &[
                     "PARTITION",
@@ -416,10 +460,18 @@ async fn command_run(command: ClientCommand) -> Outcome {
                 &parts,
             );
             println!();
-            let groups = rows(
-                &v["consumerGroups"],
-                &["name", "lag", "lagSeconds", "leasedPartitions"],
-            );
+            let groups: Vec<Vec<String>> = detail
+                .consumer_groups
+                .iter()
+                .map(|g| {
+                    vec![
+                        g.name.clone(),
+                        g.lag.to_string(),
+                        figure(g.lag_seconds),
+                        g.leased_partitions.to_string(),
+                    ]
+                })
+                .collect();
             table(&["GROUP", "LAG", "LAG (s)", "LEASED"], &groups);
             Ok(())
         }
@@ -484,15 +536,16 @@ async fn command_run(command: ClientCommand) -> Outcome {
                 print_json(&v);
                 return Ok(());
             }
+            let groups: Vec<GroupSummary> = typed(&v, "consumer group list")?;
             let mut rows = Vec::new();
-            for g in v.as_array().into_iter().flatten() {
-                for q in g["queues"].as_array().into_iter().flatten() {
+            for g in &groups {
+                for q in &g.queues {
                     rows.push(vec![
-                        cell(&g["name"]),
-                        cell(&q["queue"]),
-                        cell(&q["partitions"]),
-                        cell(&q["lag"]),
-                        cell(&q["lagSeconds"]),
+                        g.name.clone(),
+                        q.queue.clone(),
+                        q.partitions.to_string(),
+                        q.lag.to_string(),
+                        figure(q.lag_seconds),
                     ]);
                 }
             }
@@ -539,13 +592,14 @@ async fn command_run(command: ClientCommand) -> Outcome {
             if client.json {
                 print_json(&v);
             } else {
+                let sought: Sought = typed(&v, "seek answer")?;
                 table(
                     &["GROUP", "QUEUE", "PARTITIONS MOVED", "LAG"],
                     &[vec![
                         group,
                         queue,
-                        cell(&v["partitionsMoved"]),
-                        cell(&v["lag"]),
+                        sought.partitions_moved.to_string(),
+                        sought.lag.to_string(),
                     ]],
                 );
             }
@@ -574,25 +628,16 @@ async fn command_run(command: ClientCommand) -> Outcome {
             if client.json {
                 print_json(&v);
             } else {
-                print_messages(&v);
+                let listing: MessageListing = typed(&v, "message listing")?;
+                print_messages(&listing);
             }
             Ok(())
         }
     }
 }
 
-fn print_messages(v: &Value) {
-    let rows = rows(
-        &v["messages"],
-        &[
-            "partition",
-            "position",
-            "transactionId",
-            "status",
-            "createdAt",
-            "data",
-        ],
-    );
+fn print_messages(listing: &MessageListing) {
+    let rows: Vec<Vec<String>> = listing.messages.iter().map(message_row).collect();
     table(
         &[
             "PARTITION",
@@ -629,16 +674,20 @@ async fn dlq(action: DlqAction) -> Outcome {
                 print_json(&v);
                 return Ok(());
             }
-            let rows = rows(
-                &v["messages"],
-                &[
-                    "partition",
-                    "transactionId",
-                    "retryCount",
-                    "movedToDlqAt",
-                    "errorMessage",
-                ],
-            );
+            let listing: MessageListing = typed(&v, "message listing")?;
+            let rows: Vec<Vec<String>> = listing
+                .messages
+                .iter()
+                .map(|m| {
+                    vec![
+                        m.partition.clone(),
+                        m.transaction_id.clone(),
+                        opt(m.retry_count),
+                        opt(m.moved_to_dlq_at.as_ref().map(time)),
+                        opt(m.error_message.clone().flatten()),
+                    ]
+                })
+                .collect();
             table(
                 &[
                     "PARTITION",
@@ -658,12 +707,13 @@ async fn dlq(action: DlqAction) -> Outcome {
             if client.json {
                 print_json(&v);
             } else {
+                let answer: RequeueAnswer = typed(&v, "requeue answer")?;
                 table(
                     &["QUEUE", "REQUEUED", "REMAINING"],
                     &[vec![
                         selection.queue,
-                        cell(&v["requeued"]),
-                        cell(&v["remaining"]),
+                        answer.requeued.to_string(),
+                        answer.remaining.to_string(),
                     ]],
                 );
             }
@@ -676,9 +726,10 @@ async fn dlq(action: DlqAction) -> Outcome {
             if client.json {
                 print_json(&v);
             } else {
+                let answer: PurgeAnswer = typed(&v, "purge answer")?;
                 table(
                     &["QUEUE", "PURGED"],
-                    &[vec![selection.queue, cell(&v["purged"])]],
+                    &[vec![selection.queue, answer.purged.to_string()]],
                 );
             }
             Ok(())
@@ -703,16 +754,19 @@ async fn tail(http: &Http, queue: &str, group: Option<String>, as_json: bool) ->
             ])
         );
         let v = http.get(&path).await?;
-        let mut fresh: Vec<&Value> = v["messages"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|m| seen.insert((m["partitionId"].to_string(), m["position"].to_string())))
-            .collect();
-        fresh.sort_by_key(|m| (m["createdAt"].to_string(), m["position"].as_i64()));
-        for m in fresh {
+        // Each message read as its type, beside the server's own JSON for `--json`.
+        let raw = v["messages"].as_array().cloned().unwrap_or_default();
+        let mut fresh = Vec::new();
+        for m in raw {
+            let typed: ListedMessage = typed(&m, "listed message")?;
+            if seen.insert((typed.partition_id, typed.position)) {
+                fresh.push((typed, m));
+            }
+        }
+        fresh.sort_by_key(|(m, _)| (m.created_at, m.position));
+        for (m, raw) in fresh {
             if as_json {
-                println!("{m}");
+                println!("{raw}");
             } else {
                 if header {
                     table(
@@ -730,12 +784,12 @@ async fn tail(http: &Http, queue: &str, group: Option<String>, as_json: bool) ->
                 }
                 println!(
                     "{}  {}  {}  {}  {}  {}",
-                    cell(&m["partition"]),
-                    cell(&m["position"]),
-                    cell(&m["transactionId"]),
-                    cell(&m["status"]),
-                    cell(&m["createdAt"]),
-                    m["data"]
+                    m.partition,
+                    m.position,
+                    m.transaction_id,
+                    m.status,
+                    time(&m.created_at),
+                    m.data
                 );
             }
         }

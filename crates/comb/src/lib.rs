@@ -11,6 +11,17 @@
 pub mod wire {
     pub use crate::http::problem::ProblemBody as Problem;
     pub use crate::http::push::{PushResult, PushStatus};
+
+    /// The administration's answers the `comb` command prints: a queue list and a queue's
+    /// detail, consumer groups, a seek, a message listing (dead letters and `tail` read it
+    /// too), and the dead letters' requeue and purge.
+    pub use crate::admin::dead_letters::{PurgeAnswer, RequeueAnswer};
+    pub use crate::admin::groups::{FiguresAt, GroupQueueLag, GroupSummary, QueueGroup, Sought};
+    pub use crate::admin::messages::{ListedMessage, MessageListing};
+    pub use crate::admin::resources::{
+        MessageCounts, PartitionFigures, PartitionGroupLag, PartitionMessages, QueueDetail,
+        QueueFigures, QueueList, QueuePartition,
+    };
 }
 
 // The bottom: imports nothing from the modules above it.

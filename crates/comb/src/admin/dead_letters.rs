@@ -143,7 +143,7 @@ pub async fn purge(pool: &Pool, selection: &Selection) -> Result<u64, Refusal> {
 /// What `POST /api/v1/dlq/requeue` did.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct RequeueAnswer {
+pub struct RequeueAnswer {
     /// Entries requeued.
     pub requeued: u64,
     /// Messages stored again.
@@ -157,7 +157,7 @@ pub(crate) struct RequeueAnswer {
 
 /// What `POST /api/v1/dlq/purge` did.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub(crate) struct PurgeAnswer {
+pub struct PurgeAnswer {
     /// Entries deleted.
     pub purged: u64,
     pub queue: String,

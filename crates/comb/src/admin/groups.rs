@@ -67,7 +67,7 @@ async fn lag_of(
 /// time (see the module's documentation).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct FiguresAt {
+pub struct FiguresAt {
     #[serde(serialize_with = "iso_opt")]
     pub figures_at: Option<DateTime<Utc>>,
     #[serde(serialize_with = "super::wire::num_opt")]
@@ -86,7 +86,7 @@ impl FiguresAt {
 /// A group reading one queue, as `GET /api/v1/resources/queues/{queue}` lists it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct QueueGroup {
+pub struct QueueGroup {
     pub name: String,
     /// How it subscribed: `all`, `new` or `from`.
     pub mode: String,
@@ -132,7 +132,7 @@ pub(crate) async fn of_queue(
 /// A group in `GET /api/v1/consumer-groups`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct GroupSummary {
+pub struct GroupSummary {
     pub name: String,
     /// The queues it reads, by name.
     pub queues: Vec<GroupQueueLag>,
@@ -147,7 +147,7 @@ pub(crate) struct GroupSummary {
 /// A queue a group reads, with the group's lag on it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct GroupQueueLag {
+pub struct GroupQueueLag {
     pub queue: String,
     pub mode: String,
     pub partitions: i64,
@@ -583,7 +583,7 @@ pub async fn set_subscription(
 /// What a seek did.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct Sought {
+pub struct Sought {
     pub success: bool,
     pub consumer_group: String,
     pub queue_name: String,

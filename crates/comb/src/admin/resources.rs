@@ -31,7 +31,7 @@ pub(crate) use crate::catalog::listing::{Grouping, QueueFilter};
 /// Messages of a queue (or of all) by state.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct MessageCounts {
+pub struct MessageCounts {
     pub total: Option<i64>,
     pub pending: Option<i64>,
     pub processing: Option<i64>,
@@ -42,7 +42,7 @@ pub(crate) struct MessageCounts {
 /// A queue with its figures, as every queue listing shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct QueueFigures {
+pub struct QueueFigures {
     pub id: Uuid,
     pub name: String,
     pub namespace: Option<String>,
@@ -193,7 +193,7 @@ pub async fn overview(pool: &Pool) -> Result<Overview, Refusal> {
 /// `GET /api/v1/resources/queues` (and `/api/v1/status/queues`).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct QueueList {
+pub struct QueueList {
     pub queues: Vec<QueueFigures>,
     /// Queues the filter selects in all.
     pub total: i64,
@@ -216,7 +216,7 @@ pub async fn queues(pool: &Pool, filter: &QueueFilter, page: Page) -> Result<Que
 /// A partition with its figures, exact.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct PartitionFigures {
+pub struct PartitionFigures {
     pub id: Uuid,
     pub name: String,
     #[serde(serialize_with = "iso")]
@@ -235,7 +235,7 @@ pub(crate) struct PartitionFigures {
 /// A partition's messages: `total` is its head, the newest position stored.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct PartitionMessages {
+pub struct PartitionMessages {
     pub total: Option<i64>,
     pub pending: Option<i64>,
     pub processing: Option<i64>,
@@ -282,7 +282,7 @@ fn partition_figures(p: &listing::PartitionRow, s: &Row) -> PartitionFigures {
 /// A partition of a queue's page, with every group's exact lag there.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct QueuePartition {
+pub struct QueuePartition {
     #[serde(flatten)]
     pub figures: PartitionFigures,
     pub group_lag: Vec<PartitionGroupLag>,
@@ -291,7 +291,7 @@ pub(crate) struct QueuePartition {
 /// A group's cursor on one partition.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct PartitionGroupLag {
+pub struct PartitionGroupLag {
     pub consumer_group: String,
     pub cursor: Option<i64>,
     pub lag: Option<i64>,
@@ -304,7 +304,7 @@ pub(crate) struct PartitionGroupLag {
 /// `GET /api/v1/resources/queues/{queue}`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct QueueDetail {
+pub struct QueueDetail {
     #[serde(flatten)]
     pub queue: QueueFigures,
     pub partition_list: Vec<QueuePartition>,

@@ -109,9 +109,14 @@ async fn the_cli_pushes_lists_and_steers_queues_groups_and_dead_letters() {
     let (code, out, _) = comb(&env, &["dlq", "list", "orders"]).await;
     assert_eq!(code, 0);
     assert!(out.contains("boom"), "{out}");
-    let (code, out, _) = comb(&env, &["dlq", "requeue", "orders", "--json"]).await;
+    let (code, out, _) = comb(&env, &["dlq", "requeue", "orders"]).await;
     assert_eq!(code, 0);
-    assert_eq!(parse(&out)["requeued"], 1);
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        row,
+        ["orders", "1", "0"],
+        "queue, requeued, remaining: {out}"
+    );
     let (code, out, _) = comb(&env, &["dlq", "purge", "orders", "--json"]).await;
     assert_eq!(code, 0);
     assert_eq!(parse(&out)["purged"], 1);
@@ -133,6 +138,15 @@ async fn the_cli_pushes_lists_and_steers_queues_groups_and_dead_letters() {
     .await;
     assert_eq!(code, 0);
     assert_eq!(parse(&out)["lag"], 0);
+    let (code, out, _) = comb(
+        &env,
+        &["group", "seek", "__QUEUE_MODE__", "orders", "--end"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..2], ["__QUEUE_MODE__", "orders"], "{out}");
+    assert_eq!(row[3], "0", "lag after a seek to the end: {out}");
     assert!(
         env.pop("/api/v1/pop/queue/orders?autoAck=true")
             .await
