@@ -13,9 +13,16 @@ async fn nothing_is_lost_or_reordered_across_a_server_kill_and_a_consumer_death(
         .await
         .unwrap()
         .expect("database");
-    let out = comb_audit::scenario::short_audit(common::comb_bin(), &url, 10_000).await;
+    short_audit_passes(&url, 10_000).await;
+}
+
+/// Runs the short audit of `messages` against a fresh database at `url` and asserts that all
+/// were accepted, every group met deliberate failures or a death, and nothing was lost or
+/// reordered (the Citus run shares it).
+pub(crate) async fn short_audit_passes(url: &str, messages: u64) {
+    let out = comb_audit::scenario::short_audit(common::comb_bin(), url, messages).await;
     println!("{}", out.render());
-    assert!(out.report.accepted >= 10_000, "{}", out.render());
+    assert!(out.report.accepted >= messages, "{}", out.render());
     assert!(
         out.report
             .groups
