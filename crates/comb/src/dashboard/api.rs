@@ -42,18 +42,15 @@ impl AdminApi {
         }
     }
 
-    /// `GET path_and_query`, decoded.
-    pub async fn get(&self, path_and_query: impl AsRef<str>) -> Result<Json, ApiError> {
-        self.call(Method::GET, path_and_query.as_ref(), None).await
-    }
-
     /// `GET path_and_query`, decoded into the administration's answer type for it: pages read
     /// the same types the API serialises.
     pub async fn get_as<T: serde::de::DeserializeOwned>(
         &self,
         path_and_query: impl AsRef<str>,
     ) -> Result<T, ApiError> {
-        let Json(value) = self.get(path_and_query).await?;
+        let value = self
+            .call(Method::GET, path_and_query.as_ref(), None)
+            .await?;
         serde_json::from_value(value).map_err(|e| ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             detail: format!("reading the answer: {e}"),
@@ -66,16 +63,11 @@ impl AdminApi {
         path: &str,
         body: &Value,
     ) -> Result<T, ApiError> {
-        let Json(value) = self.post(path, body).await?;
+        let value = self.call(Method::POST, path, Some(body)).await?;
         serde_json::from_value(value).map_err(|e| ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             detail: format!("reading the answer: {e}"),
         })
-    }
-
-    /// `POST path` with a JSON body.
-    pub async fn post(&self, path: &str, body: &Value) -> Result<Json, ApiError> {
-        self.call(Method::POST, path, Some(body)).await
     }
 
     async fn call(
@@ -83,7 +75,7 @@ impl AdminApi {
         method: Method,
         path_and_query: &str,
         body: Option<&Value>,
-    ) -> Result<Json, ApiError> {
+    ) -> Result<Value, ApiError> {
         let mut request = Request::builder().method(method).uri(path_and_query);
         if let Some(auth) = &self.authorization {
             request = request.header(header::AUTHORIZATION, auth.clone());
@@ -122,68 +114,6 @@ impl AdminApi {
                 .to_string();
             return Err(ApiError { status, detail });
         }
-        Ok(Json(value))
-    }
-}
-
-/// A decoded answer, read tolerantly: a missing or mistyped field reads as absent, never as a
-/// failed page. For streams' answers, which have no Rust type yet, and the message listings the
-/// dead letters' and queues' pages read; the others are read with [`AdminApi::get_as`] into the
-/// types the API serialises.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Json(pub Value);
-
-impl Json {
-    /// The value at a dotted path (`messages.pending`).
-    pub fn at(&self, path: &str) -> &Value {
-        let mut v = &self.0;
-        for key in path.split('.') {
-            v = match v {
-                Value::Object(map) => map.get(key).unwrap_or(&Value::Null),
-                Value::Array(items) => key
-                    .parse::<usize>()
-                    .ok()
-                    .and_then(|i| items.get(i))
-                    .unwrap_or(&Value::Null),
-                _ => &Value::Null,
-            };
-        }
-        v
-    }
-
-    /// The first of `paths` that holds a number (or a numeric string).
-    pub fn num(&self, paths: &[&str]) -> Option<f64> {
-        paths.iter().find_map(|p| match self.at(p) {
-            Value::Number(n) => n.as_f64(),
-            Value::String(s) => s.parse().ok(),
-            _ => None,
-        })
-    }
-
-    /// Like [`Json::num`], as a count; 0 when absent.
-    pub fn count(&self, paths: &[&str]) -> i64 {
-        self.num(paths).map(|n| n as i64).unwrap_or(0)
-    }
-
-    /// The first of `paths` that holds a string (numbers and booleans are written out).
-    pub fn text(&self, paths: &[&str]) -> Option<String> {
-        paths.iter().find_map(|p| match self.at(p) {
-            Value::String(s) => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            Value::Bool(b) => Some(b.to_string()),
-            _ => None,
-        })
-    }
-
-    /// The items of the first of `paths` that holds an array; the answer itself when it is one.
-    pub fn list(&self, paths: &[&str]) -> Vec<Json> {
-        if let Value::Array(items) = &self.0 {
-            return items.iter().cloned().map(Json).collect();
-        }
-        paths
-            .iter()
-            .find_map(|p| self.at(p).as_array())
-            .map(|items| items.iter().cloned().map(Json).collect())
-            .unwrap_or_default()
+        Ok(value)
     }
 }

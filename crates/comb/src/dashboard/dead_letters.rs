@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{AdminApi, Notice, Viewer, access, enc, figures, rendered, respond, unavailable};
-use crate::admin::dead_letters::PurgeAnswer;
+use crate::admin::dead_letters::{PurgeAnswer, RequeueAnswer};
+use crate::admin::messages::{MessageDetail, MessageListing, MessageRetried};
 use crate::admin::resources::QueueList;
 use crate::http::State;
 use crate::queue::QUEUE_MODE_GROUP;
@@ -130,31 +131,28 @@ pub(crate) async fn list(
     let mut total = 0usize;
     if !filter.queue.is_empty() {
         match api
-            .get(format!("/api/v1/messages?{}&limit={LIMIT}", filter.query()))
+            .get_as::<MessageListing>(format!("/api/v1/messages?{}&limit={LIMIT}", filter.query()))
             .await
         {
             Ok(listing) => {
-                let entries = listing.list(&["messages"]);
-                total = entries.len();
-                for m in entries {
-                    let partition_id = m.text(&["partitionId"]).unwrap_or_default();
-                    let transaction_id = m.text(&["transactionId"]).unwrap_or_default();
+                total = listing.messages.len();
+                for m in listing.messages {
                     let one = Filter {
-                        queue: m.text(&["queue"]).unwrap_or(filter.queue.clone()),
+                        queue: m.queue.clone(),
                         group: filter.group().to_string(),
                         partition: String::new(),
-                        partition_id: partition_id.clone(),
-                        transaction_id: transaction_id.clone(),
+                        partition_id: m.partition_id.to_string(),
+                        transaction_id: m.transaction_id.clone(),
                     };
                     rows.push(Row {
-                        queue: one.queue.clone(),
-                        partition: m.text(&["partition"]).unwrap_or_default(),
+                        queue: m.queue,
+                        partition: m.partition,
                         group: one.group.clone(),
-                        error: m.text(&["errorMessage"]).unwrap_or_default(),
-                        retries: figures::count(m.count(&["retryCount"])),
-                        moved_at: m.text(&["movedToDlqAt"]).unwrap_or_default(),
-                        payload: serde_json::to_string_pretty(m.at("data")).unwrap_or_default(),
-                        href: format!("/messages/{}/{}", enc(&partition_id), enc(&transaction_id)),
+                        error: m.error_message.flatten().unwrap_or_default(),
+                        retries: figures::count(m.retry_count.unwrap_or(0).into()),
+                        moved_at: m.moved_to_dlq_at.map(figures::iso).unwrap_or_default(),
+                        payload: serde_json::to_string_pretty(&m.data).unwrap_or_default(),
+                        href: format!("/messages/{}/{}", m.partition_id, enc(&m.transaction_id)),
                         vals: one.vals(),
                     });
                 }
@@ -281,13 +279,25 @@ pub(crate) async fn requeue(
     }
     let api = AdminApi::new(&state, &headers);
     let answer = if filter.one() {
-        api.post(&format!("{}/retry", filter.message_path()), &json!({}))
+        api.post_as::<MessageRetried>(&format!("{}/retry", filter.message_path()), &json!({}))
             .await
+            .map(|a| Requeued {
+                requeued: a.requeued,
+                remaining: 0,
+            })
     } else {
-        api.post("/api/v1/dlq/requeue", &filter.body()).await
+        api.post_as::<RequeueAnswer>("/api/v1/dlq/requeue", &filter.body())
+            .await
+            .map(|a| Requeued {
+                requeued: a.requeued,
+                remaining: a.remaining,
+            })
     };
     match answer {
-        Ok(a) => done("Requeued", a.count(&["requeued"]), a.count(&["remaining"])),
+        Ok(Requeued {
+            requeued,
+            remaining,
+        }) => done("Requeued", requeued as i64, remaining as i64),
         Err(e) => Notice::failed("requeue", &e),
     }
 }
@@ -306,18 +316,15 @@ pub(crate) async fn purge(
     let mut body = filter.body();
     if filter.one() {
         // The entry ids of this message's dead letters in the filter's group, not requeued.
-        let message = match api.get(filter.message_path()).await {
+        let message = match api.get_as::<MessageDetail>(filter.message_path()).await {
             Ok(m) => m,
             Err(e) => return Notice::failed("purge", &e),
         };
         let ids: Vec<String> = message
-            .list(&["deadLetters"])
+            .dead_letters
             .iter()
-            .filter(|d| {
-                d.text(&["consumerGroup"]).as_deref() == Some(filter.group())
-                    && d.at("requeuedAt").is_null()
-            })
-            .filter_map(|d| d.text(&["id"]))
+            .filter(|d| d.consumer_group == filter.group() && d.requeued_at.is_none())
+            .map(|d| d.id.to_string())
             .collect();
         if ids.is_empty() {
             return done("Purged", 0, 0);
@@ -345,6 +352,12 @@ fn refusal(headers: &HeaderMap, filter: &Filter) -> Option<Response> {
 }
 
 /// The notice of a done action.
+/// What a requeue did, whether of one message or of what the filter shows.
+struct Requeued {
+    requeued: u64,
+    remaining: u64,
+}
+
 fn done(verb: &str, n: i64, remaining: i64) -> Response {
     let mut text = format!(
         "{verb} {} dead letter{}.",

@@ -41,6 +41,12 @@ pub(crate) fn rate(per_second: f64) -> String {
     }
 }
 
+/// A time as the API writes it (UTC, milliseconds, `Z`), so a page shows what the listing
+/// answered.
+pub(crate) fn iso(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

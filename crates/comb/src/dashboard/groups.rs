@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{AdminApi, Notice, Viewer, access, enc, figures, respond, unavailable};
-use crate::admin::groups::GroupSummary;
+use crate::admin::groups::{GroupSummary, Sought};
 use crate::http::State;
 
 #[derive(Template)]
@@ -132,7 +132,7 @@ pub(crate) async fn seek(
         enc(&group),
         enc(&form.queue)
     );
-    match api.post(&path, &body).await {
+    match api.post_as::<Sought>(&path, &body).await {
         Ok(_) => Notice {
             ok: true,
             text: format!("Group {group} moved on {}.", form.queue),

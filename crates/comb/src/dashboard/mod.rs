@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use crate::http::State;
 
 pub(crate) use access::Viewer;
-pub(crate) use api::{AdminApi, ApiError, Json};
+pub(crate) use api::{AdminApi, ApiError};
 
 /// The dashboard's routes. They are kept out of [`crate::http::routes`] and `openapi.json`,
 /// which describe the JSON API; `server` merges them with the API's router on the same port.

@@ -12,6 +12,7 @@ use super::{AdminApi, enc, figures, respond, unavailable};
 use crate::admin::resources::{QueueFigures, QueueList};
 use crate::admin::status::{Servers, Status};
 use crate::http::State;
+use crate::http::streams::QueriesOut;
 
 #[derive(Template)]
 #[template(path = "dashboard/overview.html")]
@@ -57,7 +58,7 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
             enc(&recent.to_rfc3339())
         )),
         api.get_as::<QueueList>("/api/v1/resources/queues?limit=1000"),
-        api.get("/api/v1/streams/queries"),
+        api.get_as::<QueriesOut>("/api/v1/streams/queries"),
     );
     let mut notes = Vec::new();
     let mut throughput_note = None;
@@ -80,8 +81,8 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     // Streams queries registered (Queen's streams SDK), with the source partitions they run on.
     let streams = streams
         .map(|s| {
-            let queries = s.list(&["queries"]);
-            let partitions: usize = queries.iter().map(|q| q.list(&["partitions"]).len()).sum();
+            let queries = s.queries;
+            let partitions: usize = queries.iter().map(|q| q.partitions.len()).sum();
             format!(
                 "{} ({} partitions)",
                 figures::count(queries.len() as i64),

@@ -11,7 +11,8 @@ use axum::response::Response;
 use serde::Deserialize;
 
 use super::overview::pending_age;
-use super::{AdminApi, Json, chart, enc, figures, respond, unavailable};
+use super::{AdminApi, chart, enc, figures, respond, unavailable};
+use crate::admin::messages::MessageListing;
 use crate::admin::resources::{QueueDetail, QueueFigures, QueueList};
 use crate::admin::status::Analytics;
 use crate::http::State;
@@ -430,15 +431,13 @@ pub(crate) struct TailRow {
     pub payload: String,
 }
 
-/// Messages of a Queen message listing, for a table.
-pub(crate) fn message_rows(listing: &Json) -> Vec<TailRow> {
+/// Messages of a listing, for a table.
+pub(crate) fn message_rows(listing: MessageListing) -> Vec<TailRow> {
     listing
-        .list(&["messages"])
-        .iter()
+        .messages
+        .into_iter()
         .map(|m| {
-            let partition_id = m.text(&["partitionId"]).unwrap_or_default();
-            let transaction_id = m.text(&["transactionId"]).unwrap_or_default();
-            let mut payload = m.at("data").to_string();
+            let mut payload = m.data.to_string();
             if payload.len() > 200 {
                 let cut = (0..=200)
                     .rev()
@@ -448,11 +447,11 @@ pub(crate) fn message_rows(listing: &Json) -> Vec<TailRow> {
                 payload.push('…');
             }
             TailRow {
-                partition: m.text(&["partition"]).unwrap_or_default(),
-                status: m.text(&["status"]).unwrap_or_default(),
-                created: m.text(&["createdAt"]).unwrap_or_default(),
-                href: format!("/messages/{}/{}", enc(&partition_id), enc(&transaction_id)),
-                transaction_id,
+                partition: m.partition,
+                status: m.status,
+                created: figures::iso(m.created_at),
+                href: format!("/messages/{}/{}", m.partition_id, enc(&m.transaction_id)),
+                transaction_id: m.transaction_id,
                 payload,
             }
         })
@@ -469,11 +468,11 @@ pub(crate) async fn tail(
     let api = AdminApi::new(&state, &headers);
     let mut note = None;
     let messages = match api
-        .get(&format!("/api/v1/messages?queue={}&limit=50", enc(&queue)))
+        .get_as::<MessageListing>(format!("/api/v1/messages?queue={}&limit=50", enc(&queue)))
         .await
     {
         Ok(listing) => {
-            let mut rows = message_rows(&listing);
+            let mut rows = message_rows(listing);
             // The listing walks partitions in turn; the tail reads newest first.
             rows.sort_by(|a, b| b.created.cmp(&a.created));
             rows

@@ -24,7 +24,8 @@ pub(crate) mod queues;
 /// Sizes, depth and lag of queues, partitions, namespaces and tasks; clearing a queue.
 mod resources;
 mod status;
-mod streams;
+/// Queen's streams routes (the dashboard reads their listing's type).
+pub(crate) mod streams;
 mod system;
 /// HTTPS on the listener.
 pub(crate) mod tls;
