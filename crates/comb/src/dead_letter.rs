@@ -11,6 +11,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::db::DbError;
+use crate::queue::{GroupName, PartitionName, QueueName};
 
 /// A message to dead-letter, gathered while acks, lease expiry or maintenance settle cursors.
 pub(crate) struct NewDeadLetter {
@@ -306,9 +307,9 @@ pub(crate) const MAX_TOTAL: i64 = 10_000;
 /// time range of their dead-lettering, newest first.
 #[derive(Debug, Clone)]
 pub(crate) struct Filter {
-    pub(crate) queue: String,
-    pub(crate) group: Option<String>,
-    pub(crate) partition: Option<String>,
+    pub(crate) queue: QueueName<'static>,
+    pub(crate) group: Option<GroupName<'static>>,
+    pub(crate) partition: Option<PartitionName<'static>>,
     pub(crate) from: Option<DateTime<Utc>>,
     pub(crate) to: Option<DateTime<Utc>>,
     pub(crate) limit: i64,

@@ -21,7 +21,7 @@ pub(crate) const QUEUE_MODE_GROUP: &str = "__QUEUE_MODE__";
 pub(crate) const MAX_NAME_LEN: usize = 255;
 
 /// A queue name is 1–255 characters of `[A-Za-z0-9._:-]`, so it is safe in URLs, logs and metrics.
-pub(crate) fn validate_queue_name(name: &str) -> Result<(), String> {
+fn validate_queue_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(format!(
             "queue name must be 1-{MAX_NAME_LEN} characters, got {}",
@@ -41,12 +41,12 @@ pub(crate) fn validate_queue_name(name: &str) -> Result<(), String> {
 
 /// A partition is named by the producer after its own keys (customer, chat, device), so any
 /// printable text of 1–255 bytes is accepted; control characters are refused.
-pub(crate) fn validate_partition_name(name: &str) -> Result<(), String> {
+fn validate_partition_name(name: &str) -> Result<(), String> {
     validate_free_name("partition", name)
 }
 
 /// Consumer group names follow the partition rule, which admits the reserved `__QUEUE_MODE__`.
-pub(crate) fn validate_group_name(name: &str) -> Result<(), String> {
+fn validate_group_name(name: &str) -> Result<(), String> {
     validate_free_name("consumer group", name)
 }
 
@@ -125,6 +125,24 @@ macro_rules! name_type {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(&self.0)
             }
+        }
+
+        /// Bound as the text it holds, so a statement takes the name itself.
+        impl tokio_postgres::types::ToSql for $name<'_> {
+            fn to_sql(
+                &self,
+                ty: &tokio_postgres::types::Type,
+                out: &mut bytes::BytesMut,
+            ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>>
+            {
+                <&str as tokio_postgres::types::ToSql>::to_sql(&&*self.0, ty, out)
+            }
+
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <&str as tokio_postgres::types::ToSql>::accepts(ty)
+            }
+
+            tokio_postgres::types::to_sql_checked!();
         }
 
         /// Parsed as it is read: text that is no such name is a refusal of the whole value.

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::Refusal;
 use crate::dead_letter;
+use crate::queue::GroupName;
 
 /// Most entries one request requeues; the answer says how many are left.
 pub const MAX_REQUEUE: i64 = 10_000;
@@ -23,7 +24,7 @@ pub const MAX_REQUEUE: i64 = 10_000;
 pub struct Selection {
     pub queue_id: Uuid,
     /// One group's, or every group's.
-    pub group: Option<String>,
+    pub group: Option<GroupName<'static>>,
     /// These entries only.
     pub ids: Option<Vec<Uuid>>,
     pub partition: Option<Uuid>,

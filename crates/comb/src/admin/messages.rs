@@ -25,7 +25,7 @@ use crate::code::Code;
 use crate::cursor::GroupAtMessage;
 use crate::dead_letter::{self, DeadMessageRow, LetterOfMessage, NewDeadLetter};
 use crate::messages::listing::{self as stored, MessageRow};
-use crate::queue::QUEUE_MODE_GROUP;
+use crate::queue::{GroupName, PartitionName, QUEUE_MODE_GROUP, QueueName};
 
 /// Most partitions one listing visits.
 pub const MAX_PARTITIONS: i64 = 1000;
@@ -64,9 +64,9 @@ impl Status {
 /// What a listing shows.
 #[derive(Debug, Default, Clone)]
 pub struct Filter {
-    pub queue: Option<String>,
-    pub partition: Option<String>,
-    pub group: Option<String>,
+    pub queue: Option<QueueName<'static>>,
+    pub partition: Option<PartitionName<'static>>,
+    pub group: Option<GroupName<'static>>,
     pub status: Option<Status>,
     pub from: Option<DateTime<Utc>>,
     pub to: Option<DateTime<Utc>>,

@@ -16,6 +16,7 @@ use uuid::Uuid;
 use super::wire::{iso, iso_opt};
 use super::{MAX_LIMIT, Page, Refusal};
 use crate::code::Code;
+use crate::queue::GroupName;
 
 /// Most names one trace carries.
 pub const MAX_NAMES: usize = 16;
@@ -28,7 +29,7 @@ pub const MAX_DATA_BYTES: usize = 64 * 1024;
 pub struct NewTrace {
     pub partition_id: Uuid,
     pub transaction_id: String,
-    pub consumer_group: String,
+    pub consumer_group: GroupName<'static>,
     pub event_type: String,
     pub data: Value,
     pub names: Vec<String>,

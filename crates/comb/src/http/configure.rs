@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::body::JsonBody;
 use super::{Problem, State};
 use crate::code::Code;
-use crate::queue::{OPTION_NAMES, OptionsSet, QueueOptions, validate_queue_name};
+use crate::queue::{OPTION_NAMES, OptionsSet, QueueName, QueueOptions};
 
 /// A queue to create or change.
 #[derive(Serialize, Deserialize, utoipa::ToSchema)]
@@ -47,8 +47,7 @@ pub(crate) async fn configure(
     principal: Option<axum::Extension<crate::auth::Principal>>,
     JsonBody(body): JsonBody<ConfigureIn>,
 ) -> Result<axum::Json<ConfigureOut>, Problem> {
-    validate_queue_name(&body.queue)
-        .map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
+    QueueName::parse(body.queue.as_str())?;
     super::guard::check_queues(principal.as_deref(), std::iter::once(body.queue.as_str()))?;
     for (what, v) in [("namespace", &body.namespace), ("task", &body.task)] {
         if let Some(v) = v

@@ -10,17 +10,20 @@ use uuid::Uuid;
 
 use super::body::JsonBody;
 use super::params::Params;
-use super::resources::{check_partition, check_queue};
 use super::{Problem, State};
 use crate::admin::dead_letters::{self, PurgeAnswer, RequeueAnswer, Selection};
 use crate::admin::{partition_id, queue_id};
 use crate::code::Code;
+use crate::queue::{GroupName, PartitionName, QueueName};
 use crate::refusal::Refusal;
 
 /// Most entry ids one request names.
 const MAX_IDS: usize = 10_000;
 
-async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Selection), Problem> {
+async fn selection(
+    app: &State,
+    body: Map<String, Value>,
+) -> Result<(QueueName<'static>, Selection), Problem> {
     let ids = match body.get("ids") {
         None | Some(Value::Null) => None,
         Some(Value::Array(items)) => {
@@ -56,16 +59,19 @@ async fn selection(app: &State, body: Map<String, Value>) -> Result<(String, Sel
     let queue = params
         .text("queue")?
         .ok_or_else(|| Problem::bad_request(Code::QueueNameInvalid, "`queue` is required"))?;
-    check_queue(&queue)?;
-    let group = params.text("consumerGroup")?;
-    let partition = params.text("partition")?;
+    let queue = QueueName::parse(queue)?;
+    let group = params
+        .text("consumerGroup")?
+        .map(GroupName::parse)
+        .transpose()?;
+    let partition = params
+        .text("partition")?
+        .map(PartitionName::parse)
+        .transpose()?;
     let client = app.pool.get().await.map_err(crate::db::DbError::from)?;
     let qid = queue_id(&**client, &queue).await?;
     let pid = match &partition {
-        Some(p) => {
-            check_partition(p)?;
-            Some(partition_id(&**client, qid, &queue, p).await?)
-        }
+        Some(p) => Some(partition_id(&**client, qid, &queue, p).await?),
         None => None,
     };
     Ok((
@@ -107,7 +113,7 @@ pub async fn requeue(
         messages: done.stored,
         consumer_groups: done.groups,
         remaining: done.remaining,
-        queue,
+        queue: queue.to_string(),
     }))
 }
 
@@ -129,5 +135,8 @@ pub async fn purge(
     let purged = dead_letters::purge(&app.pool, &selection)
         .await
         .map_err(|e: Refusal| Problem::from(e))?;
-    Ok(Json(PurgeAnswer { purged, queue }))
+    Ok(Json(PurgeAnswer {
+        purged,
+        queue: queue.to_string(),
+    }))
 }

@@ -11,7 +11,7 @@ use super::{Problem, State};
 use crate::admin::dead_letters::{DeadLetterEntry, DeadLetterList};
 use crate::code::Code;
 use crate::dead_letter::{self, Filter, MAX_LIMIT, MAX_OFFSET};
-use crate::queue::{validate_group_name, validate_partition_name, validate_queue_name};
+use crate::queue::{GroupName, PartitionName, QueueName};
 
 /// Lists dead letters of a queue, newest first: `queue` (required), `consumerGroup`,
 /// `partition`, `from`, `to` (RFC 3339), `limit` (100), `offset` (0).
@@ -43,16 +43,17 @@ pub async fn list(
     let queue = params
         .text("queue")?
         .ok_or_else(|| Problem::bad_request(Code::QueueNameInvalid, "`queue` is required"))?;
-    validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
-    let group = params.text("consumerGroup")?.filter(|g| !g.is_empty());
-    if let Some(g) = &group {
-        validate_group_name(g).map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))?;
-    }
-    let partition = params.text("partition")?.filter(|p| !p.is_empty());
-    if let Some(p) = &partition {
-        validate_partition_name(p)
-            .map_err(|e| Problem::bad_request(Code::PartitionNameInvalid, e))?;
-    }
+    let queue = QueueName::parse(queue)?;
+    let group = params
+        .text("consumerGroup")?
+        .filter(|g| !g.is_empty())
+        .map(GroupName::parse)
+        .transpose()?;
+    let partition = params
+        .text("partition")?
+        .filter(|p| !p.is_empty())
+        .map(PartitionName::parse)
+        .transpose()?;
     let limit = params.uint("limit")?.unwrap_or(100) as i64;
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(Problem::bad_request(
@@ -105,7 +106,7 @@ pub async fn list(
             original_created_at: d.created_at,
             moved_to_dlq_at: d.dead_at,
             message_created_at: d.created_at,
-            queue_name: filter.queue.clone(),
+            queue_name: filter.queue.to_string(),
             namespace: page.namespace.clone(),
             task: page.task.clone(),
             partition_name: d.partition.clone(),

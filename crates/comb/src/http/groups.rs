@@ -6,16 +6,12 @@ use serde_json::{Map, Value};
 
 use super::body::JsonBody;
 use super::params::{Params, PathParams, QueryString, parse_time, query};
-use super::resources::{check_partition, check_queue, optional_queue};
+use super::resources::optional_queue;
 use super::{Problem, State};
 use crate::admin::cursors::Target;
 use crate::admin::groups;
 use crate::code::Code;
-use crate::queue::validate_group_name;
-
-fn check_group(group: &str) -> Result<(), Problem> {
-    validate_group_name(group).map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))
-}
+use crate::queue::{GroupName, PartitionName, QueueName};
 
 /// Every group with its queues' lag.
 #[utoipa::path(
@@ -52,7 +48,7 @@ pub async fn detail(
     PathParams(group): PathParams<String>,
     q: QueryString,
 ) -> Result<Json<groups::GroupDetail>, Problem> {
-    check_group(&group)?;
+    let group = GroupName::parse(group)?;
     let params = query(q)?;
     let queue = optional_queue(&params)?;
     let page = params.page()?;
@@ -104,8 +100,8 @@ pub async fn delete_for_queue(
     PathParams((group, queue)): PathParams<(String, String)>,
     q: QueryString,
 ) -> Result<Json<groups::GroupDeleted>, Problem> {
-    check_group(&group)?;
-    check_queue(&queue)?;
+    let group = GroupName::parse(group)?;
+    let queue = QueueName::parse(queue)?;
     let delete_metadata = query(q)?.flag("deleteMetadata")?.unwrap_or(true);
     Ok(Json(
         groups::delete_for_queue(&app.pool, &app.catalog, &group, &queue, delete_metadata).await?,
@@ -130,7 +126,7 @@ pub async fn subscription(
     PathParams(group): PathParams<String>,
     JsonBody(body): JsonBody<Map<String, Value>>,
 ) -> Result<Json<groups::SubscriptionSet>, Problem> {
-    check_group(&group)?;
+    let group = GroupName::parse(group)?;
     let params = Params::Json(body);
     let at = params.time("subscriptionTimestamp")?.ok_or_else(|| {
         Problem::bad_request(
@@ -181,8 +177,8 @@ pub async fn seek(
     PathParams((group, queue)): PathParams<(String, String)>,
     JsonBody(body): JsonBody<Map<String, Value>>,
 ) -> Result<Json<groups::Sought>, Problem> {
-    check_group(&group)?;
-    check_queue(&queue)?;
+    let group = GroupName::parse(group)?;
+    let queue = QueueName::parse(queue)?;
     let target = target(body)?;
     Ok(Json(
         groups::seek(&app.pool, &app.catalog, &group, &queue, None, target).await?,
@@ -209,9 +205,9 @@ pub async fn seek_partition(
     PathParams((group, queue, partition)): PathParams<(String, String, String)>,
     JsonBody(body): JsonBody<Map<String, Value>>,
 ) -> Result<Json<groups::Sought>, Problem> {
-    check_group(&group)?;
-    check_queue(&queue)?;
-    check_partition(&partition)?;
+    let group = GroupName::parse(group)?;
+    let queue = QueueName::parse(queue)?;
+    let partition = PartitionName::parse(partition)?;
     let target = target(body)?;
     Ok(Json(
         groups::seek(

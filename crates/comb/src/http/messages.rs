@@ -5,10 +5,11 @@ use axum::extract::State as AxState;
 use uuid::Uuid;
 
 use super::params::{PathParams, QueryString, query};
-use super::resources::{check_partition, optional_queue};
+use super::resources::{optional_partition, optional_queue};
 use super::{Problem, State};
 use crate::admin::messages::{self, Filter, Status};
 use crate::code::Code;
+use crate::queue::GroupName;
 
 /// A page of messages by queue, partition, status (for `consumerGroup`) and time.
 #[utoipa::path(
@@ -44,15 +45,15 @@ pub async fn list(
     };
     let filter = Filter {
         queue: optional_queue(&params)?,
-        partition: params.text("partition")?,
-        group: params.text("consumerGroup")?,
+        partition: optional_partition(&params)?,
+        group: params
+            .text("consumerGroup")?
+            .map(GroupName::parse)
+            .transpose()?,
         status,
         from: params.time("from")?,
         to: params.time("to")?,
     };
-    if let Some(p) = &filter.partition {
-        check_partition(p)?;
-    }
     Ok(Json(
         messages::list(&app.pool, &filter, params.page()?).await?,
     ))

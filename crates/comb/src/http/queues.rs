@@ -6,8 +6,7 @@ use super::params::PathParams;
 
 use super::{Problem, State};
 use crate::admin::resources::QueueDeleted;
-use crate::code::Code;
-use crate::queue::validate_queue_name;
+use crate::queue::QueueName;
 
 /// Deletes a queue and everything the catalog knows of it.
 #[utoipa::path(
@@ -25,7 +24,7 @@ pub(crate) async fn delete_queue(
     AxState(app): AxState<State>,
     PathParams(queue): PathParams<String>,
 ) -> Result<axum::Json<QueueDeleted>, Problem> {
-    validate_queue_name(&queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))?;
+    let queue = QueueName::parse(queue)?;
     Ok(axum::Json(
         crate::admin::resources::delete_queue(&app.pool, &app.catalog, &queue).await?,
     ))

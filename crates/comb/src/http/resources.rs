@@ -6,25 +6,23 @@ use axum::extract::State as AxState;
 use super::params::{PathParams, QueryString, query};
 use super::{Problem, State};
 use crate::admin::resources::{self, Grouping, QueueFilter};
-use crate::code::Code;
-use crate::queue::{validate_partition_name, validate_queue_name};
+use crate::queue::{PartitionName, QueueName};
 
-pub(super) fn check_queue(queue: &str) -> Result<(), Problem> {
-    validate_queue_name(queue).map_err(|e| Problem::bad_request(Code::QueueNameInvalid, e))
+/// The optional `queue` parameter of a listing, parsed like a queue name in a path.
+pub(super) fn optional_queue(
+    params: &super::params::Params,
+) -> Result<Option<QueueName<'static>>, Problem> {
+    Ok(params.text("queue")?.map(QueueName::parse).transpose()?)
 }
 
-/// The optional `queue` parameter of a listing, checked like a queue name in a path.
-pub(super) fn optional_queue(params: &super::params::Params) -> Result<Option<String>, Problem> {
-    let queue = params.text("queue")?;
-    if let Some(q) = &queue {
-        check_queue(q)?;
-    }
-    Ok(queue)
-}
-
-pub(super) fn check_partition(partition: &str) -> Result<(), Problem> {
-    validate_partition_name(partition)
-        .map_err(|e| Problem::bad_request(Code::PartitionNameInvalid, e))
+/// The optional `partition` parameter of a request, parsed as a partition's name.
+pub(super) fn optional_partition(
+    params: &super::params::Params,
+) -> Result<Option<PartitionName<'static>>, Problem> {
+    Ok(params
+        .text("partition")?
+        .map(PartitionName::parse)
+        .transpose()?)
 }
 
 /// Counts and depth of everything.
@@ -88,7 +86,7 @@ pub async fn queue(
     PathParams(queue): PathParams<String>,
     q: QueryString,
 ) -> Result<Json<resources::QueueDetail>, Problem> {
-    check_queue(&queue)?;
+    let queue = QueueName::parse(queue)?;
     let page = query(q)?.page()?;
     Ok(Json(resources::queue(&app.pool, &queue, page).await?))
 }
@@ -165,11 +163,8 @@ pub async fn clear(
     PathParams(queue): PathParams<String>,
     q: QueryString,
 ) -> Result<Json<resources::Cleared>, Problem> {
-    check_queue(&queue)?;
-    let partition = query(q)?.text("partition")?;
-    if let Some(p) = &partition {
-        check_partition(p)?;
-    }
+    let queue = QueueName::parse(queue)?;
+    let partition = optional_partition(&query(q)?)?;
     Ok(Json(
         resources::clear(&app.pool, &app.catalog, &queue, partition.as_deref()).await?,
     ))

@@ -4,9 +4,10 @@ use axum::Json;
 use axum::extract::State as AxState;
 
 use super::params::{Params, PathParams, QueryString, query};
-use super::resources::{check_queue, optional_queue};
+use super::resources::optional_queue;
 use super::{Problem, State};
 use crate::admin::status::{self, Range};
+use crate::queue::QueueName;
 
 fn range(params: &Params) -> Result<Range, Problem> {
     Ok(Range::new(params.time("from")?, params.time("to")?)?)
@@ -71,7 +72,7 @@ pub async fn queue(
     PathParams(queue): PathParams<String>,
     q: QueryString,
 ) -> Result<Json<status::QueueStatus>, Problem> {
-    check_queue(&queue)?;
+    let queue = QueueName::parse(queue)?;
     let params = query(q)?;
     Ok(Json(
         status::queue(&app.pool, &queue, range(&params)?, params.page()?).await?,

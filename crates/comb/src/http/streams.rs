@@ -14,7 +14,7 @@ use super::body::{JsonBody, LimitedBody, parse_json};
 use super::push::{PushItem, PushResult, results};
 use super::{Problem, State};
 use crate::auth::Principal;
-use crate::queue::{QUEUE_MODE_GROUP, validate_group_name, validate_queue_name};
+use crate::queue::{GroupName, QUEUE_MODE_GROUP, QueueName};
 use crate::streams::{
     Cycle, CycleAck, Registration, STATE_KEY_MAX_BYTES, STATE_VALUE_MAX_BYTES, StateOp, StateQuery,
 };
@@ -78,14 +78,16 @@ pub(crate) async fn register(
     let name = text(body.name, "name")?;
     let source_queue = text(body.source_queue, "source_queue")?;
     let config_hash = text(body.config_hash, "config_hash")?;
-    validate_queue_name(&source_queue)
-        .map_err(|e| Problem::bad_request(Code::QueueNameInvalid, format!("source_queue: {e}")))?;
-    let sink_queue = body.sink_queue.filter(|s| !s.is_empty());
-    if let Some(s) = &sink_queue {
-        validate_queue_name(s).map_err(|e| {
-            Problem::bad_request(Code::QueueNameInvalid, format!("sink_queue: {e}"))
-        })?;
-    }
+    let named = |field: &str, text: String| {
+        QueueName::parse(text)
+            .map_err(|e| Problem::bad_request(e.code, format!("{field}: {}", e.message)))
+    };
+    let source_queue = named("source_queue", source_queue)?;
+    let sink_queue = body
+        .sink_queue
+        .filter(|s| !s.is_empty())
+        .map(|s| named("sink_queue", s))
+        .transpose()?;
     let r = app
         .streams
         .register(&Registration {
@@ -254,8 +256,7 @@ pub(crate) async fn cycle(
         .consumer_group
         .filter(|g| !g.is_empty())
         .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
-    validate_group_name(&group)
-        .map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e.to_string()))?;
+    let group = GroupName::parse(group)?;
     let state_ops = body
         .state_ops
         .iter()

@@ -11,7 +11,7 @@ use super::params::{Params, PathParams, QueryString, query};
 use super::{Problem, State};
 use crate::admin::traces::{self, MAX_DATA_BYTES, MAX_NAMES, NewTrace};
 use crate::code::Code;
-use crate::queue::{MAX_NAME_LEN, QUEUE_MODE_GROUP, validate_group_name};
+use crate::queue::{GroupName, MAX_NAME_LEN, QUEUE_MODE_GROUP};
 
 fn partition_id(text: &str) -> Result<Uuid, Problem> {
     Uuid::parse_str(text).map_err(|_| {
@@ -92,8 +92,7 @@ pub async fn record(
     let consumer_group = params
         .text("consumerGroup")?
         .unwrap_or_else(|| QUEUE_MODE_GROUP.to_string());
-    validate_group_name(&consumer_group)
-        .map_err(|e| Problem::bad_request(Code::ConsumerGroupInvalid, e))?;
+    let consumer_group = GroupName::parse(consumer_group)?;
     let event_type = params.text("eventType")?.unwrap_or_else(|| "info".into());
     short_text("eventType", &event_type)?;
     let trace = NewTrace {

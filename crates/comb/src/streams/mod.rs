@@ -18,6 +18,7 @@ pub(crate) mod generations;
 mod store;
 
 use crate::code::Code;
+use crate::queue::{GroupName, QueueName};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -46,8 +47,8 @@ pub(crate) const STATE_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// A query to register, as the SDK describes it.
 pub(crate) struct Registration {
     pub(crate) name: String,
-    pub(crate) source_queue: String,
-    pub(crate) sink_queue: Option<String>,
+    pub(crate) source_queue: QueueName<'static>,
+    pub(crate) sink_queue: Option<QueueName<'static>>,
     pub(crate) config_hash: String,
     /// The caller's consent to drop the state of a query whose operator chain changed.
     pub(crate) reset: bool,
@@ -82,7 +83,7 @@ pub(crate) struct CycleAck {
 pub(crate) struct Cycle<'a> {
     pub(crate) query_id: Uuid,
     pub(crate) partition_id: Uuid,
-    pub(crate) group: String,
+    pub(crate) group: GroupName<'static>,
     pub(crate) state_ops: Vec<StateOp>,
     pub(crate) items: Vec<Item<'a>>,
     pub(crate) ack: Option<CycleAck>,
@@ -156,7 +157,9 @@ impl Streams {
         let tx = client.transaction().await.map_err(DbError::from)?;
         let current = store::lock_query_name(&tx, &r.name).await?;
         let (query_id, fresh, reset) = match current {
-            Some(q) if q.config_hash == r.config_hash && q.source_queue == r.source_queue => {
+            Some(q)
+                if q.config_hash == r.config_hash && q.source_queue == r.source_queue.as_str() =>
+            {
                 (q.id, false, false)
             }
             Some(q) if !r.reset => {
@@ -211,7 +214,7 @@ impl Streams {
         let fused = Fused {
             query_id: cycle.query_id,
             partition_id: cycle.partition_id,
-            group: cycle.group,
+            group: cycle.group.to_string(),
             state_ops: cycle.state_ops,
             messages: messages.clone(),
             ack: cycle.ack,
