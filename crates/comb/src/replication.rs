@@ -92,21 +92,23 @@ pub async fn check(pool: &Pool) -> Result<Durability, DbError> {
     let client = pool.get().await?;
     let row = client
         .query_one(
-            "SELECT current_setting('synchronous_standby_names'),
-                    current_setting('synchronous_commit'),
-                    (SELECT count(*) FROM pg_stat_replication),
+            "SELECT current_setting('synchronous_standby_names') AS synchronous_standby_names,
+                    current_setting('synchronous_commit') AS synchronous_commit,
+                    (SELECT count(*) FROM pg_stat_replication) AS standbys,
                     (SELECT count(*) FROM pg_stat_replication
-                      WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')),
-                    NOT EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state IS NULL)",
+                      WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum'))
+                      AS synchronous_standbys,
+                    NOT EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state IS NULL)
+                      AS visible",
             &[],
         )
         .await?;
     Ok(Durability {
-        synchronous_standby_names: row.get(0),
-        synchronous_commit: row.get(1),
-        standbys: row.get(2),
-        synchronous_standbys: row.get(3),
-        visible: row.get(4),
+        synchronous_standby_names: row.get("synchronous_standby_names"),
+        synchronous_commit: row.get("synchronous_commit"),
+        standbys: row.get("standbys"),
+        synchronous_standbys: row.get("synchronous_standbys"),
+        visible: row.get("visible"),
         survives_failover: false,
     }
     .judge())

@@ -115,9 +115,9 @@ impl Modes {
             .await?;
         let (mut push, mut pop) = (false, false);
         for r in rows {
-            match r.get::<_, &str>(0) {
-                "push" => push = r.get(1),
-                "pop" => pop = r.get(1),
+            match r.get::<_, &str>("mode") {
+                "push" => push = r.get("enabled"),
+                "pop" => pop = r.get("enabled"),
                 _ => {}
             }
         }
