@@ -1448,3 +1448,80 @@ async fn administration_listings_count_right_and_unsupported_actions_are_refused
     assert_eq!(env.delete_queue("other").await, StatusCode::OK);
     assert_eq!(admin_ok(&env, "/api/v1/resources/queues").await["total"], 1);
 }
+
+/// Runs `sql` on the coordinator in the test's database; psql's unaligned output.
+fn on_coordinator(env: &Env, sql: &str) -> String {
+    Citus::shared()
+        .coordinator()
+        .psql(&env.db_name, sql)
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The per-minute statistics are written on the cluster: each server's counts, each queue's
+/// counts, and the minute's snapshot of every queue's figures and every group's lag (read
+/// over the distributed tables by the PL/pgSQL figures), with no warning logged.
+#[tokio::test]
+async fn the_per_minute_statistics_are_written_on_the_cluster() {
+    let env = on_citus_with("citus_stats", &["--stats-interval-ms", "500"]).await;
+    env.configure("s", json!({"retryLimit": 0})).await;
+    env.push(admin_items("s", "p", 0, 5)).await;
+    env.push(admin_items("t", "p", 0, 2)).await;
+    let pop = env.pop("/api/v1/pop/queue/s?batch=5").await.unwrap();
+    let acks: Vec<Value> = pop["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                   "leaseId": m["leaseId"], "status": if i == 0 { "failed" } else { "completed" }})
+        })
+        .collect();
+    let (s, body) = env
+        .post("/api/v1/ack/batch", &json!({"acknowledgments": acks}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+
+    let servers = "SELECT concat_ws(',', sum(pushed), sum(popped), sum(acked), sum(failed),
+                                    sum(dead_lettered))
+                   FROM comb.server_minutes";
+    // The snapshot of this minute (or, when the minute turned before the acks, of the next).
+    let snapshot = "SELECT concat_ws(',', m.partitions, m.total, m.pending, m.processing,
+                                     m.dead_letters)
+                    FROM comb.queue_minutes m JOIN comb.queues q ON q.id = m.queue_id
+                    WHERE q.name = 's' ORDER BY m.minute DESC LIMIT 1";
+    common::until("the counts and the snapshot of s written", || async {
+        on_coordinator(&env, servers) == "7,5,4,1,1"
+            && on_coordinator(&env, snapshot) == "1,5,0,0,1"
+    })
+    .await;
+    let of_s = on_coordinator(
+        &env,
+        "SELECT concat_ws(',', sum(c.pushed), sum(c.popped), sum(c.acked), sum(c.failed),
+                          sum(c.dead_lettered))
+         FROM comb.queue_counts c JOIN comb.queues q ON q.id = c.queue_id WHERE q.name = 's'",
+    );
+    assert_eq!(of_s, "5,5,4,1,1");
+    // The queue-mode group has settled all of s.
+    let lag = on_coordinator(
+        &env,
+        "SELECT concat_ws(',', g.consumer_group, g.partitions, g.lag, g.leased)
+         FROM comb.group_minutes g JOIN comb.queues q ON q.id = g.queue_id
+         WHERE q.name = 's' ORDER BY g.minute DESC LIMIT 1",
+    );
+    assert_eq!(lag, "__QUEUE_MODE__,1,0,0");
+    // What the listings serve from: the analytics of s.
+    let analytics = admin_ok(&env, "/api/v1/status/analytics?queue=s").await;
+    assert_eq!(
+        analytics["totals"],
+        json!({"pushed": 5, "popped": 5, "acked": 4, "failed": 1, "deadLettered": 1}),
+        "{analytics}"
+    );
+    let log = std::fs::read_to_string(env.server.log_path()).unwrap();
+    assert!(
+        !log.contains("counters not written"),
+        "the statistics writer warned:\n{log}"
+    );
+}
