@@ -1390,6 +1390,19 @@ async fn administration_listings_count_right_and_unsupported_actions_are_refused
     ] {
         admin_ok(&env, path).await;
     }
+    // The scrape's depth and lag statement (`backlog`) answers too.
+    let metrics = env.metrics_text().await;
+    assert!(
+        metrics.lines().any(|l| l == "comb_queue_stats_success 1"),
+        "{metrics}"
+    );
+    let depth = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("comb_queue_depth_messages{queue=\"orders\"} "));
+    let figures = admin_ok(&env, "/api/v1/resources/queues/orders").await;
+    let pending_now = figures["messages"]["pending"].as_i64().unwrap()
+        + figures["messages"]["processing"].as_i64().unwrap();
+    assert_eq!(depth, Some(pending_now.to_string().as_str()), "{metrics}");
     let (s, body) = env.post("/api/v1/stats/refresh", &json!({})).await;
     assert_eq!(
         (s, &body["success"]),
