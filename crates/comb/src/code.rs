@@ -97,6 +97,8 @@ codes! {
     // The server and its database.
     DatabaseUnavailable "database_unavailable" "The database does not answer or refuses connections; retry shortly (503).",
     DatabaseError "database_error" "The database refused a statement: a defect of the server, not of the request; the cause is in the server's log under the answer's `requestId` (500).",
+    UnsupportedOnCluster "unsupported_on_cluster" "The administrative action is not available on a Citus cluster yet (`docs/scale-out.md` lists which); nothing was changed (501).",
+    Internal "internal" "The server failed while handling the request: a defect of the server, not of the request; the cause is in the server's log under the answer's `requestId` (500).",
     ShuttingDown "shutting_down" "The server is stopping and takes no new work; retry on another (503).",
     // Streams (Queen's streams SDK).
     QueryIdInvalid "query_id_invalid" "A stream request's `query_id` is not a UUID.",

@@ -159,7 +159,7 @@ pub(crate) async fn lock_for_requeue<C: GenericClient>(
             &format!(
                 "SELECT d.id, d.partition_id, d.pos, d.consumer_group FROM comb.dead_letters d
                  WHERE {SELECTED}
-                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
+                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.partition_id = d.partition_id AND r.dead_letter_id = d.id)
                  ORDER BY d.partition_id, d.pos
                  LIMIT {limit}
                  FOR UPDATE OF d SKIP LOCKED"
@@ -171,7 +171,7 @@ pub(crate) async fn lock_for_requeue<C: GenericClient>(
         .query_one(
             &format!(
                 "SELECT count(*) AS left FROM comb.dead_letters d WHERE {SELECTED}
-                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)"
+                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.partition_id = d.partition_id AND r.dead_letter_id = d.id)"
             ),
             args,
         )
@@ -288,7 +288,7 @@ macro_rules! counts_by_group {
     () => {
         "(SELECT d.queue_id, d.consumer_group, count(*) AS dead
   FROM comb.dead_letters d
-  WHERE NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)
+  WHERE NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.partition_id = d.partition_id AND r.dead_letter_id = d.id)
   GROUP BY d.queue_id, d.consumer_group)"
     };
 }
@@ -477,7 +477,7 @@ macro_rules! kept_dead_letter {
             $g,
             "
                   AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r
-                                  WHERE r.dead_letter_id = d.id))"
+                                  WHERE r.partition_id = d.partition_id AND r.dead_letter_id = d.id))"
         )
     };
 }
@@ -523,7 +523,7 @@ pub(crate) async fn dead_messages_page(
                AND m.consumer_group = $3
                AND ($4::timestamptz IS NULL OR m.created_at >= $4)
                AND ($5::timestamptz IS NULL OR m.created_at < $5)
-               AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = m.id)
+               AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.partition_id = m.partition_id AND r.dead_letter_id = m.id)
              ORDER BY m.dead_at DESC, m.pos LIMIT $6 OFFSET $7",
             &[&queue_id, &partition_id, &group, &from, &to, &limit, &offset],
         )
@@ -568,7 +568,7 @@ pub(crate) async fn letters_of_message(
         .query(
             "SELECT d.id, d.consumer_group, d.pos, d.error, d.attempts, d.dead_at, r.requeued_at
              FROM comb.dead_letters d
-             LEFT JOIN comb.dead_letter_requeues r ON r.dead_letter_id = d.id
+             LEFT JOIN comb.dead_letter_requeues r ON r.partition_id = d.partition_id AND r.dead_letter_id = d.id
              WHERE d.partition_id = $1 AND d.transaction_id = $2
              ORDER BY d.dead_at",
             &[&partition, &transaction],
@@ -599,7 +599,7 @@ pub(crate) async fn unrequeued_of_message(
         .query(
             "SELECT d.id FROM comb.dead_letters d
              WHERE d.partition_id = $1 AND d.transaction_id = $2 AND d.pos = $3
-               AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.dead_letter_id = d.id)",
+               AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r WHERE r.partition_id = d.partition_id AND r.dead_letter_id = d.id)",
             &[&partition, &transaction, &pos],
         )
         .await?

@@ -11,10 +11,12 @@
 //! where it does (`push::store::shard_key`, `pop::PopShape::lane`).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures_util::FutureExt;
 use tokio::sync::{Mutex, mpsc};
 
 use crate::db::DbError;
@@ -114,7 +116,11 @@ impl<J: Send + 'static> Fuser<J> {
                         }
                         (started, batch)
                     };
-                    run(batch).await;
+                    // A batch that panics drops its jobs' reply channels unanswered (each
+                    // requester hears an internal error); the worker goes on to the next.
+                    if AssertUnwindSafe(run(batch)).catch_unwind().await.is_err() {
+                        tracing::error!("a fused batch panicked; its requests were answered 500");
+                    }
                     stage.ran.observe(started.elapsed());
                 }
             });
@@ -123,6 +129,9 @@ impl<J: Send + 'static> Fuser<J> {
     }
 
     /// Hands a job to the shard of `key` and waits for its answer: what a use case calls.
+    /// A fuser that no longer takes jobs is a server shutting down; a reply channel closed
+    /// unanswered is a batch that panicked (a defect, answered as an internal error, not as
+    /// a shutdown clients would retry elsewhere).
     pub(crate) async fn ask<T>(
         &self,
         key: u64,
@@ -133,7 +142,7 @@ impl<J: Send + 'static> Fuser<J> {
             .await
             .map_err(|_| Refusal::shutting_down())?;
         rx.await
-            .map_err(|_| Refusal::shutting_down())?
+            .map_err(|_| Refusal::internal("a fused batch ended without answering its job"))?
             .map_err(|e| Refusal::from(&*e))
     }
 
@@ -323,5 +332,33 @@ mod tests {
         let seen = batches.lock().unwrap().clone();
         assert_eq!(seen.iter().sum::<usize>(), 7);
         assert!(seen.iter().all(|n| *n <= 3), "{seen:?}");
+    }
+
+    /// A batch that panics answers its requester 500 `internal` (not 503 `shutting_down`,
+    /// which would send clients to another server), and its worker serves the next job.
+    #[tokio::test]
+    async fn a_panicking_batch_answers_internal_and_its_worker_serves_on() {
+        let run: Runner<(bool, Reply<u32>)> = Arc::new(|batch| {
+            Box::pin(async move {
+                for (panics, reply) in batch {
+                    assert!(!panics, "a defect in a fused batch");
+                    let _ = reply.send(Ok(7));
+                }
+            })
+        });
+        // One worker: were it gone, the next job would never be answered.
+        let fuser = Fuser::start(1, 1, |_| 1, run, Arc::default());
+        let refused = fuser.ask(0, |reply| (true, reply)).await.unwrap_err();
+        assert_eq!(
+            (refused.kind, refused.code),
+            (crate::refusal::Kind::Internal, crate::code::Code::Internal)
+        );
+        let next = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            fuser.ask(0, |reply| (false, reply)),
+        )
+        .await
+        .expect("the worker still serves");
+        assert_eq!(next.unwrap(), 7);
     }
 }

@@ -22,6 +22,9 @@ pub(crate) enum Kind {
     Unavailable,
     /// Something broke that the client cannot fix (500).
     Internal,
+    /// This deployment cannot do what is asked, such as an action not available on a
+    /// Citus cluster yet (501).
+    Unsupported,
 }
 
 /// A refused request: kind, stable code, and what to tell the client.
@@ -64,6 +67,21 @@ impl Refusal {
     /// The request conflicts with current state.
     pub(crate) fn conflict(code: Code, detail: impl Into<String>) -> Refusal {
         Refusal::new(Kind::Conflict, code, detail)
+    }
+
+    /// What is asked cannot be done on this deployment (a Citus cluster, for the
+    /// administrative actions `docs/scale-out.md` lists); nothing was changed.
+    pub(crate) fn unsupported(code: Code, detail: impl Into<String>) -> Refusal {
+        Refusal::new(Kind::Unsupported, code, detail)
+    }
+
+    /// Something inside the server failed (a fused batch panicked): a defect, not the
+    /// request's fault nor an outage. `cause` goes to the log, not to the client.
+    pub(crate) fn internal(cause: impl Into<String>) -> Refusal {
+        Refusal {
+            cause: Some(cause.into()),
+            ..Refusal::new(Kind::Internal, Code::Internal, INTERNAL_DETAIL)
+        }
     }
 
     /// The server is stopping: fused work is no longer taken.

@@ -64,6 +64,7 @@ pub struct Requeued {
 
 /// Requeues the selected dead letters (at most [`MAX_REQUEUE`]) in one transaction.
 pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Refusal> {
+    super::not_on_cluster("requeueing dead letters")?;
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let args = selection.args();

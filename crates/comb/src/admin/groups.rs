@@ -476,6 +476,7 @@ pub async fn delete_for_queue(
     queue: &str,
     delete_metadata: bool,
 ) -> Result<GroupDeleted, Refusal> {
+    super::not_on_cluster("deleting a consumer group's cursors")?;
     let mut client = pool.get().await?;
     let id = super::queue_id(&**client, queue).await?;
     let tx = client.transaction().await?;
@@ -546,6 +547,7 @@ pub async fn set_subscription(
     group: &str,
     at: DateTime<Utc>,
 ) -> Result<SubscriptionSet, Refusal> {
+    super::not_on_cluster("moving a consumer group's subscription")?;
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let queues = listing::subscribe_from(&*tx, group, at).await?;
@@ -608,6 +610,7 @@ pub async fn seek(
     partition: Option<&str>,
     target: Target,
 ) -> Result<Sought, Refusal> {
+    super::not_on_cluster("seeking a consumer group")?;
     let mut client = pool.get().await?;
     let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     catalog

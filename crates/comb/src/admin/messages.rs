@@ -397,6 +397,9 @@ async fn messages_page(
     client: &impl tokio_postgres::GenericClient,
     of: &MessagesOf<'_>,
 ) -> Result<Vec<ListedRow>, Refusal> {
+    if crate::schema::citus::on() {
+        return messages_page_by_partition(client, of).await;
+    }
     let window = of.limit + of.offset;
     let sql = format!(
         "WITH parts AS ({parts})
@@ -465,6 +468,129 @@ async fn messages_page(
         .collect())
 }
 
+/// One partition's part of [`messages_page`] on Citus (`$1` the partition, `$2` the group):
+/// the same reads and status, every table named by the one partition, so that the statement
+/// runs on the partition's worker. Citus cannot plan the single statement's lateral reads
+/// over a list of partitions (nor a cursor state read through `comb.cursor_state` from a
+/// worker).
+fn partition_page_sql() -> String {
+    format!(
+        "SELECT x.* FROM (
+            SELECT m.message_id, m.transaction_id, m.partition_id, m.trace_id, m.producer_sub,
+                   m.payload, m.created_at, m.pos,
+                   CASE WHEN {dead} THEN 'dead_letter'
+                        WHEN m.pos <= coalesce(s.cursor_pos, 0) OR m.pos = ANY (s.settled)
+                            THEN 'completed'
+                        WHEN s.lease_expires_at > now() AND m.pos <= s.lease_upto
+                            THEN 'processing'
+                        ELSE 'pending' END AS status
+            FROM (SELECT 1) one
+            LEFT JOIN LATERAL {state} s ON true
+            CROSS JOIN LATERAL (
+                (SELECT * FROM {messages}
+                   AND $6::text IN ('pending', 'processing')
+                   AND m.pos > coalesce(s.cursor_pos, 0) AND m.seg >= coalesce(s.cursor_seg, 0)
+                 ORDER BY m.pos LIMIT $7)
+                UNION ALL
+                (SELECT * FROM {messages}
+                   AND $6::text IS DISTINCT FROM 'pending'
+                   AND $6::text IS DISTINCT FROM 'processing'
+                   AND m.pos <= CASE WHEN $6::text = 'completed' THEN greatest(
+                            coalesce(s.cursor_pos, 0),
+                            coalesce((SELECT max(x) FROM unnest(s.settled) x), 0))
+                        ELSE 9223372036854775807 END
+                 ORDER BY m.pos DESC LIMIT $7)
+            ) m
+         ) x
+         WHERE ($6::text IS NULL OR x.status = $6)
+           AND ($3::timestamptz IS NULL OR x.created_at >= $3)
+           AND ($4::timestamptz IS NULL OR x.created_at < $4)
+         LIMIT $5",
+        state = crate::cursor::latest_state("$1", "$2", Some("$1")),
+        messages = crate::messages::partition_messages!("$1"),
+        dead = dead_letter::kept_dead_letter!("$1", "m.transaction_id", "m.pos", "$2"),
+    )
+}
+
+/// [`messages_page`] on Citus: the partitions listed first (in the same order, as many),
+/// then each read by [`partition_page_sql`] until the page (offset included) is full.
+async fn messages_page_by_partition(
+    client: &impl tokio_postgres::GenericClient,
+    of: &MessagesOf<'_>,
+) -> Result<Vec<ListedRow>, Refusal> {
+    let window = of.limit + of.offset;
+    let parts = client
+        .query(
+            crate::catalog::listing::partitions_by_name!("$1", "$2", "$3"),
+            &[&of.queue_id, &of.partition_id, &of.max_partitions],
+        )
+        .await?;
+    let sql = partition_page_sql();
+    let mut out: Vec<ListedRow> = Vec::new();
+    for p in &parts {
+        let left = window - out.len() as i64;
+        if left <= 0 {
+            break;
+        }
+        let id: Uuid = p.get("id");
+        let rows = client
+            .query(
+                &sql,
+                &[&id, &of.group, &of.from, &of.to, &left, &of.status, &window],
+            )
+            .await?;
+        out.extend(rows.iter().map(|r| ListedRow {
+            message: MessageRow::read(r),
+            partition: p.get("name"),
+            queue: p.get("queue"),
+            status: r.get("status"),
+        }));
+    }
+    Ok(out
+        .into_iter()
+        .skip(of.offset as usize)
+        .take(of.limit as usize)
+        .collect())
+}
+
+/// Where each group reading `partition` stands on the message at `pos`, on Citus: the
+/// partition's groups listed first, then their cursors' latest states read on the
+/// partition's worker (`cursor::groups_at_message` reads them through `comb.cursor_state`,
+/// which Citus refuses to run from a worker).
+async fn groups_at_message_by_partition(
+    client: &impl tokio_postgres::GenericClient,
+    partition: Uuid,
+    pos: i64,
+) -> Result<Vec<GroupAtMessage>, Refusal> {
+    let groups: Vec<String> = crate::cursor::cursors_of_partitions(client, &[partition])
+        .await?
+        .into_iter()
+        .map(|(_, g)| g)
+        .collect();
+    let sql = format!(
+        "SELECT g.name,
+                ($2 <= coalesce(s.cursor_pos, 0) OR $2 = ANY (s.settled)) AS settled,
+                coalesce(s.lease_expires_at > now() AND $2 <= s.lease_upto, false) AS leased,
+                coalesce((SELECT n FROM unnest(s.attempt_pos, s.attempt_cnt) AS a(pos, n)
+                          WHERE a.pos = $2), 0) AS attempts
+         FROM unnest($3::text[]) AS g(name)
+         CROSS JOIN LATERAL {state} s
+         ORDER BY g.name",
+        state = crate::cursor::latest_state("$1", "g.name", Some("$1")),
+    );
+    Ok(client
+        .query(&sql, &[&partition, &pos, &groups])
+        .await?
+        .iter()
+        .map(|r| GroupAtMessage {
+            group: r.get("name"),
+            settled: r.get::<_, Option<bool>>("settled").unwrap_or(false),
+            leased: r.get("leased"),
+            attempts: r.get("attempts"),
+        })
+        .collect())
+}
+
 /// The newest message of a partition with this transaction id, and where its partition sits.
 async fn find(
     client: &impl tokio_postgres::GenericClient,
@@ -513,7 +639,11 @@ pub async fn get(
 ) -> Result<MessageDetail, Refusal> {
     let client = pool.get().await?;
     let (m, place) = find(&**client, partition, transaction).await?;
-    let groups = crate::cursor::groups_at_message(&**client, partition, m.pos).await?;
+    let groups = if crate::schema::citus::on() {
+        groups_at_message_by_partition(&**client, partition, m.pos).await?
+    } else {
+        crate::cursor::groups_at_message(&**client, partition, m.pos).await?
+    };
     let letters = dead_letter::letters_of_message(&**client, partition, transaction).await?;
     let data = payloads_json(&**client, vec![&m.payload[..]])
         .await?
@@ -565,6 +695,7 @@ pub async fn delete(
     partition: Uuid,
     transaction: &str,
 ) -> Result<MessageDeleted, Refusal> {
+    super::not_on_cluster("deleting a message")?;
     let mut client = pool.get().await?;
     let (m, place) = find(&**client, partition, transaction).await?;
     super::ensure_a_reader(pool, catalog, place.queue_id).await?;
@@ -587,6 +718,7 @@ pub async fn retry(
     partition: Uuid,
     transaction: &str,
 ) -> Result<MessageRetried, Refusal> {
+    super::not_on_cluster("retrying a message")?;
     let mut client = pool.get().await?;
     let (m, place) = find(&**client, partition, transaction).await?;
     let (pos, queue_id) = (m.pos, place.queue_id);
@@ -667,6 +799,7 @@ pub async fn dead_letter(
     partition: Uuid,
     transaction: &str,
 ) -> Result<MessageDeadLettered, Refusal> {
+    super::not_on_cluster("dead-lettering a message")?;
     let mut client = pool.get().await?;
     let (m, place) = find(&**client, partition, transaction).await?;
     let (pos, queue_id) = (m.pos, place.queue_id);

@@ -21,6 +21,19 @@ pub mod traces;
 use crate::code::Code;
 use crate::refusal::Refusal;
 
+/// Refuses `what`, an administrative action not available on a Citus cluster yet, before
+/// anything is read or written: it moves cursors or locks dead letters of several partitions
+/// in statements Citus cannot run (`docs/scale-out.md`, "Not yet"). Nothing on PostgreSQL.
+pub(crate) fn not_on_cluster(what: &str) -> Result<(), Refusal> {
+    if crate::schema::citus::on() {
+        return Err(Refusal::unsupported(
+            Code::UnsupportedOnCluster,
+            format!("{what} is not available on a Citus cluster yet"),
+        ));
+    }
+    Ok(())
+}
+
 /// How answers write values the way Queen's clients read them.
 pub(crate) mod wire {
     use chrono::{DateTime, SecondsFormat, Utc};

@@ -528,6 +528,7 @@ pub async fn clear(
     queue: &str,
     partition: Option<&str>,
 ) -> Result<Cleared, Refusal> {
+    super::not_on_cluster("clearing a queue")?;
     let mut client = pool.get().await?;
     let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
     super::ensure_a_reader(pool, catalog, id).await?;

@@ -229,6 +229,16 @@ pub async fn names(pool: &Pool, page: Page) -> Result<TraceNames, Refusal> {
                (SELECT max(t.created_at) FROM comb.traces t WHERE t.name = n.name) AS last_seen
         FROM (SELECT name FROM walk WHERE name IS NOT NULL ORDER BY name LIMIT $1 OFFSET $2) n
         ORDER BY n.name";
+    // Citus plans a recursive walk only over one shard: on the cluster each worker groups
+    // its shards' names (an index scan of `traces_name` per shard) and the coordinator merges
+    // the pages; the cost grows with the traces kept, not with the page.
+    let sql = if crate::schema::citus::on() {
+        "SELECT t.name, max(t.created_at) AS last_seen FROM comb.traces t
+         WHERE t.name IS NOT NULL
+         GROUP BY t.name ORDER BY t.name LIMIT $1 OFFSET $2"
+    } else {
+        sql
+    };
     Ok(TraceNames {
         names: client
             .query(sql, &[&page.limit, &page.offset])

@@ -423,13 +423,28 @@ pub(crate) async fn subscriptions(
 }
 
 /// A page of each given queue's partitions by name (`limit` after `offset` per queue), in
-/// the queues' order: (queue id, partition id, partition name).
+/// the queues' order: (queue id, partition id, partition name). On Citus one statement per
+/// queue: it cannot plan a `LIMIT` in a lateral subquery over the ids' table function.
 pub(crate) async fn partition_pages(
     client: &impl GenericClient,
     queue_ids: &[Uuid],
     limit: i64,
     offset: i64,
 ) -> Result<Vec<(Uuid, Uuid, String)>, DbError> {
+    if crate::schema::citus::on() {
+        let mut out = Vec::new();
+        for id in queue_ids {
+            let rows = client
+                .query(
+                    "SELECT p.id, p.name FROM comb.partitions p WHERE p.queue_id = $1
+                     ORDER BY p.name LIMIT $2 OFFSET $3",
+                    &[id, &limit, &offset],
+                )
+                .await?;
+            out.extend(rows.iter().map(|r| (*id, r.get("id"), r.get("name"))));
+        }
+        return Ok(out);
+    }
     Ok(client
         .query(
             "SELECT k.id AS queue_id, p.id, p.name

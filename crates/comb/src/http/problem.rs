@@ -113,6 +113,7 @@ impl From<Refusal> for Problem {
             Kind::Full => StatusCode::TOO_MANY_REQUESTS,
             Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Kind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         };
         Problem {
             retry_after: r.retry_after,

@@ -223,6 +223,236 @@ BEGIN
     ORDER BY h.pos DESC LIMIT 1;
 END $$";
 
+/// The administration's figures in PL/pgSQL, for the reason of [`CURSOR_STATE`]: the
+/// migrations' SQL functions (schema versions 9 and 12) join distributed tables to function
+/// calls per partition, which Citus cannot plan ("could not create distributed plan") and
+/// refuses with parameters. Here each function runs on the coordinator and sends statements
+/// Citus can plan: per partition (its head, its cursors' latest states, the one message after
+/// the slowest cursor) a router statement on the partition's worker, and per queue one
+/// listing of its partitions or cursors over every shard. Same results as the SQL versions;
+/// the per-partition statements are round trips from the coordinator to a worker, so a
+/// figure computed now costs about a round trip per partition (`docs/scale-out.md`).
+const FIGURES: &str = "
+CREATE OR REPLACE FUNCTION comb.partition_stats(p uuid)
+RETURNS TABLE (head bigint, head_at timestamptz, pending bigint, processing bigint,
+               oldest_pending_at timestamptz, groups bigint)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    h_pos bigint;
+    h_at timestamptz;
+    slow_pos bigint;
+    slow_seg integer;
+    busy bigint;
+    n bigint;
+    oldest timestamptz;
+BEGIN
+    SELECT h.pos, h.at INTO h_pos, h_at FROM comb.partition_head(p) h;
+    SELECT coalesce(min(s.cursor_pos), 0), coalesce(min(s.cursor_seg), 0),
+           coalesce(max(CASE WHEN s.lease_id IS NOT NULL AND s.lease_expires_at > now()
+                             THEN greatest(s.lease_upto - s.cursor_pos
+                                           - cardinality(ARRAY(SELECT 1 FROM unnest(s.settled) x
+                                                               WHERE x <= s.lease_upto)), 0)
+                             ELSE 0 END), 0),
+           count(*)
+      INTO slow_pos, slow_seg, busy, n
+    FROM comb.cursors cu
+    CROSS JOIN LATERAL (
+        SELECT st.cursor_pos, st.cursor_seg, st.settled, st.lease_id, st.lease_expires_at,
+               st.lease_upto
+        FROM comb.cursor_states st
+        WHERE st.partition_id = p AND st.consumer_group = cu.consumer_group
+        ORDER BY st.gen DESC, st.ver DESC LIMIT 1) s
+    WHERE cu.partition_id = p;
+    IF h_pos > slow_pos THEN
+        SELECT m.created_at INTO oldest FROM comb.messages m
+        WHERE m.partition_id = p AND m.pos > slow_pos AND m.seg >= slow_seg
+        ORDER BY m.pos LIMIT 1;
+    END IF;
+    head := h_pos;
+    head_at := h_at;
+    pending := greatest(h_pos - slow_pos - busy, 0);
+    processing := busy;
+    oldest_pending_at := oldest;
+    groups := n;
+    RETURN NEXT;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.cursor_lag(p uuid, g text)
+RETURNS TABLE (cursor_pos bigint, head bigint, lag bigint, oldest_unsettled_at timestamptz,
+               lease_id uuid, lease_expires_at timestamptz, last_claimed_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    s record;
+    h bigint;
+    oldest timestamptz;
+BEGIN
+    SELECT st.cursor_pos AS pos, st.cursor_seg AS seg, st.settled AS settled,
+           st.lease_id AS lease, st.lease_expires_at AS expires, st.last_claimed_at AS claimed
+      INTO s
+    FROM comb.cursor_states st
+    WHERE st.partition_id = p AND st.consumer_group = g
+    ORDER BY st.gen DESC, st.ver DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT x.pos INTO h FROM comb.partition_head(p) x;
+    IF h > s.pos THEN
+        SELECT m.created_at INTO oldest FROM comb.messages m
+        WHERE m.partition_id = p AND m.pos > s.pos AND m.seg >= s.seg
+          AND m.pos <> ALL (s.settled)
+        ORDER BY m.pos LIMIT 1;
+    END IF;
+    cursor_pos := s.pos;
+    head := h;
+    lag := greatest(h - s.pos - cardinality(s.settled), 0);
+    oldest_unsettled_at := oldest;
+    lease_id := CASE WHEN s.expires > now() THEN s.lease END;
+    lease_expires_at := CASE WHEN s.expires > now() THEN s.expires END;
+    last_claimed_at := nullif(s.claimed, '-infinity');
+    RETURN NEXT;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.queue_live(q uuid)
+RETURNS TABLE (partitions bigint, total bigint, pending bigint, processing bigint,
+               oldest_pending_at timestamptz, last_message_at timestamptz, dead_letters bigint)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    ids uuid[] := '{}';
+    dead bigint := 0;
+BEGIN
+    IF q IS NOT NULL THEN
+        ids := ARRAY(SELECT p.id FROM comb.partitions p WHERE p.queue_id = q);
+        SELECT count(*) INTO dead FROM comb.dead_letters d
+        WHERE d.queue_id = q
+          AND NOT EXISTS (SELECT 1 FROM comb.dead_letter_requeues r
+                          WHERE r.partition_id = d.partition_id AND r.dead_letter_id = d.id);
+    END IF;
+    RETURN QUERY
+    SELECT count(*), coalesce(sum(s.head), 0)::bigint, coalesce(sum(s.pending), 0)::bigint,
+           coalesce(sum(s.processing), 0)::bigint, min(s.oldest_pending_at), max(s.head_at),
+           dead
+    FROM unnest(ids) AS k(id) CROSS JOIN LATERAL comb.partition_stats(k.id) s;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.group_live(q uuid, g text)
+RETURNS TABLE (partitions bigint, lag bigint, oldest_unsettled_at timestamptz, leased bigint)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    ids uuid[] := '{}';
+BEGIN
+    IF q IS NOT NULL THEN
+        ids := ARRAY(SELECT c.partition_id FROM comb.cursors c
+                     WHERE c.queue_id = q AND c.consumer_group = g);
+    END IF;
+    RETURN QUERY
+    SELECT count(*), coalesce(sum(x.lag), 0)::bigint, min(x.oldest_unsettled_at),
+           count(x.lease_id)
+    FROM unnest(ids) AS k(id) CROSS JOIN LATERAL comb.cursor_lag(k.id, g) x;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.lagging_cursors(q uuid, g text, min_secs float8)
+RETURNS TABLE (partition_id uuid, lag bigint, oldest_unsettled_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    ids uuid[];
+BEGIN
+    ids := ARRAY(SELECT c.partition_id FROM comb.cursors c
+                 WHERE c.queue_id = q AND c.consumer_group = g);
+    RETURN QUERY
+    SELECT k.id, x.lag, x.oldest_unsettled_at
+    FROM unnest(ids) AS k(id) CROSS JOIN LATERAL comb.cursor_lag(k.id, g) x
+    WHERE x.lag > 0 AND x.oldest_unsettled_at <= now() - make_interval(secs => min_secs);
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.queue_figures(ids uuid[], live_budget bigint)
+RETURNS TABLE (queue_id uuid, partitions bigint, total bigint, pending bigint,
+               processing bigint, dead_letters bigint, oldest_pending_at timestamptz,
+               last_message_at timestamptz, figures_at timestamptz, live boolean)
+LANGUAGE plpgsql STABLE SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    qs uuid[];
+    ns bigint[];
+BEGIN
+    SELECT coalesce(array_agg(x.q), '{}'), coalesce(array_agg(x.n), '{}') INTO qs, ns
+    FROM (SELECT p.queue_id AS q, count(*) AS n FROM comb.partitions p
+          WHERE p.queue_id = ANY (ids) GROUP BY p.queue_id) x;
+    RETURN QUERY
+    WITH snap AS (SELECT * FROM comb.latest_snapshot()),
+    sized AS (
+        SELECT i.id, coalesce(k.n, 0) AS n
+        FROM unnest(ids) AS i(id) LEFT JOIN unnest(qs, ns) AS k(id, n) ON k.id = i.id
+    ),
+    chosen AS MATERIALIZED (
+        SELECT s.id, s.n, m.total, m.pending, m.processing, m.dead_letters,
+               m.oldest_pending_at, m.last_message_at, m.taken_at,
+               m.taken_at IS NULL OR sum(s.n) OVER (ORDER BY s.n, s.id) <= live_budget AS live
+        FROM sized s
+        LEFT JOIN snap ON true
+        LEFT JOIN comb.queue_minutes m
+               ON m.day = snap.day AND m.minute = snap.minute AND m.queue_id = s.id
+    )
+    SELECT c.id, c.n,
+           CASE WHEN c.live THEN l.total ELSE c.total END,
+           CASE WHEN c.live THEN l.pending ELSE c.pending END,
+           CASE WHEN c.live THEN l.processing ELSE c.processing END,
+           CASE WHEN c.live THEN l.dead_letters ELSE c.dead_letters END,
+           CASE WHEN c.live THEN l.oldest_pending_at ELSE c.oldest_pending_at END,
+           CASE WHEN c.live THEN l.last_message_at ELSE c.last_message_at END,
+           CASE WHEN c.live THEN now() ELSE c.taken_at END,
+           c.live
+    FROM chosen c
+    CROSS JOIN LATERAL comb.queue_live(CASE WHEN c.live THEN c.id END) l;
+END $$;
+
+CREATE OR REPLACE FUNCTION comb.group_figures(queue_ids uuid[], groups text[], live_budget bigint)
+RETURNS TABLE (queue_id uuid, consumer_group text, partitions bigint, lag bigint,
+               oldest_unsettled_at timestamptz, leased bigint, figures_at timestamptz,
+               live boolean)
+LANGUAGE plpgsql STABLE SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    qs uuid[];
+    gs text[];
+    ns bigint[];
+BEGIN
+    SELECT coalesce(array_agg(x.q), '{}'), coalesce(array_agg(x.g), '{}'),
+           coalesce(array_agg(x.n), '{}')
+      INTO qs, gs, ns
+    FROM (SELECT c.queue_id AS q, c.consumer_group AS g, count(*) AS n FROM comb.cursors c
+          WHERE c.queue_id = ANY (queue_ids) GROUP BY c.queue_id, c.consumer_group) x;
+    RETURN QUERY
+    WITH snap AS (SELECT * FROM comb.latest_snapshot()),
+    sized AS (
+        SELECT i.q, i.g, coalesce(k.n, 0) AS n
+        FROM unnest(queue_ids, groups) AS i(q, g)
+        LEFT JOIN unnest(qs, gs, ns) AS k(q, g, n) ON k.q = i.q AND k.g = i.g
+    ),
+    chosen AS MATERIALIZED (
+        SELECT s.q, s.g, s.n, m.lag, m.oldest_unsettled_at, m.leased, m.taken_at,
+               m.taken_at IS NULL OR sum(s.n) OVER (ORDER BY s.n, s.q, s.g) <= live_budget AS live
+        FROM sized s
+        LEFT JOIN snap ON true
+        LEFT JOIN comb.group_minutes m
+               ON m.day = snap.day AND m.minute = snap.minute AND m.queue_id = s.q
+              AND m.consumer_group = s.g
+    )
+    SELECT c.q, c.g, c.n,
+           CASE WHEN c.live THEN l.lag ELSE c.lag END,
+           CASE WHEN c.live THEN l.oldest_unsettled_at ELSE c.oldest_unsettled_at END,
+           CASE WHEN c.live THEN l.leased ELSE c.leased END,
+           CASE WHEN c.live THEN now() ELSE c.taken_at END,
+           c.live
+    FROM chosen c
+    CROSS JOIN LATERAL comb.group_live(CASE WHEN c.live THEN c.q END, c.g) l;
+END $$;
+";
+
 /// Row locks of several partitions, taken on the coordinator one partition at a time.
 ///
 /// Citus locks rows (`FOR UPDATE`, `FOR NO KEY UPDATE`) only in a statement of one shard; a
@@ -401,6 +631,7 @@ async fn distribute_in(client: &Client) -> Result<Vec<String>, tokio_postgres::E
         client.batch_execute(&sql).await?;
     }
     client.batch_execute(PARTITION_HEAD).await?;
+    client.batch_execute(FIGURES).await?;
     client.batch_execute(LOCKS).await?;
     for f in FUNCTIONS {
         let is: bool = client

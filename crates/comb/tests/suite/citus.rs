@@ -1162,3 +1162,399 @@ async fn a_worker_added_and_rebalanced_while_serving_loses_and_reorders_nothing(
         );
     }
 }
+
+// The administration on the cluster
+
+/// `count` messages `from..` of `queue`'s `partition`, with transaction ids `partition-n`.
+fn admin_items(queue: &str, partition: &str, from: i64, count: i64) -> Value {
+    json!(
+        (from..from + count)
+            .map(
+                |n| json!({"queue": queue, "partition": partition, "payload": {"n": n},
+                            "transactionId": format!("{partition}-{n}")})
+            )
+            .collect::<Vec<_>>()
+    )
+}
+
+/// `GET path`, which must answer 200.
+async fn admin_ok(env: &Env, path: &str) -> Value {
+    let (s, body) = env.get(path).await;
+    assert_eq!(s, StatusCode::OK, "{path}: {body}");
+    body
+}
+
+/// The transaction ids and statuses of a message listing.
+fn listed(list: &Value) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = list["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["transactionId"].as_str().unwrap().to_string(),
+                m["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every listing a dashboard or the CLI reads answers on the cluster with the figures the
+/// plain-PostgreSQL tests (`admin.rs`) assert for the same traffic; the actions that move
+/// cursors or requeue are refused with `unsupported_on_cluster` and change nothing.
+#[tokio::test]
+async fn administration_listings_count_right_and_unsupported_actions_are_refused() {
+    let env = on_citus("citus_admin").await;
+    let (s, body) = env
+        .post(
+            "/api/v1/configure",
+            &json!({"queue": "orders", "namespace": "billing", "task": "invoice",
+                    "options": {"retryLimit": 0}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let pushed = env.push(admin_items("orders", "p1", 0, 5)).await;
+    let p1 = pushed[0]["partition_id"].as_str().unwrap().to_string();
+    let pushed = env.push(admin_items("orders", "p2", 0, 3)).await;
+    let p2 = pushed[0]["partition_id"].as_str().unwrap().to_string();
+    env.push(admin_items("other", "Default", 0, 1)).await;
+    // Two of p1 leased out.
+    let pop = env
+        .pop("/api/v1/pop/queue/orders/partition/p1?batch=2")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&pop), vec![0, 1]);
+
+    let list = admin_ok(&env, "/api/v1/resources/queues").await;
+    assert_eq!(list["total"], 2, "{list}");
+    let orders = list["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "orders")
+        .unwrap_or_else(|| panic!("orders is listed: {list}"));
+    assert_eq!(orders["namespace"], "billing");
+    assert_eq!(orders["partitions"], 2);
+    assert_eq!(orders["messages"]["total"], 8, "{orders}");
+    assert_eq!(orders["messages"]["processing"], 2);
+    assert_eq!(orders["messages"]["pending"], 6);
+    assert_eq!(orders["deadLetters"], 0);
+    assert!(orders["oldestPendingAt"].is_string(), "{orders}");
+    let leased = admin_ok(&env, "/api/v1/messages?queue=orders&status=processing").await;
+    assert_eq!(
+        listed(&leased),
+        vec![
+            ("p1-0".into(), "processing".into()),
+            ("p1-1".into(), "processing".into())
+        ]
+    );
+    let one = admin_ok(&env, &format!("/api/v1/messages/{p1}/p1-1")).await;
+    assert_eq!(one["data"]["n"], 1);
+    assert_eq!(one["consumerGroups"][0]["status"], "processing", "{one}");
+    let status = admin_ok(&env, "/api/v1/status").await;
+    assert_eq!(status["leases"]["active"], 1, "{status}");
+
+    // The first message fails: at retryLimit 0 it is a dead letter.
+    let (s, body) = env
+        .ack(&pop["messages"][0], "failed", None, Some("boom"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let detail = admin_ok(&env, "/api/v1/resources/queues/orders").await;
+    assert_eq!(detail["deadLetters"], 1, "{detail}");
+    let parts = detail["partitionList"].as_array().unwrap();
+    assert_eq!(parts.len(), 2, "{detail}");
+    assert_eq!(parts[0]["name"], "p1");
+    assert_eq!(parts[0]["messages"]["total"], 5);
+    assert_eq!(parts[1]["messages"]["pending"], 3);
+    assert_eq!(detail["consumerGroups"][0]["name"], "__QUEUE_MODE__");
+    let partitions = admin_ok(&env, "/api/v1/resources/partitions?queue=orders&limit=1").await;
+    assert_eq!(partitions["total"], 2);
+    assert_eq!(partitions["partitions"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        admin_ok(&env, "/api/v1/resources/partitions").await["total"],
+        3
+    );
+    let namespaces = admin_ok(&env, "/api/v1/resources/namespaces").await;
+    assert_eq!(namespaces["namespaces"][0]["namespace"], "billing");
+    assert_eq!(namespaces["namespaces"][0]["messages"]["total"], 8);
+    let tasks = admin_ok(&env, "/api/v1/resources/tasks").await;
+    assert_eq!(tasks["tasks"][0]["task"], "invoice");
+    let overview = admin_ok(&env, "/api/v1/resources/overview").await;
+    assert_eq!(overview["queues"], 2);
+    assert_eq!(overview["partitions"], 3);
+    assert_eq!(overview["messages"]["total"], 9, "{overview}");
+    assert_eq!(overview["messages"]["deadLetters"], 1);
+
+    // A second group reads all of p2 (a pop of the queue takes one partition).
+    let read = env
+        .pop("/api/v1/pop/queue/orders/partition/p2?consumerGroup=g&autoAck=true&batch=10")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&read), vec![0, 1, 2]);
+    let groups = admin_ok(&env, "/api/v1/consumer-groups").await;
+    let g = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "g")
+        .unwrap_or_else(|| panic!("g is listed: {groups}"));
+    assert_eq!(g["totalLag"], 5, "{g}");
+    let g = admin_ok(&env, "/api/v1/consumer-groups/g").await;
+    let cursors: Vec<(String, i64)> = g["queues"][0]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["partition"].as_str().unwrap().into(),
+                p["lag"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(cursors, vec![("p1".into(), 5), ("p2".into(), 0)], "{g}");
+    let lagging = admin_ok(&env, "/api/v1/consumer-groups/lagging?minLagSeconds=0").await;
+    let of_g: Vec<&Value> = lagging
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["consumerGroup"] == "g")
+        .collect();
+    assert_eq!(of_g.len(), 1, "{lagging}");
+    assert_eq!(
+        (&of_g[0]["partition"], &of_g[0]["lag"]),
+        (&json!("p1"), &json!(5))
+    );
+
+    // Messages: by status for the queue-mode group, one by one, and the dead letters.
+    let all = admin_ok(&env, "/api/v1/messages?queue=orders").await;
+    let all = listed(&all);
+    assert_eq!(all.len(), 8, "{all:?}");
+    assert!(
+        all.contains(&("p1-0".into(), "dead_letter".into())),
+        "{all:?}"
+    );
+    assert!(all.contains(&("p2-2".into(), "pending".into())), "{all:?}");
+    let pending = admin_ok(&env, "/api/v1/messages?queue=orders&status=pending").await;
+    assert_eq!(listed(&pending).len(), 7, "{pending}");
+    let paged = admin_ok(&env, "/api/v1/messages?queue=orders&limit=3&offset=4").await;
+    assert_eq!(listed(&paged).len(), 3);
+    let of_g = admin_ok(
+        &env,
+        "/api/v1/messages?queue=orders&partition=p2&consumerGroup=g",
+    )
+    .await;
+    assert!(
+        listed(&of_g).iter().all(|(_, s)| s == "completed"),
+        "{of_g}"
+    );
+    let one = admin_ok(&env, &format!("/api/v1/messages/{p2}/p2-1")).await;
+    let statuses: Vec<(&str, &str)> = one["consumerGroups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["name"].as_str().unwrap(), x["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        statuses,
+        vec![("__QUEUE_MODE__", "pending"), ("g", "completed")],
+        "{one}"
+    );
+    let dead = admin_ok(&env, "/api/v1/messages?queue=orders&status=dead_letter").await;
+    assert_eq!(listed(&dead), vec![("p1-0".into(), "dead_letter".into())]);
+    let dlq = admin_ok(&env, "/api/v1/dlq?queue=orders").await;
+    assert_eq!(dlq["messages"].as_array().unwrap().len(), 1, "{dlq}");
+
+    // Traces: by message, by name, and the names.
+    for (tx, names) in [
+        ("p1-1", json!(["order-1", "checkout"])),
+        ("p1-2", json!("order-1")),
+    ] {
+        let (s, body) = env
+            .post(
+                "/api/v1/traces",
+                &json!({"partitionId": p1, "transactionId": tx, "traceNames": names,
+                        "eventType": "info", "data": {"tx": tx}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{body}");
+    }
+    let of = admin_ok(&env, &format!("/api/v1/traces/{p1}/p1-1")).await;
+    assert_eq!(of["traces"].as_array().unwrap().len(), 1, "{of}");
+    let by = admin_ok(&env, "/api/v1/traces/by-name/order-1").await;
+    assert_eq!(by["traces"].as_array().unwrap().len(), 2, "{by}");
+    let names = admin_ok(&env, "/api/v1/traces/names").await;
+    let names: Vec<&str> = names["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["checkout", "order-1"]);
+    let second = admin_ok(&env, "/api/v1/traces/names?limit=1&offset=1").await;
+    assert_eq!(second["names"][0]["name"], "order-1");
+
+    // Status.
+    let status = admin_ok(&env, "/api/v1/status").await;
+    assert_eq!(status["queues"], 2, "{status}");
+    let queue = admin_ok(&env, "/api/v1/status/queues/orders").await;
+    assert_eq!(queue["deadLetters"], 1, "{queue}");
+    let queues = admin_ok(&env, "/api/v1/status/queues").await;
+    assert_eq!(queues["queues"].as_array().unwrap().len(), 2, "{queues}");
+    for path in [
+        "/api/v1/status/analytics",
+        "/api/v1/analytics/postgres-stats",
+        "/api/v1/analytics/system-metrics",
+        "/api/v1/analytics/worker-metrics",
+    ] {
+        admin_ok(&env, path).await;
+    }
+    // The scrape's depth and lag statement (`backlog`) answers too.
+    let metrics = env.metrics_text().await;
+    assert!(
+        metrics.lines().any(|l| l == "comb_queue_stats_success 1"),
+        "{metrics}"
+    );
+    let depth = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("comb_queue_depth_messages{queue=\"orders\"} "));
+    let figures = admin_ok(&env, "/api/v1/resources/queues/orders").await;
+    let pending_now = figures["messages"]["pending"].as_i64().unwrap()
+        + figures["messages"]["processing"].as_i64().unwrap();
+    assert_eq!(depth, Some(pending_now.to_string().as_str()), "{metrics}");
+    let (s, body) = env.post("/api/v1/stats/refresh", &json!({})).await;
+    assert_eq!(
+        (s, &body["success"]),
+        (StatusCode::OK, &json!(true)),
+        "{body}"
+    );
+
+    // Actions that move cursors or requeue: refused, nothing changed.
+    let refused: Vec<(StatusCode, Value)> = vec![
+        env.post(
+            "/api/v1/consumer-groups/g/queues/orders/seek",
+            &json!({"toEnd": true}),
+        )
+        .await,
+        env.post(
+            "/api/v1/consumer-groups/g/queues/orders/partitions/p1/seek",
+            &json!({"toEnd": true}),
+        )
+        .await,
+        env.post(
+            "/api/v1/consumer-groups/g/subscription",
+            &json!({"subscriptionTimestamp": "2026-01-01T00:00:00Z"}),
+        )
+        .await,
+        env.post("/api/v1/dlq/requeue", &json!({"queue": "orders"}))
+            .await,
+        env.post(&format!("/api/v1/messages/{p1}/p1-0/retry"), &json!({}))
+            .await,
+        env.post(&format!("/api/v1/messages/{p1}/p1-3/dlq"), &json!({}))
+            .await,
+        env.delete(&format!("/api/v1/messages/{p1}/p1-3")).await,
+        env.delete("/api/v1/queues/orders/clear").await,
+        env.delete("/api/v1/queues/orders/clear?partition=p2").await,
+        env.delete("/api/v1/consumer-groups/g/queues/orders").await,
+    ];
+    for (s, body) in refused {
+        assert_eq!(s, StatusCode::NOT_IMPLEMENTED, "{body}");
+        assert_eq!(body["code"], "unsupported_on_cluster", "{body}");
+    }
+    let after = admin_ok(&env, "/api/v1/messages?queue=orders").await;
+    assert_eq!(listed(&after), all, "the refused actions changed nothing");
+    assert_eq!(
+        admin_ok(&env, "/api/v1/consumer-groups/g").await["queues"][0]["partitions"][0]["lag"],
+        5
+    );
+
+    // Purging dead letters and deleting a queue work.
+    let (s, body) = env
+        .post("/api/v1/dlq/purge", &json!({"queue": "orders"}))
+        .await;
+    assert_eq!((s, &body["purged"]), (StatusCode::OK, &json!(1)), "{body}");
+    assert_eq!(
+        admin_ok(&env, "/api/v1/resources/queues/orders").await["deadLetters"],
+        0
+    );
+    assert_eq!(env.delete_queue("other").await, StatusCode::OK);
+    assert_eq!(admin_ok(&env, "/api/v1/resources/queues").await["total"], 1);
+}
+
+/// Runs `sql` on the coordinator in the test's database; psql's unaligned output.
+fn on_coordinator(env: &Env, sql: &str) -> String {
+    Citus::shared()
+        .coordinator()
+        .psql(&env.db_name, sql)
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The per-minute statistics are written on the cluster: each server's counts, each queue's
+/// counts, and the minute's snapshot of every queue's figures and every group's lag (read
+/// over the distributed tables by the PL/pgSQL figures), with no warning logged.
+#[tokio::test]
+async fn the_per_minute_statistics_are_written_on_the_cluster() {
+    let env = on_citus_with("citus_stats", &["--stats-interval-ms", "500"]).await;
+    env.configure("s", json!({"retryLimit": 0})).await;
+    env.push(admin_items("s", "p", 0, 5)).await;
+    env.push(admin_items("t", "p", 0, 2)).await;
+    let pop = env.pop("/api/v1/pop/queue/s?batch=5").await.unwrap();
+    let acks: Vec<Value> = pop["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                   "leaseId": m["leaseId"], "status": if i == 0 { "failed" } else { "completed" }})
+        })
+        .collect();
+    let (s, body) = env
+        .post("/api/v1/ack/batch", &json!({"acknowledgments": acks}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+
+    let servers = "SELECT concat_ws(',', sum(pushed), sum(popped), sum(acked), sum(failed),
+                                    sum(dead_lettered))
+                   FROM comb.server_minutes";
+    // The snapshot of this minute (or, when the minute turned before the acks, of the next).
+    let snapshot = "SELECT concat_ws(',', m.partitions, m.total, m.pending, m.processing,
+                                     m.dead_letters)
+                    FROM comb.queue_minutes m JOIN comb.queues q ON q.id = m.queue_id
+                    WHERE q.name = 's' ORDER BY m.minute DESC LIMIT 1";
+    common::until("the counts and the snapshot of s written", || async {
+        on_coordinator(&env, servers) == "7,5,4,1,1"
+            && on_coordinator(&env, snapshot) == "1,5,0,0,1"
+    })
+    .await;
+    let of_s = on_coordinator(
+        &env,
+        "SELECT concat_ws(',', sum(c.pushed), sum(c.popped), sum(c.acked), sum(c.failed),
+                          sum(c.dead_lettered))
+         FROM comb.queue_counts c JOIN comb.queues q ON q.id = c.queue_id WHERE q.name = 's'",
+    );
+    assert_eq!(of_s, "5,5,4,1,1");
+    // The queue-mode group has settled all of s.
+    let lag = on_coordinator(
+        &env,
+        "SELECT concat_ws(',', g.consumer_group, g.partitions, g.lag, g.leased)
+         FROM comb.group_minutes g JOIN comb.queues q ON q.id = g.queue_id
+         WHERE q.name = 's' ORDER BY g.minute DESC LIMIT 1",
+    );
+    assert_eq!(lag, "__QUEUE_MODE__,1,0,0");
+    // What the listings serve from: the analytics of s.
+    let analytics = admin_ok(&env, "/api/v1/status/analytics?queue=s").await;
+    assert_eq!(
+        analytics["totals"],
+        json!({"pushed": 5, "popped": 5, "acked": 4, "failed": 1, "deadLettered": 1}),
+        "{analytics}"
+    );
+    let log = std::fs::read_to_string(env.server.log_path()).unwrap();
+    assert!(
+        !log.contains("counters not written"),
+        "the statistics writer warned:\n{log}"
+    );
+}
