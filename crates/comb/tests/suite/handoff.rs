@@ -6,8 +6,8 @@
 //! back by queue options, sealed payloads, fan-out, and other servers' pops.
 //!
 //! Servers run with a poll fallback of two minutes, so only a push (or its hand-off) answers a
-//! waiting pop within a test; each has as many waiting places as the test's pops, so a probe
-//! refused with 429 shows they wait before the push.
+//! waiting pop within a test; `comb_pops_waiting` shows the test's pops wait before it pushes
+//! (a probing pop of the same group could claim what a test pushes).
 
 use std::time::{Duration, Instant};
 
@@ -17,13 +17,14 @@ use serde_json::{Value, json};
 
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
-fn args(waiting: &'static str) -> [&'static str; 4] {
-    [
-        "--poll-fallback-ms",
-        "120000",
-        "--max-waiting-pops",
-        waiting,
-    ]
+const ARGS: [&str; 2] = ["--poll-fallback-ms", "120000"];
+
+/// Waits until `n` pops wait on the server at `base`.
+async fn until_waiting(http: &reqwest::Client, base: &str, n: u64) {
+    common::until("the pops wait", || async {
+        value_at(http, base, "comb_pops_waiting").await == n
+    })
+    .await;
 }
 
 /// A counter of `/metrics` (0 when absent).
@@ -32,6 +33,16 @@ async fn counter(env: &Env, name: &str) -> u64 {
 }
 
 async fn counter_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
+    value_at(http, base, name).await
+}
+
+/// A value of `/metrics` (0 when absent).
+async fn value_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
+    gauge_at(http, base, name).await
+}
+
+/// A value of `/metrics` (0 when absent).
+async fn gauge_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
     let text = http
         .get(format!("{base}/metrics"))
         .send()
@@ -46,7 +57,7 @@ async fn counter_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
 }
 
 /// Starts a pop of `queue` waiting a minute (`extra`: more query parameters) and returns once
-/// the server's waiting places are all taken.
+/// it waits.
 async fn waiter(
     env: &Env,
     queue: &str,
@@ -55,7 +66,7 @@ async fn waiter(
     let w = common::waiting_pop(env.url(&format!(
         "/api/v1/pop/queue/{queue}?wait=true&timeout=60000{extra}"
     )));
-    common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), queue).await;
+    until_waiting(&env.http, &env.server.base_url(), 1).await;
     w
 }
 
@@ -67,7 +78,7 @@ async fn answered(w: tokio::task::JoinHandle<(StatusCode, Value, Duration)>) -> 
 
 #[tokio::test]
 async fn a_push_hands_its_message_to_a_waiting_pop_under_a_lease_it_acks() {
-    let env = Env::start_with(&args("1")).await;
+    let env = Env::start_with(&ARGS).await;
     env.configure("q", json!({})).await;
     let w = waiter(&env, "q", "").await;
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
@@ -88,22 +99,19 @@ async fn a_push_hands_its_message_to_a_waiting_pop_under_a_lease_it_acks() {
 
 #[tokio::test]
 async fn racing_pushers_into_one_partition_hand_off_in_order_and_skip_nothing() {
-    let env = Env::start_with(&args("4")).await;
+    let env = Env::start_with(&ARGS).await;
     env.configure("q", json!({})).await;
-    const EACH: i64 = 40;
+    const ROUNDS: i64 = 12;
+    const EACH: i64 = 2 * ROUNDS;
     let consumer = {
-        let url = env.url("/api/v1/pop/queue/q?wait=true&timeout=20000&batch=3");
+        let url = env.url("/api/v1/pop/queue/q?wait=true&timeout=60000&batch=3");
         let http = common::client();
         let base = env.server.base_url();
         tokio::spawn(async move {
             let mut got: Vec<i64> = Vec::new();
             while got.len() < 2 * EACH as usize {
                 let (s, b) = common::get_url(&http, &url).await;
-                assert_eq!(
-                    s,
-                    StatusCode::OK,
-                    "a consumer's pop ran dry after {got:?}: {b}"
-                );
+                assert_eq!(s, StatusCode::OK, "a pop ran dry after {got:?}: {b}");
                 let acks: Vec<Value> = b["messages"]
                     .as_array()
                     .unwrap()
@@ -125,28 +133,24 @@ async fn racing_pushers_into_one_partition_hand_off_in_order_and_skip_nothing() 
             got
         })
     };
-    let pusher = |from: i64| {
+    let push = |n: i64| {
         let url = env.url("/api/v1/push");
-        tokio::spawn(async move {
-            let http = common::client();
-            for n in from..from + EACH {
-                let r = http
-                    .post(&url)
-                    .json(&json!({"items": [{"queue": "q", "payload": {"n": n}}]}))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status(), StatusCode::CREATED);
-                // Leave the consumer time to wait again now and then.
-                if n % 4 == 0 {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        })
+        async move {
+            let r = common::client()
+                .post(&url)
+                .json(&json!({"items": [{"queue": "q", "payload": {"n": n}},
+                                        {"queue": "q", "payload": {"n": n + 1}}]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::CREATED);
+        }
     };
-    let (a, b) = (pusher(1000), pusher(2000));
-    a.await.unwrap();
-    b.await.unwrap();
+    // Each round, once the consumer waits, two pushers race into the partition.
+    for round in 0..ROUNDS {
+        until_waiting(&env.http, &env.server.base_url(), 1).await;
+        tokio::join!(push(1000 + 2 * round), push(2000 + 2 * round));
+    }
     let got = consumer.await.unwrap();
     // Each pusher's messages come out in the order it pushed them, once each.
     for from in [1000, 2000] {
@@ -173,7 +177,7 @@ async fn racing_pushers_into_one_partition_hand_off_in_order_and_skip_nothing() 
 
 #[tokio::test]
 async fn a_group_not_right_before_the_push_is_not_handed_off_and_skips_nothing() {
-    let env = Env::start_with(&args("1")).await;
+    let env = Env::start_with(&ARGS).await;
     env.push(json!([{"queue": "q", "payload": {"n": 1}}, {"queue": "q", "payload": {"n": 2}}]))
         .await;
     let pop = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
@@ -196,13 +200,13 @@ async fn a_group_not_right_before_the_push_is_not_handed_off_and_skips_nothing()
 
 #[tokio::test]
 async fn a_lease_made_for_a_pop_that_went_away_is_given_back_at_once() {
-    let env = Env::start_with(&args("1")).await;
+    let env = Env::start_with(&ARGS).await;
     env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
     let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
     env.ack_all(&pop, "completed", None).await;
     // The pop waits on a client of its own, which the test drops.
     let gone = common::waiting_pop(env.url("/api/v1/pop/queue/q?wait=true&timeout=60000"));
-    common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), "q").await;
+    until_waiting(&env.http, &env.server.base_url(), 1).await;
     // A session holds the partition's row, so the push reserves the waiting pop and then
     // waits for that lock inside its transaction.
     let holder = {
@@ -263,7 +267,7 @@ async fn a_lease_made_for_a_pop_that_went_away_is_given_back_at_once() {
 
 #[tokio::test]
 async fn a_handed_off_lease_that_expires_hands_the_message_out_again_with_its_attempt() {
-    let env = Env::start_with(&args("1")).await;
+    let env = Env::start_with(&ARGS).await;
     env.configure("q", json!({"leaseTime": 1, "retryLimit": 5}))
         .await;
     let w = waiter(&env, "q", "").await;
@@ -294,10 +298,10 @@ async fn a_handed_off_lease_that_expires_hands_the_message_out_again_with_its_at
 /// A queue whose option holds messages back: a waiting pop gets the message only once the
 /// option lets it, through a claim, never handed off at once.
 async fn held_back(options: Value, hold: Duration) {
-    let env = Env::start_with(&args("1")).await;
+    let env = Env::start_with(&ARGS).await;
     env.configure("q", options).await;
-    let w = common::waiting_pop(env.url("/api/v1/pop/queue/q?wait=true&timeout=30000"));
-    common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), "q").await;
+    let w = common::waiting_pop(env.url("/api/v1/pop/queue/q?wait=true&timeout=5000"));
+    until_waiting(&env.http, &env.server.base_url(), 1).await;
     let pushed = Instant::now();
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
     // The waiting pop may end empty (its fallback is two minutes); a later pop then finds it.
@@ -327,7 +331,7 @@ async fn a_window_buffer_is_not_handed_off_early() {
 
 #[tokio::test]
 async fn a_failed_message_resting_for_its_retry_delay_is_not_passed_by_a_hand_off() {
-    let env = Env::start_with(&args("1")).await;
+    let env = Env::start_with(&ARGS).await;
     env.configure("q", json!({"retryDelay": 1500, "retryLimit": 5}))
         .await;
     let w = waiter(&env, "q", "").await;
@@ -338,7 +342,7 @@ async fn a_failed_message_resting_for_its_retry_delay_is_not_passed_by_a_hand_of
         .await;
     let failed_at = Instant::now();
     let w = common::waiting_pop(env.url("/api/v1/pop/queue/q?wait=true&timeout=30000&batch=10"));
-    common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), "q").await;
+    until_waiting(&env.http, &env.server.base_url(), 1).await;
     env.push(json!([{"queue": "q", "payload": {"n": 2}}])).await;
     let (s, b, _) = w.await.unwrap();
     let pop = if s == StatusCode::OK {
@@ -354,7 +358,7 @@ async fn a_failed_message_resting_for_its_retry_delay_is_not_passed_by_a_hand_of
 
 #[tokio::test]
 async fn a_sealed_queue_hands_off_its_payload_opened() {
-    let env = Env::start_with_env(&args("1"), &[("COMB_ENCRYPTION_KEY", KEY)]).await;
+    let env = Env::start_with_env(&ARGS, &[("COMB_ENCRYPTION_KEY", KEY)]).await;
     env.configure("secret", json!({"encryptionEnabled": true}))
         .await;
     let w = waiter(&env, "secret", "").await;
@@ -377,7 +381,7 @@ async fn a_sealed_queue_hands_off_its_payload_opened() {
 
 #[tokio::test]
 async fn one_push_hands_off_to_a_waiting_pop_of_each_group() {
-    let env = Env::start_with(&args("3")).await;
+    let env = Env::start_with(&ARGS).await;
     let mut waiters = Vec::new();
     env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
     // The probe that sees the pops waiting pops as the queue's own group: caught up too.
@@ -396,7 +400,7 @@ async fn one_push_hands_off_to_a_waiting_pop_of_each_group() {
             "/api/v1/pop/queue/q?wait=true&timeout=60000&consumerGroup={g}"
         ))));
     }
-    common::until_waiting_places_are_taken(&env.http, &env.server.base_url(), "q").await;
+    until_waiting(&env.http, &env.server.base_url(), 3).await;
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
     for (w, g) in waiters.into_iter().zip(["a", "b", "c"]) {
         let pop = answered(w).await;
@@ -410,8 +414,8 @@ async fn one_push_hands_off_to_a_waiting_pop_of_each_group() {
 
 #[tokio::test]
 async fn a_pop_waiting_on_another_server_is_woken_as_before() {
-    let env = Env::start_with(&args("1")).await;
-    let other = env.second_server_with(&args("1")).await;
+    let env = Env::start_with(&ARGS).await;
+    let other = env.second_server_with(&ARGS).await;
     env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
     let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
     env.ack_all(&pop, "completed", None).await;
@@ -419,7 +423,7 @@ async fn a_pop_waiting_on_another_server_is_woken_as_before() {
         "{}/api/v1/pop/queue/q?wait=true&timeout=60000",
         other.base_url()
     ));
-    common::until_waiting_places_are_taken(&env.http, &other.base_url(), "q").await;
+    until_waiting(&env.http, &other.base_url(), 1).await;
     env.push(json!([{"queue": "q", "payload": {"n": 9}}])).await;
     let pop = answered(w).await;
     assert_eq!(numbers(&pop), vec![9]);
