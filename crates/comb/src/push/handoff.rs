@@ -250,19 +250,20 @@ pub(crate) async fn grant<C: Prepared>(
 /// went away. Returns the (partition, group) pairs handed all they were pushed (fewer
 /// messages than the pop's batch): their group needs no hint of the partition.
 /// `fill` completes a leased message from the pushed one of its id (transaction and trace
-/// ids, producer, payload).
+/// ids, producer, payload), or says it is not one of the push's: the grant leases only those,
+/// so that never happens, and if it did the lease would be given back, not handed over.
 pub(crate) fn deliver(
     pool: &Pool,
     wake: &Arc<Wake>,
     offered: Vec<Offered>,
-    fill: impl Fn(&mut HandedMessage),
+    fill: impl Fn(&mut HandedMessage) -> bool,
 ) -> Vec<(Uuid, String)> {
     let mut quiet = Vec::new();
     for mut o in offered {
         if o.granted.is_empty() {
             continue;
         }
-        o.granted.iter_mut().for_each(&fill);
+        let ours = o.granted.iter_mut().all(&fill);
         let full = o.granted.len() >= usize::try_from(o.pop.wants.batch).unwrap_or(usize::MAX);
         let handed = HandedOff {
             partition_id: o.partition_id,
@@ -271,7 +272,12 @@ pub(crate) fn deliver(
             messages: std::mem::take(&mut o.granted),
         };
         let n = handed.messages.len() as u64;
-        match o.pop.to.send(handed) {
+        let sent = if ours {
+            o.pop.to.send(handed).map_err(|_| ())
+        } else {
+            Err(())
+        };
+        match sent {
             Ok(()) => {
                 crate::metrics::HANDOFFS.add(1);
                 crate::metrics::HANDED_OFF.add(n);
@@ -281,6 +287,7 @@ pub(crate) fn deliver(
             }
             Err(_) => {
                 // The pop went away between its reservation and now: the lease goes back.
+                // (The reserved pop, if still there, looks for itself: its offer is gone.)
                 let (pool, wake) = (pool.clone(), wake.clone());
                 tokio::spawn(async move {
                     let group = o.pop.group;

@@ -294,11 +294,14 @@ async fn run_batch(pool: &Pool, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
     if result.is_ok() {
         let by_id: HashMap<Uuid, &NewMessage> = all.iter().map(|m| (m.message_id, *m)).collect();
         let quiet = handoff::deliver(pool, wake, offered, |h| {
-            let m = by_id[&h.message_id];
+            let Some(m) = by_id.get(&h.message_id) else {
+                return false;
+            };
             h.transaction_id = m.transaction_id().with_str(str::to_string);
             h.trace_id = m.trace_id.clone();
             h.producer_sub = m.producer_sub.as_deref().map(str::to_string);
             h.payload = m.payload.clone();
+            true
         });
         announce_except(wake, all.iter().copied(), &quiet);
     }
