@@ -14,6 +14,12 @@
 //! `windowBuffer`). The lease is an ordinary one: acked, extended, or expired (an attempt
 //! counted) like a claim's.
 //!
+//! The lock and the grant are two statements, the grant sent with the COMMIT in a second round
+//! trip: a statement that locked `SKIP LOCKED` and read the state itself would read it with a
+//! snapshot taken before its lock, and a claim that committed in between would have its
+//! version written again from the one before (two versions of one `ver`). Pushes without
+//! waiting pops here stay one round trip.
+//!
 //! Waiting pops offer themselves ([`crate::wake::Wake::offer`]); a push reserves the oldest
 //! offer of each group of the queue (fan-out: one pop per group), and gives back a lease
 //! whose pop went away before it was answered, at once.

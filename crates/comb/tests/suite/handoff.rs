@@ -19,6 +19,9 @@ const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1
 
 const ARGS: [&str; 2] = ["--poll-fallback-ms", "120000"];
 
+/// Hand-off is switched on by this variable.
+const ON: (&str, &str) = ("COMB_HANDOFF", "on");
+
 /// Waits until `n` pops wait on the server at `base`.
 async fn until_waiting(http: &reqwest::Client, base: &str, n: u64) {
     common::until("the pops wait", || async {
@@ -78,7 +81,7 @@ async fn answered(w: tokio::task::JoinHandle<(StatusCode, Value, Duration)>) -> 
 
 #[tokio::test]
 async fn a_push_hands_its_message_to_a_waiting_pop_under_a_lease_it_acks() {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     env.configure("q", json!({})).await;
     let w = waiter(&env, "q", "").await;
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
@@ -99,7 +102,7 @@ async fn a_push_hands_its_message_to_a_waiting_pop_under_a_lease_it_acks() {
 
 #[tokio::test]
 async fn racing_pushers_into_one_partition_hand_off_in_order_and_skip_nothing() {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     env.configure("q", json!({})).await;
     const ROUNDS: i64 = 12;
     const EACH: i64 = 2 * ROUNDS;
@@ -177,7 +180,7 @@ async fn racing_pushers_into_one_partition_hand_off_in_order_and_skip_nothing() 
 
 #[tokio::test]
 async fn a_group_not_right_before_the_push_is_not_handed_off_and_skips_nothing() {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     env.push(json!([{"queue": "q", "payload": {"n": 1}}, {"queue": "q", "payload": {"n": 2}}]))
         .await;
     let pop = env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap();
@@ -200,7 +203,7 @@ async fn a_group_not_right_before_the_push_is_not_handed_off_and_skips_nothing()
 
 #[tokio::test]
 async fn a_lease_made_for_a_pop_that_went_away_is_given_back_at_once() {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
     let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
     env.ack_all(&pop, "completed", None).await;
@@ -267,7 +270,7 @@ async fn a_lease_made_for_a_pop_that_went_away_is_given_back_at_once() {
 
 #[tokio::test]
 async fn a_handed_off_lease_that_expires_hands_the_message_out_again_with_its_attempt() {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     env.configure("q", json!({"leaseTime": 1, "retryLimit": 5}))
         .await;
     let w = waiter(&env, "q", "").await;
@@ -298,7 +301,7 @@ async fn a_handed_off_lease_that_expires_hands_the_message_out_again_with_its_at
 /// A queue whose option holds messages back: a waiting pop gets the message only once the
 /// option lets it, through a claim, never handed off at once.
 async fn held_back(options: Value, hold: Duration) {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     env.configure("q", options).await;
     let w = common::waiting_pop(env.url("/api/v1/pop/queue/q?wait=true&timeout=5000"));
     until_waiting(&env.http, &env.server.base_url(), 1).await;
@@ -331,7 +334,7 @@ async fn a_window_buffer_is_not_handed_off_early() {
 
 #[tokio::test]
 async fn a_failed_message_resting_for_its_retry_delay_is_not_passed_by_a_hand_off() {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     env.configure("q", json!({"retryDelay": 1500, "retryLimit": 5}))
         .await;
     let w = waiter(&env, "q", "").await;
@@ -358,7 +361,7 @@ async fn a_failed_message_resting_for_its_retry_delay_is_not_passed_by_a_hand_of
 
 #[tokio::test]
 async fn a_sealed_queue_hands_off_its_payload_opened() {
-    let env = Env::start_with_env(&ARGS, &[("COMB_ENCRYPTION_KEY", KEY)]).await;
+    let env = Env::start_with_env(&ARGS, &[ON, ("COMB_ENCRYPTION_KEY", KEY)]).await;
     env.configure("secret", json!({"encryptionEnabled": true}))
         .await;
     let w = waiter(&env, "secret", "").await;
@@ -381,7 +384,7 @@ async fn a_sealed_queue_hands_off_its_payload_opened() {
 
 #[tokio::test]
 async fn one_push_hands_off_to_a_waiting_pop_of_each_group() {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     let mut waiters = Vec::new();
     env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
     // The probe that sees the pops waiting pops as the queue's own group: caught up too.
@@ -414,7 +417,7 @@ async fn one_push_hands_off_to_a_waiting_pop_of_each_group() {
 
 #[tokio::test]
 async fn a_pop_waiting_on_another_server_is_woken_as_before() {
-    let env = Env::start_with(&ARGS).await;
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
     let other = env.second_server_with(&ARGS).await;
     env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
     let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
