@@ -390,10 +390,10 @@ impl Popper {
     }
 }
 
-/// Whether waiting pops offer themselves to pushes (`COMB_HANDOFF=on`). Off by default: the
-/// short delivery audit (`cargo test -p comb --test audit`) has not yet passed with it on.
+/// Whether waiting pops offer themselves to pushes: yes unless `COMB_HANDOFF=off`, the way
+/// back to claims alone should a deployment need it.
 static HANDOFF: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::env::var("COMB_HANDOFF").is_ok_and(|v| v == "on"));
+    std::sync::LazyLock::new(|| !std::env::var("COMB_HANDOFF").is_ok_and(|v| v == "off"));
 
 /// How a waiting pop's wait ended.
 enum Waited {
