@@ -222,6 +222,17 @@ WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2
 ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c";
 
+/// Locks the cursors of (`$1` partitions, `$2` groups, pairwise) that no other transaction
+/// holds, in the same order as [`LOCK_SQL`], skipping the others: for a writer that must never
+/// wait on a cursor (a push handing its messages to a waiting pop, which holds partition locks
+/// and would otherwise wait behind a claim, or deadlock with a transaction that acks, then
+/// pushes). The state is read by a later statement, as after [`LOCK_SQL`].
+pub(crate) const LOCK_FREE_SQL: &str = "
+SELECT c.partition_id, c.consumer_group FROM comb.cursors c
+WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
+ORDER BY c.partition_id, c.consumer_group
+FOR NO KEY UPDATE OF c SKIP LOCKED";
+
 /// [`LOCK_SQL`] on Citus, which locks rows only in a statement of one shard: the
 /// coordinator locks each cursor with one of its own (`comb.lock_cursors`), in the same order.
 const LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_cursors($1, $2)";

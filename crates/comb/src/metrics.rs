@@ -168,6 +168,14 @@ pub(crate) struct Settled {
 /// function holds no [`Metrics`]: a claim worker calls it on its own connection.
 pub(crate) static LEASE_DEAD_LETTERED: Counter = Counter::new();
 
+/// Pops answered with messages a push leased to them in its own transaction
+/// (`push::handoff`), and those messages: process-wide, as the push workers hold no
+/// [`Metrics`].
+pub(crate) static HANDOFFS: Counter = Counter::new();
+pub(crate) static HANDED_OFF: Counter = Counter::new();
+/// Hand-off leases given back because their pop went away before it was answered.
+pub(crate) static HANDOFFS_RELEASED: Counter = Counter::new();
+
 /// What this server's maintenance loop did; everything stays at zero while it is not leader.
 #[derive(Debug, Default)]
 pub(crate) struct Maintenance {
@@ -308,6 +316,22 @@ impl Metrics {
             "comb_messages_discarded_total",
             "Messages that exhausted retryLimit in queues keeping no dead letters for that (deadLetterQueue or dlqAfterMaxRetries false), skipped by this server.",
             m.discarded.get(),
+        );
+
+        out.counter(
+            "comb_handoffs_total",
+            "Waiting pops answered with messages a push on this server leased to them in its own transaction (no claim of their own).",
+            HANDOFFS.get(),
+        );
+        out.counter(
+            "comb_handoff_messages_total",
+            "Messages handed to waiting pops by pushes on this server (counted in comb_messages_popped_total too).",
+            HANDED_OFF.get(),
+        );
+        out.counter(
+            "comb_handoffs_released_total",
+            "Hand-off leases given back at once because their pop went away before it was answered.",
+            HANDOFFS_RELEASED.get(),
         );
 
         let mt = &self.maintenance;

@@ -263,6 +263,8 @@ pub(crate) struct Wake {
     ready: Mutex<HashMap<String, HashMap<String, Arc<Ready>>>>,
     /// Queue names to announce to other servers (see [`broadcast`]).
     outbox: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<String>>,
+    /// Pops waiting here that a push may hand its messages to ([`Wake::offer`]).
+    offers: Offers,
 }
 
 impl Default for Wake {
@@ -272,6 +274,7 @@ impl Default for Wake {
             queues: Mutex::default(),
             ready: Mutex::default(),
             outbox: std::sync::OnceLock::new(),
+            offers: Offers::default(),
         }
     }
 }
@@ -348,6 +351,12 @@ impl Wake {
         (groups, queues)
     }
 
+    /// Entries of the hand-off registry: (queue, group) pairs with a pop offering itself.
+    pub(crate) fn offer_entries(&self) -> usize {
+        let map = self.offers.0.lock().expect("offers poisoned");
+        map.values().map(HashMap::len).sum()
+    }
+
     /// Lease of `group` on `partition` of `queue` ended here (an ack settled it). If messages
     /// came back (`returned`: a failed or retried ack) or may wait behind the lease (see
     /// [`Ready::may_be_blocked`]), one waiting pop claims the partition.
@@ -400,8 +409,32 @@ impl Wake {
     /// (one woken pop per partition), wake pops of a named partition, and tell other servers
     /// soon.
     pub(crate) fn pushed(&self, queue: &str, partitions: &[Uuid]) {
-        for r in self.groups_of(queue) {
-            r.hint(partitions);
+        self.pushed_except(queue, partitions, &[]);
+    }
+
+    /// [`Wake::pushed`], except that `handed` (partition, group) pairs are not hinted to their
+    /// group: the push handed all it stored there to a pop of that group ([`Wake::offer`]), so
+    /// a hint would only send the group's next pop to claim a partition it holds.
+    pub(crate) fn pushed_except(&self, queue: &str, partitions: &[Uuid], handed: &[(Uuid, &str)]) {
+        if handed.is_empty() {
+            for r in self.groups_of(queue) {
+                r.hint(partitions);
+            }
+        } else {
+            let groups: Vec<(String, Arc<Ready>)> = {
+                let map = self.ready.lock().expect("wake registry poisoned");
+                map.get(queue)
+                    .map(|g| g.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                    .unwrap_or_default()
+            };
+            for (group, r) in groups {
+                let left: Vec<Uuid> = partitions
+                    .iter()
+                    .copied()
+                    .filter(|p| !handed.contains(&(*p, group.as_str())))
+                    .collect();
+                r.hint(&left);
+            }
         }
         self.bump(queue);
         if let Some(outbox) = self.outbox.get() {
@@ -455,6 +488,179 @@ impl Wake {
         for r in all {
             r.wake_all();
         }
+    }
+}
+
+/// A message a push handed to a waiting pop, as stored: what the pop answers with.
+#[derive(Debug, Clone)]
+pub(crate) struct HandedMessage {
+    pub(crate) pos: i64,
+    pub(crate) message_id: Uuid,
+    pub(crate) transaction_id: String,
+    pub(crate) trace_id: Option<String>,
+    pub(crate) producer_sub: Option<String>,
+    /// The payload as stored (sealed in queues that encrypt): the pop opens it.
+    pub(crate) payload: bytes::Bytes,
+    pub(crate) created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// What a push leased to a waiting pop in its own transaction, given to the pop after commit.
+#[derive(Debug, Clone)]
+pub(crate) struct HandedOff {
+    pub(crate) partition_id: Uuid,
+    pub(crate) partition: Arc<str>,
+    pub(crate) lease_id: Uuid,
+    pub(crate) messages: Vec<HandedMessage>,
+}
+
+/// What a pop offering itself for a hand-off can take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wants {
+    /// Most messages.
+    pub(crate) batch: i32,
+    /// The lease's length when the queue sets no `leaseTime`.
+    pub(crate) default_lease_secs: f64,
+}
+
+/// A waiting pop a push took out of the registry ([`Wake::reserve`]): the push leases it
+/// messages in its transaction and, after commit, sends them. Dropping it unsent lets the pop
+/// look for itself again.
+pub(crate) struct Reserved {
+    pub(crate) group: String,
+    pub(crate) wants: Wants,
+    pub(crate) to: tokio::sync::oneshot::Sender<HandedOff>,
+}
+
+/// Pops offering themselves, per queue name and group, oldest first.
+#[derive(Default)]
+struct Offers(Mutex<HashMap<String, HashMap<String, VecDeque<Offered>>>>);
+
+struct Offered {
+    id: u64,
+    wants: Wants,
+    to: tokio::sync::oneshot::Sender<HandedOff>,
+}
+
+static OFFER_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A waiting pop's offer to take a push's messages directly (see [`Wake::offer`]). Withdrawn
+/// with [`Offer::withdraw`] (or when dropped).
+pub(crate) struct Offer<'a> {
+    wake: &'a Wake,
+    queue: String,
+    group: String,
+    id: u64,
+    rx: Option<tokio::sync::oneshot::Receiver<HandedOff>>,
+}
+
+impl Offer<'_> {
+    /// Resolves when a push sent messages (`Some`), or when a push that reserved this offer
+    /// leased nothing to it (`None`).
+    pub(crate) async fn handed(&mut self) -> Option<HandedOff> {
+        let Some(rx) = &mut self.rx else {
+            return std::future::pending().await;
+        };
+        let handed = rx.await.ok();
+        self.rx = None;
+        handed
+    }
+
+    /// Takes the offer back. If a push has reserved it already, its transaction may be leasing
+    /// messages to this pop right now: waits for its outcome, so nothing is leased to nobody.
+    pub(crate) async fn withdraw(mut self) -> Option<HandedOff> {
+        if self.wake.offers.remove(&self.queue, &self.group, self.id) {
+            return None;
+        }
+        let rx = self.rx.take()?;
+        rx.await.ok()
+    }
+}
+
+impl Drop for Offer<'_> {
+    fn drop(&mut self) {
+        // A pop that goes away unanswered (its client left): if a push reserved it, that push
+        // finds the receiver gone and gives the lease back.
+        self.wake.offers.remove(&self.queue, &self.group, self.id);
+    }
+}
+
+impl Offers {
+    /// Removes the offer `id`; false when it is no longer there (a push reserved it).
+    fn remove(&self, queue: &str, group: &str, id: u64) -> bool {
+        let mut map = self.0.lock().expect("offers poisoned");
+        let Some(groups) = map.get_mut(queue) else {
+            return false;
+        };
+        let Some(offers) = groups.get_mut(group) else {
+            return false;
+        };
+        let before = offers.len();
+        offers.retain(|o| o.id != id);
+        let removed = offers.len() < before;
+        if offers.is_empty() {
+            groups.remove(group);
+            if groups.is_empty() {
+                map.remove(queue);
+            }
+        }
+        removed
+    }
+}
+
+impl Wake {
+    /// Offers a pop of `group` waiting on the whole of `queue` to the pushes of this server:
+    /// a push into the queue may lease it messages in its own transaction and send them. Only
+    /// for pops that take one partition under a lease of their own, acked explicitly.
+    pub(crate) fn offer(&self, queue: &str, group: &str, wants: Wants) -> Offer<'_> {
+        let (to, rx) = tokio::sync::oneshot::channel();
+        let id = OFFER_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut map = self.offers.0.lock().expect("offers poisoned");
+        map.entry(queue.to_string())
+            .or_default()
+            .entry(group.to_string())
+            .or_default()
+            .push_back(Offered { id, wants, to });
+        Offer {
+            wake: self,
+            queue: queue.to_string(),
+            group: group.to_string(),
+            id,
+            rx: Some(rx),
+        }
+    }
+
+    /// Whether some pop offers itself on `queue` (cheap: one look-up).
+    pub(crate) fn has_offers(&self, queue: &str) -> bool {
+        let map = self.offers.0.lock().expect("offers poisoned");
+        map.contains_key(queue)
+    }
+
+    /// Takes the oldest offer of each group of `queue` out of the registry (one pop per group:
+    /// a push fans out to every group once).
+    pub(crate) fn reserve(&self, queue: &str) -> Vec<Reserved> {
+        let mut map = self.offers.0.lock().expect("offers poisoned");
+        let Some(groups) = map.get_mut(queue) else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(groups.len());
+        groups.retain(|group, offers| {
+            while let Some(o) = offers.pop_front() {
+                if o.to.is_closed() {
+                    continue;
+                }
+                out.push(Reserved {
+                    group: group.clone(),
+                    wants: o.wants,
+                    to: o.to,
+                });
+                break;
+            }
+            !offers.is_empty()
+        });
+        if groups.is_empty() {
+            map.remove(queue);
+        }
+        out
     }
 }
 

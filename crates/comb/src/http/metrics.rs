@@ -74,6 +74,7 @@ pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
     let mut registries: Vec<(&str, usize)> = vec![
         ("wake_groups", wake_groups),
         ("wake_queues", wake_queues),
+        ("wake_offers", app.wake.offer_entries()),
         ("queue_counters", app.metrics.queues.len()),
     ];
     registries.extend(app.catalog.sizes());

@@ -71,6 +71,10 @@ pub(crate) struct Popper {
     waiting: WaitingPops,
     poll_fallback: Duration,
     stopping: watch::Receiver<bool>,
+    /// Opens payloads a push hands over (sealed in queues that encrypt).
+    keys: Arc<crate::encryption::Keys>,
+    /// A lease's length in queues that set no `leaseTime`.
+    default_lease_seconds: f64,
 }
 
 impl Popper {
@@ -98,7 +102,7 @@ impl Popper {
             workers,
             default_lease_seconds,
             metrics.clone(),
-            keys,
+            keys.clone(),
             stage,
         );
         Popper {
@@ -110,6 +114,8 @@ impl Popper {
             waiting: WaitingPops::new(waits.max_waiting),
             poll_fallback: waits.poll_fallback,
             stopping: waits.stopping,
+            keys,
+            default_lease_seconds,
         }
     }
 
@@ -192,15 +198,98 @@ impl Popper {
                     return Ok(Some(claims));
                 }
             }
+            // While it waits, the pop offers itself to this server's pushes: one may lease it
+            // messages in its own transaction and hand them over ([`crate::wake::Wake::offer`]).
+            // Made before it counts as waiting, so that a pop seen waiting is on offer.
+            let mut offer = self.offer(req);
             let Some(until) = self.wait_until(deadline, &stop, &mut slot)? else {
                 return Ok(None);
             };
-            walk = tokio::select! {
-                _ = &mut woken => false,
-                _ = tokio::time::sleep_until(until) => true,
-                _ = stop.changed() => false,
+            let waited = {
+                let handed = async {
+                    match &mut offer {
+                        Some(o) => o.handed().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    h = handed => Waited::Handed(h),
+                    _ = &mut woken => Waited::Woken,
+                    _ = tokio::time::sleep_until(until) => Waited::Timer,
+                    _ = stop.changed() => Waited::Woken,
+                }
             };
+            walk = match waited {
+                Waited::Handed(Some(h)) => {
+                    if ready.has_hints() {
+                        ready.pass_on();
+                    }
+                    return Ok(Some(self.handed(req, h)));
+                }
+                Waited::Handed(None) => false,
+                Waited::Woken => false,
+                Waited::Timer => true,
+            };
+            // A push that reserved the offer meanwhile is waited for: what it leased is this
+            // pop's.
+            if let Some(o) = offer
+                && let Some(h) = o.withdraw().await
+            {
+                // The hint that woke this pop is another's to take.
+                ready.pass_on();
+                return Ok(Some(self.handed(req, h)));
+            }
         }
+    }
+
+    /// The offer a waiting pop makes to this server's pushes, if it is one a hand-off can
+    /// serve: a pop of one partition under a lease of its own (auto-ack and multi-partition
+    /// pops claim for themselves), not on Citus.
+    fn offer(&self, req: &Request) -> Option<crate::wake::Offer<'_>> {
+        if !*HANDOFF || req.auto_ack || req.partitions != 1 || crate::schema::citus::on() {
+            return None;
+        }
+        let wants = crate::wake::Wants {
+            batch: req.batch,
+            default_lease_secs: self.default_lease_seconds,
+        };
+        Some(self.wake.offer(&req.queue, &req.group, wants))
+    }
+
+    /// The answer of a pop a push handed messages to: the claim's shape, payloads opened. A
+    /// payload that does not open (never expected: this server stored it) is left out; its
+    /// lease expires and a claim then dead-letters it as unreadable.
+    fn handed(&self, req: &Request, h: crate::wake::HandedOff) -> Vec<Claim> {
+        let messages: Vec<claim::Delivered> = h
+            .messages
+            .into_iter()
+            .filter_map(|m| {
+                let data = self.keys.open_json(&m.payload).ok()?;
+                Some(claim::Delivered {
+                    pos: m.pos,
+                    message_id: m.message_id,
+                    transaction_id: m.transaction_id,
+                    trace_id: m.trace_id,
+                    producer_sub: m.producer_sub,
+                    data,
+                    created_at: m.created_at,
+                    attempt: 1,
+                })
+            })
+            .collect();
+        let n = messages.len() as u64;
+        self.metrics.messages.delivered(n);
+        let counts = QueueCounts {
+            popped: n,
+            ..QueueCounts::default()
+        };
+        self.metrics.queues.add(&req.queue, counts);
+        vec![Claim {
+            partition_id: h.partition_id,
+            partition: h.partition.to_string(),
+            lease_id: Some(h.lease_id),
+            messages,
+        }]
     }
 
     /// After a look that found nothing: `None` when the pop ends now (its time is up, or the
@@ -299,6 +388,21 @@ impl Popper {
         self.metrics.queues.add(&req.queue, counts);
         Ok(Some(claims))
     }
+}
+
+/// Whether waiting pops offer themselves to pushes: yes unless `COMB_HANDOFF=off`, the way
+/// back to claims alone should a deployment need it.
+static HANDOFF: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| !std::env::var("COMB_HANDOFF").is_ok_and(|v| v == "off"));
+
+/// How a waiting pop's wait ended.
+enum Waited {
+    /// A push handed it messages (`Some`), or reserved it and leased nothing (`None`).
+    Handed(Option<crate::wake::HandedOff>),
+    /// A hint, a change, or the server stopping.
+    Woken,
+    /// Its fallback timer.
+    Timer,
 }
 
 /// What a claim tells the group's hints: a partition that handed out a full batch may hold

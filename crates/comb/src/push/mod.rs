@@ -6,6 +6,7 @@
 //! validates the request and writes the answer; `/transaction` and anything else that pushes
 //! uses the same handle.
 
+mod handoff;
 mod messages;
 mod store;
 

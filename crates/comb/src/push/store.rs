@@ -31,6 +31,7 @@ use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::{Row, Statement};
 use uuid::Uuid;
 
+use super::handoff;
 use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::fusion::{self, Fuser, Runner};
 use crate::messages::insert::{
@@ -273,21 +274,51 @@ pub(crate) fn shard_key(messages: &[NewMessage]) -> u64 {
         })
 }
 
-async fn run_batch(pool: &Pool, wake: &Wake, jobs: Vec<PushJob>) {
+async fn run_batch(pool: &Pool, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
     let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
     let plan = Plan::new(&all);
-    let result = store(pool, &plan).await;
+    // Pops waiting here for these queues, offered what the batch stores (not by `COPY`: a
+    // batch that heavy is not the light load a hand-off saves a claim for).
+    let mut offered = if plan.copies() {
+        Vec::new()
+    } else {
+        let mut firsts: Vec<(Arc<str>, Uuid, Arc<str>)> = Vec::new();
+        for m in &all {
+            if !firsts.iter().any(|f| f.0 == m.queue) {
+                firsts.push((m.queue.clone(), m.partition_id, m.partition.clone()));
+            }
+        }
+        handoff::reserve(wake, firsts)
+    };
+    let result = store(pool, &plan, &mut offered).await;
     if result.is_ok() {
-        announce(wake, all.iter().copied());
+        let by_id: HashMap<Uuid, &NewMessage> = all.iter().map(|m| (m.message_id, *m)).collect();
+        let quiet = handoff::deliver(pool, wake, offered, |h| {
+            let Some(m) = by_id.get(&h.message_id) else {
+                return false;
+            };
+            h.transaction_id = m.transaction_id().with_str(str::to_string);
+            h.trace_id = m.trace_id.clone();
+            h.producer_sub = m.producer_sub.as_deref().map(str::to_string);
+            h.payload = m.payload.clone();
+            true
+        });
+        announce_except(wake, all.iter().copied(), &quiet);
     }
     fusion::reply_all(jobs, result, |j| (j.messages.len(), j.reply));
 }
 
 /// Stores a batch in a transaction of its own: BEGIN, lock, insert and COMMIT are pipelined
 /// in one round trip. If a statement fails, the ones after it fail too and COMMIT rolls back.
+/// With pops `offered` the batch's messages, their cursors are locked in the same round trip
+/// and the leases granted in a second, with the COMMIT ([`handoff`]).
 /// (No NOTIFY in here: it takes a cluster-wide lock held through the commit's WAL flush,
 /// which would serialise every push commit; see `wake::broadcast`.)
-async fn store(pool: &Pool, plan: &Plan<'_>) -> Result<Vec<Stored>, DbError> {
+async fn store(
+    pool: &Pool,
+    plan: &Plan<'_>,
+    offered: &mut [handoff::Offered],
+) -> Result<Vec<Stored>, DbError> {
     let client = pool.get().await?;
     if plan.copies() {
         let result = plan.copy(&client).await;
@@ -299,9 +330,41 @@ async fn store(pool: &Pool, plan: &Plan<'_>) -> Result<Vec<Stored>, DbError> {
     }
     let statements = Statements::prepare(&client, plan).await?;
     let p = Pipelined::on(&client);
-    let (begin, outcomes, commit) = tokio::join!(p.begin(), plan.run(&p, &statements), p.commit());
-    begin?;
-    let outcomes = outcomes?;
+    if offered.is_empty() {
+        let (begin, outcomes, commit) =
+            tokio::join!(p.begin(), plan.run(&p, &statements), p.commit());
+        begin?;
+        let outcomes = outcomes?;
+        commit?;
+        return Ok(outcomes);
+    }
+    let handing = handoff::Statements::prepare(&client).await?;
+    let (begin, outcomes, locked) = tokio::join!(
+        p.begin(),
+        plan.run(&p, &statements),
+        handoff::lock(&p, &handing, offered)
+    );
+    let (outcomes, locked) = match begin
+        .map_err(DbError::from)
+        .and(outcomes)
+        .and_then(|o| locked.map(|l| (o, l)))
+    {
+        Ok(both) => both,
+        Err(e) => {
+            db::roll_back(&client).await;
+            return Err(e);
+        }
+    };
+    if locked.is_empty() {
+        p.commit().await?;
+        return Ok(outcomes);
+    }
+    let stored: Vec<Uuid> = plan.sent_ids();
+    let (granted, commit) = tokio::join!(
+        handoff::grant(&p, &handing, offered, &locked, &stored),
+        p.commit()
+    );
+    granted?;
     commit?;
     Ok(outcomes)
 }
@@ -353,12 +416,23 @@ pub(crate) struct Plan<'a> {
 
 /// Tells `wake` which partitions of which queues the committed `messages` went into.
 pub(crate) fn announce<'m>(wake: &Wake, messages: impl Iterator<Item = &'m NewMessage>) {
+    announce_except(wake, messages, &[]);
+}
+
+/// [`announce`], except that the (partition, group) pairs `quiet` (handed all their new
+/// messages) are not hinted to their group.
+fn announce_except<'m>(
+    wake: &Wake,
+    messages: impl Iterator<Item = &'m NewMessage>,
+    quiet: &[(Uuid, String)],
+) {
     let mut pairs: Vec<(&str, Uuid)> = messages.map(|m| (&*m.queue, m.partition_id)).collect();
     pairs.sort_unstable();
     pairs.dedup();
+    let quiet: Vec<(Uuid, &str)> = quiet.iter().map(|(p, g)| (*p, g.as_str())).collect();
     for chunk in pairs.chunk_by(|a, b| a.0 == b.0) {
         let partitions: Vec<Uuid> = chunk.iter().map(|p| p.1).collect();
-        wake.pushed(chunk[0].0, &partitions);
+        wake.pushed_except(chunk[0].0, &partitions, &quiet);
     }
 }
 
@@ -393,6 +467,11 @@ impl<'a> Plan<'a> {
             repeat_of,
             lock_ids,
         }
+    }
+
+    /// The ids of the messages sent (a repeat's own id is never stored).
+    fn sent_ids(&self) -> Vec<Uuid> {
+        self.sent.iter().map(|&i| self.all[i].message_id).collect()
     }
 
     /// Whether some message carries a producer's transaction id, which a stored message may

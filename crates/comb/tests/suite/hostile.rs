@@ -19,9 +19,10 @@ fn registry(metrics: &str, name: &str) -> u64 {
         .expect("a count")
 }
 
-const REGISTRIES: [&str; 7] = [
+const REGISTRIES: [&str; 8] = [
     "wake_groups",
     "wake_queues",
+    "wake_offers",
     "queue_counters",
     "catalog_queues",
     "catalog_partitions",
@@ -114,6 +115,7 @@ async fn a_flood_of_random_names_leaves_the_registries_as_they_were() {
     }
     assert_eq!(registry(&after, "wake_groups"), 0, "no pop waits now");
     assert_eq!(registry(&after, "wake_queues"), 0, "no pop waits now");
+    assert_eq!(registry(&after, "wake_offers"), 0, "no pop waits now");
     assert!(
         registry(&before, "catalog_queues") >= 1,
         "the real queue is known"

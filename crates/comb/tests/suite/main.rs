@@ -28,6 +28,7 @@ mod failover;
 mod figures;
 mod fuzz;
 mod generations;
+mod handoff;
 mod hostile;
 mod idempotency;
 mod lease;
