@@ -1174,11 +1174,12 @@ async fn status_and_retry(r: reqwest::RequestBuilder) -> (StatusCode, bool, Valu
 }
 
 /// One worker of a private cluster stopped while two servers serve: partitions on the other
-/// worker take pushes, named pops and acks; pops of the whole queue (on a server that had not
-/// seen the group yet, so it reads the subscription instead of writing it) deliver the live
-/// partitions' messages; requests naming a partition of the stopped worker answer 503 with
-/// `Retry-After`. Once it is back, every partition holds everything acknowledged as pushed,
-/// in order, and the held partitions deliver what they had.
+/// worker take pushes; requests naming a partition of the stopped worker, and pops (a claim
+/// reaches every worker, docs/scale-out.md), answer 503 with `Retry-After`, never 500; a pop
+/// of the whole queue, on a server that had not seen the group (it reads the subscription
+/// rather than writing it), lists the live worker's candidates one worker at a time. Once
+/// the worker is back, every partition delivers what it had, in order, and holds everything
+/// acknowledged as pushed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
     let (citus, env) = tokio::task::spawn_blocking(|| {
