@@ -91,13 +91,15 @@ bench-profile:
 
 .PHONY: chaos chaos-ha fuzz
 
-# Fault scenarios, each with the delivery audit running throughout (about 10 minutes), the
-# failover scenarios (chaos-ha, below), then the long fuzz run. The short audit and a bounded
+# Fault scenarios, each with the delivery audit running throughout (about 11 minutes; the
+# last, worker-lost, on a Citus cluster), the failover scenarios (chaos-ha, below), then
+# the long fuzz run. The short audit and a bounded
 # fuzz run are part of `make test`. Output is also kept in target/chaos.log;
 # docs/reliability.md records the results.
 chaos:
 	scripts/install-postgres.sh
 	scripts/install-ha.sh
+	scripts/install-citus.sh
 	cargo build --release -p comb-cli -p comb-audit
 	set -o pipefail; { \
 		target/release/comb-audit chaos --comb target/release/comb && \

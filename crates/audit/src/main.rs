@@ -26,7 +26,7 @@ enum Cmd {
         /// The comb binary to run.
         #[arg(long, default_value = "target/release/comb")]
         comb: PathBuf,
-        /// Which scenarios: kills, crash, unreachable, pair, short (or all).
+        /// Which scenarios: kills, crash, unreachable, pair, worker-lost, short (or all).
         #[arg(long, default_value = "all", value_delimiter = ',')]
         scenario: Vec<String>,
         /// Messages per second the producers push.
@@ -43,6 +43,9 @@ enum Cmd {
         /// Seconds PostgreSQL stays unreachable.
         #[arg(long, default_value_t = 30)]
         outage: u64,
+        /// Seconds a Citus worker stays stopped (scenario worker-lost).
+        #[arg(long, default_value_t = 15)]
+        worker_outage: u64,
     },
     /// Failover: two servers on a Patroni cluster of three PostgreSQL nodes, through a
     /// switchover, a crash of the primary, its return as a standby and a crash with
@@ -108,6 +111,7 @@ fn main() -> ExitCode {
                 kill_for,
                 kill_every,
                 outage,
+                worker_outage,
             } => {
                 let opts = Options { comb, rate, seed };
                 let all = which.iter().any(|w| w == "all");
@@ -141,6 +145,9 @@ fn main() -> ExitCode {
                 }
                 if wants("pair") {
                     run(scenario::two_servers(&opts).await);
+                }
+                if wants("worker-lost") {
+                    run(scenario::worker_lost(&opts, Duration::from_secs(worker_outage)).await);
                 }
                 println!("| scenario | accepted | lost | duplicated | in flight at faults | out of order | result |");
                 println!("|---|---|---|---|---|---|---|");

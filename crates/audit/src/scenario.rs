@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use comb_harness::{Postgres, Server};
+use comb_harness::{Citus, Postgres, Server};
 use serde_json::json;
 
 use crate::ledger::Report;
@@ -598,5 +598,107 @@ pub async fn two_servers(opts: &Options) -> Outcome {
     if !alive(a.pid()) {
         out.problems.push("the surviving server exited".into());
     }
+    out
+}
+
+/// One worker of a Citus cluster (coordinator and two workers) stopped under load for
+/// `outage`, then started again. Producers push one message at a time and retry it until it
+/// is accepted (each keeps its order), so each soon waits on a partition of the stopped
+/// worker; consumers pop the queue (refused while the worker is down, see
+/// docs/scale-out.md, "A worker lost").
+/// Requests that need the stopped worker must be answered 503 (counted), never 500, and once
+/// it is back every accepted message must be delivered, in order, with nothing lost.
+pub async fn worker_lost(opts: &Options, outage: Duration) -> Outcome {
+    let name = format!(
+        "a Citus worker stopped for {} s under load, then restarted",
+        outage.as_secs()
+    );
+    let started = Instant::now();
+    // Citus's recovery of two-phase commits as it runs by default (the harness turns it off
+    // for tests that count them): a transaction prepared on the worker when it stopped
+    // holds its locks, and its partitions wait, until recovery finishes it.
+    let settings = [
+        ("synchronous_commit", "on"),
+        ("citus.recover_2pc_interval", "10s"),
+    ];
+    let citus = blocking(move || Citus::start_with(&settings))
+        .await
+        .expect("the Citus cluster starts");
+    let citus = Arc::new(citus);
+    let url = blocking({
+        let citus = citus.clone();
+        move || citus.create_database("lost")
+    })
+    .await
+    .expect("database");
+    let server = start_server(&opts.comb, &url).await;
+    let endpoints = Endpoints::new(vec![server.base_url()]);
+    let mut cfg = config("lost", opts, 40.0 + outage.as_secs_f64());
+    // One message a push: a push names one partition, so only the stopped worker's wait.
+    cfg.push_batch = 1;
+    cfg.producers = 8;
+    Audit::configure(&cfg, &endpoints)
+        .await
+        .expect("queue configured");
+    let audit = Audit::start(cfg, endpoints.clone());
+    let mut notes = Vec::new();
+    let mut problems = Vec::new();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    // Accepted, delivered and answered 503 so far.
+    let count = |audit: &Audit| {
+        let s = audit
+            .stats()
+            .status_503
+            .load(std::sync::atomic::Ordering::Relaxed);
+        [audit.accepted(), audit.delivered(), s]
+    };
+    let at_stop = count(&audit);
+    let fault = Instant::now();
+    blocking({
+        let citus = citus.clone();
+        move || citus.workers()[1].stop("fast")
+    })
+    .await
+    .expect("the worker stops");
+    tokio::time::sleep(outage).await;
+    let at_return = count(&audit);
+    if !alive(server.pid()) {
+        problems.push("comb exited while a worker was down".into());
+    }
+    blocking({
+        let citus = citus.clone();
+        move || citus.workers()[1].restart()
+    })
+    .await
+    .expect("the worker restarts");
+    // What Citus's maintenance does every `citus.recover_2pc_interval`, at once: commit or
+    // roll back what was left prepared on the worker, whose locks hold its partitions.
+    let db = url.rsplit('/').next().unwrap_or_default().to_string();
+    let recovered = blocking({
+        let citus = citus.clone();
+        move || {
+            citus
+                .coordinator()
+                .psql(&db, "SELECT recover_prepared_transactions()")
+        }
+    })
+    .await;
+    match recovered {
+        Ok(n) => notes.push(format!(
+            "{n} transactions left prepared on the worker, recovered"
+        )),
+        Err(e) => problems.push(format!("recovery of prepared transactions failed: {e}")),
+    }
+    audit.record_fault("Citus worker stopped", fault, Instant::now());
+    notes.push(format!(
+        "worker stopped at {} accepted; while it was down: {} accepted, {} delivered, {} \
+         answers 503",
+        at_stop[0],
+        at_return[0] - at_stop[0],
+        at_return[1] - at_stop[1],
+        at_return[2] - at_stop[2]
+    ));
+    let mut out = finish(&name, audit, started, notes, problems).await;
+    check_log(&server, "server", &mut out.problems);
     out
 }

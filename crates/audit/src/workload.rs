@@ -276,6 +276,16 @@ impl Audit {
         self.shared.history.lock().expect("history").accepted.len() as u64
     }
 
+    /// Deliveries so far (every group, redeliveries included).
+    pub fn delivered(&self) -> u64 {
+        self.shared
+            .history
+            .lock()
+            .expect("history")
+            .deliveries
+            .len() as u64
+    }
+
     /// Waits until at least `n` messages were accepted, or `timeout` passed; returns whether
     /// they were.
     pub async fn wait_accepted(&self, n: u64, timeout: Duration) -> bool {

@@ -462,6 +462,20 @@ impl Catalog {
             StartFrom::Time(t) => ("from", Some(t)),
         };
         let mut client = pool.get().await?;
+        // Read first: the subscription usually exists (a group seen by another server, or by
+        // this one before a restart), and the write below, of reference tables on Citus,
+        // needs every node, so a pop would fail while any worker is down.
+        let known = client
+            .query_opt(
+                "SELECT 1 FROM comb.subscriptions WHERE queue_id = $1 AND consumer_group = $2",
+                &[&queue_id, &group],
+            )
+            .await?
+            .is_some();
+        if known {
+            self.remember_subscription(key);
+            return Ok(());
+        }
         let tx = client.transaction().await?;
         tx.query(
             "SELECT id FROM comb.queues WHERE id = $1 FOR NO KEY UPDATE",
@@ -516,12 +530,16 @@ impl Catalog {
             .await?;
         }
         tx.commit().await?;
+        self.remember_subscription(key);
+        Ok(())
+    }
+
+    fn remember_subscription(&self, key: (Uuid, String)) {
         let mut subs = self.subscriptions.lock().unwrap();
         if subs.len() >= CACHE_LIMIT {
             subs.clear();
         }
         subs.insert(key);
-        Ok(())
     }
 
     /// Effective options of a queue, at most [`OPTIONS_TTL`] old.

@@ -115,6 +115,18 @@ fn unavailable(e: &tokio_postgres::Error) -> bool {
     e.is_closed()
         || e.as_db_error().is_none() && e.code().is_none() && !client_side
         || e.code().is_some_and(means_unavailable)
+        || e.as_db_error()
+            .is_some_and(|d| worker_lost(d.code(), d.message()))
+}
+
+/// Whether an error is Citus telling that a worker went away mid-transaction. Citus reports
+/// a worker it cannot connect to as a connection exception (class 08, above), but one whose
+/// connection broke under a transaction as an internal error (XX000) with this text and no
+/// code of its own. Either way the coordinator's own connection is fine and stays pooled; the
+/// request is answered 503 with `Retry-After` like any other outage.
+fn worker_lost(code: &tokio_postgres::error::SqlState, message: &str) -> bool {
+    *code == tokio_postgres::error::SqlState::INTERNAL_ERROR
+        && message.starts_with("failure on connection marked as essential")
 }
 
 /// SQLSTATEs that say the database cannot serve now, not that the statement was wrong:
@@ -278,5 +290,21 @@ mod tests {
             "SET jit = off; SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
              SET enable_bitmapscan = off"
         );
+    }
+}
+
+#[cfg(test)]
+mod worker_lost_tests {
+    use tokio_postgres::error::SqlState;
+
+    #[test]
+    fn a_citus_worker_lost_mid_transaction_is_an_outage_and_other_internal_errors_are_not() {
+        let lost = "failure on connection marked as essential: 127.0.0.1:5433";
+        assert!(super::worker_lost(&SqlState::INTERNAL_ERROR, lost));
+        assert!(!super::worker_lost(
+            &SqlState::INTERNAL_ERROR,
+            "cache lookup failed"
+        ));
+        assert!(!super::worker_lost(&SqlState::UNIQUE_VIOLATION, lost));
     }
 }

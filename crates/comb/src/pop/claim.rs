@@ -668,19 +668,31 @@ impl Claiming<'_> {
     ) -> Result<Vec<Claim>, DbError> {
         let rover = self.ctx.rovers.get(self.shape.queue_id, &self.shape.group);
         let limit = (partitions as i64) + LOOKAHEAD;
-        let listed = client
+        let (queue_id, group) = (self.shape.queue_id, &self.shape.group);
+        let listed: Vec<Uuid> = match client
             .query(
                 CANDIDATES_LIST_CITUS_SQL.as_str(),
-                &[&self.shape.queue_id, &self.shape.group, &rover, &limit],
+                &[&queue_id, group, &rover, &limit],
             )
-            .await?;
+            .await
+        {
+            Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
+            // A worker down: the live workers' candidates (see `by_worker`).
+            Err(e) if super::by_worker::worker_unreachable(&e) => {
+                let sql = CANDIDATES_LIST_CITUS_SQL.as_str();
+                super::by_worker::list(client, sql, queue_id, group, rover, limit)
+                    .await?
+                    .ok_or(e)?
+            }
+            Err(e) => return Err(e.into()),
+        };
         let mut claims: Vec<Claim> = Vec::new();
-        for row in listed {
+        for partition_id in listed {
             if claims.len() >= partitions {
                 break;
             }
             let shape = PopShape {
-                partition_id: Some(row.get("partition_id")),
+                partition_id: Some(partition_id),
                 ..self.shape.clone()
             };
             let one = Claiming {

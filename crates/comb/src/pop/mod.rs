@@ -5,6 +5,7 @@
 //! wait, waits for a push to the queue — holding no database connection — and claims again.
 //! The HTTP edge only parses the options and writes the answer.
 
+mod by_worker;
 mod claim;
 mod unreadable;
 mod waiting;

@@ -1558,3 +1558,192 @@ async fn the_per_minute_statistics_are_written_on_the_cluster() {
         "the statistics writer warned:\n{log}"
     );
 }
+
+// A worker lost
+
+/// A request's status and whether it came with `Retry-After`.
+async fn status_and_retry(r: reqwest::RequestBuilder) -> (StatusCode, bool, Value) {
+    let r = r.send().await.expect("request");
+    let retry = r.headers().contains_key("retry-after");
+    let status = r.status();
+    (status, retry, r.json().await.unwrap_or(Value::Null))
+}
+
+/// One worker of a private cluster stopped while two servers serve: partitions on the other
+/// worker take pushes; requests naming a partition of the stopped worker, and pops (a claim
+/// reaches every worker, docs/scale-out.md), answer 503 with `Retry-After`, never 500; a pop
+/// of the whole queue, on a server that had not seen the group (it reads the subscription
+/// rather than writing it), lists the live worker's candidates one worker at a time. Once
+/// the worker is back, every partition delivers what it had, in order, and holds everything
+/// acknowledged as pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
+    let (citus, env) = tokio::task::spawn_blocking(|| {
+        let citus = Citus::start().expect("a private cluster starts");
+        let db_url = citus.create_database("citus_lost").unwrap();
+        let db_name = db_url.rsplit('/').next().unwrap().to_string();
+        let server = Server::start(common::comb_bin(), &db_url, &[]).expect("server starts");
+        let env = Env {
+            server,
+            db_url,
+            db_name,
+            http: common::client(),
+        };
+        (citus, env)
+    })
+    .await
+    .unwrap();
+    const PARTITIONS: usize = 12;
+    let names: Vec<String> = (0..PARTITIONS).map(|p| format!("p{p}")).collect();
+    let push_one = |p: &str, n: i64| json!({"queue": "lost", "partition": p, "payload": {"n": n}});
+    for n in 1..=2 {
+        env.push(json!(
+            names.iter().map(|p| push_one(p, n)).collect::<Vec<_>>()
+        ))
+        .await;
+    }
+    // Every partition's first message acknowledged while the cluster is whole.
+    for p in &names {
+        let pop = env
+            .pop(&format!("/api/v1/pop/queue/lost/partition/{p}?batch=1"))
+            .await
+            .expect("a message");
+        assert_eq!(numbers(&pop), vec![1]);
+        assert_eq!(env.ack_all(&pop, "completed", None).await.len(), 1);
+    }
+    env.push(json!(
+        names.iter().map(|p| push_one(p, 3)).collect::<Vec<_>>()
+    ))
+    .await;
+    // Which worker holds each partition.
+    let placed = {
+        let list: Vec<String> = names.iter().map(|p| format!("'{p}'")).collect();
+        citus
+            .coordinator()
+            .psql(
+                &env.db_name,
+                &format!(
+                    "SELECT p.name || ' ' || n.nodeport FROM comb.partitions p
+                     JOIN pg_dist_placement pl
+                       ON pl.shardid = get_shard_id_for_distribution_column('comb.partitions', p.id)
+                     JOIN pg_dist_node n ON n.groupid = pl.groupid
+                     WHERE p.name IN ({})",
+                    list.join(",")
+                ),
+            )
+            .unwrap()
+    };
+    let lost_port = citus.workers()[1].port().to_string();
+    let (mut held, mut live): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+    for line in placed.lines() {
+        let (name, port) = line.split_once(' ').unwrap();
+        if port == lost_port {
+            held.push(name.to_string());
+        } else {
+            live.push(name.to_string());
+        }
+    }
+    held.sort();
+    live.sort();
+    assert!(
+        !held.is_empty() && live.len() >= 2,
+        "partitions on both workers: {placed}"
+    );
+    // A second server that has not popped yet: its first pop of the group finds the
+    // subscription rather than writing it.
+    let second = env.second_server().await;
+
+    let worker = &citus.workers()[1];
+    tokio::task::block_in_place(|| worker.stop("fast")).expect("the worker stops");
+
+    // Live partitions take pushes.
+    for p in &live {
+        env.push(json!([push_one(p, 4)])).await;
+    }
+    // The stopped worker's partitions: 503 with Retry-After, for pushes and pops.
+    let refused = |what: String, (status, retry, body): (StatusCode, bool, Value)| {
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{what}: {body}");
+        assert!(retry, "{what}: no Retry-After");
+        assert_eq!(body["code"], "database_unavailable", "{what}: {body}");
+    };
+    let held_requests = || async {
+        for p in &held {
+            let push = env
+                .http
+                .post(env.url("/api/v1/push"))
+                .json(&json!({"items": [push_one(p, 99)]}));
+            refused(format!("push to {p}"), status_and_retry(push).await);
+            let pop = env
+                .http
+                .get(env.url(&format!("/api/v1/pop/queue/lost/partition/{p}")));
+            refused(format!("pop of {p}"), status_and_retry(pop).await);
+        }
+    };
+    held_requests().await;
+    // A claim sends its intermediate results to every worker (its plan reads reference
+    // tables), so while a worker is down a pop of a live partition is refused too: with 503
+    // and Retry-After, not as a failure of the server.
+    let pop = env
+        .http
+        .get(env.url(&format!("/api/v1/pop/queue/lost/partition/{}", live[0])));
+    refused(format!("pop of {}", live[0]), status_and_retry(pop).await);
+    // A pop of the whole queue, on the server that has not seen the group: it reads the
+    // subscription, its listing over every shard fails, and the listing per worker finds the
+    // live worker's candidates (their claims then meet the refusal above).
+    let url = format!("{}/api/v1/pop/queue/lost?batch=10", second.base_url());
+    refused(
+        "a pop of the queue".into(),
+        status_and_retry(env.http.get(url)).await,
+    );
+    let log = second.log_tail(200);
+    assert!(
+        log.contains("candidates listed per worker: 1 of 2 workers answered")
+            && !log.contains("workers answered, 0 candidates"),
+        "{log}"
+    );
+
+    tokio::task::block_in_place(|| worker.restart()).expect("the worker restarts");
+    // Everything pushed is delivered once the worker is back: the live partitions their
+    // messages in order, the held ones what they had.
+    let mut delivered: Vec<String> = Vec::new();
+    for _ in 0..(2 * PARTITIONS) {
+        let url = format!("{}/api/v1/pop/queue/lost?batch=10", second.base_url());
+        let (status, _, pop) = status_and_retry(env.http.get(url)).await;
+        if status == StatusCode::NO_CONTENT {
+            break;
+        }
+        assert_eq!(status, StatusCode::OK, "a pop of the queue: {pop}");
+        let p = pop["partition"].as_str().unwrap().to_string();
+        let want = if live.contains(&p) {
+            vec![2, 3, 4]
+        } else {
+            vec![2, 3]
+        };
+        assert_eq!(numbers(&pop), want, "{p}");
+        assert_eq!(env.ack_all(&pop, "completed", None).await.len(), want.len());
+        delivered.push(p);
+    }
+    delivered.sort();
+    let mut all = names.clone();
+    all.sort();
+    assert_eq!(delivered, all);
+    assert!(env.pop("/api/v1/pop/queue/lost").await.is_none());
+    // Everything acknowledged as pushed is there, in order: a new group reads it all.
+    for p in &names {
+        let pop = env
+            .pop(&format!(
+                "/api/v1/pop/queue/lost/partition/{p}?batch=10&consumerGroup=audit"
+            ))
+            .await
+            .expect("the audit group reads");
+        let want: Vec<i64> = if live.contains(p) {
+            vec![1, 2, 3, 4]
+        } else {
+            vec![1, 2, 3]
+        };
+        assert_eq!(numbers(&pop), want, "{p}");
+    }
+    drop(second);
+    drop(env);
+    drop(citus);
+}
