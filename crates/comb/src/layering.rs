@@ -92,6 +92,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("lock_cursors", "cursor"),
     ("cursor_lag", "cursor"),
     ("claimable_now", "pop"),
+    ("claim_partition", "pop"),
     ("lock_expired", "lease"),
     ("refuse_sealed_payload", "pop"),
     ("stream_queries", "streams"),

@@ -163,6 +163,13 @@ where
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
     let applied = schema::migrate(&mut client).await?;
+    // On Citus, the claim of a partition runs on its worker as one call.
+    schema::citus::delegate(
+        &client,
+        &pop::CLAIM_CITUS_FUNCTION,
+        pop::CLAIM_CITUS_SIGNATURE,
+    )
+    .await?;
     if applied.is_empty() {
         tracing::info!(version = schema::latest_version(), "schema is up to date");
     } else {

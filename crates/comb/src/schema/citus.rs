@@ -276,6 +276,59 @@ END $$;
 /// snapshots); this one stands apart from them.
 const DISTRIBUTION_LOCK: i64 = 0x636f_6d62_c175;
 
+/// Makes a function of a use case's that Citus runs on a partition's worker: `create` (a
+/// `CREATE OR REPLACE FUNCTION`, run on every start, so that a new build's body replaces the
+/// old one on every node), then, once, distributed by its argument `arg` (`signature`),
+/// co-located with [`ANCHOR`] and with `force_delegation`, so that a call inside a transaction
+/// is sent whole to the worker holding that argument's shard. Nothing without Citus.
+pub(crate) async fn delegate(
+    client: &Client,
+    create: &str,
+    (signature, arg): (&str, &str),
+) -> Result<bool, tokio_postgres::Error> {
+    if !on() {
+        return Ok(false);
+    }
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&DISTRIBUTION_LOCK])
+        .await?;
+    let done = delegate_locked(client, create, signature, arg).await;
+    let unlocked = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&DISTRIBUTION_LOCK])
+        .await;
+    let done = done?;
+    unlocked?;
+    Ok(done)
+}
+
+async fn delegate_locked(
+    client: &Client,
+    create: &str,
+    signature: &str,
+    arg: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    client.batch_execute(create).await?;
+    let delegated: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_dist_object
+             WHERE classid = 'pg_proc'::regclass AND objid = $1::text::regprocedure
+               AND distribution_argument_index IS NOT NULL AND force_delegation)",
+            &[&signature],
+        )
+        .await?
+        .get(0);
+    if !delegated {
+        client
+            .execute(
+                "SELECT create_distributed_function($1::text::regprocedure,
+                     distribution_arg_name => $2, colocate_with => $3, force_delegation => true)",
+                &[&signature, &arg, &ANCHOR.0],
+            )
+            .await?;
+    }
+    Ok(!delegated)
+}
+
 /// Whether the database is a Citus coordinator (has the extension).
 pub(crate) async fn present(client: &Client) -> Result<bool, tokio_postgres::Error> {
     Ok(client
