@@ -94,6 +94,8 @@ const OWNERS: &[(&str, &str)] = &[
     ("claimable_now", "pop"),
     ("claim_partition", "pop"),
     ("lock_expired", "lease"),
+    ("extend_lease", "lease"),
+    ("judge_acks", "ack"),
     ("refuse_sealed_payload", "pop"),
     ("stream_queries", "streams"),
     ("stream_partitions", "streams"),

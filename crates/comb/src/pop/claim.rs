@@ -443,41 +443,40 @@ pub(crate) static CLAIM_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
         debug_assert!(sql.contains(from));
         sql.replacen(from, &format!(",\n       NULL::boolean{from}"), 1)
     };
-    format!(
-        "
-CREATE OR REPLACE FUNCTION comb.claim_partition(
-    a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8,
-    a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean,
-    a_opening boolean)
-RETURNS TABLE (partition_id uuid, name text, lease_id uuid, lease_expires_at timestamptz,
-               pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea,
-               created_at timestamptz, attempt integer, producer_sub text, refused boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $claim$
-#variable_conflict use_column
-BEGIN
+    crate::schema::citus::function_of_partition(
+        "claim_partition",
+        "a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, \
+         a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, \
+         a_opening boolean",
+        "partition_id uuid, name text, lease_id uuid, lease_expires_at timestamptz, \
+         pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea, \
+         created_at timestamptz, attempt integer, producer_sub text, refused boolean",
+        &format!(
+            "
     IF a_shared AND a_opening THEN
-        RETURN QUERY {shared_opening};
+        RETURN QUERY {};
     ELSIF a_shared THEN
-        RETURN QUERY {shared};
+        RETURN QUERY {};
     ELSIF a_opening THEN
-        RETURN QUERY {opening};
+        RETURN QUERY {};
     ELSE
-        RETURN QUERY {plain};
-    END IF;
-END $claim$",
-        shared_opening = opening(&OPENING_SHARED_CLAIM_CITUS_SQL),
-        shared = SHARED_CLAIM_CITUS_SQL.as_str(),
-        opening = opening(&OPENING_CLAIM_CITUS_SQL),
-        plain = CLAIM_CITUS_SQL.as_str(),
+        RETURN QUERY {};
+    END IF;",
+            opening(&OPENING_SHARED_CLAIM_CITUS_SQL),
+            SHARED_CLAIM_CITUS_SQL.as_str(),
+            opening(&OPENING_CLAIM_CITUS_SQL),
+            CLAIM_CITUS_SQL.as_str(),
+        ),
     )
 });
 
 /// [`CLAIM_CITUS_FUNCTION`]'s signature and distribution argument, for
 /// `create_distributed_function`.
-pub(crate) const CLAIM_CITUS_SIGNATURE: (&str, &str) = (
+pub(crate) const CLAIM_CITUS_SIGNATURE: (&str, &str, bool) = (
     "comb.claim_partition(uuid, text, uuid[], bigint, double precision, boolean, uuid, bigint, \
      uuid, boolean, boolean)",
     "a_partition",
+    true,
 );
 
 /// The claim on Citus: one call of [`CLAIM_CITUS_FUNCTION`], a router statement Citus

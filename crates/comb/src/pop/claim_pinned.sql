@@ -760,16 +760,12 @@ FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id
 
 -- @CLAIM_CITUS_FUNCTION
-CREATE OR REPLACE FUNCTION comb.claim_partition(
-    a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8,
-    a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean,
-    a_opening boolean)
-RETURNS TABLE (partition_id uuid, name text, lease_id uuid, lease_expires_at timestamptz,
-               pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea,
-               created_at timestamptz, attempt integer, producer_sub text, refused boolean)
-LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $claim$
+CREATE OR REPLACE FUNCTION comb.claim_partition(a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, a_opening boolean)
+RETURNS TABLE (partition_id uuid, name text, lease_id uuid, lease_expires_at timestamptz, pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea, created_at timestamptz, attempt integer, producer_sub text, refused boolean)
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
 #variable_conflict use_column
 BEGIN
+
     IF a_shared AND a_opening THEN
         RETURN QUERY 
 WITH q AS (
@@ -1075,7 +1071,7 @@ SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
 FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id;
     END IF;
-END $claim$
+END $body$
 
 -- @CLAIM_CITUS_CALL
 SELECT * FROM comb.claim_partition(

@@ -276,29 +276,53 @@ END $$;
 /// snapshots); this one stands apart from them.
 const DISTRIBUTION_LOCK: i64 = 0x636f_6d62_c175;
 
-/// Makes a function of a use case's that Citus runs on a partition's worker: `create` (a
+/// The text of a data-path function of one partition for [`delegate`]: `comb.{name}`, in
+/// PL/pgSQL, running `body` (its statements, which name the arguments by position), custom
+/// plans (so that Citus routes each statement by the partition's value, which
+/// `force_delegation` then checks), columns before the function's own names.
+pub(crate) fn function_of_partition(name: &str, args: &str, returns: &str, body: &str) -> String {
+    format!(
+        "
+CREATE OR REPLACE FUNCTION comb.{name}({args})
+RETURNS TABLE ({returns})
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
+#variable_conflict use_column
+BEGIN
+{body}
+END $body$"
+    )
+}
+
+/// Makes functions of the data path that Citus runs on a partition's worker: each `create` (a
 /// `CREATE OR REPLACE FUNCTION`, run on every start, so that a new build's body replaces the
 /// old one on every node), then, once, distributed by its argument `arg` (`signature`),
-/// co-located with [`ANCHOR`] and with `force_delegation`, so that a call inside a transaction
-/// is sent whole to the worker holding that argument's shard. Nothing without Citus.
+/// co-located with [`ANCHOR`]. A call is sent whole to the worker holding that argument's
+/// shard: outside a transaction block always, inside one only with `force` (Citus's
+/// `force_delegation`, which then requires every step of the function's statements to name
+/// that argument's value). Nothing without Citus.
 pub(crate) async fn delegate(
     client: &Client,
-    create: &str,
-    (signature, arg): (&str, &str),
-) -> Result<bool, tokio_postgres::Error> {
+    functions: &[(&str, (&str, &str, bool))],
+) -> Result<(), tokio_postgres::Error> {
     if !on() {
-        return Ok(false);
+        return Ok(());
     }
     client
         .execute("SELECT pg_advisory_lock($1)", &[&DISTRIBUTION_LOCK])
         .await?;
-    let done = delegate_locked(client, create, signature, arg).await;
+    let mut done = Ok(());
+    for (create, (signature, arg, force)) in functions {
+        done = delegate_locked(client, create, signature, arg, *force).await;
+        if done.is_err() {
+            break;
+        }
+    }
     let unlocked = client
         .execute("SELECT pg_advisory_unlock($1)", &[&DISTRIBUTION_LOCK])
         .await;
-    let done = done?;
+    done?;
     unlocked?;
-    Ok(done)
+    Ok(())
 }
 
 async fn delegate_locked(
@@ -306,14 +330,16 @@ async fn delegate_locked(
     create: &str,
     signature: &str,
     arg: &str,
-) -> Result<bool, tokio_postgres::Error> {
+    force: bool,
+) -> Result<(), tokio_postgres::Error> {
     client.batch_execute(create).await?;
     let delegated: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_dist_object
              WHERE classid = 'pg_proc'::regclass AND objid = $1::text::regprocedure
-               AND distribution_argument_index IS NOT NULL AND force_delegation)",
-            &[&signature],
+               AND distribution_argument_index IS NOT NULL
+               AND force_delegation IS NOT DISTINCT FROM $2)",
+            &[&signature, &force],
         )
         .await?
         .get(0);
@@ -321,12 +347,12 @@ async fn delegate_locked(
         client
             .execute(
                 "SELECT create_distributed_function($1::text::regprocedure,
-                     distribution_arg_name => $2, colocate_with => $3, force_delegation => true)",
-                &[&signature, &arg, &ANCHOR.0],
+                     distribution_arg_name => $2, colocate_with => $3, force_delegation => $4)",
+                &[&signature, &arg, &ANCHOR.0, &force],
             )
             .await?;
     }
-    Ok(!delegated)
+    Ok(())
 }
 
 /// Whether the database is a Citus coordinator (has the extension).
