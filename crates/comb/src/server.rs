@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::ack::Acker;
+use crate::ack::{self, Acker};
 use crate::catalog::Catalog;
 use crate::config::ServeConfig;
 use crate::http::{self, App};
@@ -16,7 +16,7 @@ use crate::push::Pusher;
 use crate::queue::QueueOptions;
 use crate::transaction::Transactions;
 use crate::wake::Wake;
-use crate::{db, maintenance, schema};
+use crate::{db, lease, maintenance, schema};
 
 /// Runs `comb serve` until SIGTERM or SIGINT.
 pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>> {
@@ -163,6 +163,17 @@ where
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
     let applied = schema::migrate(&mut client).await?;
+    // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
+    // whole on the partition's worker, each as one call.
+    schema::citus::delegate(
+        &client,
+        &[
+            (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
+            (&ack::JUDGE_CITUS_FUNCTION, ack::JUDGE_CITUS_SIGNATURE),
+            (&lease::EXTEND_CITUS_FUNCTION, lease::EXTEND_CITUS_SIGNATURE),
+        ],
+    )
+    .await?;
     if applied.is_empty() {
         tracing::info!(version = schema::latest_version(), "schema is up to date");
     } else {

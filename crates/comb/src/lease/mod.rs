@@ -5,6 +5,8 @@
 //! the new end, under the cursor's row lock like every other writer. An ended lease is never
 //! revived: its partition may already be with another consumer.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
@@ -52,6 +54,70 @@ WHERE s.lease_id = $3 AND s.lease_expires_at > now()
 RETURNING lease_expires_at"
 );
 
+/// [`EXTEND_SQL`] on Citus, as the body of [`EXTEND_CITUS_FUNCTION`]: the state read by a
+/// subquery rather than `comb.cursor_state` (a function reading a distributed table, which
+/// would run on the coordinator), the partition named to every distributed table.
+static EXTEND_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    let sql = EXTEND_SQL
+        .replace(
+            concat!("FROM ", cursor::state_of!("$1", "$2"), " s"),
+            &format!("FROM {} s", cursor::latest_state("$1", "$2", None)),
+        )
+        .replace(
+            "WHERE p.id = s.partition_id)",
+            "WHERE p.id = s.partition_id AND p.id = $1)",
+        );
+    debug_assert!(!sql.contains(cursor::state_of!("$1", "$2")), "{sql}");
+    debug_assert!(sql.contains("p.id = $1)"), "{sql}");
+    sql
+});
+
+/// The extension of a lease on one cursor on Citus as one function of its partition
+/// (`a_partition`), made by `comb migrate` ([`crate::schema::citus::delegate`]) and called
+/// alone, outside a transaction block: Citus sends the call to the partition's worker, which
+/// locks the cursor ([`cursor::LOCK_ONE_SQL`]), appends the new version and reads its end there
+/// (Citus cannot run the insert's `RETURNING` on the worker: "missing FROM-clause entry"), a
+/// transaction committed in one phase. Sent from the coordinator, the insert of the new version (an
+/// `INSERT … SELECT` with a limit) was pulled through the coordinator and the extension
+/// committed in two phases.
+pub(crate) static EXTEND_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
+    let lock = cursor::LOCK_ONE_SQL
+        .trim()
+        .strip_prefix("SELECT ")
+        .expect("a SELECT");
+    crate::schema::citus::function_of_partition(
+        "extend_lease",
+        "a_partition uuid, a_group text, a_lease uuid, a_seconds float8",
+        "lease_expires_at timestamptz",
+        &format!(
+            "PERFORM {lock};
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    {};
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT s.lease_expires_at FROM {} s;",
+            EXTEND_CITUS_SQL
+                .strip_suffix("\nRETURNING lease_expires_at")
+                .expect("the extension's RETURNING"),
+            cursor::latest_state("$1", "$2", None),
+        ),
+    )
+});
+
+/// [`EXTEND_CITUS_FUNCTION`]'s signature and distribution argument.
+pub(crate) const EXTEND_CITUS_SIGNATURE: (&str, &str, bool) = (
+    "comb.extend_lease(uuid, text, uuid, double precision)",
+    "a_partition",
+    false,
+);
+
+/// The call of [`EXTEND_CITUS_FUNCTION`], with [`EXTEND_SQL`]'s parameters.
+const EXTEND_CITUS_CALL: &str =
+    "SELECT * FROM comb.extend_lease($1::uuid, $2::text, $3::uuid, $4::float8)";
+
 /// What an extension did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Extended {
@@ -75,6 +141,9 @@ pub(crate) async fn extend(
     principal: Option<&Principal>,
 ) -> Result<Extended, DbError> {
     let mut client = pool.get().await?;
+    if crate::schema::citus::on() {
+        return extend_on_citus(&client, lease, seconds, partition, principal).await;
+    }
     let tx = client.transaction().await?;
     let mut found = tx.query(FIND_SQL, &[&lease, &partition]).await?;
     if let Some(p) = principal
@@ -83,12 +152,7 @@ pub(crate) async fn extend(
         return Ok(Extended::OutOfScope);
     }
     // Locked in a stable order, like every other writer of several cursors.
-    found.sort_by_key(|r| {
-        (
-            r.get::<_, Uuid>("partition_id"),
-            r.get::<_, String>("consumer_group"),
-        )
-    });
+    sort_cursors(&mut found);
     let mut latest: Option<DateTime<Utc>> = None;
     for r in found {
         let (pid, group): (Uuid, String) = (r.get("partition_id"), r.get("consumer_group"));
@@ -116,4 +180,47 @@ pub(crate) async fn extend(
     };
     tx.commit().await?;
     Ok(Extended::Until(latest))
+}
+
+/// Sorts found cursors by (partition, group), the order every writer of several locks them in.
+fn sort_cursors(found: &mut [tokio_postgres::Row]) {
+    found.sort_by_key(|r| {
+        (
+            r.get::<_, Uuid>("partition_id"),
+            r.get::<_, String>("consumer_group"),
+        )
+    });
+}
+
+/// [`extend`] on Citus: each cursor of the lease extended by one call of
+/// [`EXTEND_CITUS_FUNCTION`], a transaction of its own on the cursor's worker. A lease over
+/// several partitions (a multi-partition pop) is extended a partition at a time: one that
+/// fails part-way leaves the others extended, which a retry extends again.
+async fn extend_on_citus(
+    client: &deadpool_postgres::Client,
+    lease: Uuid,
+    seconds: Option<f64>,
+    partition: Option<Uuid>,
+    principal: Option<&Principal>,
+) -> Result<Extended, DbError> {
+    let mut found = client.query(FIND_SQL, &[&lease, &partition]).await?;
+    if let Some(p) = principal
+        && !p.may_use_all(found.iter().map(|r| r.get::<_, &str>("queue")))
+    {
+        return Ok(Extended::OutOfScope);
+    }
+    sort_cursors(&mut found);
+    let extend = client.prepare_cached(EXTEND_CITUS_CALL).await?;
+    let mut latest: Option<DateTime<Utc>> = None;
+    for r in found {
+        let (pid, group): (Uuid, String) = (r.get("partition_id"), r.get("consumer_group"));
+        if let Some(row) = client
+            .query_opt(&extend, &[&pid, &group, &lease, &seconds])
+            .await?
+        {
+            let expires: DateTime<Utc> = row.get("lease_expires_at");
+            latest = latest.max(Some(expires));
+        }
+    }
+    Ok(latest.map_or(Extended::NoLiveLease, Extended::Until))
 }

@@ -415,15 +415,75 @@ fn claim_citus_sql(sql: &str, one: &str) -> String {
     )
 }
 
-/// The plain claim has six parameters: its partition is the seventh; the shared claim's is
-/// the ninth. Pipelined and opening claims alike have a Citus form.
-pub static CLAIM_CITUS_SQL: LazyLock<String> = LazyLock::new(|| claim_citus_sql(&CLAIM_SQL, "$7"));
+/// The claims' Citus forms, the bodies of [`CLAIM_CITUS_FUNCTION`]: its partition is the
+/// ninth argument for all four (the plain claims leave the seventh and eighth unused).
+pub static CLAIM_CITUS_SQL: LazyLock<String> = LazyLock::new(|| claim_citus_sql(&CLAIM_SQL, "$9"));
 static SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
     LazyLock::new(|| claim_citus_sql(&SHARED_CLAIM_SQL, "$9"));
 static OPENING_CLAIM_CITUS_SQL: LazyLock<String> =
-    LazyLock::new(|| claim_citus_sql(&OPENING_CLAIM_SQL, "$7"));
+    LazyLock::new(|| claim_citus_sql(&OPENING_CLAIM_SQL, "$9"));
 static OPENING_SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
     LazyLock::new(|| claim_citus_sql(&OPENING_SHARED_CLAIM_SQL, "$9"));
+
+/// The claim of one partition on Citus as one function, `comb.claim_partition`, distributed by
+/// its partition (`a_partition`, co-located with `comb.partitions`) with `force_delegation`:
+/// called inside the claim's transaction, Citus sends the whole call to the worker holding the
+/// partition, which runs the claim's statement there against its own shards. Sent from the
+/// coordinator as one statement, the claim's steps (materialised CTEs, the insert of the new
+/// state) were each planned apart and their intermediate results passed through the
+/// coordinator, which also made the claim commit in two phases; delegated, the transaction
+/// touches one worker over one connection and commits in one phase. The body is the Citus
+/// form of the statement the plain claim sends (one of four, by `shared` and `opening`), so
+/// the semantics stay those of [`claim_sql`]. Made by `comb migrate` on Citus
+/// ([`crate::schema::citus::delegate`]); the opening forms return a last column of NULL where
+/// the others refuse sealed payloads.
+pub(crate) static CLAIM_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
+    let opening = |sql: &str| {
+        let from = "\nFROM msgs m\nJOIN leased l";
+        debug_assert!(sql.contains(from));
+        sql.replacen(from, &format!(",\n       NULL::boolean{from}"), 1)
+    };
+    crate::schema::citus::function_of_partition(
+        "claim_partition",
+        "a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, \
+         a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, \
+         a_opening boolean",
+        "partition_id uuid, name text, lease_id uuid, lease_expires_at timestamptz, \
+         pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea, \
+         created_at timestamptz, attempt integer, producer_sub text, refused boolean",
+        &format!(
+            "
+    IF a_shared AND a_opening THEN
+        RETURN QUERY {};
+    ELSIF a_shared THEN
+        RETURN QUERY {};
+    ELSIF a_opening THEN
+        RETURN QUERY {};
+    ELSE
+        RETURN QUERY {};
+    END IF;",
+            opening(&OPENING_SHARED_CLAIM_CITUS_SQL),
+            SHARED_CLAIM_CITUS_SQL.as_str(),
+            opening(&OPENING_CLAIM_CITUS_SQL),
+            CLAIM_CITUS_SQL.as_str(),
+        ),
+    )
+});
+
+/// [`CLAIM_CITUS_FUNCTION`]'s signature and distribution argument, for
+/// `create_distributed_function`.
+pub(crate) const CLAIM_CITUS_SIGNATURE: (&str, &str, bool) = (
+    "comb.claim_partition(uuid, text, uuid[], bigint, double precision, boolean, uuid, bigint, \
+     uuid, boolean, boolean)",
+    "a_partition",
+    true,
+);
+
+/// The claim on Citus: one call of [`CLAIM_CITUS_FUNCTION`], a router statement Citus
+/// delegates to the partition's worker (custom plans, so that its arguments are constants).
+pub static CLAIM_CITUS_CALL: &str = "SELECT * FROM comb.claim_partition(
+    $1::uuid, $2::text, $3::uuid[], $4::bigint, $5::float8, $6::boolean, $7::uuid, $8::bigint,
+    $9::uuid, $10::boolean, $11::boolean)";
 
 /// On a Citus cluster, a pop over the whole queue first lists the group's partitions that may
 /// have something to hand out, without locking (Citus locks rows only in a statement of one
@@ -864,18 +924,15 @@ async fn claim_once(
     })
 }
 
-/// The claim statement for a pop of this kind (see [`claim_sql`]), in its Citus form on a
-/// Citus cluster.
+/// The claim statement for a pop of this kind (see [`claim_sql`]); on a Citus cluster the
+/// call of the claim function, which picks the kind by its arguments.
 fn claim_sql_for(shared: &Shared, opening: bool) -> &'static str {
     match (shared.cap.is_some(), opening, crate::schema::citus::on()) {
         (false, false, false) => &CLAIM_SQL,
         (true, false, false) => &SHARED_CLAIM_SQL,
         (false, true, false) => &OPENING_CLAIM_SQL,
         (true, true, false) => &OPENING_SHARED_CLAIM_SQL,
-        (false, false, true) => &CLAIM_CITUS_SQL,
-        (true, false, true) => &SHARED_CLAIM_CITUS_SQL,
-        (false, true, true) => &OPENING_CLAIM_CITUS_SQL,
-        (true, true, true) => &OPENING_SHARED_CLAIM_CITUS_SQL,
+        (_, _, true) => CLAIM_CITUS_CALL,
     }
 }
 
@@ -927,7 +984,8 @@ async fn claim_locked(
     let cap = shared.cap.unwrap_or(0);
     let citus = crate::schema::citus::on();
     let one = locked[0];
-    let claim_params: [&(dyn ToSql + Sync); 9] = [
+    let is_shared = shared.cap.is_some();
+    let claim_params: [&(dyn ToSql + Sync); 11] = [
         &shape.queue_id,
         &shape.group,
         &locked,
@@ -937,21 +995,19 @@ async fn claim_locked(
         &shared.lease,
         &cap,
         &one,
+        &is_shared,
+        &opening,
     ];
-    // The plain claim has no $7 and $8; only Citus's has $9 (its one partition).
-    let params: Vec<&(dyn ToSql + Sync)> = match (shared.cap.is_some(), citus) {
-        (true, false) => claim_params[..8].to_vec(),
-        (false, false) => claim_params[..6].to_vec(),
-        (true, true) => claim_params.to_vec(),
-        (false, true) => {
-            let mut p = claim_params[..6].to_vec();
-            p.push(&one);
-            p
-        }
+    // The plain claim has no $7 and $8; the Citus call takes all eleven (its one partition,
+    // then which claim).
+    let params: &[&(dyn ToSql + Sync)] = match (is_shared, citus) {
+        (true, false) => &claim_params[..8],
+        (false, false) => &claim_params[..6],
+        (_, true) => &claim_params,
     };
     let p = Pipelined::on(pg);
     if !opening {
-        let (rows, commit) = tokio::join!(p.query(stmt, &params), p.commit());
+        let (rows, commit) = tokio::join!(p.query(stmt, params), p.commit());
         // A failed claim makes the pipelined COMMIT roll back.
         let rows = rows?;
         commit?;
@@ -963,7 +1019,7 @@ async fn claim_locked(
         }
         return Ok((claims, unreadable.len() as u64));
     }
-    let rows = match p.query(stmt, &params).await {
+    let rows = match p.query(stmt, params).await {
         Ok(rows) => rows,
         Err(e) => return Err(rollback(pg, e).await),
     };
@@ -1095,6 +1151,8 @@ mod tests {
                 "OPENING_SHARED_CLAIM_CITUS_SQL",
                 OPENING_SHARED_CLAIM_CITUS_SQL.to_string(),
             ),
+            ("CLAIM_CITUS_FUNCTION", CLAIM_CITUS_FUNCTION.to_string()),
+            ("CLAIM_CITUS_CALL", CLAIM_CITUS_CALL.to_string()),
             ("RELOCK_SQL", RELOCK_SQL.to_string()),
             ("RELOCK_CITUS_SQL", RELOCK_CITUS_SQL.to_string()),
         ]

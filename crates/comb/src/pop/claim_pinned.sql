@@ -465,10 +465,10 @@ WITH q AS (
            comb.retention_secs(options) AS retention_secs
     FROM comb.queues WHERE id = $1),
 st AS MATERIALIZED (
-    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $7) AS name
-    FROM (SELECT $7::uuid WHERE $7::uuid = ANY($3::uuid[])) AS c(partition_id)
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
     CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
-          WHERE s.partition_id = c.partition_id AND s.partition_id = $7
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
             AND s.consumer_group = $2
           ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
     WHERE s.lease_id IS NULL AND s.available_at <= now()
@@ -482,7 +482,7 @@ msgs AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $7
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -617,10 +617,10 @@ WITH q AS (
            comb.retention_secs(options) AS retention_secs
     FROM comb.queues WHERE id = $1),
 st AS MATERIALIZED (
-    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $7) AS name
-    FROM (SELECT $7::uuid WHERE $7::uuid = ANY($3::uuid[])) AS c(partition_id)
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
     CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
-          WHERE s.partition_id = c.partition_id AND s.partition_id = $7
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
             AND s.consumer_group = $2
           ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
     WHERE s.lease_id IS NULL AND s.available_at <= now()
@@ -634,7 +634,7 @@ msgs AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $7
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
@@ -758,6 +758,325 @@ SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
        m.producer_sub
 FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id
+
+-- @CLAIM_CITUS_FUNCTION
+CREATE OR REPLACE FUNCTION comb.claim_partition(a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, a_opening boolean)
+RETURNS TABLE (partition_id uuid, name text, lease_id uuid, lease_expires_at timestamptz, pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea, created_at timestamptz, attempt integer, producer_sub text, refused boolean)
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
+#variable_conflict use_column
+BEGIN
+
+    IF a_shared AND a_opening THEN
+        RETURN QUERY 
+WITH q AS (
+    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+           coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
+           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
+           comb.retention_secs(options) AS retention_secs
+    FROM comb.queues WHERE id = $1),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
+    CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
+),
+picked AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+        ORDER BY m.pos
+        LIMIT $4
+    ) m
+),
+msgs AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT p.*, row_number() OVER (
+                   ORDER BY array_position($3::uuid[], p.partition_id), p.pos) AS rank
+        FROM picked p) r
+    WHERE rank <= $8
+),
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
+),
+claimed AS (
+    INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+           greatest(st.cursor_pos, span.cut), st.cursor_seg,
+           ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
+           ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
+           ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
+                 WHERE a > span.cut),
+           CASE WHEN $6 THEN NULL ELSE $7::uuid END,
+           CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
+           span.upto, st.available_at, clock_timestamp()
+    FROM st
+    JOIN span ON span.partition_id = st.partition_id
+    CROSS JOIN q
+    RETURNING partition_id, lease_id, lease_expires_at
+),
+leased AS MATERIALIZED (
+    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
+    FROM claimed cl
+    JOIN st ON st.partition_id = cl.partition_id
+)
+SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
+       m.producer_sub,
+       NULL::boolean
+FROM msgs m
+JOIN leased l ON l.partition_id = m.partition_id;
+    ELSIF a_shared THEN
+        RETURN QUERY 
+WITH q AS (
+    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+           coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
+           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
+           comb.retention_secs(options) AS retention_secs
+    FROM comb.queues WHERE id = $1),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
+    CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
+),
+picked AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+        ORDER BY m.pos
+        LIMIT $4
+    ) m
+),
+msgs AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT p.*, row_number() OVER (
+                   ORDER BY array_position($3::uuid[], p.partition_id), p.pos) AS rank
+        FROM picked p) r
+    WHERE rank <= $8
+),
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
+),
+claimed AS (
+    INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+           greatest(st.cursor_pos, span.cut), st.cursor_seg,
+           ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
+           ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
+           ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
+                 WHERE a > span.cut),
+           CASE WHEN $6 THEN NULL ELSE $7::uuid END,
+           CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
+           span.upto, st.available_at, clock_timestamp()
+    FROM st
+    JOIN span ON span.partition_id = st.partition_id
+    CROSS JOIN q
+    RETURNING partition_id, lease_id, lease_expires_at
+),
+leased AS MATERIALIZED (
+    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
+    FROM claimed cl
+    JOIN st ON st.partition_id = cl.partition_id
+)
+SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
+       m.producer_sub,
+       CASE WHEN substr(m.payload, 1, 1) = '\x00'::bytea THEN comb.refuse_sealed_payload() END
+FROM msgs m
+JOIN leased l ON l.partition_id = m.partition_id;
+    ELSIF a_opening THEN
+        RETURN QUERY 
+WITH q AS (
+    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+           coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
+           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
+           comb.retention_secs(options) AS retention_secs
+    FROM comb.queues WHERE id = $1),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
+    CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
+),
+msgs AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+        ORDER BY m.pos
+        LIMIT $4
+    ) m
+),
+
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
+),
+claimed AS (
+    INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+           greatest(st.cursor_pos, span.cut), st.cursor_seg,
+           ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
+           ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
+           ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
+                 WHERE a > span.cut),
+           CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
+           CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
+           span.upto, st.available_at, clock_timestamp()
+    FROM st
+    JOIN span ON span.partition_id = st.partition_id
+    CROSS JOIN q
+    RETURNING partition_id, lease_id, lease_expires_at
+),
+leased AS MATERIALIZED (
+    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
+    FROM claimed cl
+    JOIN st ON st.partition_id = cl.partition_id
+)
+SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
+       m.producer_sub,
+       NULL::boolean
+FROM msgs m
+JOIN leased l ON l.partition_id = m.partition_id;
+    ELSE
+        RETURN QUERY 
+WITH q AS (
+    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+           coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
+           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
+           comb.retention_secs(options) AS retention_secs
+    FROM comb.queues WHERE id = $1),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
+    CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
+),
+msgs AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+        ORDER BY m.pos
+        LIMIT $4
+    ) m
+),
+
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
+),
+claimed AS (
+    INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+           greatest(st.cursor_pos, span.cut), st.cursor_seg,
+           ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
+           ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
+           ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
+                 WHERE a > span.cut),
+           CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
+           CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
+           span.upto, st.available_at, clock_timestamp()
+    FROM st
+    JOIN span ON span.partition_id = st.partition_id
+    CROSS JOIN q
+    RETURNING partition_id, lease_id, lease_expires_at
+),
+leased AS MATERIALIZED (
+    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
+    FROM claimed cl
+    JOIN st ON st.partition_id = cl.partition_id
+)
+SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
+       m.producer_sub,
+       CASE WHEN substr(m.payload, 1, 1) = '\x00'::bytea THEN comb.refuse_sealed_payload() END
+FROM msgs m
+JOIN leased l ON l.partition_id = m.partition_id;
+    END IF;
+END $body$
+
+-- @CLAIM_CITUS_CALL
+SELECT * FROM comb.claim_partition(
+    $1::uuid, $2::text, $3::uuid[], $4::bigint, $5::float8, $6::boolean, $7::uuid, $8::bigint,
+    $9::uuid, $10::boolean, $11::boolean)
 
 -- @RELOCK_SQL
 SELECT c.partition_id FROM comb.cursors c

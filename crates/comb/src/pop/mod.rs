@@ -28,9 +28,10 @@ use crate::wake::{Ready, Wake, WalkDue};
 
 /// The claim's statements, public for the test suite's plan checks.
 pub use claim::{
-    CANDIDATES_CITUS_SQL, CANDIDATES_SQL, CLAIM_CITUS_SQL, CLAIM_SQL, SHARED_CLAIM_SQL, begin_claim,
+    CANDIDATES_CITUS_SQL, CANDIDATES_SQL, CLAIM_CITUS_CALL, CLAIM_SQL, SHARED_CLAIM_SQL,
+    begin_claim,
 };
-pub(crate) use claim::{Claim, PopJob, PopShape};
+pub(crate) use claim::{CLAIM_CITUS_FUNCTION, CLAIM_CITUS_SIGNATURE, Claim, PopJob, PopShape};
 use waiting::WaitingPops;
 
 /// A pop as the edge validated it.

@@ -506,6 +506,85 @@ END $$;
 /// snapshots); this one stands apart from them.
 const DISTRIBUTION_LOCK: i64 = 0x636f_6d62_c175;
 
+/// The text of a data-path function of one partition for [`delegate`]: `comb.{name}`, in
+/// PL/pgSQL, running `body` (its statements, which name the arguments by position), custom
+/// plans (so that Citus routes each statement by the partition's value, which
+/// `force_delegation` then checks), columns before the function's own names.
+pub(crate) fn function_of_partition(name: &str, args: &str, returns: &str, body: &str) -> String {
+    format!(
+        "
+CREATE OR REPLACE FUNCTION comb.{name}({args})
+RETURNS TABLE ({returns})
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
+#variable_conflict use_column
+BEGIN
+{body}
+END $body$"
+    )
+}
+
+/// Makes functions of the data path that Citus runs on a partition's worker: each `create` (a
+/// `CREATE OR REPLACE FUNCTION`, run on every start, so that a new build's body replaces the
+/// old one on every node), then, once, distributed by its argument `arg` (`signature`),
+/// co-located with [`ANCHOR`]. A call is sent whole to the worker holding that argument's
+/// shard: outside a transaction block always, inside one only with `force` (Citus's
+/// `force_delegation`, which then requires every step of the function's statements to name
+/// that argument's value). Nothing without Citus.
+pub(crate) async fn delegate(
+    client: &Client,
+    functions: &[(&str, (&str, &str, bool))],
+) -> Result<(), tokio_postgres::Error> {
+    if !on() {
+        return Ok(());
+    }
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&DISTRIBUTION_LOCK])
+        .await?;
+    let mut done = Ok(());
+    for (create, (signature, arg, force)) in functions {
+        done = delegate_locked(client, create, signature, arg, *force).await;
+        if done.is_err() {
+            break;
+        }
+    }
+    let unlocked = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&DISTRIBUTION_LOCK])
+        .await;
+    done?;
+    unlocked?;
+    Ok(())
+}
+
+async fn delegate_locked(
+    client: &Client,
+    create: &str,
+    signature: &str,
+    arg: &str,
+    force: bool,
+) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute(create).await?;
+    let delegated: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_dist_object
+             WHERE classid = 'pg_proc'::regclass AND objid = $1::text::regprocedure
+               AND distribution_argument_index IS NOT NULL
+               AND force_delegation IS NOT DISTINCT FROM $2)",
+            &[&signature, &force],
+        )
+        .await?
+        .get(0);
+    if !delegated {
+        client
+            .execute(
+                "SELECT create_distributed_function($1::text::regprocedure,
+                     distribution_arg_name => $2, colocate_with => $3, force_delegation => $4)",
+                &[&signature, &arg, &ANCHOR.0, &force],
+            )
+            .await?;
+    }
+    Ok(())
+}
+
 /// Whether the database is a Citus coordinator (has the extension).
 pub(crate) async fn present(client: &Client) -> Result<bool, tokio_postgres::Error> {
     Ok(client
