@@ -95,7 +95,6 @@ const OWNERS: &[(&str, &str)] = &[
     ("claim_partition", "pop"),
     ("lock_expired", "lease"),
     ("extend_lease", "lease"),
-    ("judge_acks", "ack"),
     ("refuse_sealed_payload", "pop"),
     ("stream_queries", "streams"),
     ("stream_partitions", "streams"),

@@ -86,7 +86,11 @@ async fn an_ended_lease_cannot_be_revived() {
     assert_eq!(b["code"], "lease_invalid", "{b}");
     // The partition is free for anyone, under a new lease (long enough to be settled below).
     env.configure("q", json!({"leaseTime": 30})).await;
-    let again = env.pop("/api/v1/pop/queue/q").await.expect("1 is back");
+    // Waiting pops: a look that finds the cursor held for a moment (maintenance) waits.
+    let again = env
+        .pop("/api/v1/pop/queue/q?wait=true&timeout=10000")
+        .await
+        .expect("1 is back");
     assert_eq!(numbers(&again), vec![1]);
     assert_ne!(again["leaseId"], pop["leaseId"]);
 
@@ -97,7 +101,10 @@ async fn an_ended_lease_cannot_be_revived() {
     let (s, b) = extend(&env, lease, json!({"seconds": 5})).await;
     assert_eq!(s, StatusCode::CONFLICT, "{b}");
     assert_eq!(b["code"], "lease_invalid", "{b}");
-    let next = env.pop("/api/v1/pop/queue/q").await.expect("2 is free");
+    let next = env
+        .pop("/api/v1/pop/queue/q?wait=true&timeout=10000")
+        .await
+        .expect("2 is free");
     assert_eq!(numbers(&next), vec![2]);
 }
 
