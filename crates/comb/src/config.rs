@@ -108,6 +108,11 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_POLL_FALLBACK_MS", default_value_t = 2_000)]
     pub poll_fallback_ms: u64,
 
+    /// Whether a push hands its messages to pops waiting on this server (`on`), or waiting
+    /// pops always claim for themselves (`off`): the way back should a deployment need it.
+    #[arg(long, env = "COMB_HANDOFF", default_value = "on", value_parser = ["on", "off"])]
+    pub handoff: String,
+
     #[command(flatten)]
     pub auth: AuthConfig,
 

@@ -91,6 +91,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
             max_waiting: config.max_waiting_pops,
             poll_fallback: std::time::Duration::from_millis(config.poll_fallback_ms),
             stopping,
+            handoff: config.handoff == "on",
         },
     );
     let transactions = Transactions::new(pool.clone(), pusher.clone(), acker.clone(), wake.clone());

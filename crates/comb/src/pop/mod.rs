@@ -60,6 +60,8 @@ pub(crate) struct Waits {
     pub(crate) poll_fallback: Duration,
     /// Turns true when the server begins to stop: waiting pops answer at once.
     pub(crate) stopping: watch::Receiver<bool>,
+    /// Whether waiting pops offer themselves to pushes (`--handoff`).
+    pub(crate) handoff: bool,
 }
 
 /// The handle every route that pops goes through.
@@ -77,6 +79,8 @@ pub(crate) struct Popper {
     keys: Arc<crate::encryption::Keys>,
     /// A lease's length in queues that set no `leaseTime`.
     default_lease_seconds: f64,
+    /// Whether waiting pops offer themselves to pushes (`--handoff`).
+    handoff: bool,
 }
 
 impl Popper {
@@ -118,6 +122,7 @@ impl Popper {
             stopping: waits.stopping,
             keys,
             default_lease_seconds,
+            handoff: waits.handoff,
         }
     }
 
@@ -248,7 +253,7 @@ impl Popper {
     /// serve: a pop of one partition under a lease of its own (auto-ack and multi-partition
     /// pops claim for themselves), not on Citus.
     fn offer(&self, req: &Request) -> Option<crate::wake::Offer<'_>> {
-        if !*HANDOFF || req.auto_ack || req.partitions != 1 || crate::schema::citus::on() {
+        if !self.handoff || req.auto_ack || req.partitions != 1 || crate::schema::citus::on() {
             return None;
         }
         let wants = crate::wake::Wants {
@@ -391,11 +396,6 @@ impl Popper {
         Ok(Some(claims))
     }
 }
-
-/// Whether waiting pops offer themselves to pushes: yes unless `COMB_HANDOFF=off`, the way
-/// back to claims alone should a deployment need it.
-static HANDOFF: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| !std::env::var("COMB_HANDOFF").is_ok_and(|v| v == "off"));
 
 /// How a waiting pop's wait ended.
 enum Waited {
