@@ -802,3 +802,43 @@ async fn an_internal_error_says_nothing_internal_and_the_log_says_all() {
     let r = env.http.get(env.url("/health")).send().await.unwrap();
     assert!(r.headers().contains_key("x-request-id"));
 }
+
+/// The dead letters' requeue and purge parse the group and partition they are given: a name
+/// that is no name is refused with its own code, and the dead letter stays where it was.
+#[tokio::test]
+async fn dead_letter_actions_refuse_bad_names_and_move_nothing() {
+    let env = Env::start().await;
+    env.configure("q", json!({"retryLimit": 0})).await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    let pop = env
+        .pop("/api/v1/pop/queue/q?consumerGroup=g")
+        .await
+        .unwrap();
+    let (s, _) = env
+        .ack(&pop["messages"][0], "failed", Some("g"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let listed = || env.sql("SELECT count(*) FROM comb.dead_letters");
+    assert_eq!(listed(), "1", "the failed message was dead-lettered");
+    for path in ["/api/v1/dlq/requeue", "/api/v1/dlq/purge"] {
+        for (body, code) in [
+            (
+                json!({"queue": "q", "consumerGroup": "g\u{1}"}),
+                "consumer_group_invalid",
+            ),
+            (
+                json!({"queue": "q", "partition": "p\u{7}"}),
+                "partition_name_invalid",
+            ),
+            (json!({"queue": "q q"}), "queue_name_invalid"),
+        ] {
+            expect(&env, path, body, StatusCode::BAD_REQUEST, code).await;
+        }
+    }
+    assert_eq!(listed(), "1", "nothing was requeued or purged");
+    assert_eq!(
+        env.sql("SELECT count(*) FROM comb.dead_letter_requeues"),
+        "0"
+    );
+}

@@ -32,20 +32,11 @@ async fn until_waiting(http: &reqwest::Client, base: &str, n: u64) {
 
 /// A counter of `/metrics` (0 when absent).
 async fn counter(env: &Env, name: &str) -> u64 {
-    counter_at(&env.http, &env.server.base_url(), name).await
-}
-
-async fn counter_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
-    value_at(http, base, name).await
+    value_at(&env.http, &env.server.base_url(), name).await
 }
 
 /// A value of `/metrics` (0 when absent).
 async fn value_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
-    gauge_at(http, base, name).await
-}
-
-/// A value of `/metrics` (0 when absent).
-async fn gauge_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
     let text = http
         .get(format!("{base}/metrics"))
         .send()
@@ -444,7 +435,29 @@ async fn a_pop_waiting_on_another_server_is_woken_as_before() {
     }
     assert_eq!(counter(&env, "comb_handoffs_total").await, 0);
     assert_eq!(
-        counter_at(&env.http, &other.base_url(), "comb_handoffs_total").await,
+        value_at(&env.http, &other.base_url(), "comb_handoffs_total").await,
+        0
+    );
+}
+
+/// With `--handoff off` a waiting pop claims for itself: it still gets the message, and no
+/// push hands one over.
+#[tokio::test]
+async fn with_handoff_off_a_waiting_pop_claims_for_itself() {
+    let env = Env::start_with_env(&ARGS, &[("COMB_HANDOFF", "off")]).await;
+    env.configure("q", json!({})).await;
+    let w = waiter(&env, "q", "").await;
+    env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
+    let pop = answered(w).await;
+    assert_eq!(numbers(&pop), vec![1]);
+    assert_eq!(counter(&env, "comb_handoffs_total").await, 0, "{pop}");
+    assert_eq!(
+        value_at(
+            &env.http,
+            &env.server.base_url(),
+            "comb_registry_entries{registry=\"wake_offers\"}"
+        )
+        .await,
         0
     );
 }
