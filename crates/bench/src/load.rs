@@ -650,6 +650,28 @@ pub async fn fill(
     rounds: usize,
     conns: usize,
 ) -> Result<u64, BoxError> {
+    fill_in(addr, partitions, rounds, conns, Order::Interleaved).await
+}
+
+/// How [`fill_in`] spreads its messages over the requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Message k to partition k mod `partitions`: a request writes up to 1,000 partitions.
+    Interleaved,
+    /// A partition's `rounds` messages one after another: a request writes as few
+    /// partitions as it can. On Citus a request then writes one shard rather than all of
+    /// them, in one phase rather than two.
+    ByPartition,
+}
+
+/// [`fill`], in the given order.
+pub async fn fill_in(
+    addr: SocketAddr,
+    partitions: usize,
+    rounds: usize,
+    conns: usize,
+    order: Order,
+) -> Result<u64, BoxError> {
     const PER_REQUEST: usize = 1_000;
     let total = partitions * rounds;
     let next = Arc::new(AtomicU64::new(0));
@@ -665,7 +687,11 @@ pub async fn fill(
                         return Ok::<u64, BoxError>(sent);
                     }
                     let to = (from + PER_REQUEST).min(total);
-                    let body = push_body((from..to).map(|k| k % partitions), now_us());
+                    let of = |k: usize| match order {
+                        Order::Interleaved => k % partitions,
+                        Order::ByPartition => k / rounds.max(1),
+                    };
+                    let body = push_body((from..to).map(of), now_us());
                     let a = conn.send(Method::POST, "/api/v1/push", Some(body)).await?;
                     if !pushed_ok(a.status) {
                         return Err(format!(

@@ -89,9 +89,12 @@ struct Args {
     /// PostgreSQL beside it (`docs/scale-out.md`).
     #[arg(long)]
     citus: bool,
-    /// Workers of the `--citus` cluster (the scale-out model is checked at 1 and 2).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=8))]
-    citus_workers: u16,
+    /// Workers of the `--citus` cluster; several (`1,2`) start a cluster of each size and run
+    /// every Comb cell on each, and the scale-out model is then checked against every
+    /// measured point (`docs/scale-out.md`, "Measuring a cluster").
+    #[arg(long, default_value = "2", value_delimiter = ',',
+          value_parser = clap::value_parser!(u16).range(1..=8))]
+    citus_workers: Vec<u16>,
     /// The scale-out model's hardware: cores of each worker.
     #[arg(long, default_value_t = 16.0)]
     model_worker_cores: f64,
@@ -190,7 +193,12 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         fanout_rate: args.fanout_rate,
         peers: args.peers.clone(),
         citus: args.citus,
-        citus_workers: usize::from(args.citus_workers),
+        citus_workers: {
+            let mut w: Vec<usize> = args.citus_workers.iter().map(|&n| usize::from(n)).collect();
+            w.sort_unstable();
+            w.dedup();
+            w
+        },
     };
     let rt = if args.client_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -211,7 +219,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         runner.pg.port(),
         selected.len()
     );
-    if let Some(c) = &runner.citus {
+    for c in &runner.citus {
         eprintln!(
             "Citus coordinator on port {}, workers on {}",
             c.coordinator().port(),
@@ -236,7 +244,8 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 coordinator_cores: args.model_coordinator_cores,
                 worker_wal_mb_s: args.model_worker_wal_mb_s,
             },
-        ));
+        ))
+        + &with_blank(comb_bench::nodes::check(&rows, host_cores()));
     let checks = report::checks_text(&report::checks(&rows));
     println!("\n{table}\n{checks}");
     println!(
@@ -270,6 +279,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         eprintln!("results section of {} updated", path.display());
     }
     Ok(())
+}
+
+/// The cores of this machine, which every process of a run shares.
+fn host_cores() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
 /// A blank line before `text`, unless it is empty.
@@ -306,10 +320,14 @@ fn run_cells(runner: &mut Runner, cells: &[cells::Cell], peers: &[Peer]) -> Vec<
             let t = Instant::now();
             report(runner.run_with(cell, peer), t);
         }
-        if runner.citus.is_some() {
-            eprintln!("cell {:<12} the same on Citus", cell.name);
+        for i in 0..runner.citus.len() {
+            eprintln!(
+                "cell {:<12} the same on Citus, {} worker(s)",
+                cell.name,
+                runner.citus[i].workers().len()
+            );
             let t = Instant::now();
-            report(runner.run_citus(cell), t);
+            report(runner.run_citus(cell, i), t);
         }
     }
     let mut rows = runner.rows.clone();
@@ -494,6 +512,21 @@ mod tests {
                 Args::try_parse_from(["comb-bench", "--peer", bad]).is_err(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn citus_runs_on_one_cluster_size_or_several() {
+        let parse = |args: &[&str]| {
+            Args::try_parse_from(std::iter::once("comb-bench").chain(args.iter().copied()))
+        };
+        assert_eq!(parse(&[]).unwrap().citus_workers, [2]);
+        assert_eq!(
+            parse(&["--citus-workers", "1,2"]).unwrap().citus_workers,
+            [1, 2]
+        );
+        for bad in ["0", "9", "1,x", ""] {
+            assert!(parse(&["--citus-workers", bad]).is_err(), "{bad}");
         }
     }
 

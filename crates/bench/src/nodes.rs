@@ -320,16 +320,22 @@ pub fn predict(nodes: &[NodeRow], hw: Hardware, workers: usize) -> Option<(f64, 
 /// 8 and 16 workers of the given hardware.
 pub fn model(rows: &[crate::report::Row], hw: Hardware) -> String {
     let counts = [1usize, 2, 4, 8, 16];
-    let mut header: Vec<String> = ["cell", "coord µs/msg", "workers µs/msg", "broker µs/msg"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut header: Vec<String> = [
+        "cell",
+        "measured on",
+        "coord µs/msg",
+        "workers µs/msg",
+        "broker µs/msg",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     header.extend(counts.iter().map(|w| format!("{w} w msg/s")));
     header.push("bound at 16".into());
     let mut lines = Vec::new();
     for r in rows
         .iter()
-        .filter(|r| r.system == "comb-citus" && !r.nodes.is_empty())
+        .filter(|r| r.system.starts_with("comb-citus") && !r.nodes.is_empty())
     {
         let cost = |pick: &dyn Fn(&NodeRow) -> bool| -> f64 {
             r.nodes
@@ -340,6 +346,7 @@ pub fn model(rows: &[crate::report::Row], hw: Hardware) -> String {
         };
         let mut line = vec![
             r.cell.clone(),
+            r.system.clone(),
             format!("{:.0}", cost(&|n| n.node == "coordinator")),
             format!("{:.0}", cost(&|n| n.node.starts_with("worker"))),
             r.broker_cpu_us_per_msg
@@ -366,6 +373,90 @@ pub fn model(rows: &[crate::report::Row], hw: Hardware) -> String {
         hw.worker_cores,
         hw.coordinator_cores,
         hw.worker_wal_mb_s,
+        crate::report::align(&header, &lines)
+    )
+}
+
+/// Everything a message cost this machine in a row, µs: every node's PostgreSQL, the broker
+/// and the load generator, which all share the machine's cores in a run.
+fn machine_us_per_msg(r: &crate::report::Row) -> Option<f64> {
+    if r.msgs_per_sec <= 0.0 {
+        return None;
+    }
+    let nodes: f64 = r.nodes.iter().filter_map(|n| n.cpu_us_per_msg).sum();
+    let loadgen = r.loadgen_cpu_cores.unwrap_or(0.0) * 1e6 / r.msgs_per_sec;
+    Some(nodes + r.broker_cpu_us_per_msg? + loadgen)
+}
+
+/// The rate the model predicts for `measured`'s point on this machine from `costs`' per
+/// message costs: the cores the cell had (the machine's, less what neighbours used) over
+/// what a message costs, capped by the offered rate of a fixed-rate cell.
+pub fn predict_here(
+    measured: &crate::report::Row,
+    costs: &crate::report::Row,
+    host_cores: f64,
+) -> Option<f64> {
+    let cores = host_cores - measured.other_cpu_cores.unwrap_or(0.0);
+    let capacity = cores.max(0.0) * 1e6 / machine_us_per_msg(costs)?;
+    Some(match measured.offered_per_sec {
+        Some(offered) => capacity.min(offered),
+        None => capacity,
+    })
+}
+
+/// The model checked against the points measured here: each Citus row's rate predicted
+/// from the per-message costs of the same cell on a cluster of another size (and, in the
+/// last column, from its own), on this machine, where every node, the broker and the load
+/// generator share `host_cores`. The per-message costs are the model's inputs; a point it
+/// misses by more than 25 % says they do not carry over from one cluster size to another.
+/// A point its own costs over-predict was not bound by CPU (latency, locks, fsync), which
+/// the model cannot see.
+pub fn check(rows: &[crate::report::Row], host_cores: f64) -> String {
+    let citus: Vec<&crate::report::Row> = rows
+        .iter()
+        .filter(|r| r.system.starts_with("comb-citus") && !r.nodes.is_empty())
+        .collect();
+    let header: Vec<String> = [
+        "cell",
+        "measured on",
+        "msg/s",
+        "costs from",
+        "predicted msg/s",
+        "off by",
+        "within 25 %",
+        "own costs predict",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut lines = Vec::new();
+    for m in &citus {
+        let own = predict_here(m, m, host_cores);
+        for c in citus
+            .iter()
+            .filter(|c| c.cell == m.cell && c.system != m.system)
+        {
+            let Some(p) = predict_here(m, c, host_cores) else {
+                continue;
+            };
+            let off = p / m.msgs_per_sec.max(1e-9) - 1.0;
+            lines.push(vec![
+                m.cell.clone(),
+                m.system.clone(),
+                format!("{:.0}", m.msgs_per_sec),
+                c.system.clone(),
+                format!("{p:.0}"),
+                format!("{:+.0} %", off * 100.0),
+                if off.abs() <= 0.25 { "yes" } else { "NO" }.into(),
+                own.map_or("–".into(), |o| format!("{o:.0}")),
+            ]);
+        }
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "Model checked here ({host_cores} cores shared by every node, the broker and the load generator)\n{}",
         crate::report::align(&header, &lines)
     )
 }
@@ -437,5 +528,42 @@ mod tests {
         let (rate, bound) = predict(&nodes, slow_disk, 1).unwrap();
         assert!((rate - 10_000.0).abs() < 1e-6, "{rate}");
         assert_eq!(bound, "worker WAL");
+    }
+
+    #[test]
+    fn a_point_here_is_predicted_from_what_a_message_costs_the_whole_machine() {
+        use crate::report::Row;
+        let row = |system: &str, rate: f64, coord: f64, worker: f64| Row {
+            cell: "push1".into(),
+            system: system.into(),
+            msgs_per_sec: rate,
+            broker_cpu_us_per_msg: Some(100.0),
+            loadgen_cpu_cores: Some(rate * 50.0 / 1e6),
+            nodes: vec![
+                node("coordinator", coord, 0.0),
+                node("worker1", worker, 0.0),
+            ],
+            ..Row::default()
+        };
+        // 100 + 50 + 350 + 500 = 1,000 µs a message on 2 cores: 2,000 msg/s.
+        let one = row("comb-citus-1w", 2_000.0, 350.0, 500.0);
+        let mut two = row("comb-citus-2w", 1_900.0, 350.0, 500.0);
+        two.other_cpu_cores = Some(0.1);
+        let p = predict_here(&two, &one, 2.0).unwrap();
+        assert!((p - 1_900.0).abs() < 1e-6, "{p}");
+        // A fixed-rate cell is predicted no faster than it was offered.
+        two.offered_per_sec = Some(300.0);
+        assert_eq!(predict_here(&two, &one, 2.0), Some(300.0));
+        // Costs that do not carry over show in the check.
+        let three = row("comb-citus-2w", 1_000.0, 350.0, 1_500.0);
+        let text = check(&[one.clone(), three], 2.0);
+        assert!(text.contains("NO"), "{text}");
+        let text = check(
+            &[one.clone(), row("comb-citus-2w", 2_100.0, 360.0, 480.0)],
+            2.0,
+        );
+        assert!(!text.contains("NO") && text.contains("yes"), "{text}");
+        // One cluster size alone has nothing to check against.
+        assert_eq!(check(&[one], 2.0), "");
     }
 }

@@ -67,7 +67,7 @@ pub struct Options {
     /// per-node figures for both ([`nodes`]).
     pub citus: bool,
     /// Workers of that cluster.
-    pub citus_workers: usize,
+    pub citus_workers: Vec<usize>,
 }
 
 /// Another server benchmarked with Comb's cells: started as `PROGRAM serve --listen ADDR`
@@ -118,8 +118,8 @@ const FALLBACK_RATE: f64 = 2_000.0;
 pub struct Runner {
     /// The cluster every cell's database lives in.
     pub pg: Postgres,
-    /// The Citus cluster Comb cells also run on (`--citus`).
-    pub citus: Option<Citus>,
+    /// The Citus clusters Comb cells also run on (`--citus`), one per worker count.
+    pub citus: Vec<Citus>,
     opts: Options,
     rt: Runtime,
     /// Results so far, in run order.
@@ -140,17 +140,17 @@ impl Runner {
             false => settings.clone(),
         };
         let pg = Postgres::start_with(&pg_settings)?;
-        let citus = match opts.citus {
-            true => {
-                let all: Vec<(&str, &str)> = settings
-                    .iter()
-                    .chain(nodes::CITUS_SETTINGS)
-                    .copied()
-                    .collect();
-                Some(Citus::start_workers(opts.citus_workers, &all)?)
+        let mut citus = Vec::new();
+        if opts.citus {
+            let all: Vec<(&str, &str)> = settings
+                .iter()
+                .chain(nodes::CITUS_SETTINGS)
+                .copied()
+                .collect();
+            for &workers in &opts.citus_workers {
+                citus.push(Citus::start_workers(workers, &all)?);
             }
-            false => None,
-        };
+        }
         Ok(Runner {
             pg,
             citus,
@@ -179,7 +179,7 @@ impl Runner {
             Kind::Ceiling { .. } | Kind::SkipLocked { .. } => self.run_peer(cell, &url),
             _ => {
                 // With `--citus`, plain PostgreSQL gets the same per-node accounting.
-                let nodes = match self.citus.is_some() {
+                let nodes = match !self.citus.is_empty() {
                     true => vec![Node {
                         role: "postgres".into(),
                         url: url.clone(),
@@ -199,12 +199,12 @@ impl Runner {
         Ok(row)
     }
 
-    /// Runs a Comb cell on the Citus cluster (`--citus`) on a fresh database and records its
-    /// row, named `comb-citus`, with a figure line per node.
-    pub fn run_citus(&mut self, cell: &Cell) -> Result<Row, BoxError> {
+    /// Runs a Comb cell on the `which`th Citus cluster (`--citus`) on a fresh database and
+    /// records its row, named `comb-citus-Nw` for N workers, with a figure line per node.
+    pub fn run_citus(&mut self, cell: &Cell, which: usize) -> Result<Row, BoxError> {
         let citus = self
             .citus
-            .as_ref()
+            .get(which)
             .ok_or("no Citus cluster (run with --citus)")?;
         let url = citus.create_database(cell.name)?;
         let db = url.rsplit('/').next().unwrap_or_default().to_string();
@@ -226,8 +226,9 @@ impl Runner {
                 citus: true,
             })
             .collect();
+        let workers = citus.workers().len();
         let result = self.run_comb(cell, &url, None, nodes);
-        if let Some(citus) = &self.citus {
+        if let Some(citus) = self.citus.get(which) {
             for pg in std::iter::once(citus.coordinator()).chain(citus.workers()) {
                 let _ = pg.psql(
                     "postgres",
@@ -236,7 +237,7 @@ impl Runner {
             }
         }
         let mut row = result?;
-        row.system = "comb-citus".into();
+        row.system = format!("comb-citus-{workers}w");
         self.rows.push(row.clone());
         Ok(row)
     }
@@ -333,6 +334,12 @@ impl Runner {
         let opts = self.opts.clone();
         let kind = cell.kind.clone();
         let name = cell.name;
+        // On Citus a fill request spread over every partition commits over every shard, in
+        // two phases: filling there goes a partition at a time.
+        let order = match nodes.iter().any(|n| n.citus) {
+            true => load::Order::ByPartition,
+            false => load::Order::Interleaved,
+        };
         let result = self.rt.block_on(async move {
             // Set-up: queue, groups, partitions, pre-fill.
             match &kind {
@@ -350,7 +357,8 @@ impl Runner {
                     load::fill(addr, *partitions, 1, 4).await?;
                 }
                 Kind::Pop { partitions, .. } => {
-                    load::fill(addr, *partitions, opts.pop_fill_per_partition, 4).await?;
+                    let fill = opts.pop_fill_per_partition;
+                    load::fill_in(addr, *partitions, fill, 4, order).await?;
                 }
                 Kind::Streams { partitions, .. } => {
                     load::fill(addr, *partitions, 1, 4).await?;
