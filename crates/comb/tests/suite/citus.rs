@@ -1112,6 +1112,81 @@ async fn a_transaction_of_one_partition_commits_in_one_phase() {
     assert_eq!(numbers(&pop), vec![0, 3, 4]);
 }
 
+/// The lease extension by the lease id alone (as Queen's clients send it) on the cluster: the
+/// server that granted the lease finds its cursors in memory, so no statement reads every
+/// shard and the extension commits in one phase; a server that did not grant it looks the
+/// lease up over every shard once (`comb_lease_lookups_all_shards_total`) and extends it
+/// too. An ended lease is refused either way.
+#[tokio::test]
+async fn a_lease_extended_by_its_id_alone_runs_on_one_shard() {
+    let env = on_citus_quiet("citus_lease_id").await;
+    let db = env.db_name.clone();
+    let other = env
+        .second_server_with(&[
+            "--maintenance-interval-ms",
+            "3600000",
+            "--stats-interval-ms",
+            "3600000",
+        ])
+        .await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    let lease = pop["leaseId"].as_str().unwrap().to_string();
+    let lookups = |text: String| -> i64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("comb_lease_lookups_all_shards_total "))
+            .expect("the look-ups counted")
+            .parse()
+            .unwrap()
+    };
+    let (multi, _) = executions(&db);
+    let two_phase = two_phase_commits(&db);
+    let (status, body) = env
+        .post(
+            &format!("/api/v1/lease/{lease}/extend"),
+            &json!({"seconds": 60}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body[0]["success"], true, "{body}");
+    assert_eq!(
+        two_phase_commits(&db) - two_phase,
+        0,
+        "the extension's phases"
+    );
+    let (multi_after, _) = executions(&db);
+    assert_eq!(
+        multi_after - multi,
+        0,
+        "an extension by id read every shard"
+    );
+    assert_eq!(lookups(env.metrics_text().await), 0);
+    // Through the server that did not grant it: one look-up over every shard.
+    let metrics = format!("{}/metrics", other.base_url());
+    let read_other = || async {
+        let r = env.http.get(&metrics).send().await.unwrap();
+        lookups(r.text().await.unwrap())
+    };
+    let before = read_other().await;
+    let r = env
+        .http
+        .post(format!("{}/api/v1/lease/{lease}/extend", other.base_url()))
+        .json(&json!({"seconds": 60}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(read_other().await - before, 1);
+    // Acked, the lease ended: refused, though remembered.
+    env.ack_all(&pop, "completed", None).await;
+    let (status, body) = env
+        .post(&format!("/api/v1/lease/{lease}/extend"), &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "lease_invalid", "{body}");
+}
+
 /// The key of the cluster's sealing server.
 const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
