@@ -132,6 +132,11 @@ pub(crate) fn cursors_of(lease: Uuid, partition: Option<Uuid>) -> Option<Vec<Cur
     lock().cursors_of(lease, partition)
 }
 
+/// How many leases are remembered (`comb_registry_entries{registry="leases_granted"}`).
+pub(crate) fn entries() -> usize {
+    lock().by_lease.len()
+}
+
 fn lock() -> std::sync::MutexGuard<'static, Granted> {
     GRANTED
         .lock()

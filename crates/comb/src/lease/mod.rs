@@ -20,7 +20,7 @@ mod expiry;
 mod granted;
 
 pub(crate) use expiry::expire_leases;
-pub(crate) use granted::granted;
+pub(crate) use granted::{entries as granted_entries, granted};
 
 /// The cursors a lease id was ever written to (any version holds it), with their queues.
 const FIND_SQL: &str = concat!(
