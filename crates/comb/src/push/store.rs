@@ -8,7 +8,8 @@
 //!    Nothing is updated: the partition row is only locked.
 //!
 //! Step 2 takes one of three shapes. Items with a producer's transaction id go through an
-//! insert that first skips ids the partition already holds. Batches without such ids cannot
+//! insert that first skips ids the partition already holds (on Citus, a read of the held ids
+//! per partition and then the plain append, so every statement names one shard). Batches without such ids cannot
 //! repeat a stored message: under 64 messages they are appended by a plain `INSERT … SELECT
 //! unnest(…)` (BEGIN, lock, insert and COMMIT in one round trip); from 64 on, the heads are
 //! read and the rows copied in with binary `COPY`, which costs the database about half as much
