@@ -828,8 +828,8 @@ async fn push_pop_extend_and_ack_of_one_partition_run_on_one_shard() {
     assert_eq!(numbers(&pop), vec![1, 2]);
     one_phase("a pop of a named partition");
     let lease = pop["leaseId"].as_str().unwrap().to_string();
-    // With its partition named; by the lease id alone, the look-up reads every shard
-    // (docs/scale-out.md).
+    // With its partition named (by the lease id alone:
+    // `a_lease_extended_by_its_id_alone_runs_on_one_shard`).
     let partition = &pop["messages"][0]["partitionId"];
     let (status, body) = env
         .post(
