@@ -175,6 +175,9 @@ pub(crate) static HANDOFFS: Counter = Counter::new();
 pub(crate) static HANDED_OFF: Counter = Counter::new();
 /// Hand-off leases given back because their pop went away before it was answered.
 pub(crate) static HANDOFFS_RELEASED: Counter = Counter::new();
+/// Lease extensions by lease id alone that had to look the lease up over every shard on
+/// Citus (a lease this server did not grant, or forgot): `lease::extend`.
+pub(crate) static LEASE_LOOKUPS_ALL_SHARDS: Counter = Counter::new();
 
 /// What this server's maintenance loop did; everything stays at zero while it is not leader.
 #[derive(Debug, Default)]
@@ -332,6 +335,11 @@ impl Metrics {
             "comb_handoffs_released_total",
             "Hand-off leases given back at once because their pop went away before it was answered.",
             HANDOFFS_RELEASED.get(),
+        );
+        out.counter(
+            "comb_lease_lookups_all_shards_total",
+            "Lease extensions by lease id alone that looked the lease up over every shard of a Citus cluster, because this server did not grant it (or no longer remembers it).",
+            LEASE_LOOKUPS_ALL_SHARDS.get(),
         );
 
         let mt = &self.maintenance;

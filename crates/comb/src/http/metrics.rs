@@ -76,6 +76,7 @@ pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
         ("wake_queues", wake_queues),
         ("wake_offers", app.wake.offer_entries()),
         ("queue_counters", app.metrics.queues.len()),
+        ("leases_granted", crate::lease::granted_entries()),
     ];
     registries.extend(app.catalog.sizes());
     let labels: Vec<[(&str, &str); 1]> =

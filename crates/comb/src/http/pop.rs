@@ -280,6 +280,10 @@ pub(crate) struct MessageOut<'a> {
 
 fn respond(req: &PopRequest, claims: Vec<Claim>) -> Response {
     let first = &claims[0];
+    if let Some(lease) = first.lease_id {
+        let partitions: Vec<Uuid> = claims.iter().map(|c| c.partition_id).collect();
+        crate::lease::granted(lease, &req.queue, &req.group, &partitions);
+    }
     let mut messages = Vec::new();
     for c in &claims {
         for m in &c.messages {

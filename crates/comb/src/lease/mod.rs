@@ -17,8 +17,10 @@ use crate::cursor;
 use crate::db::DbError;
 
 mod expiry;
+mod granted;
 
 pub(crate) use expiry::expire_leases;
+pub(crate) use granted::{entries as granted_entries, granted};
 
 /// The cursors a lease id was ever written to (any version holds it), with their queues.
 const FIND_SQL: &str = concat!(
@@ -196,6 +198,11 @@ fn sort_cursors(found: &mut [tokio_postgres::Row]) {
 /// [`EXTEND_CITUS_FUNCTION`], a transaction of its own on the cursor's worker. A lease over
 /// several partitions (a multi-partition pop) is extended a partition at a time: one that
 /// fails part-way leaves the others extended, which a retry extends again.
+///
+/// By the lease id alone, the cursors come from the leases this server granted
+/// ([`granted`]), so no statement reads every shard; a lease granted by another server (or
+/// forgotten) is looked up over every shard, counted in
+/// [`crate::metrics::LEASE_LOOKUPS_ALL_SHARDS`].
 async fn extend_on_citus(
     client: &deadpool_postgres::Client,
     lease: Uuid,
@@ -203,24 +210,52 @@ async fn extend_on_citus(
     partition: Option<Uuid>,
     principal: Option<&Principal>,
 ) -> Result<Extended, DbError> {
-    let mut found = client.query(FIND_SQL, &[&lease, &partition]).await?;
+    let mut found: Vec<granted::Cursor> = match granted::cursors_of(lease, partition) {
+        Some(cursors) => cursors,
+        None => {
+            if partition.is_none() {
+                crate::metrics::LEASE_LOOKUPS_ALL_SHARDS.add(1);
+            }
+            client
+                .query(FIND_SQL, &[&lease, &partition])
+                .await?
+                .iter()
+                .map(|r| granted::Cursor {
+                    partition: r.get("partition_id"),
+                    group: r.get::<_, String>("consumer_group").into(),
+                    queue: r.get::<_, String>("queue").into(),
+                })
+                .collect()
+        }
+    };
     if let Some(p) = principal
-        && !p.may_use_all(found.iter().map(|r| r.get::<_, &str>("queue")))
+        && !p.may_use_all(found.iter().map(|c| &*c.queue))
     {
         return Ok(Extended::OutOfScope);
     }
-    sort_cursors(&mut found);
+    found.sort_by(|a, b| (a.partition, &a.group).cmp(&(b.partition, &b.group)));
     let extend = client.prepare_cached(EXTEND_CITUS_CALL).await?;
     let mut latest: Option<DateTime<Utc>> = None;
-    for r in found {
-        let (pid, group): (Uuid, String) = (r.get("partition_id"), r.get("consumer_group"));
+    for c in &found {
+        let group: &str = &c.group;
         if let Some(row) = client
-            .query_opt(&extend, &[&pid, &group, &lease, &seconds])
+            .query_opt(&extend, &[&c.partition, &group, &lease, &seconds])
             .await?
         {
             let expires: DateTime<Utc> = row.get("lease_expires_at");
             latest = latest.max(Some(expires));
         }
     }
-    Ok(latest.map_or(Extended::NoLiveLease, Extended::Until))
+    match latest {
+        Some(until) => {
+            if partition.is_none() {
+                granted::remember(lease, found, until);
+            }
+            Ok(Extended::Until(until))
+        }
+        None => {
+            granted::forget(lease);
+            Ok(Extended::NoLiveLease)
+        }
+    }
 }
