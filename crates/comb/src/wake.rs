@@ -5,8 +5,7 @@
 //! [`BROADCAST_EVERY`] per server, naming every queue pushed meanwhile. Sending them inside
 //! the push transaction would be simpler and is what serialises Postgres queues: `NOTIFY`
 //! takes a cluster-wide lock that is held through the commit's WAL flush, so no two pushing
-//! transactions could ever share a flush. A server that hears no other one sends none at all
-//! ([`Peers`]).
+//! transactions could ever share a flush.
 //!
 //! Pops of a group that wait ([`Ready`]) are woken one at a time, and learn which partitions
 //! were pushed: a push hands each of its partitions to the groups that wait on its queue here
@@ -266,26 +265,7 @@ pub(crate) struct Wake {
     outbox: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<String>>,
     /// Pops waiting here that a push may hand its messages to ([`Wake::offer`]).
     offers: Offers,
-    /// What the relay knows of other servers ([`Wake::others_may_listen`]).
-    peers: Mutex<Peers>,
 }
-
-/// Whether any other server listens, as this server's relay hears it: every relay announces
-/// itself when it starts listening and with each ping ([`PING_EVERY`]), so a server that hears
-/// no other origin for [`PEER_SILENCE`] while its own relay listens is alone, and its pushes
-/// send no `NOTIFY` (at light load one a push, each a commit and a wake-up of every
-/// listening backend).
-#[derive(Default)]
-struct Peers {
-    /// This server's relay listens now.
-    listening: bool,
-    /// When a notification from another server was last heard.
-    heard: Option<Instant>,
-}
-
-/// How long a server that announces itself every [`PING_EVERY`] may stay unheard before it is
-/// taken to be gone.
-const PEER_SILENCE: Duration = Duration::from_secs(20);
 
 impl Default for Wake {
     fn default() -> Wake {
@@ -295,7 +275,6 @@ impl Default for Wake {
             ready: Mutex::default(),
             outbox: std::sync::OnceLock::new(),
             offers: Offers::default(),
-            peers: Mutex::default(),
         }
     }
 }
@@ -458,52 +437,17 @@ impl Wake {
             }
         }
         self.bump(queue);
-        self.announce(queue);
+        if let Some(outbox) = self.outbox.get() {
+            let _ = outbox.send(queue.to_string());
+        }
     }
 
     /// Messages of `queue` became deliverable here in partitions not named (dead letters
     /// stored again): each group's next pop walks, and other servers hear of it soon.
     pub(crate) fn requeued(&self, queue: &str) {
         self.notify(queue);
-        self.announce(queue);
-    }
-
-    /// Queues `queue` for the next broadcast, unless no other server listens.
-    fn announce(&self, queue: &str) {
-        if !self.others_may_listen() {
-            return;
-        }
         if let Some(outbox) = self.outbox.get() {
             let _ = outbox.send(queue.to_string());
-        }
-    }
-
-    /// Whether pushes here must be announced: always while this server's relay does not
-    /// listen (it cannot know who does), else while another server was heard lately.
-    fn others_may_listen(&self) -> bool {
-        let peers = self.peers.lock().expect("peers poisoned");
-        !peers.listening || peers.heard.is_some_and(|at| at.elapsed() < PEER_SILENCE)
-    }
-
-    /// The relay listens (`true`) or lost its connection (`false`).
-    fn relay_listening(&self, listening: bool) {
-        self.peers.lock().expect("peers poisoned").listening = listening;
-    }
-
-    /// The relay heard another server. One not heard lately (just started, or back) may have
-    /// begun listening before this server heard of it, while pushes here went unannounced:
-    /// returns `true` then, and the caller announces every queue once.
-    fn heard_peer(&self) -> bool {
-        let mut peers = self.peers.lock().expect("peers poisoned");
-        let new = peers.heard.is_none_or(|at| at.elapsed() >= PEER_SILENCE);
-        peers.heard = Some(Instant::now());
-        new && peers.listening
-    }
-
-    /// Sends one `*` notification: every queue, for a server that just appeared.
-    fn announce_everything(&self) {
-        if let Some(outbox) = self.outbox.get() {
-            let _ = outbox.send(EVERYTHING.to_string());
         }
     }
 
@@ -737,15 +681,11 @@ pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
             while let Ok(more) = rx.try_recv() {
                 names.insert(more);
             }
-            let joined = if names.contains(EVERYTHING) {
-                EVERYTHING.to_string()
-            } else {
-                names
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            };
+            let joined = names
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join("\n");
             let payload = notification(origin, &joined);
             names.clear();
             match pool.get().await {
@@ -789,20 +729,8 @@ pub(crate) async fn relay(database_url: String, wake: Arc<Wake>, on_stale: OnSta
     }
 }
 
-/// How often the relay checks that its connection still reaches a live primary, and
-/// announces this server to the others ([`Peers`]).
+/// How often the relay checks that its connection still reaches a live primary.
 const PING_EVERY: Duration = Duration::from_secs(5);
-
-/// The line of a notification that names every queue.
-const EVERYTHING: &str = "*";
-
-/// What a relay sends when it starts listening and with each ping: its origin alone, which
-/// names no queue (a server reading it wakes nothing) but tells every server that one more
-/// listens. A fixed text per server, so it is sent as a simple query; the alias tells the
-/// relay's backend apart in `pg_stat_activity`.
-fn presence(origin: Uuid) -> String {
-    format!("SELECT pg_notify('{NOTIFY_CHANNEL}', '@{origin}') AS presence")
-}
 
 async fn relay_once(
     connector: &crate::db::Connector,
@@ -813,12 +741,7 @@ async fn relay_once(
     let client = Arc::new(client);
     let messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
     futures_util::pin_mut!(messages);
-    // Listening first, then announced: a server that hears of this one only after its own
-    // pushes went unannounced sends `*` once, which this connection then hears.
-    let sql = format!(
-        "LISTEN {NOTIFY_CHANNEL}; LISTEN {CATALOG_CHANNEL}; {}",
-        presence(wake.origin)
-    );
+    let sql = format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {CATALOG_CHANNEL}");
     let listen = client.batch_execute(&sql);
     futures_util::pin_mut!(listen);
     // Drive the connection while LISTEN completes, then forward notifications.
@@ -836,20 +759,16 @@ async fn relay_once(
     // Whatever was pushed or deleted before this connection listened (while the last one was
     // lost, or before the first) went unheard: let every waiting pop look again, and trust
     // no cached id. Done once listening, so what commits after the pops' new look is heard.
-    wake.relay_listening(true);
-    let _not_listening = NotListening(wake);
     wake.notify_all();
     on_stale(Stale::All);
     // Pings go out from a task of their own; their failure (silence, a read-only refusal)
     // ends the connection, which the loop below sees.
     let pinger = tokio::spawn({
         let client = client.clone();
-        let ping = presence(wake.origin);
         async move {
             loop {
                 tokio::time::sleep(PING_EVERY).await;
-                // A demoted primary refuses the `NOTIFY` (read-only), which ends the relay.
-                if client.simple_query(&ping).await.is_err() {
+                if client.simple_query("SELECT 1").await.is_err() {
                     return;
                 }
             }
@@ -861,11 +780,7 @@ async fn relay_once(
             if n.channel() == CATALOG_CHANNEL {
                 on_stale(Stale::Queue(n.payload()));
             } else {
-                let pushed = pushed_elsewhere(n.payload(), wake.origin);
-                if pushed != Pushed::Own && wake.heard_peer() {
-                    wake.announce_everything();
-                }
-                match pushed {
+                match pushed_elsewhere(n.payload(), wake.origin) {
                     Pushed::Own => {}
                     Pushed::Everything => wake.notify_all(),
                     Pushed::Queues(queues) => {
@@ -976,16 +891,6 @@ impl Drop for Listening<'_> {
 
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-/// Marks the relay as not listening when its connection ends, however it ends: pushes are
-/// announced again until it listens anew.
-struct NotListening<'a>(&'a Wake);
-
-impl Drop for NotListening<'_> {
-    fn drop(&mut self) {
-        self.0.relay_listening(false);
-    }
-}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -1117,69 +1022,6 @@ mod tests {
         assert_eq!(ready.take_one(), None);
         wake.notify_all();
         assert!(ready.walk_due(age).is_some());
-    }
-
-    /// Pushes are announced while the relay does not listen and while another server was
-    /// heard lately; a server alone sends none, and one hearing a new server announces every
-    /// queue once (that server may have listened before it was heard).
-    #[test]
-    fn pushes_are_announced_only_while_another_server_may_listen() {
-        let wake = Wake::default();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        wake.outbox.set(tx).unwrap();
-        let p = Uuid::now_v7();
-        wake.pushed("q", &[p]);
-        assert_eq!(
-            rx.try_recv().ok().as_deref(),
-            Some("q"),
-            "no relay: announced"
-        );
-
-        wake.relay_listening(true);
-        wake.pushed("q", &[p]);
-        assert!(rx.try_recv().is_err(), "alone: a push is not announced");
-
-        assert!(wake.heard_peer(), "a server not heard before is new");
-        assert!(!wake.heard_peer(), "then it is known");
-        wake.pushed("q", &[p]);
-        assert_eq!(
-            rx.try_recv().ok().as_deref(),
-            Some("q"),
-            "a peer: announced"
-        );
-
-        wake.peers.lock().unwrap().heard = Some(Instant::now() - PEER_SILENCE);
-        wake.pushed("q", &[p]);
-        assert!(
-            rx.try_recv().is_err(),
-            "the peer went silent: not announced"
-        );
-
-        wake.relay_listening(false);
-        wake.pushed("q", &[p]);
-        assert_eq!(
-            rx.try_recv().ok().as_deref(),
-            Some("q"),
-            "relay lost: announced"
-        );
-    }
-
-    /// The announcement a relay makes names no queue: servers reading it wake nothing.
-    #[test]
-    fn a_presence_names_no_queue() {
-        let origin = Uuid::new_v4();
-        let sql = presence(origin);
-        let payload = sql
-            .split("', '")
-            .nth(1)
-            .and_then(|rest| rest.split('\'').next())
-            .unwrap();
-        assert_eq!(payload, format!("@{origin}"));
-        assert_eq!(
-            pushed_elsewhere(payload, Uuid::new_v4()),
-            Pushed::Queues(vec![])
-        );
-        assert_eq!(pushed_elsewhere(payload, origin), Pushed::Own);
     }
 
     #[test]
