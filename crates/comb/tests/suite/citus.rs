@@ -970,6 +970,84 @@ async fn an_ack_cancelled_by_a_deadlock_on_its_worker_is_judged_again() {
     assert!(env.pop("/api/v1/pop/queue/q/partition/p").await.is_none());
 }
 
+/// Acks that fail or mix statuses and a lease's expiry, of one partition on the cluster,
+/// commit in one phase (no `pg_dist_transaction` row): their cursors are locked by the
+/// coordinator (`comb.lock_cursors`, `comb.lock_expired`) and their new versions written by
+/// router statements (`cursor::StateWrites`), every statement of the partition's shard. A push
+/// with a producer's transaction id, which commits in two phases, shows that the count counts.
+#[tokio::test]
+async fn failed_and_mixed_acks_and_a_lease_expiry_of_one_partition_commit_in_one_phase() {
+    let env = on_citus_quiet("citus_failed_acks").await;
+    let db = env.db_name.clone();
+    env.configure("q", json!({"leaseTime": 1, "retryLimit": 5}))
+        .await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 0}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    let mut seen = Vec::new();
+    let mut before = two_phase_commits(&db);
+    let mut count = |what: &str| {
+        let now = two_phase_commits(&db);
+        seen.push((what.to_string(), now - before));
+        before = now;
+    };
+    for n in 1..=2 {
+        env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": n}}]))
+            .await;
+    }
+    count("pushes");
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?batch=1")
+        .await
+        .unwrap();
+    count("a pop");
+    env.ack_all(&pop, "failed", None).await;
+    count("a failed ack");
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?wait=true&timeout=10000&batch=2")
+        .await
+        .unwrap();
+    count("a pop after a failure");
+    let m = &pop["messages"];
+    let (status, body) = env
+        .post(
+            "/api/v1/ack/batch",
+            &json!({"acknowledgments": [
+                {"transactionId": m[0]["transactionId"], "partitionId": m[0]["partitionId"],
+                 "leaseId": m[0]["leaseId"], "status": "completed"},
+                {"transactionId": m[1]["transactionId"], "partitionId": m[1]["partitionId"],
+                 "leaseId": m[1]["leaseId"], "status": "failed"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    count("a mixed ack");
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?wait=true&timeout=10000")
+        .await
+        .unwrap();
+    count("a pop after a mixed ack");
+    // The lease (1 s) ends unsettled; the next pop ends it and hands the message out again.
+    let again = env
+        .pop("/api/v1/pop/queue/q/partition/p?wait=true&timeout=10000")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&again), numbers(&pop));
+    count("a pop with a lease's expiry");
+    env.push(json!([
+        {"queue": "q", "partition": "p", "payload": {"n": 3}, "transactionId": "t-3"},
+    ]))
+    .await;
+    count("a push with a transaction id");
+    let (control, rest) = seen.split_last().unwrap();
+    assert!(control.1 > 0, "{seen:?}");
+    assert!(
+        rest.iter().all(|(_, n)| *n == 0),
+        "two-phase commits: {seen:?}"
+    );
+}
+
 /// The worker port holding each of `partitions` (names of queue `q`), in their order.
 fn workers_of(db: &str, partitions: &[String]) -> Vec<String> {
     let names: Vec<String> = partitions.iter().map(|p| format!("'{p}'")).collect();
