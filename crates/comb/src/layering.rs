@@ -95,6 +95,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("claim_partition", "pop"),
     ("lock_expired", "lease"),
     ("extend_lease", "lease"),
+    ("judge_acks", "ack"),
     ("refuse_sealed_payload", "pop"),
     ("stream_queries", "streams"),
     ("stream_partitions", "streams"),

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::ack::Acker;
+use crate::ack::{self, Acker};
 use crate::catalog::Catalog;
 use crate::config::ServeConfig;
 use crate::http::{self, App};
@@ -164,12 +164,13 @@ where
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
     let applied = schema::migrate(&mut client).await?;
-    // On Citus, the claim of a partition and a lease's extension run whole on the
-    // partition's worker, each as one call.
+    // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
+    // whole on the partition's worker, each as one call.
     schema::citus::delegate(
         &client,
         &[
             (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
+            (&ack::JUDGE_CITUS_FUNCTION, ack::JUDGE_CITUS_SIGNATURE),
             (&lease::EXTEND_CITUS_FUNCTION, lease::EXTEND_CITUS_SIGNATURE),
         ],
     )

@@ -16,6 +16,10 @@
 //! process that is killed (or whose statics are never dropped) does not leave PostgreSQL or
 //! Comb processes behind.
 //!
+//! With `COMB_KEEP_LOGS=<directory>` set, every cluster's `postgres.log` and every server's
+//! `comb.log` is copied there when it is stopped (named after its temporary directory), so a
+//! failure's database errors can be read after the run removed the directories.
+//!
 //! PostgreSQL refuses to run as root. When the tests run as root, the cluster's files are
 //! handed to the `postgres` user and the server-side tools run through `runuser -u postgres`.
 
@@ -317,7 +321,8 @@ impl Postgres {
 }
 
 impl Drop for Postgres {
-    /// Stops the cluster immediately (errors ignored); the directory is then removed.
+    /// Stops the cluster immediately (errors ignored); the directory is then removed (its log
+    /// kept first with `COMB_KEEP_LOGS`).
     fn drop(&mut self) {
         let mut cmd = self.server_tool("pg_ctl");
         cmd.arg("-D")
@@ -326,6 +331,24 @@ impl Drop for Postgres {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let _ = cmd.status();
+        keep_log(&self.log, self.dir.path(), "postgres.log");
+    }
+}
+
+/// The directory `COMB_KEEP_LOGS` names, if set: logs are copied there before their
+/// temporary directories are removed.
+fn kept_logs_dir() -> Option<PathBuf> {
+    std::env::var_os("COMB_KEEP_LOGS")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Copies `log` into [`kept_logs_dir`] as `<name of dir>-<suffix>` (best effort).
+fn keep_log(log: &Path, dir: &Path, suffix: &str) {
+    if let Some(keep) = kept_logs_dir() {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        let _ = fs::create_dir_all(&keep);
+        let _ = fs::copy(log, keep.join(format!("{name}-{suffix}")));
     }
 }
 
@@ -605,9 +628,10 @@ impl Server {
 }
 
 impl Drop for Server {
-    /// Kills the process so no server outlives its test.
+    /// Kills the process so no server outlives its test (its log kept with `COMB_KEEP_LOGS`).
     fn drop(&mut self) {
         self.kill();
+        keep_log(&self.log, self._dir.path(), "comb.log");
     }
 }
 
@@ -769,7 +793,7 @@ fn sh_quote(s: &str) -> String {
 }
 
 /// Starts a detached shell loop that, once this process has exited, stops the cluster and
-/// removes its directory. It gives up on its own when the directory disappears, which is
+/// removes its directory (its log copied first with `COMB_KEEP_LOGS`). It gives up on its own when the directory disappears, which is
 /// what happens when the `Postgres` is dropped normally.
 fn spawn_cluster_watchdog(pg: &Postgres) -> io::Result<()> {
     let data = sh_quote(&pg.data.to_string_lossy());
@@ -779,6 +803,24 @@ fn spawn_cluster_watchdog(pg: &Postgres) -> io::Result<()> {
     } else {
         pg_ctl
     };
+    let keep = match kept_logs_dir() {
+        Some(keep) => {
+            let name = pg
+                .dir
+                .path()
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy();
+            let to = keep.join(format!("{name}-postgres.log"));
+            format!(
+                "mkdir -p {k} && cp {log} {to}\n",
+                k = sh_quote(&keep.to_string_lossy()),
+                log = sh_quote(&pg.log.to_string_lossy()),
+                to = sh_quote(&to.to_string_lossy()),
+            )
+        }
+        None => String::new(),
+    };
     let script = format!(
         "cd / || exit 1\n\
          while kill -0 {pid} 2>/dev/null; do\n\
@@ -786,6 +828,7 @@ fn spawn_cluster_watchdog(pg: &Postgres) -> io::Result<()> {
            sleep 0.5\n\
          done\n\
          {stop} -D {data} -m immediate -w stop >/dev/null 2>&1\n\
+         {keep}\
          rm -rf {dir}\n",
         pid = std::process::id(),
         dir = sh_quote(&pg.dir.path().to_string_lossy()),

@@ -123,6 +123,83 @@ pub static JUDGE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::n
         )
 });
 
+/// The acks of one partition on Citus as one function of it (`a_partition`), made by `comb
+/// migrate` ([`crate::schema::citus::delegate`]) and called alone, outside a transaction
+/// block: Citus sends the call to the partition's worker, which runs it as a transaction of
+/// its own, the cursors' lock (in the order of [`crate::cursor::LOCK_SQL`]) then
+/// [`JUDGE_CITUS_SQL`], and commits it there in one phase. Sent from the coordinator as two
+/// statements, the judgement's insert of the new versions (a data-modifying CTE, which Citus
+/// never routes whole) was a step of its own, with intermediate results through the
+/// coordinator, and the ack committed in two phases. (Not `force_delegation`: Citus then checks
+/// that each step of the statement names the partition, which the insert's step, fed by the
+/// judgement's result, cannot.)
+pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| {
+        crate::schema::citus::function_of_partition(
+            "judge_acks",
+            "a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[], \
+             a_partition uuid",
+            "partition_id uuid, consumer_group text, released boolean, partition text, \
+             queue text",
+            &format!(
+                "PERFORM 1 FROM {} WHERE c.partition_id = $5 AND c.consumer_group = ANY($2)
+        ORDER BY c.consumer_group FOR NO KEY UPDATE OF c;
+    RETURN QUERY {};",
+                crate::cursor::cursors!(),
+                JUDGE_CITUS_SQL.as_str()
+            ),
+        )
+    });
+
+/// [`JUDGE_CITUS_FUNCTION`]'s signature, distribution argument and delegation (not forced).
+pub(crate) const JUDGE_CITUS_SIGNATURE: (&str, &str, bool) = (
+    "comb.judge_acks(uuid[], text[], text[], uuid[], uuid)",
+    "a_partition",
+    false,
+);
+
+/// The call of [`JUDGE_CITUS_FUNCTION`], with [`JUDGE_CITUS_SQL`]'s parameters: the
+/// judgement of one partition's acks on Citus.
+pub(crate) const JUDGE_CITUS_CALL: &str = "SELECT * FROM comb.judge_acks($1::uuid[], \
+     $2::text[], $3::text[], $4::uuid[], $5::uuid)";
+
+/// How many times [`call_delegated`] runs a call again that a deadlock chose as its victim.
+const DEADLOCK_RETRIES: usize = 3;
+
+/// One call of [`JUDGE_CITUS_FUNCTION`], run again when the worker's deadlock detector chose
+/// it as a deadlock's victim.
+///
+/// The call takes its locks on the worker only. Maintenance dropping a generation of cursor
+/// state (`LOCK TABLE comb.cursor_states_<gen> IN SHARE MODE`, then `DROP TABLE`, which the
+/// coordinator sends on as `worker_drop_distributed_table`) takes the worker's locks in
+/// Citus's order: the worker's log showed the drop waiting for an ACCESS EXCLUSIVE lock the
+/// call held (from its read of the state) while the call waited for a ROW EXCLUSIVE lock
+/// (for its insert) the drop held, and the worker cancelled one of the two. A statement sent
+/// from the coordinator queues behind the drop on the coordinator's tables first, but the
+/// call takes no lock there. The call is a transaction of its own, rolled back whole by the
+/// cancellation (nothing of the ack is kept), so running it again is safe; it then waits for
+/// the drop to commit, or the drop (which retries under its lock timeout) for it.
+async fn call_delegated(
+    client: &tokio_postgres::Client,
+    call: &Statement,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let mut tries = 0;
+    loop {
+        match client.query(call, params).await {
+            Err(e)
+                if tries < DEADLOCK_RETRIES
+                    && e.code()
+                        == Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED) =>
+            {
+                tries += 1;
+                tracing::warn!(error = %e, tries, "an ack's judgement is run again after a deadlock");
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Which items of `items` (by index) belong to cursors whose every item completes a message:
 /// the ones [`JUDGE_SQL`] may judge.
 pub(crate) fn completing(items: &[&AckItem]) -> Vec<usize> {
@@ -138,13 +215,13 @@ pub(crate) fn completing(items: &[&AckItem]) -> Vec<usize> {
 }
 
 /// Settles the items at `chosen` in a transaction of their own, in one round trip: BEGIN,
-/// the cursors' lock (`lock`, [`crate::cursor::LOCK_SQL`]), [`JUDGE_SQL`] (`judge`; on Citus
-/// [`JUDGE_CITUS_SQL`], of `partition`) and COMMIT.
+/// the cursors' lock (`lock`, [`crate::cursor::LOCK_SQL`]), [`JUDGE_SQL`] (`judge`) and COMMIT;
+/// on Citus (no `lock`), one call of [`JUDGE_CITUS_FUNCTION`] for `partition`.
 /// Returns an outcome for each chosen item whose cursor was judged, `None` for the others
 /// (nothing of their cursor changed). The last item of a cursor whose lease ended says so.
 pub(crate) async fn settle(
     client: &tokio_postgres::Client,
-    lock: &Statement,
+    lock: Option<&Statement>,
     judge: &Statement,
     items: &[&AckItem],
     chosen: &[usize],
@@ -173,18 +250,26 @@ pub(crate) async fn settle(
     } else {
         &judge_params[..4]
     };
-    // A failed statement makes the pipelined COMMIT roll back.
-    let p = Pipelined::on(client);
-    let (begin, locked, judged, commit) = tokio::join!(
-        p.begin(),
-        p.query(lock, &lock_params),
-        p.query(judge, judge_params),
-        p.commit(),
-    );
-    begin?;
-    locked?;
-    let judged = judged?;
-    commit?;
+    let judged = match lock {
+        // Citus: the lock and the judgement in one call, a transaction of its own on the
+        // partition's worker (see [`JUDGE_CITUS_FUNCTION`]).
+        None => call_delegated(client, judge, judge_params).await?,
+        Some(lock) => {
+            // A failed statement makes the pipelined COMMIT roll back.
+            let p = Pipelined::on(client);
+            let (begin, locked, judged, commit) = tokio::join!(
+                p.begin(),
+                p.query(lock, &lock_params),
+                p.query(judge, judge_params),
+                p.commit(),
+            );
+            begin?;
+            locked?;
+            let judged = judged?;
+            commit?;
+            judged
+        }
+    };
     let mut moved: HashMap<(Uuid, String), (bool, String, String)> = HashMap::new();
     for r in &judged {
         moved.insert(

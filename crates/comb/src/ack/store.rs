@@ -141,10 +141,8 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     let mut outcomes: Vec<Option<AckOutcome>> = if chosen.is_empty() {
         (0..items.len()).map(|_| None).collect()
     } else if crate::schema::citus::on() {
-        // On Citus, a transaction per partition, each run on its partition's worker (the
-        // cursors' lock, then the judgement: committed in two phases, see docs/scale-out.md).
-        let lock = client.prepare_cached(cursor::lock_sql()).await?;
-        let judge = client.prepare_cached(&completed::JUDGE_CITUS_SQL).await?;
+        // On Citus, a transaction per partition, each one call run on its partition's worker.
+        let judge = client.prepare_cached(completed::JUDGE_CITUS_CALL).await?;
         let mut by_partition: HashMap<Uuid, Vec<usize>> = HashMap::new();
         for &k in &chosen {
             by_partition
@@ -155,7 +153,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
         let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
         for (partition, ks) in by_partition {
             let mut part =
-                completed::settle(&client, &lock, &judge, items, &ks, Some(partition)).await?;
+                completed::settle(&client, None, &judge, items, &ks, Some(partition)).await?;
             for k in ks {
                 outcomes[k] = part[k].take();
             }
@@ -164,7 +162,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     } else {
         let lock = client.prepare_cached(cursor::lock_sql()).await?;
         let judge = client.prepare_cached(completed::JUDGE_SQL).await?;
-        completed::settle(&client, &lock, &judge, items, &chosen, None).await?
+        completed::settle(&client, Some(&lock), &judge, items, &chosen, None).await?
     };
     let rest: Vec<usize> = (0..items.len())
         .filter(|&k| outcomes[k].is_none())

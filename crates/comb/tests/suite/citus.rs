@@ -793,9 +793,8 @@ fn executions(db: &str) -> (i64, i64) {
 /// The hot path of one partition on the cluster — a push (with and without producers'
 /// transaction ids), a pop of the named partition, a lease extension naming its partition and
 /// an ack — runs no statement over several shards: every statement is a router statement on
-/// the partition's worker, or a coordinator function running such statements. A plain push, the
-/// pop and the extension commit on that worker in one phase (no `pg_dist_transaction` row),
-/// and so does a push with transaction ids; an ack does not yet.
+/// the partition's worker, or a coordinator function running such statements. Each request
+/// commits on that worker in one phase: none leaves a two-phase commit (`pg_dist_transaction`).
 #[tokio::test]
 async fn push_pop_extend_and_ack_of_one_partition_run_on_one_shard() {
     let env = on_citus_quiet("citus_router").await;
@@ -840,10 +839,7 @@ async fn push_pop_extend_and_ack_of_one_partition_run_on_one_shard() {
     assert_eq!(status, StatusCode::OK, "{body}");
     one_phase("a lease extension");
     env.ack_all(&pop, "completed", None).await;
-    // An ack still commits in two phases: the cursors' lock and the judgement's new state
-    // versions, statements from the coordinator (docs/scale-out.md, "Not yet").
-    let acked = two_phase_commits(&db);
-    assert!(acked > two_phase.get(), "an ack");
+    one_phase("an ack");
 
     let (multi_after, single_after) = executions(&db);
     assert!(
@@ -854,6 +850,196 @@ async fn push_pop_extend_and_ack_of_one_partition_run_on_one_shard() {
         multi_after - multi,
         0,
         "statements of the hot path ran on several shards"
+    );
+}
+
+/// A completing ack is judged by one call run on the partition's worker alone
+/// (`comb.judge_acks`), whose locks there the coordinator never sees: maintenance dropping a
+/// generation of cursor state can deadlock with it on the worker, which cancels one of the
+/// two. A cancelled call is run again, and the client's ack succeeds. Here a session on the
+/// worker stands in for the drop: it holds the shard of the cursor state in SHARE mode (as
+/// the drop's `LOCK TABLE` does), waits until the call waits for it, then asks for the
+/// cursor the call has locked. Which of the two the worker cancels is its choice, so rounds
+/// repeat until it was the call (a round where it was the session proves nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_cancelled_by_a_deadlock_on_its_worker_is_judged_again() {
+    let env = on_citus_quiet("citus_ack_deadlock").await;
+    let db = env.db_name.clone();
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 0}}]))
+        .await;
+    let first = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    env.ack_all(&first, "completed", None).await;
+    let port = workers_of(&db, &["p".to_string()]).remove(0);
+    let worker = Citus::shared()
+        .workers()
+        .iter()
+        .find(|w| w.port().to_string() == port)
+        .expect("the partition's worker");
+    let names = Citus::shared()
+        .coordinator()
+        .psql(
+            &db,
+            "SELECT 'comb.cursors_' || get_shard_id_for_distribution_column('comb.cursors', p.id)
+                 || ' comb.cursor_states_'
+                 || get_shard_id_for_distribution_column('comb.cursor_states', p.id)
+                 || ' ' || p.id
+             FROM comb.partitions p WHERE p.name = 'p'",
+        )
+        .unwrap();
+    let names: Vec<&str> = names.split(' ').collect();
+    let (cursors, states, partition) = (names[0], names[1], names[2]);
+    let (holder, conn) = tokio_postgres::connect(&worker.url(&db), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // The drop's locks are Citus's own; a session locking shards by name must say so.
+    holder
+        .batch_execute("SET citus.enable_manual_changes_to_shards TO on")
+        .await
+        .unwrap();
+
+    let mut judged_again = false;
+    for n in 1..=10 {
+        env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": n}}]))
+            .await;
+        // Every earlier ack took: only the new message is handed out.
+        let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+        assert_eq!(numbers(&pop), vec![n]);
+        holder
+            .batch_execute(&format!("BEGIN; LOCK TABLE {states} IN SHARE MODE"))
+            .await
+            .unwrap();
+        let ack = env
+            .http
+            .post(env.url("/api/v1/ack/batch"))
+            .json(&json!({"acknowledgments": [{
+                "transactionId": pop["messages"][0]["transactionId"],
+                "partitionId": pop["messages"][0]["partitionId"],
+                "leaseId": pop["messages"][0]["leaseId"],
+                "status": "completed",
+            }]}))
+            .send();
+        let ack = tokio::spawn(async move {
+            let r = ack.await.unwrap();
+            (r.status(), r.text().await.unwrap())
+        });
+        // The call has locked the cursor and waits for the shard.
+        loop {
+            let waiting: i64 = holder
+                .query_one(
+                    "SELECT count(*) FROM pg_locks
+                     WHERE NOT granted AND relation = $1::text::regclass",
+                    &[&states],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Granted only once the call was cancelled (it cannot finish while the shard is held).
+        let cursor = holder
+            .query(
+                &format!("SELECT 1 FROM {cursors} WHERE partition_id = $1::text::uuid FOR UPDATE"),
+                &[&partition],
+            )
+            .await;
+        holder.batch_execute("ROLLBACK").await.unwrap();
+        let (status, body) = ack.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if cursor.is_ok() {
+            judged_again = true;
+            break;
+        }
+        let e = cursor.unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED),
+            "{e:?}"
+        );
+    }
+    assert!(judged_again, "the worker never cancelled the ack's call");
+    // The last ack took too.
+    assert!(env.pop("/api/v1/pop/queue/q/partition/p").await.is_none());
+}
+
+/// Acks that fail or mix statuses and a lease's expiry, of one partition on the cluster,
+/// commit in one phase (no `pg_dist_transaction` row): their cursors are locked by the
+/// coordinator (`comb.lock_cursors`, `comb.lock_expired`) and their new versions written by
+/// router statements (`cursor::StateWrites`), every statement of the partition's shard. A push
+/// with a producer's transaction id, which commits in two phases, shows that the count counts.
+#[tokio::test]
+async fn failed_and_mixed_acks_and_a_lease_expiry_of_one_partition_commit_in_one_phase() {
+    let env = on_citus_quiet("citus_failed_acks").await;
+    let db = env.db_name.clone();
+    env.configure("q", json!({"leaseTime": 1, "retryLimit": 5}))
+        .await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 0}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    let mut seen = Vec::new();
+    let mut before = two_phase_commits(&db);
+    let mut count = |what: &str| {
+        let now = two_phase_commits(&db);
+        seen.push((what.to_string(), now - before));
+        before = now;
+    };
+    for n in 1..=2 {
+        env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": n}}]))
+            .await;
+    }
+    count("pushes");
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?batch=1")
+        .await
+        .unwrap();
+    count("a pop");
+    env.ack_all(&pop, "failed", None).await;
+    count("a failed ack");
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?wait=true&timeout=10000&batch=2")
+        .await
+        .unwrap();
+    count("a pop after a failure");
+    let m = &pop["messages"];
+    let (status, body) = env
+        .post(
+            "/api/v1/ack/batch",
+            &json!({"acknowledgments": [
+                {"transactionId": m[0]["transactionId"], "partitionId": m[0]["partitionId"],
+                 "leaseId": m[0]["leaseId"], "status": "completed"},
+                {"transactionId": m[1]["transactionId"], "partitionId": m[1]["partitionId"],
+                 "leaseId": m[1]["leaseId"], "status": "failed"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    count("a mixed ack");
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?wait=true&timeout=10000")
+        .await
+        .unwrap();
+    count("a pop after a mixed ack");
+    // The lease (1 s) ends unsettled; the next pop ends it and hands the message out again.
+    let again = env
+        .pop("/api/v1/pop/queue/q/partition/p?wait=true&timeout=10000")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&again), numbers(&pop));
+    count("a pop with a lease's expiry");
+    env.push(json!([
+        {"queue": "q", "partition": "p", "payload": {"n": 3}, "transactionId": "t-3"},
+    ]))
+    .await;
+    count("a push with a transaction id");
+    let (control, rest) = seen.split_last().unwrap();
+    assert!(control.1 > 0, "{seen:?}");
+    assert!(
+        rest.iter().all(|(_, n)| *n == 0),
+        "two-phase commits: {seen:?}"
     );
 }
 
