@@ -604,8 +604,8 @@ pub async fn two_servers(opts: &Options) -> Outcome {
 /// One worker of a Citus cluster (coordinator and two workers) stopped under load for
 /// `outage`, then started again. Producers push one message at a time and retry it until it
 /// is accepted (each keeps its order), so each soon waits on a partition of the stopped
-/// worker; consumers pop the queue (refused while the worker is down, see
-/// docs/scale-out.md, "A worker lost").
+/// worker; consumers pop the queue, served by the live worker's partitions while it is down
+/// (docs/scale-out.md, "A worker lost"; what they served meanwhile is counted).
 /// Requests that need the stopped worker must be answered 503 (counted), never 500, and once
 /// it is back every accepted message must be delivered, in order, with nothing lost.
 pub async fn worker_lost(opts: &Options, outage: Duration) -> Outcome {
@@ -644,13 +644,17 @@ pub async fn worker_lost(opts: &Options, outage: Duration) -> Outcome {
     let mut notes = Vec::new();
     let mut problems = Vec::new();
     tokio::time::sleep(Duration::from_secs(15)).await;
-    // Accepted, delivered and answered 503 so far.
+    // Accepted, delivered, answered 503, pops that delivered and acks answered 200 so far.
     let count = |audit: &Audit| {
-        let s = audit
-            .stats()
-            .status_503
-            .load(std::sync::atomic::Ordering::Relaxed);
-        [audit.accepted(), audit.delivered(), s]
+        let stats = audit.stats();
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        [
+            audit.accepted(),
+            audit.delivered(),
+            n(&stats.status_503),
+            n(&stats.pops_served),
+            n(&stats.acks_served),
+        ]
     };
     let at_stop = count(&audit);
     let fault = Instant::now();
@@ -698,7 +702,46 @@ pub async fn worker_lost(opts: &Options, outage: Duration) -> Outcome {
         at_return[1] - at_stop[1],
         at_return[2] - at_stop[2]
     ));
+    // Every partition of the stopped worker waits for it, so whatever was served meanwhile
+    // was served by the live worker's partitions.
+    let served = [at_return[3] - at_stop[3], at_return[4] - at_stop[4]];
+    notes.push(format!(
+        "served on the live worker's partitions while it was down: {} pops delivered, {} ack \
+         requests answered 200",
+        served[0], served[1]
+    ));
     let mut out = finish(&name, audit, started, notes, problems).await;
     check_log(&server, "server", &mut out.problems);
+    if !out.passed() {
+        keep_log(&server, "worker-lost", &mut out);
+    }
     out
+}
+
+/// Keeps a failed scenario's server log (the server's own goes with it): copied to
+/// `target/chaos-<what>-comb.log`, and the lines naming the request ids of the 5xx samples
+/// added to the notes, so a failure's cause can be read after the run.
+fn keep_log(server: &Server, what: &str, out: &mut Outcome) {
+    let log = server.log_tail(usize::MAX);
+    let path = format!("target/chaos-{what}-comb.log");
+    match std::fs::write(&path, &log) {
+        Ok(()) => out.notes.push(format!("server log kept in {path}")),
+        Err(e) => out
+            .notes
+            .push(format!("server log not kept in {path}: {e}")),
+    }
+    let ids: Vec<String> = out
+        .notes
+        .iter()
+        .filter(|n| n.starts_with("5xx sample:"))
+        .filter_map(|n| {
+            let (_, rest) = n.split_once("\"requestId\":\"")?;
+            Some(rest.split('"').next()?.to_string())
+        })
+        .collect();
+    for id in ids {
+        for line in log.lines().filter(|l| l.contains(&id)) {
+            out.notes.push(format!("server log: {line}"));
+        }
+    }
 }

@@ -115,6 +115,10 @@ pub struct Stats {
     pub push_retries: AtomicU64,
     pub pops: AtomicU64,
     pub acks: AtomicU64,
+    /// Pops answered with messages, and ack requests answered 200: what was served (a
+    /// scenario compares them before and after a fault).
+    pub pops_served: AtomicU64,
+    pub acks_served: AtomicU64,
     pub transport_errors: AtomicU64,
     pub status_503: AtomicU64,
     pub status_429: AtomicU64,
@@ -527,6 +531,7 @@ async fn consume(shared: Arc<Shared>, group: usize, id: usize) {
         if messages.is_empty() {
             continue;
         }
+        shared.stats.pops_served.fetch_add(1, Ordering::Relaxed);
         batches += 1;
         let dies = (id == 0 && cfg.forced_death_at == Some(batches)) || rng.chance(cfg.death_rate);
         if cfg.auto_ack && dies {
@@ -653,6 +658,7 @@ async fn ack(
         let url = format!("{}/api/v1/ack/batch", shared.endpoints.pick(*k));
         match post(http, &url, &body).await {
             Some((200, text)) => {
+                shared.stats.acks_served.fetch_add(1, Ordering::Relaxed);
                 let now = Instant::now();
                 let results: Vec<Value> = serde_json::from_str(&text).unwrap_or_default();
                 let mut h = shared.history.lock().expect("history");

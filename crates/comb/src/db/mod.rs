@@ -89,12 +89,18 @@ impl std::error::Error for DbError {}
 impl From<tokio_postgres::Error> for DbError {
     fn from(e: tokio_postgres::Error) -> Self {
         if unavailable(&e) {
-            // The cause (which servers were tried and what each said) is worth telling.
-            match std::error::Error::source(&e) {
-                Some(cause) if e.as_db_error().is_none() => {
-                    DbError::Unavailable(format!("{e}: {cause}"))
-                }
-                _ => DbError::Unavailable(e.to_string()),
+            // The cause (which servers were tried and what each said, or the database's own
+            // words: on Citus, which worker could not be reached) is worth telling; a
+            // database error displays as "db error" alone.
+            match (e.as_db_error(), std::error::Error::source(&e)) {
+                (Some(db), _) => DbError::Unavailable(format!(
+                    "{} ({}): {}",
+                    db.severity(),
+                    db.code().code(),
+                    db.message()
+                )),
+                (None, Some(cause)) => DbError::Unavailable(format!("{e}: {cause}")),
+                (None, None) => DbError::Unavailable(e.to_string()),
             }
         } else {
             DbError::Postgres(e)

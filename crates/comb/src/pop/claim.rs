@@ -428,21 +428,17 @@ static OPENING_SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
 /// The claim of one partition on Citus as one function, `comb.claim_partition`, distributed by
 /// its partition (`a_partition`, co-located with `comb.partitions`) with `force_delegation`:
 /// called inside the claim's transaction, Citus sends the whole call to the worker holding the
-/// partition, which runs the claim's statement there against its own shards. Sent from the
-/// coordinator as one statement, the claim's steps (materialised CTEs, the insert of the new
-/// state) were each planned apart and their intermediate results passed through the
-/// coordinator, which also made the claim commit in two phases; delegated, the transaction
-/// touches one worker over one connection and commits in one phase. The body is the Citus
-/// form of the statement the plain claim sends (one of four, by `shared` and `opening`), so
-/// the semantics stay those of [`claim_sql`]. Made by `comb migrate` on Citus
-/// ([`crate::schema::citus::delegate`]); the opening forms return a last column of NULL where
-/// the others refuse sealed payloads.
+/// partition, which runs the claim there against its own shards. Sent from the coordinator as
+/// one statement, the claim's steps (materialised CTEs, the insert of the new state) were each
+/// planned apart and their intermediate results passed through the coordinator, which also
+/// made the claim commit in two phases; delegated, the transaction touches one worker over one
+/// connection and commits in one phase. The body is the Citus form of the statement the plain
+/// claim sends (one of four, by `shared` and `opening`), cut in three router statements by
+/// [`delegated_claim`], so the semantics stay those of [`claim_sql`]. Made by `comb migrate`
+/// on Citus ([`crate::schema::citus::delegate`]); the opening forms return a last column of
+/// NULL where the others refuse sealed payloads.
 pub(crate) static CLAIM_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
-    let opening = |sql: &str| {
-        let from = "\nFROM msgs m\nJOIN leased l";
-        debug_assert!(sql.contains(from));
-        sql.replacen(from, &format!(",\n       NULL::boolean{from}"), 1)
-    };
+    let (declare, _) = delegated_claim(&CLAIM_CITUS_SQL, false);
     crate::schema::citus::function_of_partition(
         "claim_partition",
         "a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, \
@@ -453,22 +449,113 @@ pub(crate) static CLAIM_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
          created_at timestamptz, attempt integer, producer_sub text, refused boolean",
         &format!(
             "
+DECLARE
+{declare}BEGIN
     IF a_shared AND a_opening THEN
-        RETURN QUERY {};
+{}
     ELSIF a_shared THEN
-        RETURN QUERY {};
+{}
     ELSIF a_opening THEN
-        RETURN QUERY {};
+{}
     ELSE
-        RETURN QUERY {};
-    END IF;",
-            opening(&OPENING_SHARED_CLAIM_CITUS_SQL),
-            SHARED_CLAIM_CITUS_SQL.as_str(),
-            opening(&OPENING_CLAIM_CITUS_SQL),
-            CLAIM_CITUS_SQL.as_str(),
+{}
+    END IF;
+END;",
+            delegated_claim(&OPENING_SHARED_CLAIM_CITUS_SQL, true).1,
+            delegated_claim(&SHARED_CLAIM_CITUS_SQL, false).1,
+            delegated_claim(&OPENING_CLAIM_CITUS_SQL, true).1,
+            delegated_claim(&CLAIM_CITUS_SQL, false).1,
         ),
     )
 });
+
+/// A claim statement of Citus form ([`claim_citus_sql`]) as the statements of
+/// [`CLAIM_CITUS_FUNCTION`]'s body, and the declarations of the variables they share.
+///
+/// Why several: run on the worker as one statement, its data-modifying CTE (the insert of the
+/// new state) keeps Citus from planning it as one router statement, so Citus plans each CTE
+/// apart and sends the results the insert reads to every worker (an `INSERT … SELECT` is
+/// planned after its inputs, so they are wanted "anywhere"): one worker down then failed
+/// every claim, also of partitions on the live workers. Cut up, each statement runs on that
+/// worker alone: the queue's options and the newest cursor generation read first (reference
+/// tables, read apart: `force_delegation` refuses a statement joining them to the
+/// partition's tables, which are of another co-location group), then (1) the new state read
+/// into variables, (2) the messages handed out, read before the insert (against the state
+/// the claim replaces) and bounded by the new state's `lease_upto`, so that a message pushed
+/// meanwhile is not handed out unleased, (3) the new state inserted from the variables. The
+/// claim's walk holds the cursor's lock, so no other claim moves it between them.
+fn delegated_claim(sql: &str, opening: bool) -> (String, String) {
+    let at = sql.find("claimed AS (").expect("the claim's insert");
+    let reads = sql[..at].trim_end().trim_end_matches(',');
+    let q_from = reads.find("WITH q AS (").expect("the options") + "WITH q AS (".len();
+    let q_to = reads.find("),\nst AS").expect("the options' end");
+    let options = reads[q_from..q_to].trim();
+    let reads = format!(
+        "WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, \
+         claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs){}",
+        &reads[q_to + 1..]
+    );
+    let rest = &sql[at + "claimed AS (".len()..];
+    let insert = &rest[..rest.find("RETURNING").expect("its RETURNING")];
+    let select_at = insert.find("SELECT ").expect("the insert's SELECT");
+    let (head, select) = (insert[..select_at].trim(), insert[select_at..].trim());
+    let newest_gen = crate::cursor::newest_gen!();
+    debug_assert!(select.contains(newest_gen), "{select}");
+    let select = select.replace(newest_gen, "claim_newest_gen");
+    let columns: Vec<&str> = head
+        [head.find('(').expect("columns") + 1..head.rfind(')').expect("columns")]
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let vars: Vec<String> = columns.iter().map(|c| format!("claim_{c}")).collect();
+    let mut declare: String = columns
+        .iter()
+        .map(|c| format!("    claim_{c} comb.cursor_states.{c}%TYPE;\n"))
+        .collect();
+    declare.push_str("    claim_newest_gen comb.cursor_states.gen%TYPE;\n");
+    for o in ["lease_secs", "delay_secs", "window_secs", "retention_secs"] {
+        declare.push_str(&format!("    claim_q_{o} float8;\n"));
+    }
+    let bound = "        ORDER BY m.pos\n        LIMIT $4";
+    debug_assert_eq!(reads.matches(bound).count(), 1, "{reads}");
+    let bounded = reads.replacen(
+        bound,
+        &format!("          AND m.pos <= claim_lease_upto\n{bound}"),
+        1,
+    );
+    let refused = if opening {
+        ",\n       NULL::boolean"
+    } else {
+        ",\n       CASE WHEN substr(m.payload, 1, 1) = '\\x00'::bytea THEN comb.refuse_sealed_payload() END"
+    };
+    let vars = vars.join(", ");
+    let body = format!(
+        "SELECT lease_secs, delay_secs, window_secs, retention_secs
+FROM ({options}) o
+INTO claim_q_lease_secs, claim_q_delay_secs, claim_q_window_secs, claim_q_retention_secs;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+SELECT {newest_gen} INTO claim_newest_gen;
+{reads}
+{select}
+INTO {vars};
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+RETURN QUERY
+{bounded}
+SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
+       m.producer_sub{refused}
+FROM msgs m
+JOIN st ON st.partition_id = m.partition_id
+ORDER BY m.pos;
+{head}
+VALUES ({vars});"
+    );
+    (declare, body)
+}
 
 /// [`CLAIM_CITUS_FUNCTION`]'s signature and distribution argument, for
 /// `create_distributed_function`.

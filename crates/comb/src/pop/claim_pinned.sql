@@ -766,14 +766,40 @@ LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
 #variable_conflict use_column
 BEGIN
 
+DECLARE
+    claim_partition_id comb.cursor_states.partition_id%TYPE;
+    claim_consumer_group comb.cursor_states.consumer_group%TYPE;
+    claim_gen comb.cursor_states.gen%TYPE;
+    claim_ver comb.cursor_states.ver%TYPE;
+    claim_cursor_pos comb.cursor_states.cursor_pos%TYPE;
+    claim_cursor_seg comb.cursor_states.cursor_seg%TYPE;
+    claim_settled comb.cursor_states.settled%TYPE;
+    claim_attempt_pos comb.cursor_states.attempt_pos%TYPE;
+    claim_attempt_cnt comb.cursor_states.attempt_cnt%TYPE;
+    claim_lease_id comb.cursor_states.lease_id%TYPE;
+    claim_lease_expires_at comb.cursor_states.lease_expires_at%TYPE;
+    claim_lease_upto comb.cursor_states.lease_upto%TYPE;
+    claim_available_at comb.cursor_states.available_at%TYPE;
+    claim_last_claimed_at comb.cursor_states.last_claimed_at%TYPE;
+    claim_newest_gen comb.cursor_states.gen%TYPE;
+    claim_q_lease_secs float8;
+    claim_q_delay_secs float8;
+    claim_q_window_secs float8;
+    claim_q_retention_secs float8;
+BEGIN
     IF a_shared AND a_opening THEN
-        RETURN QUERY 
-WITH q AS (
-    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+SELECT lease_secs, delay_secs, window_secs, retention_secs
+FROM (SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
            comb.retention_secs(options) AS retention_secs
-    FROM comb.queues WHERE id = $1),
+    FROM comb.queues WHERE id = $1) o
+INTO claim_q_lease_secs, claim_q_delay_secs, claim_q_window_secs, claim_q_retention_secs;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+SELECT (SELECT max(gen) FROM comb.cursor_gens) INTO claim_newest_gen;
+WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs),
 st AS MATERIALIZED (
     SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
     FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
@@ -815,12 +841,8 @@ span AS (
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
     FROM msgs GROUP BY partition_id
-),
-claimed AS (
-    INSERT INTO comb.cursor_states
-    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+)
+SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
@@ -832,27 +854,79 @@ claimed AS (
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
-    RETURNING partition_id, lease_id, lease_expires_at
+INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+RETURN QUERY
+WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
+    CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
-leased AS MATERIALIZED (
-    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
-    FROM claimed cl
-    JOIN st ON st.partition_id = cl.partition_id
+picked AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+          AND m.pos <= claim_lease_upto
+        ORDER BY m.pos
+        LIMIT $4
+    ) m
+),
+msgs AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT p.*, row_number() OVER (
+                   ORDER BY array_position($3::uuid[], p.partition_id), p.pos) AS rank
+        FROM picked p) r
+    WHERE rank <= $8
+),
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
 )
-SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
        m.producer_sub,
        NULL::boolean
 FROM msgs m
-JOIN leased l ON l.partition_id = m.partition_id;
+JOIN st ON st.partition_id = m.partition_id
+ORDER BY m.pos;
+INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at);
     ELSIF a_shared THEN
-        RETURN QUERY 
-WITH q AS (
-    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+SELECT lease_secs, delay_secs, window_secs, retention_secs
+FROM (SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
            comb.retention_secs(options) AS retention_secs
-    FROM comb.queues WHERE id = $1),
+    FROM comb.queues WHERE id = $1) o
+INTO claim_q_lease_secs, claim_q_delay_secs, claim_q_window_secs, claim_q_retention_secs;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+SELECT (SELECT max(gen) FROM comb.cursor_gens) INTO claim_newest_gen;
+WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs),
 st AS MATERIALIZED (
     SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
     FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
@@ -894,12 +968,8 @@ span AS (
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
     FROM msgs GROUP BY partition_id
-),
-claimed AS (
-    INSERT INTO comb.cursor_states
-    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+)
+SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
@@ -911,27 +981,79 @@ claimed AS (
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
-    RETURNING partition_id, lease_id, lease_expires_at
+INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+RETURN QUERY
+WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
+    CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
-leased AS MATERIALIZED (
-    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
-    FROM claimed cl
-    JOIN st ON st.partition_id = cl.partition_id
+picked AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+          AND m.pos <= claim_lease_upto
+        ORDER BY m.pos
+        LIMIT $4
+    ) m
+),
+msgs AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT p.*, row_number() OVER (
+                   ORDER BY array_position($3::uuid[], p.partition_id), p.pos) AS rank
+        FROM picked p) r
+    WHERE rank <= $8
+),
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
 )
-SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
        m.producer_sub,
        CASE WHEN substr(m.payload, 1, 1) = '\x00'::bytea THEN comb.refuse_sealed_payload() END
 FROM msgs m
-JOIN leased l ON l.partition_id = m.partition_id;
+JOIN st ON st.partition_id = m.partition_id
+ORDER BY m.pos;
+INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at);
     ELSIF a_opening THEN
-        RETURN QUERY 
-WITH q AS (
-    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+SELECT lease_secs, delay_secs, window_secs, retention_secs
+FROM (SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
            comb.retention_secs(options) AS retention_secs
-    FROM comb.queues WHERE id = $1),
+    FROM comb.queues WHERE id = $1) o
+INTO claim_q_lease_secs, claim_q_delay_secs, claim_q_window_secs, claim_q_retention_secs;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+SELECT (SELECT max(gen) FROM comb.cursor_gens) INTO claim_newest_gen;
+WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs),
 st AS MATERIALIZED (
     SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
     FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
@@ -967,12 +1089,8 @@ span AS (
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
     FROM msgs GROUP BY partition_id
-),
-claimed AS (
-    INSERT INTO comb.cursor_states
-    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+)
+SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
@@ -984,27 +1102,73 @@ claimed AS (
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
-    RETURNING partition_id, lease_id, lease_expires_at
+INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+RETURN QUERY
+WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
+    CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
-leased AS MATERIALIZED (
-    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
-    FROM claimed cl
-    JOIN st ON st.partition_id = cl.partition_id
+msgs AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+          AND m.pos <= claim_lease_upto
+        ORDER BY m.pos
+        LIMIT $4
+    ) m
+),
+
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
 )
-SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
        m.producer_sub,
        NULL::boolean
 FROM msgs m
-JOIN leased l ON l.partition_id = m.partition_id;
+JOIN st ON st.partition_id = m.partition_id
+ORDER BY m.pos;
+INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at);
     ELSE
-        RETURN QUERY 
-WITH q AS (
-    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+SELECT lease_secs, delay_secs, window_secs, retention_secs
+FROM (SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
            comb.retention_secs(options) AS retention_secs
-    FROM comb.queues WHERE id = $1),
+    FROM comb.queues WHERE id = $1) o
+INTO claim_q_lease_secs, claim_q_delay_secs, claim_q_window_secs, claim_q_retention_secs;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+SELECT (SELECT max(gen) FROM comb.cursor_gens) INTO claim_newest_gen;
+WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs),
 st AS MATERIALIZED (
     SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
     FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
@@ -1040,12 +1204,8 @@ span AS (
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
     FROM msgs GROUP BY partition_id
-),
-claimed AS (
-    INSERT INTO comb.cursor_states
-    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-    SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+)
+SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
@@ -1057,20 +1217,62 @@ claimed AS (
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
-    RETURNING partition_id, lease_id, lease_expires_at
+INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at;
+IF NOT FOUND THEN
+    RETURN;
+END IF;
+RETURN QUERY
+WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id AND p.id = $9) AS name
+    FROM (SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)
+    CROSS JOIN LATERAL (SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = c.partition_id AND s.partition_id = $9
+            AND s.consumer_group = $2
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
-leased AS MATERIALIZED (
-    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
-    FROM claimed cl
-    JOIN st ON st.partition_id = cl.partition_id
+msgs AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id AND m.partition_id = $9
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+          AND m.pos <= claim_lease_upto
+        ORDER BY m.pos
+        LIMIT $4
+    ) m
+),
+
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
 )
-SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
        m.producer_sub,
        CASE WHEN substr(m.payload, 1, 1) = '\x00'::bytea THEN comb.refuse_sealed_payload() END
 FROM msgs m
-JOIN leased l ON l.partition_id = m.partition_id;
+JOIN st ON st.partition_id = m.partition_id
+ORDER BY m.pos;
+INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at);
     END IF;
+END;
 END $body$
 
 -- @CLAIM_CITUS_CALL

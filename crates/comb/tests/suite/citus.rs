@@ -1990,6 +1990,16 @@ async fn the_per_minute_statistics_are_written_on_the_cluster() {
 
 // A worker lost
 
+/// The server's log lines that tell why requests were refused.
+fn refusals(server: &Server) -> String {
+    let log = server.log_tail(100_000);
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("request refused"))
+        .collect();
+    lines.join("\n")
+}
+
 /// A request's status and whether it came with `Retry-After`.
 async fn status_and_retry(r: reqwest::RequestBuilder) -> (StatusCode, bool, Value) {
     let r = r.send().await.expect("request");
@@ -1999,12 +2009,11 @@ async fn status_and_retry(r: reqwest::RequestBuilder) -> (StatusCode, bool, Valu
 }
 
 /// One worker of a private cluster stopped while two servers serve: partitions on the other
-/// worker take pushes; requests naming a partition of the stopped worker, and pops (a claim
-/// reaches every worker, docs/scale-out.md), answer 503 with `Retry-After`, never 500; a pop
-/// of the whole queue, on a server that had not seen the group (it reads the subscription
-/// rather than writing it), lists the live worker's candidates one worker at a time. Once
-/// the worker is back, every partition delivers what it had, in order, and holds everything
-/// acknowledged as pushed.
+/// worker take pushes and serve pops, named and of the whole queue (a server that had not
+/// seen the group reads the subscription rather than writing it, and lists the live
+/// worker's candidates one worker at a time); requests naming a partition of the stopped
+/// worker answer 503 with `Retry-After`, never 500. Once the worker is back, every partition
+/// delivers what it had, in order, and holds everything acknowledged as pushed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
     let (citus, env) = tokio::task::spawn_blocking(|| {
@@ -2033,10 +2042,9 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
     }
     // Every partition's first message acknowledged while the cluster is whole.
     for p in &names {
-        let pop = env
-            .pop(&format!("/api/v1/pop/queue/lost/partition/{p}?batch=1"))
-            .await
-            .expect("a message");
+        let url = env.url(&format!("/api/v1/pop/queue/lost/partition/{p}?batch=1"));
+        let (status, _, pop) = status_and_retry(env.http.get(url)).await;
+        assert_eq!(status, StatusCode::OK, "{pop}\n{}", refusals(&env.server));
         assert_eq!(numbers(&pop), vec![1]);
         assert_eq!(env.ack_all(&pop, "completed", None).await.len(), 1);
     }
@@ -2109,32 +2117,89 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
         }
     };
     held_requests().await;
-    // A claim sends its intermediate results to every worker (its plan reads reference
-    // tables), so while a worker is down a pop of a live partition is refused too: with 503
-    // and Retry-After, not as a failure of the server.
-    let pop = env
-        .http
-        .get(env.url(&format!("/api/v1/pop/queue/lost/partition/{}", live[0])));
-    refused(format!("pop of {}", live[0]), status_and_retry(pop).await);
-    // A pop of the whole queue, on the server that has not seen the group: it reads the
-    // subscription, its listing over every shard fails, and the listing per worker finds the
-    // live worker's candidates (their claims then meet the refusal above).
-    let url = format!("{}/api/v1/pop/queue/lost?batch=10", second.base_url());
-    refused(
-        "a pop of the queue".into(),
-        status_and_retry(env.http.get(url)).await,
+    let logs = || {
+        format!(
+            "{}\n--- the second server ---\n{}",
+            env.server.log_tail(60),
+            second.log_tail(60)
+        )
+    };
+    // Partitions of the live worker serve pops: a named pop, and a pop of the whole queue on
+    // the server that has not seen the group (it reads the subscription, its listing over
+    // every shard fails, and the listing per worker finds the live worker's candidates).
+    let url = env.url(&format!(
+        "/api/v1/pop/queue/lost/partition/{}?batch=10",
+        live[0]
+    ));
+    let (status, _, named) = status_and_retry(env.http.get(url)).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "pop of {}: {named}\n{}",
+        live[0],
+        logs()
     );
+    assert_eq!(numbers(&named), vec![2, 3, 4], "{}", live[0]);
+    let url = format!("{}/api/v1/pop/queue/lost?batch=10", second.base_url());
+    let (status, _, whole) = status_and_retry(env.http.get(url)).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a pop of the queue: {whole}\n{}",
+        logs()
+    );
+    let p = whole["partition"].as_str().unwrap_or_default().to_string();
+    assert!(live.contains(&p) && p != live[0], "{p}: {whole}");
+    assert_eq!(numbers(&whole), vec![2, 3, 4], "{p}");
     let log = second.log_tail(200);
     assert!(
         log.contains("candidates listed per worker: 1 of 2 workers answered")
             && !log.contains("workers answered, 0 candidates"),
         "{log}"
     );
-
+    // Their acks: answered, or refused with 503 and Retry-After (then sent again once the
+    // worker is back, under the same lease), never failed.
+    let ack_request = |pop: &Value| {
+        let acks: Vec<Value> = pop["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                       "leaseId": m["leaseId"], "status": "completed"})
+            })
+            .collect();
+        env.http
+            .post(env.url("/api/v1/ack/batch"))
+            .json(&json!({ "acknowledgments": acks }))
+    };
+    let mut unacked = Vec::new();
+    for pop in [&named, &whole] {
+        let (status, retry, body) = status_and_retry(ack_request(pop)).await;
+        eprintln!("an ack of a live partition while a worker is down: {status}");
+        match status {
+            StatusCode::OK => assert!(
+                body.as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|r| r["success"] == true),
+                "{body}"
+            ),
+            _ => {
+                refused("an ack of a live partition".into(), (status, retry, body));
+                unacked.push(pop.clone());
+            }
+        }
+    }
     tokio::task::block_in_place(|| worker.restart()).expect("the worker restarts");
     // Everything pushed is delivered once the worker is back: the live partitions their
     // messages in order, the held ones what they had.
-    let mut delivered: Vec<String> = Vec::new();
+    for pop in &unacked {
+        let (status, _, body) = status_and_retry(ack_request(pop)).await;
+        assert_eq!(status, StatusCode::OK, "an ack sent again: {body}");
+    }
+    let served = [live[0].clone(), p.clone()];
+    let mut delivered: Vec<String> = served.to_vec();
     for _ in 0..(2 * PARTITIONS) {
         let url = format!("{}/api/v1/pop/queue/lost?batch=10", second.base_url());
         let (status, _, pop) = status_and_retry(env.http.get(url)).await;
