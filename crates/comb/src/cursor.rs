@@ -20,6 +20,11 @@ use uuid::Uuid;
 use crate::db::DbError;
 use crate::queue::QueueOptions;
 
+/// The type of a cursor state's `column`, for PL/pgSQL variables holding it (`%TYPE`).
+pub(crate) fn column_type(column: &str) -> String {
+    format!("comb.cursor_states.{column}%TYPE")
+}
+
 /// `INSERT INTO comb.cursor_states (…every column…)`, for statements that append a full state
 /// version; the `SELECT` that follows gives the columns in this order: partition, group,
 /// generation, version, position, position's segment, settled positions, attempt positions,

@@ -510,9 +510,12 @@ fn delegated_claim(sql: &str, opening: bool) -> (String, String) {
     let vars: Vec<String> = columns.iter().map(|c| format!("claim_{c}")).collect();
     let mut declare: String = columns
         .iter()
-        .map(|c| format!("    claim_{c} comb.cursor_states.{c}%TYPE;\n"))
+        .map(|c| format!("    claim_{c} {};\n", crate::cursor::column_type(c)))
         .collect();
-    declare.push_str("    claim_newest_gen comb.cursor_states.gen%TYPE;\n");
+    declare.push_str(&format!(
+        "    claim_newest_gen {};\n",
+        crate::cursor::column_type("gen")
+    ));
     for o in ["lease_secs", "delay_secs", "window_secs", "retention_secs"] {
         declare.push_str(&format!("    claim_q_{o} float8;\n"));
     }
