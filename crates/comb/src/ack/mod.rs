@@ -150,8 +150,23 @@ pub(crate) fn tally(statuses: &[AckStatus], outcomes: &[AckOutcome]) -> Settled 
 /// The handle every route that acks goes through.
 pub(crate) struct Acker {
     fuser: Fuser<AckJob>,
+    per_shard: PerShard,
     metrics: Arc<Metrics>,
     wake: Arc<Wake>,
+}
+
+/// On Citus, a fuser per shard: acks of partitions of one shard are fused only with acks of
+/// that shard, so a fused batch is a transaction of one worker, as each request was (fused
+/// over workers, it would be one transaction over several nodes, and a worker lost would fail
+/// the acks of the live workers fused with its own). An ack request naming partitions of
+/// several shards goes to the shared fuser, as one transaction, as it asks.
+struct PerShard {
+    placement: crate::schema::citus::Placement,
+    fusers: std::sync::Mutex<std::collections::HashMap<i64, Fuser<AckJob>>>,
+    pool: Pool,
+    stage: Arc<crate::metrics::Stage>,
+    workers: usize,
+    max_items: usize,
 }
 
 impl Acker {
@@ -163,12 +178,43 @@ impl Acker {
         workers: usize,
         max_items: usize,
     ) -> Acker {
-        let fuser = store::start(pool, workers, max_items, metrics.fusion.ack.clone());
+        let stage = metrics.fusion.ack.clone();
+        let fuser = store::start(pool.clone(), workers, max_items, stage.clone());
         Acker {
             fuser,
+            per_shard: PerShard {
+                placement: Default::default(),
+                fusers: Default::default(),
+                pool,
+                stage,
+                workers,
+                max_items,
+            },
             metrics,
             wake,
         }
+    }
+
+    /// The fuser an ack request goes to: the shared one, or on Citus the one of the shard
+    /// holding every partition it names ([`PerShard`]).
+    async fn fuser_for(&self, items: &[AckItem]) -> Result<Fuser<AckJob>, Refusal> {
+        if !crate::schema::citus::on() {
+            return Ok(self.fuser.clone());
+        }
+        let mut ids: Vec<Uuid> = items.iter().map(|i| i.partition_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let n = &self.per_shard;
+        let Some(shard) = n.placement.one_shard(&n.pool, &ids).await? else {
+            return Ok(self.fuser.clone());
+        };
+        let mut fusers = n.fusers.lock().unwrap();
+        Ok(fusers
+            .entry(shard)
+            .or_insert_with(|| {
+                store::start(n.pool.clone(), n.workers, n.max_items, n.stage.clone())
+            })
+            .clone())
     }
 
     /// Settles acks in the next fused ack transaction; one outcome per item, in order.
@@ -178,7 +224,8 @@ impl Acker {
             .iter()
             .map(|i| (i.partition_id, i.group.to_string(), i.status))
             .collect();
-        let outcomes = self.fuser.ask(0, |reply| AckJob { items, reply }).await?;
+        let fuser = self.fuser_for(&items).await?;
+        let outcomes = fuser.ask(0, |reply| AckJob { items, reply }).await?;
         self.record(&released, &outcomes);
         Ok(outcomes)
     }

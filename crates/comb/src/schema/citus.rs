@@ -104,6 +104,26 @@ impl Placement {
         (out, missing)
     }
 
+    /// The one shard holding every partition of `ids`, from the cache or else read from
+    /// `pool` (one round trip); `None` when they span several shards or one is not found.
+    /// What a fuser per shard keys on.
+    pub(crate) async fn one_shard(
+        &self,
+        pool: &deadpool_postgres::Pool,
+        ids: &[Uuid],
+    ) -> Result<Option<i64>, crate::db::DbError> {
+        let (mut shards, missing) = self.known(ids);
+        if !missing.is_empty() {
+            let client = pool.get().await.map_err(crate::db::DbError::from)?;
+            shards.extend(self.look_up(&client, &missing).await?);
+        }
+        let mut of = ids.iter().map(|id| shards.get(id));
+        let Some(Some(&shard)) = of.next() else {
+            return Ok(None);
+        };
+        Ok(of.all(|s| s == Some(&shard)).then_some(shard))
+    }
+
     /// Reads the shards of `ids` (one round trip) and caches them.
     pub(crate) async fn look_up(
         &self,

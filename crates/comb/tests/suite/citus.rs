@@ -1134,15 +1134,104 @@ async fn fused_pushes_of_partitions_on_two_workers_commit_on_one_node_each() {
     }
 }
 
-/// The push batches this server has run.
-async fn push_batches(env: &Env) -> f64 {
+/// The batches of `kind` (`push`, `ack`) this server has run.
+async fn fused_batches(env: &Env, kind: &str) -> f64 {
+    let prefix = format!("comb_fused_batch_seconds_count{{kind=\"{kind}\"}} ");
     env.metrics_text()
         .await
         .lines()
-        .find_map(|l| l.strip_prefix("comb_fused_batch_seconds_count{kind=\"push\"} "))
-        .expect("the push batches counted")
+        .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_string))
+        .expect("the batches counted")
         .parse()
         .unwrap()
+}
+
+/// The push batches this server has run.
+async fn push_batches(env: &Env) -> f64 {
+    fused_batches(env, "push").await
+}
+
+/// Fused acks stay off the distributed path: failed acks (each writes its partition's new
+/// cursor state from the coordinator) racing over partitions of both workers, fused by the
+/// server, run no statement over several shards and leave no two-phase commit, and every
+/// failed message is handed out again (the pops, one after another, are not counted). As with pushes, the acks race in rounds until the
+/// server has fused some. (Acks are fused per shard, as pushes are; fused over both workers
+/// Citus was seen committing each worker in one phase too, so this does not tell the two
+/// apart.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fused_acks_of_partitions_on_two_workers_commit_on_one_node_each() {
+    let env = on_citus_quiet("citus_ack_fusion").await;
+    env.configure("q", json!({"retryLimit": 100, "retryDelay": 0}))
+        .await;
+    let names: Vec<String> = (0..24).map(|i| format!("p{i}")).collect();
+    for p in &names {
+        env.push(json!([{"queue": "q", "partition": p, "payload": {"n": 0}}]))
+            .await;
+    }
+    let placed = workers_of(&env.db_name, &names);
+    let mut distinct = placed.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 2, "partitions on both workers: {placed:?}");
+    // The group's first pop subscribes it (a write of a reference table, on every node), and
+    // a server's first pop naming a partition looks its name up over every shard: one round
+    // before counting.
+    for p in &names {
+        let pop = env
+            .pop(&format!("/api/v1/pop/queue/q/partition/{p}"))
+            .await
+            .unwrap();
+        env.ack_ok(one(&pop), "failed", None, Some("again")).await;
+    }
+    let before = two_phase_commits(&env.db_name);
+    let mut multi = 0;
+    let env = std::sync::Arc::new(env);
+    let start = fused_batches(&env, "ack").await;
+    let (mut acked, mut batches) = (0.0, 0.0);
+    for _ in 0..10 {
+        let mut pops = Vec::new();
+        for p in &names {
+            pops.push(
+                env.pop(&format!("/api/v1/pop/queue/q/partition/{p}"))
+                    .await
+                    .unwrap_or_else(|| panic!("{p}: the failed message again")),
+            );
+        }
+        let (m0, _) = executions(&env.db_name);
+        let mut tasks = tokio::task::JoinSet::new();
+        for pop in pops {
+            let env = env.clone();
+            tasks.spawn(async move {
+                env.ack_ok(one(&pop), "failed", None, Some("again")).await;
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+        multi += executions(&env.db_name).0 - m0;
+        acked += names.len() as f64;
+        batches = fused_batches(&env, "ack").await - start;
+        if batches < acked {
+            break;
+        }
+    }
+    assert!(
+        batches < acked,
+        "no ack was fused: {batches} batches of {acked} acks"
+    );
+    assert_eq!(
+        two_phase_commits(&env.db_name) - before,
+        0,
+        "fused single-partition acks committed across workers ({batches} batches of {acked})"
+    );
+    assert_eq!(multi, 0, "fused acks ran a statement over several shards");
+    for p in &names {
+        let pop = env
+            .pop(&format!("/api/v1/pop/queue/q/partition/{p}"))
+            .await
+            .unwrap_or_else(|| panic!("{p}: the failed message kept"));
+        assert_eq!(numbers(&pop), vec![0], "{p}");
+    }
 }
 
 /// A push with producers' transaction ids on the cluster answers as on one PostgreSQL — a
