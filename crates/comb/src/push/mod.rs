@@ -79,12 +79,16 @@ struct PerShard {
     /// Keyed by shard and, on the direct route ([`crate::db::route`]), the worker its
     /// batches are sent to: a shard found on another worker (moved by a rebalance) gets a
     /// fuser of that worker.
-    fusers: Mutex<HashMap<(i64, Option<crate::db::route::Node>), Fuser<PushJob>>>,
+    fusers: Mutex<HashMap<ShardKey, Fuser<PushJob>>>,
     wake: Arc<Wake>,
     stage: Arc<Stage>,
     workers: usize,
     max_items: usize,
 }
+
+/// A per-shard fuser's key: the shard, and the worker its batches go to (none: the
+/// coordinator).
+type ShardKey = (i64, Option<crate::db::route::Node>);
 
 impl Pusher {
     /// Starts the push workers and returns the handle in front of them.

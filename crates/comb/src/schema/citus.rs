@@ -87,8 +87,11 @@ const PLACEMENT_CAP: usize = 100_000;
 /// even when they sit on one worker; see `docs/scale-out.md`).
 #[derive(Default)]
 pub(crate) struct Placement {
-    known: Mutex<HashMap<Uuid, (i64, Option<Node>, Instant)>>,
+    known: Mutex<HashMap<Uuid, Placed>>,
 }
+
+/// A partition's shard, its worker, and when they were read.
+type Placed = (i64, Option<Node>, Instant);
 
 /// A worker as the coordinator names it (`pg_dist_node`): host and port.
 pub(crate) type Node = (String, u16);
