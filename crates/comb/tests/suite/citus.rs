@@ -790,11 +790,11 @@ fn executions(db: &str) -> (i64, i64) {
 /// an ack — runs no statement over several shards: every statement is a router statement on
 /// the partition's worker, or a coordinator function running such statements. A plain push, the
 /// pop and the extension commit on that worker in one phase (no `pg_dist_transaction` row); a
-/// push with transaction ids and an ack do not yet. Through the coordinator
-/// (`--citus-route coordinator`), whose `pg_dist_transaction` records those commits.
+/// push with transaction ids and an ack do not yet. Through the coordinator (the default
+/// route), whose `pg_dist_transaction` records those commits.
 #[tokio::test]
 async fn push_pop_extend_and_ack_of_one_partition_run_on_one_shard() {
-    let env = on_citus_quiet_with("citus_router", &["--citus-route", "coordinator"]).await;
+    let env = on_citus_quiet("citus_router").await;
     let db = env.db_name.clone();
     // The first push makes queue and partition, the first pop subscribes the group: catalog
     // writes, of reference tables, committed on every node.
@@ -979,7 +979,10 @@ fn counters_per_node(db: &str) -> Vec<(String, [i64; 3])> {
         .collect()
 }
 
-/// With `--citus-route direct` (the default), a partition's hot path — pushes (with and
+/// `comb serve`'s flag for the direct route (`db::route`).
+const DIRECT: &[&str] = &["--citus-route", "direct"];
+
+/// With `--citus-route direct`, a partition's hot path — pushes (with and
 /// without producers' transaction ids), a pop of the named partition, a lease extension
 /// naming it and an ack — sends no statement through the coordinator: the server sends them
 /// to the worker holding the partition's shard, which runs them. The coordinator runs no
@@ -988,7 +991,7 @@ fn counters_per_node(db: &str) -> Vec<(String, [i64; 3])> {
 /// was pushed is delivered once, in order, as through the coordinator.
 #[tokio::test]
 async fn the_direct_route_runs_a_partitions_hot_path_on_its_worker_not_the_coordinator() {
-    let env = on_citus_quiet("citus_direct").await;
+    let env = on_citus_quiet_with("citus_direct", DIRECT).await;
     let db = env.db_name.clone();
     // The first push makes queue and partition, the first pop subscribes the group, and the
     // server learns the partition's id and worker: coordinator work, done once.
@@ -1048,10 +1051,10 @@ async fn the_direct_route_runs_a_partitions_hot_path_on_its_worker_not_the_coord
 /// server listens).
 #[tokio::test]
 async fn a_push_routed_to_its_worker_wakes_pops_waiting_here_and_on_another_server() {
-    let env = on_citus("citus_direct_wake").await;
+    let env = on_citus_with("citus_direct_wake", DIRECT).await;
     let url = env.db_url.clone();
     let other = tokio::task::spawn_blocking(move || {
-        Server::start(common::comb_bin(), &url, &[]).expect("second server")
+        Server::start(common::comb_bin(), &url, DIRECT).expect("second server")
     })
     .await
     .unwrap();
@@ -1090,7 +1093,7 @@ async fn a_push_routed_to_its_worker_wakes_pops_waiting_here_and_on_another_serv
 /// reordered.
 #[tokio::test]
 async fn after_a_partitions_shard_moves_its_requests_still_succeed() {
-    let env = on_citus("citus_direct_move").await;
+    let env = on_citus_with("citus_direct_move", DIRECT).await;
     let db = env.db_name.clone();
     env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
         .await;
