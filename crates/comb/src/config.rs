@@ -113,6 +113,19 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_HANDOFF", default_value = "on", value_parser = ["on", "off"])]
     pub handoff: String,
 
+    /// On a Citus coordinator, where a partition's hot-path statements (push, claim of a
+    /// named partition, acks, lease extension) go: `direct` to the worker holding the
+    /// partition's shard, over pools of their own; `coordinator` through the coordinator,
+    /// which routes them (the default until `direct` measures better on the cluster's
+    /// per-node CPU). See `docs/scale-out.md`. Ignored without Citus.
+    #[arg(long, env = "COMB_CITUS_ROUTE", default_value = "coordinator", value_parser = ["direct", "coordinator"])]
+    pub citus_route: String,
+
+    /// With `--citus-route direct`, connections to each worker, per pool (the general pool's
+    /// and the consumer pool's); by default as many as the coordinator's pools have.
+    #[arg(long, env = "COMB_CITUS_WORKER_POOL_SIZE")]
+    pub citus_worker_pool_size: Option<usize>,
+
     #[command(flatten)]
     pub auth: AuthConfig,
 

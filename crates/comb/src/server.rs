@@ -32,6 +32,15 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         config.general_pool_size(),
         config.consumer_pool_size(),
     )?;
+    if schema::citus::on() && config.citus_route == "direct" {
+        let size = config.citus_worker_pool_size;
+        db::route::direct(
+            &pools,
+            &config.database.database_url,
+            size.unwrap_or(config.general_pool_size()),
+            size.unwrap_or(config.consumer_pool_size()),
+        );
+    }
     let pool = pools.general.clone();
     let metrics = Arc::new(Metrics::default());
     tokio::spawn(maintenance::run(

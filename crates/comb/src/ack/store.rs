@@ -134,7 +134,8 @@ pub const PLANS: &str = db::consumer_plans!();
 /// ([`completed::settle`]); the others, and any such cursor SQL could not judge, take the
 /// general path ([`settle_judged_here`]).
 async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
-    let client = pool.get().await?;
+    let only = db::route::only(items, |i| i.partition_id);
+    let client = db::route::consumer(pool, only).await.get().await?;
     // Each path prepares its statements before its pipeline: a statement still being
     // prepared when COMMIT is sent would run after it, outside the transaction.
     let chosen = completed::completing(items);

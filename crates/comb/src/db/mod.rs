@@ -14,6 +14,7 @@ mod pipeline;
 pub(crate) mod tls;
 
 mod primary;
+pub(crate) mod route;
 mod watch;
 
 pub(crate) use pipeline::{Pipelined, Prepared};
@@ -178,10 +179,33 @@ impl Pools {
         general: usize,
         consumer: usize,
     ) -> Result<Pools, String> {
+        Pools::of(database_url, None, general, consumer)
+    }
+
+    /// [`Pools::new`] at the server `at` (host and port) instead of the URL's, with the
+    /// URL's database, credentials and TLS settings: a Citus worker's pools.
+    pub(crate) fn at(
+        database_url: &str,
+        at: &route::Node,
+        general: usize,
+        consumer: usize,
+    ) -> Result<Pools, String> {
+        Pools::of(database_url, Some(at), general, consumer)
+    }
+
+    fn of(
+        database_url: &str,
+        at: Option<&route::Node>,
+        general: usize,
+        consumer: usize,
+    ) -> Result<Pools, String> {
         let started = |consumer: bool| -> Result<Connector, String> {
             let mut connector = Connector::new(database_url)?;
             connector.setup = Some(session_settings(consumer));
-            Ok(connector)
+            Ok(match at {
+                Some((host, port)) => connector.at(host, *port),
+                None => connector,
+            })
         };
         Ok(Pools {
             general: pool_of(started(false)?, general)?,

@@ -78,6 +78,21 @@ impl Connector {
         })
     }
 
+    /// The same database, user, password and TLS settings at one other server, `host:port`
+    /// (a Citus worker the coordinator named): what the direct route's pools connect with.
+    pub(crate) fn at(&self, host: &str, port: u16) -> Connector {
+        Connector {
+            config: self.config.clone(),
+            tls: self.tls.clone(),
+            nodes: vec![Node {
+                target: Target::Tcp(host.to_string(), port),
+                liveness: Arc::new(Liveness::default()),
+            }],
+            preferred: AtomicUsize::new(0),
+            setup: self.setup.clone(),
+        }
+    }
+
     /// Connects to the first server, from the last primary on in the URL's order, that
     /// answers and accepts writes. Fails, saying why of each server, when none does.
     pub(crate) async fn connect(

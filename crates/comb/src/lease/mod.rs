@@ -142,7 +142,10 @@ pub(crate) async fn extend(
     partition: Option<Uuid>,
     principal: Option<&Principal>,
 ) -> Result<Extended, DbError> {
-    let mut client = pool.get().await?;
+    let mut client = crate::db::route::general(pool, partition)
+        .await
+        .get()
+        .await?;
     if crate::schema::citus::on() {
         return extend_on_citus(&client, lease, seconds, partition, principal).await;
     }

@@ -683,6 +683,7 @@ async fn run_batch(pool: Pool, running: Arc<Semaphore>, ctx: Arc<Context>, jobs:
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
             let _turn = running.acquire().await.expect("never closed");
             let mut walk_done = Some(walk_done);
+            let pool = crate::db::route::consumer(&pool, shape.partition_id).await;
             let client = match pool.get().await {
                 Ok(client) => client,
                 Err(e) => return answer(jobs, Err(DbError::from(e))),

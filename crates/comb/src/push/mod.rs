@@ -76,12 +76,19 @@ pub(crate) struct Pusher {
 /// PostgreSQL none of this is used.
 struct PerShard {
     placement: crate::schema::citus::Placement,
-    fusers: Mutex<HashMap<i64, Fuser<PushJob>>>,
+    /// Keyed by shard and, on the direct route ([`crate::db::route`]), the worker its
+    /// batches are sent to: a shard found on another worker (moved by a rebalance) gets a
+    /// fuser of that worker.
+    fusers: Mutex<HashMap<ShardKey, Fuser<PushJob>>>,
     wake: Arc<Wake>,
     stage: Arc<Stage>,
     workers: usize,
     max_items: usize,
 }
+
+/// A per-shard fuser's key: the shard, and the worker its batches go to (none: the
+/// coordinator).
+type ShardKey = (i64, Option<crate::db::route::Node>);
 
 impl Pusher {
     /// Starts the push workers and returns the handle in front of them.
@@ -375,13 +382,21 @@ impl Pusher {
         if !of_push.all(|s| s == Some(&shard)) {
             return Ok(self.fuser.clone());
         }
+        // On the direct route, the batch goes to the shard's worker (the partitions' worker
+        // as read with their shard); else through the coordinator.
+        let node = ids.first().and_then(|id| placement.node(*id)).flatten();
+        let worker = node.as_ref().and_then(crate::db::route::worker);
+        let (node, pool) = match worker {
+            Some(w) => (node, w.general),
+            None => (None, self.pool.clone()),
+        };
         let n = &self.per_shard;
         let mut fusers = n.fusers.lock().unwrap();
         Ok(fusers
-            .entry(shard)
+            .entry((shard, node))
             .or_insert_with(|| {
                 store::start(
-                    self.pool.clone(),
+                    pool,
                     n.wake.clone(),
                     n.workers,
                     n.max_items,

@@ -59,10 +59,17 @@ pub(crate) fn by_partition<T>(items: &[T], of: impl Fn(&T) -> Uuid) -> Vec<(Uuid
     out
 }
 
-/// The shard of `comb.partitions` (and so of every co-located table) holding each partition.
+/// The shard of `comb.partitions` (and so of every co-located table) holding each partition,
+/// and the active primary worker holding that shard (none when the coordinator holds it).
 const SHARDS_SQL: &str = "
-SELECT p.id, get_shard_id_for_distribution_column('comb.partitions', p.id)
-FROM unnest($1::uuid[]) AS p(id)";
+SELECT DISTINCT ON (p.id) p.id, s.shard, n.nodename, n.nodeport
+FROM unnest($1::uuid[]) AS p(id)
+CROSS JOIN LATERAL
+  (SELECT get_shard_id_for_distribution_column('comb.partitions', p.id) AS shard) s
+LEFT JOIN pg_dist_placement pl ON pl.shardid = s.shard
+LEFT JOIN pg_dist_node n ON n.groupid = pl.groupid AND n.groupid > 0 AND n.isactive
+  AND n.noderole = 'primary'
+ORDER BY p.id, n.nodename NULLS LAST";
 
 /// How long a partition's shard is trusted. Rebalancing moves shards between workers but
 /// keeps their ids; splitting a shard (`citus_split_shard_by_split_points`) makes new ones. A
@@ -80,8 +87,14 @@ const PLACEMENT_CAP: usize = 100_000;
 /// even when they sit on one worker; see `docs/scale-out.md`).
 #[derive(Default)]
 pub(crate) struct Placement {
-    known: Mutex<HashMap<Uuid, (i64, Instant)>>,
+    known: Mutex<HashMap<Uuid, Placed>>,
 }
+
+/// A partition's shard, its worker, and when they were read.
+type Placed = (i64, Option<Node>, Instant);
+
+/// A worker as the coordinator names it (`pg_dist_node`): host and port.
+pub(crate) type Node = (String, u16);
 
 impl Placement {
     /// The cached shard of each of `ids`, and the ids not cached (or cached too long ago),
@@ -93,7 +106,7 @@ impl Placement {
         let known = self.known.lock().unwrap();
         for id in ids {
             match known.get(id) {
-                Some((shard, at)) if now.duration_since(*at) < PLACEMENT_TTL => {
+                Some((shard, _, at)) if now.duration_since(*at) < PLACEMENT_TTL => {
                     out.insert(*id, *shard);
                 }
                 _ => missing.push(*id),
@@ -124,7 +137,18 @@ impl Placement {
         Ok(of.all(|s| s == Some(&shard)).then_some(shard))
     }
 
-    /// Reads the shards of `ids` (one round trip) and caches them.
+    /// The worker holding `id`'s shard, as last read (cached for as long as its shard; a
+    /// stale worker costs a hop, never a wrong result): `None` when not cached or not read
+    /// yet, `Some(None)` when the shard sits on the coordinator or its worker is inactive.
+    pub(crate) fn node(&self, id: Uuid) -> Option<Option<Node>> {
+        let known = self.known.lock().unwrap();
+        match known.get(&id) {
+            Some((_, node, at)) if at.elapsed() < PLACEMENT_TTL => Some(node.clone()),
+            _ => None,
+        }
+    }
+
+    /// Reads the shards of `ids` and their workers (one round trip) and caches them.
     pub(crate) async fn look_up(
         &self,
         client: &Client,
@@ -139,7 +163,11 @@ impl Placement {
         let mut out = HashMap::with_capacity(rows.len());
         for r in rows {
             let (id, shard): (Uuid, i64) = (r.get(0), r.get(1));
-            known.insert(id, (shard, now));
+            let node = r
+                .get::<_, Option<String>>(2)
+                .zip(r.get::<_, Option<i32>>(3))
+                .and_then(|(host, port)| Some((host, u16::try_from(port).ok()?)));
+            known.insert(id, (shard, node, now));
             out.insert(id, shard);
         }
         Ok(out)

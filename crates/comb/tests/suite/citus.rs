@@ -715,7 +715,8 @@ async fn failed_acks_of_several_partitions_in_one_request_dead_letter_each() {
 }
 
 /// Two-phase commits this database's coordinator has recorded (`pg_dist_transaction`; the
-/// harness keeps the rows, see `comb_harness::Citus`).
+/// harness keeps the rows, see `comb_harness::Citus`). A worker keeps rows of its own for
+/// work it ran for a call delegated to it, counted here neither on one route nor the other.
 fn two_phase_commits(db: &str) -> i64 {
     Citus::shared()
         .coordinator()
@@ -729,29 +730,32 @@ fn two_phase_commits(db: &str) -> i64 {
 /// whose per-minute statistics wait an hour: maintenance's DDL (segments made ahead,
 /// generations) commits on every node, and both read every shard, which the tests counting
 /// two-phase commits and multi-shard statements must not see. Citus counts the database's single- and multi-shard
-/// executions (`citus_stat_counters`).
+/// executions on every node (`citus_stat_counters`).
 async fn on_citus_quiet(prefix: &'static str) -> Env {
+    on_citus_quiet_with(prefix, &[]).await
+}
+
+/// [`on_citus_quiet`] with extra `comb serve` flags.
+async fn on_citus_quiet_with(prefix: &'static str, args: &'static [&'static str]) -> Env {
     let env = tokio::task::spawn_blocking(move || {
-        let db_url = Citus::shared().create_database(prefix).unwrap();
+        let citus = Citus::shared();
+        let db_url = citus.create_database(prefix).unwrap();
         let db_name = db_url.rsplit('/').next().unwrap().to_string();
-        Citus::shared()
-            .coordinator()
-            .psql(
+        for node in std::iter::once(citus.coordinator()).chain(citus.workers()) {
+            node.psql(
                 "postgres",
                 &format!("ALTER DATABASE \"{db_name}\" SET citus.enable_stat_counters = on"),
             )
             .unwrap();
-        let server = Server::start(
-            common::comb_bin(),
-            &db_url,
-            &[
-                "--maintenance-interval-ms",
-                "3600000",
-                "--stats-interval-ms",
-                "3600000",
-            ],
-        )
-        .expect("server starts");
+        }
+        let mut all = vec![
+            "--maintenance-interval-ms",
+            "3600000",
+            "--stats-interval-ms",
+            "3600000",
+        ];
+        all.extend_from_slice(args);
+        let server = Server::start(common::comb_bin(), &db_url, &all).expect("server starts");
         Env {
             server,
             db_url,
@@ -778,16 +782,7 @@ async fn on_citus_quiet(prefix: &'static str) -> Env {
 
 /// Statements the coordinator ran on several shards in this database, and on one.
 fn executions(db: &str) -> (i64, i64) {
-    let row = Citus::shared()
-        .coordinator()
-        .psql(
-            db,
-            "SELECT query_execution_multi_shard || ' ' || query_execution_single_shard
-             FROM citus_stat_counters WHERE name = current_database()",
-        )
-        .unwrap();
-    let (multi, single) = row.split_once(' ').expect("two counts");
-    (multi.parse().unwrap(), single.parse().unwrap())
+    executions_per_node(db)[0].1
 }
 
 /// The hot path of one partition on the cluster — a push (with and without producers'
@@ -795,6 +790,7 @@ fn executions(db: &str) -> (i64, i64) {
 /// an ack — runs no statement over several shards: every statement is a router statement on
 /// the partition's worker, or a coordinator function running such statements. Each request
 /// commits on that worker in one phase: none leaves a two-phase commit (`pg_dist_transaction`).
+/// Through the coordinator route, whose `pg_dist_transaction` records those commits.
 #[tokio::test]
 async fn push_pop_extend_and_ack_of_one_partition_run_on_one_shard() {
     let env = on_citus_quiet("citus_router").await;
@@ -1132,6 +1128,211 @@ async fn fused_pushes_of_partitions_on_two_workers_commit_on_one_node_each() {
             .unwrap();
         assert_eq!(numbers(&pop), (0..=last).collect::<Vec<i64>>(), "{p}");
     }
+}
+
+/// Executions on distributed tables in this database, per node (port, then the counts on
+/// several shards and on one): the coordinator first, then the workers.
+fn executions_per_node(db: &str) -> Vec<(String, (i64, i64))> {
+    counters_per_node(db)
+        .into_iter()
+        .map(|(port, [multi, single, _])| (port, (multi, single)))
+        .collect()
+}
+
+/// Per node (the coordinator first): executions on several shards, on one, and connections
+/// the node used to other nodes (opened or reused) in this database (`citus_stat_counters`).
+fn counters_per_node(db: &str) -> Vec<(String, [i64; 3])> {
+    let citus = Citus::shared();
+    std::iter::once(citus.coordinator())
+        .chain(citus.workers())
+        .map(|node| {
+            let row = node
+                .psql(
+                    db,
+                    "SELECT query_execution_multi_shard || ' ' || query_execution_single_shard
+                       || ' ' || (connection_establishment_succeeded + connection_reused)
+                     FROM citus_stat_counters WHERE name = current_database()",
+                )
+                .unwrap();
+            let n: Vec<i64> = row.split(' ').map(|v| v.parse().unwrap()).collect();
+            (node.port().to_string(), [n[0], n[1], n[2]])
+        })
+        .collect()
+}
+
+/// `comb serve`'s flag for the direct route (`db::route`).
+const DIRECT: &[&str] = &["--citus-route", "direct"];
+
+/// With `--citus-route direct`, a partition's hot path — pushes (with and
+/// without producers' transaction ids), a pop of the named partition, a lease extension
+/// naming it and an ack — sends no statement through the coordinator: the server sends them
+/// to the worker holding the partition's shard, which runs them. The coordinator runs no
+/// statement over several shards and uses no connection to a worker (it still answers the
+/// server's re-reads of cached queue options, reads of a reference table's local copy). What
+/// was pushed is delivered once, in order, as through the coordinator.
+#[tokio::test]
+async fn the_direct_route_runs_a_partitions_hot_path_on_its_worker_not_the_coordinator() {
+    let env = on_citus_quiet_with("citus_direct", DIRECT).await;
+    let db = env.db_name.clone();
+    // The first push makes queue and partition, the first pop subscribes the group, and the
+    // server learns the partition's id and worker: coordinator work, done once.
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 0}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    let worker = workers_of(&db, &["p".to_string()]).remove(0);
+    let before = counters_per_node(&db);
+
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    env.push(json!([
+        {"queue": "q", "partition": "p", "payload": {"n": 2}, "transactionId": "t-2"},
+    ]))
+    .await;
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?batch=10")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&pop), vec![1, 2]);
+    let lease = pop["leaseId"].as_str().unwrap().to_string();
+    let partition = &pop["messages"][0]["partitionId"];
+    let (status, body) = env
+        .post(
+            &format!("/api/v1/lease/{lease}/extend"),
+            &json!({"seconds": 30, "partitionId": partition}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let acked = env.ack_all(&pop, "completed", None).await;
+    assert!(acked.iter().all(|a| a["success"] == true), "{acked:?}");
+    assert!(env.pop("/api/v1/pop/queue/q/partition/p").await.is_none());
+
+    let after = counters_per_node(&db);
+    let ([multi, _, connections], [multi_after, _, connections_after]) = (before[0].1, after[0].1);
+    assert_eq!(
+        (multi_after, connections_after),
+        (multi, connections),
+        "the coordinator ran statements of the hot path: {before:?} {after:?}"
+    );
+    let (k, _) = before
+        .iter()
+        .enumerate()
+        .find(|(_, (port, _))| *port == worker)
+        .expect("the partition's worker");
+    let (single_before, single_after) = (before[k].1[1], after[k].1[1]);
+    assert!(
+        single_after > single_before,
+        "the partition's worker ran nothing: {before:?} {after:?}"
+    );
+}
+
+/// A push sent to its partition's worker still wakes the pops waiting for it, on this server
+/// and on another: wake-ups do not depend on where the push ran (this server wakes its own
+/// pops in process, and sends its `NOTIFY` on a coordinator connection, where the other
+/// server listens).
+#[tokio::test]
+async fn a_push_routed_to_its_worker_wakes_pops_waiting_here_and_on_another_server() {
+    let env = on_citus_with("citus_direct_wake", DIRECT).await;
+    let url = env.db_url.clone();
+    let other = tokio::task::spawn_blocking(move || {
+        Server::start(common::comb_bin(), &url, DIRECT).expect("second server")
+    })
+    .await
+    .unwrap();
+    // The partition exists and the server knows its worker before anyone waits.
+    env.push(json!([{"queue": "w", "partition": "p", "payload": {"n": 0}}]))
+        .await;
+    for group in ["here", "there"] {
+        let pop = env
+            .pop(&format!(
+                "/api/v1/pop/queue/w?consumerGroup={group}&autoAck=true"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(numbers(&pop), vec![0]);
+    }
+    let here = common::waiting_pop(
+        env.url("/api/v1/pop/queue/w/partition/p?consumerGroup=here&wait=true&timeout=30000"),
+    );
+    let there = common::waiting_pop(format!(
+        "{}/api/v1/pop/queue/w?consumerGroup=there&wait=true&timeout=30000",
+        other.base_url()
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.push(json!([{"queue": "w", "partition": "p", "payload": {"n": 9}}]))
+        .await;
+    for waiting in [here, there] {
+        let (status, body, _) = waiting.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(numbers(&body), vec![9]);
+    }
+}
+
+/// A partition's shard moved to the other worker while the server serves: the server's
+/// placement is stale for up to a minute, so its requests reach the old worker, which routes
+/// them to the new one. Pushes, pops, a lease extension and acks go on, nothing lost or
+/// reordered.
+#[tokio::test]
+async fn after_a_partitions_shard_moves_its_requests_still_succeed() {
+    let env = on_citus_with("citus_direct_move", DIRECT).await;
+    let db = env.db_name.clone();
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/q/partition/p").await.unwrap();
+    assert_eq!(numbers(&pop), vec![1]);
+    env.ack_all(&pop, "completed", None).await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 2}}]))
+        .await;
+    let from = workers_of(&db, &["p".to_string()]).remove(0);
+    let to = Citus::shared()
+        .workers()
+        .iter()
+        .map(|w| w.port().to_string())
+        .find(|port| *port != from)
+        .expect("another worker");
+    let moved = db.clone();
+    let (from_port, to_port) = (from.clone(), to.clone());
+    tokio::task::spawn_blocking(move || {
+        let coordinator = Citus::shared().coordinator();
+        let shard = coordinator
+            .psql(
+                &moved,
+                "SELECT get_shard_id_for_distribution_column('comb.partitions', id)
+                 FROM comb.partitions WHERE name = 'p'",
+            )
+            .unwrap();
+        coordinator
+            .psql(
+                &moved,
+                &format!(
+                    "SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from_port},
+                       '127.0.0.1', {to_port}, shard_transfer_mode => 'block_writes')"
+                ),
+            )
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    assert_eq!(workers_of(&db, &["p".to_string()]), vec![to]);
+
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 3}}]))
+        .await;
+    let pop = env
+        .pop("/api/v1/pop/queue/q/partition/p?batch=10")
+        .await
+        .unwrap();
+    assert_eq!(numbers(&pop), vec![2, 3]);
+    let lease = pop["leaseId"].as_str().unwrap().to_string();
+    let (status, body) = env
+        .post(
+            &format!("/api/v1/lease/{lease}/extend"),
+            &json!({"seconds": 30, "partitionId": pop["messages"][0]["partitionId"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let acked = env.ack_all(&pop, "completed", None).await;
+    assert!(acked.iter().all(|a| a["success"] == true), "{acked:?}");
+    assert!(env.pop("/api/v1/pop/queue/q/partition/p").await.is_none());
 }
 
 /// The batches of `kind` (`push`, `ack`) this server has run.

@@ -1,0 +1,125 @@
+//! On Citus, which node runs a partition's hot-path statements (`--citus-route`).
+//!
+//! Citus (11 and later, metadata synced to the workers) runs a statement on distributed
+//! tables from any node, and a worker runs a router statement of a shard it holds by local
+//! execution. Sent through the coordinator, every statement costs the coordinator its
+//! planning and its routing, about as much CPU as the worker's own work (measured in
+//! `docs/scale-out.md`): the coordinator becomes the cluster's bottleneck at any worker
+//! count. With the direct route, a partition's hot-path transactions (the fused push of a
+//! shard, the claim of a named partition, its acks, the extension of its lease) go to the
+//! worker holding the partition's shard over pools of their own, the same SQL. Everything
+//! else stays on the coordinator: wake-ups (`LISTEN/NOTIFY` is per node), the maintenance
+//! leader's advisory lock, DDL, reference-table writes, listings over every shard and the
+//! administration.
+//!
+//! Correctness does not depend on the placement: a statement sent to a worker that no longer
+//! holds the shard (after a rebalance) is routed by that worker as the coordinator would,
+//! only less cheaply; the placement is read again a minute later
+//! ([`Placement`](crate::schema::citus::Placement)).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use deadpool_postgres::Pool;
+use uuid::Uuid;
+
+use super::Pools;
+use crate::schema::citus::Placement;
+
+pub(crate) use crate::schema::citus::Node;
+
+/// The direct route of this server, when `--citus-route direct` on a Citus coordinator.
+static ROUTE: OnceLock<Route> = OnceLock::new();
+
+/// The coordinator's pools, the placement of partitions and a pair of pools per worker
+/// (opened on first use: a worker added while serving gets its pools when a partition is
+/// first found on it).
+struct Route {
+    coordinator: Pool,
+    database_url: String,
+    /// Connections per worker: of the general pool and of the consumer pool.
+    sizes: (usize, usize),
+    placement: Placement,
+    workers: Mutex<HashMap<Node, Pools>>,
+}
+
+/// Turns the direct route on (once, at start, on Citus only): partitions' hot-path
+/// statements go to their workers, each with at most `general` + `consumer` connections from
+/// this server, with `database_url`'s database, credentials and TLS settings.
+pub(crate) fn direct(coordinator: &Pools, database_url: &str, general: usize, consumer: usize) {
+    let _ = ROUTE.set(Route {
+        coordinator: coordinator.general.clone(),
+        database_url: database_url.to_string(),
+        sizes: (general, consumer),
+        placement: Placement::default(),
+        workers: Mutex::default(),
+    });
+}
+
+/// The pools of worker `node`, when the direct route is on (opened on first use).
+pub(crate) fn worker(node: &Node) -> Option<Pools> {
+    let route = ROUTE.get()?;
+    let mut workers = route.workers.lock().unwrap();
+    if let Some(pools) = workers.get(node) {
+        return Some(pools.clone());
+    }
+    let (general, consumer) = route.sizes;
+    match Pools::at(&route.database_url, node, general, consumer) {
+        Ok(pools) => {
+            tracing::info!(worker = %format!("{}:{}", node.0, node.1), "direct route to a Citus worker");
+            workers.insert(node.clone(), pools.clone());
+            Some(pools)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no pools for a Citus worker; its partitions go through the coordinator");
+            None
+        }
+    }
+}
+
+/// The pools of the worker holding `partition`, when the direct route is on and the worker
+/// is known (its placement cached, or read now from the coordinator). `None`: use the
+/// coordinator's pools, as without the route. A placement that cannot be read (the
+/// coordinator unreachable) is `None` too: the request then meets the coordinator's outage
+/// and answers it as always.
+pub(crate) async fn of_partition(partition: Uuid) -> Option<Pools> {
+    let route = ROUTE.get()?;
+    let node = match route.placement.node(partition) {
+        Some(node) => node,
+        None => {
+            let client = route.coordinator.get().await.ok()?;
+            route.placement.look_up(&client, &[partition]).await.ok()?;
+            route.placement.node(partition)?
+        }
+    };
+    worker(&node?)
+}
+
+/// The consumer pool for `partition`'s claim or acks: its worker's on the direct route,
+/// else `pool` (the coordinator's).
+pub(crate) async fn consumer(pool: &Pool, partition: Option<Uuid>) -> Pool {
+    match partition {
+        Some(p) => of_partition(p)
+            .await
+            .map_or_else(|| pool.clone(), |w| w.consumer),
+        None => pool.clone(),
+    }
+}
+
+/// The general pool for `partition`'s statements (a lease's extension): its worker's on the
+/// direct route, else `pool` (the coordinator's).
+pub(crate) async fn general(pool: &Pool, partition: Option<Uuid>) -> Pool {
+    match partition {
+        Some(p) => of_partition(p)
+            .await
+            .map_or_else(|| pool.clone(), |w| w.general),
+        None => pool.clone(),
+    }
+}
+
+/// The one partition every item names, if they name one only: a fused batch of acks of one
+/// partition goes to that partition's worker; a batch over several stays on the coordinator.
+pub(crate) fn only<T>(items: &[T], of: impl Fn(&T) -> Uuid) -> Option<Uuid> {
+    let first = of(items.first()?);
+    items.iter().all(|i| of(i) == first).then_some(first)
+}
