@@ -23,6 +23,7 @@ use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use crate::code::Code;
+use crate::db::DbError;
 use crate::fusion::{Fuser, Reply};
 use crate::metrics::{Metrics, QueueCounts, Settled};
 use crate::queue::GroupName;
@@ -205,7 +206,12 @@ impl Acker {
         ids.sort_unstable();
         ids.dedup();
         let n = &self.per_shard;
-        let Some(shard) = n.placement.one_shard(&n.pool, &ids).await? else {
+        let placed = n.placement.one_shard(&n.pool, &ids).await;
+        let placed = placed.map_err(|e| match e {
+            crate::schema::citus::Unplaced::Pool(e) => DbError::from(e),
+            crate::schema::citus::Unplaced::Query(e) => DbError::from(e),
+        })?;
+        let Some(shard) = placed else {
             return Ok(self.fuser.clone());
         };
         let mut fusers = n.fusers.lock().unwrap();

@@ -90,6 +90,25 @@ pub(crate) struct Placement {
     known: Mutex<HashMap<Uuid, Placed>>,
 }
 
+/// Why [`Placement::one_shard`] could not say: no connection, or the look-up failed.
+#[derive(Debug)]
+pub(crate) enum Unplaced {
+    Pool(deadpool_postgres::PoolError),
+    Query(tokio_postgres::Error),
+}
+
+impl From<deadpool_postgres::PoolError> for Unplaced {
+    fn from(e: deadpool_postgres::PoolError) -> Unplaced {
+        Unplaced::Pool(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for Unplaced {
+    fn from(e: tokio_postgres::Error) -> Unplaced {
+        Unplaced::Query(e)
+    }
+}
+
 /// A partition's shard, its worker, and when they were read.
 type Placed = (i64, Option<Node>, Instant);
 
@@ -124,10 +143,10 @@ impl Placement {
         &self,
         pool: &deadpool_postgres::Pool,
         ids: &[Uuid],
-    ) -> Result<Option<i64>, crate::db::DbError> {
+    ) -> Result<Option<i64>, Unplaced> {
         let (mut shards, missing) = self.known(ids);
         if !missing.is_empty() {
-            let client = pool.get().await.map_err(crate::db::DbError::from)?;
+            let client = pool.get().await?;
             shards.extend(self.look_up(&client, &missing).await?);
         }
         let mut of = ids.iter().map(|id| shards.get(id));
