@@ -964,8 +964,8 @@ async fn an_ack_cancelled_by_a_deadlock_on_its_worker_is_judged_again() {
 /// Acks that fail or mix statuses and a lease's expiry, of one partition on the cluster,
 /// commit in one phase (no `pg_dist_transaction` row): their cursors are locked by the
 /// coordinator (`comb.lock_cursors`, `comb.lock_expired`) and their new versions written by
-/// router statements (`cursor::StateWrites`), every statement of the partition's shard. A push
-/// with a producer's transaction id, which commits in two phases, shows that the count counts.
+/// router statements (`cursor::StateWrites`), every statement of the partition's shard. A new
+/// group's first pop, which writes a reference table in two phases, shows that the count counts.
 #[tokio::test]
 async fn failed_and_mixed_acks_and_a_lease_expiry_of_one_partition_commit_in_one_phase() {
     let env = on_citus_quiet("citus_failed_acks").await;
@@ -1026,11 +1026,12 @@ async fn failed_and_mixed_acks_and_a_lease_expiry_of_one_partition_commit_in_one
         .unwrap();
     assert_eq!(numbers(&again), numbers(&pop));
     count("a pop with a lease's expiry");
-    env.push(json!([
-        {"queue": "q", "partition": "p", "payload": {"n": 3}, "transactionId": "t-3"},
-    ]))
-    .await;
-    count("a push with a transaction id");
+    // The control, which commits in two phases: a new group's first pop writes its
+    // subscription, a reference table on every node.
+    env.pop("/api/v1/pop/queue/q/partition/p?consumerGroup=fresh")
+        .await
+        .unwrap();
+    count("a new group's first pop");
     let (control, rest) = seen.split_last().unwrap();
     assert!(control.1 > 0, "{seen:?}");
     assert!(
@@ -1074,16 +1075,7 @@ fn workers_of(db: &str, partitions: &[String]) -> Vec<String> {
 async fn fused_pushes_of_partitions_on_two_workers_commit_on_one_node_each() {
     const ROUND: i64 = 20;
     let env = on_citus_quiet("citus_fusion").await;
-    let names: Vec<String> = (0..24).map(|i| format!("p{i}")).collect();
-    for p in &names {
-        env.push(json!([{"queue": "q", "partition": p, "payload": {"n": 0}}]))
-            .await;
-    }
-    let placed = workers_of(&env.db_name, &names);
-    let mut distinct = placed.clone();
-    distinct.sort();
-    distinct.dedup();
-    assert_eq!(distinct.len(), 2, "partitions on both workers: {placed:?}");
+    let names = partitions_over_both_workers(&env).await;
     let before = two_phase_commits(&env.db_name);
     let env = std::sync::Arc::new(env);
     let mut pushed = names.len() as f64;
@@ -1335,6 +1327,21 @@ async fn after_a_partitions_shard_moves_its_requests_still_succeed() {
     assert!(env.pop("/api/v1/pop/queue/q/partition/p").await.is_none());
 }
 
+/// 24 partitions of queue `q`, each holding message 0, which fall on both workers.
+async fn partitions_over_both_workers(env: &Env) -> Vec<String> {
+    let names: Vec<String> = (0..24).map(|i| format!("p{i}")).collect();
+    for p in &names {
+        env.push(json!([{"queue": "q", "partition": p, "payload": {"n": 0}}]))
+            .await;
+    }
+    let placed = workers_of(&env.db_name, &names);
+    let mut distinct = placed.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 2, "partitions on both workers: {placed:?}");
+    names
+}
+
 /// The batches of `kind` (`push`, `ack`) this server has run.
 async fn fused_batches(env: &Env, kind: &str) -> f64 {
     let prefix = format!("comb_fused_batch_seconds_count{{kind=\"{kind}\"}} ");
@@ -1364,16 +1371,7 @@ async fn fused_acks_of_partitions_on_two_workers_commit_on_one_node_each() {
     let env = on_citus_quiet("citus_ack_fusion").await;
     env.configure("q", json!({"retryLimit": 100, "retryDelay": 0}))
         .await;
-    let names: Vec<String> = (0..24).map(|i| format!("p{i}")).collect();
-    for p in &names {
-        env.push(json!([{"queue": "q", "partition": p, "payload": {"n": 0}}]))
-            .await;
-    }
-    let placed = workers_of(&env.db_name, &names);
-    let mut distinct = placed.clone();
-    distinct.sort();
-    distinct.dedup();
-    assert_eq!(distinct.len(), 2, "partitions on both workers: {placed:?}");
+    let names = partitions_over_both_workers(&env).await;
     // The group's first pop subscribes it (a write of a reference table, on every node), and
     // a server's first pop naming a partition looks its name up over every shard: one round
     // before counting.
