@@ -36,7 +36,7 @@ use super::handoff;
 use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::fusion::{self, Fuser, Runner};
 use crate::messages::insert::{
-    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_CITUS_SQL,
+    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, insert_sql,
 };
 use crate::metrics::Stage;
 use crate::wake::Wake;
@@ -381,13 +381,10 @@ pub(crate) async fn store_in(
     plan.run(tx, &statements).await
 }
 
-/// The prepared statements a batch needs: the lock, and the insert its kind calls for. On
-/// Citus a batch with producers' transaction ids reads their prior messages (`prior`) and
-/// then takes the plain append ([`Plan::run_checked_on_citus`]).
+/// The prepared statements a batch needs: the lock, and the insert its kind calls for.
 struct Statements {
     lock: Statement,
     insert: Statement,
-    prior: Option<Statement>,
 }
 
 impl Statements {
@@ -398,22 +395,12 @@ impl Statements {
         let lock = client
             .prepare_cached(crate::catalog::lock_partitions_sql())
             .await?;
-        let citus = crate::schema::citus::on();
-        let insert = if plan.checks_duplicates() && !citus {
-            client.prepare_cached(INSERT_SQL).await?
+        let insert = if plan.checks_duplicates() {
+            client.prepare_cached(insert_sql()).await?
         } else {
             client.prepare_cached(append_sql()).await?
         };
-        let prior = if plan.checks_duplicates() && citus {
-            Some(client.prepare_cached(PRIOR_CITUS_SQL).await?)
-        } else {
-            None
-        };
-        Ok(Statements {
-            lock,
-            insert,
-            prior,
-        })
+        Ok(Statements { lock, insert })
     }
 }
 
@@ -608,11 +595,6 @@ impl<'a> Plan<'a> {
         statements: &Statements,
     ) -> Result<Vec<Stored>, DbError> {
         let lock_params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
-        if let Some(prior) = &statements.prior {
-            return self
-                .run_checked_on_citus(client, &statements.lock, prior, &statements.insert)
-                .await;
-        }
         if self.checks_duplicates() {
             let (locked, rows) = tokio::join!(
                 client.query(&statements.lock, &lock_params),
@@ -633,17 +615,7 @@ impl<'a> Plan<'a> {
 
     /// The plain append: each message's rank among the batch's messages of its partition.
     async fn append<C: Prepared>(&self, client: &C, insert: &Statement) -> Result<u64, DbError> {
-        self.append_of(client, insert, &self.sent).await
-    }
-
-    /// [`Plan::append`] of the messages `sent` (indexes into `all`).
-    async fn append_of<C: Prepared>(
-        &self,
-        client: &C,
-        insert: &Statement,
-        sent: &[usize],
-    ) -> Result<u64, DbError> {
-        let sent = || sent.iter().map(|&i| self.all[i]);
+        let sent = || self.sent.iter().map(|&i| self.all[i]);
         let mut ranks: HashMap<Uuid, i64> = HashMap::with_capacity(self.lock_ids.len());
         let rank: Vec<i64> = sent()
             .map(|m| {
@@ -685,6 +657,11 @@ impl<'a> Plan<'a> {
         let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
         let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
         let subs = self.producer_subs();
+        if crate::schema::citus::on() {
+            return self
+                .insert_checked_by_partition(client, insert, &partition_ids)
+                .await;
+        }
         let params: [&(dyn ToSql + Sync); 7] = [
             &partition_ids,
             &txids,
@@ -697,77 +674,51 @@ impl<'a> Plan<'a> {
         Ok(client.query(insert, &params).await?)
     }
 
-    /// A batch with producers' transaction ids on Citus, in two round trips: the lock and,
-    /// pipelined after it, each partition's prior messages of the batch's ids
-    /// ([`PRIOR_CITUS_SQL`], a router statement per partition); then the plain append of the
-    /// messages without one. Every statement names one partition's shard, so a push of one
-    /// shard commits on its worker in one phase. The answers are [`INSERT_SQL`]'s.
-    async fn run_checked_on_citus<C: Prepared>(
+    /// [`Plan::insert_checked`] on Citus: one statement per partition ([`INSERT_CITUS_SQL`]),
+    /// pipelined; the rows in the order of the messages sent.
+    async fn insert_checked_by_partition<C: Prepared>(
         &self,
         client: &C,
-        lock: &Statement,
-        prior: &Statement,
-        append: &Statement,
-    ) -> Result<Vec<Stored>, DbError> {
-        let checked: Vec<usize> = self
-            .sent
-            .iter()
-            .copied()
-            .filter(|&i| self.all[i].client_transaction_id.is_some())
-            .collect();
-        let groups = crate::schema::citus::by_partition(&checked, |&i| self.all[i].partition_id);
-        let reads = groups.iter().map(|(partition, ks)| {
-            let txids: Vec<&str> = ks
-                .iter()
-                .filter_map(|&k| self.all[checked[k]].client_transaction_id.as_deref())
-                .collect();
+        insert: &Statement,
+        partition_ids: &[Uuid],
+    ) -> Result<Vec<Row>, DbError> {
+        let groups = crate::schema::citus::by_partition(partition_ids, |p| *p);
+        let runs = groups.iter().map(|(partition, ks)| {
+            let sent = || ks.iter().map(|&k| self.all[self.sent[k]]);
+            let ids: Vec<Uuid> = sent().map(|m| m.partition_id).collect();
+            let txids: Vec<TransactionId> = sent().map(|m| m.transaction_id()).collect();
+            let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
+            let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
+            let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
+            let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
+            let subs: Option<Vec<Option<&str>>> = self
+                .producer_subs()
+                .map(|_| sent().map(|m| m.producer_sub.as_deref()).collect());
             async move {
-                let params: [&(dyn ToSql + Sync); 2] = [partition, &txids];
-                client.query(prior, &params).await
+                let params: [&(dyn ToSql + Sync); 8] = [
+                    &ids,
+                    &txids,
+                    &message_ids,
+                    &trace_ids,
+                    &payloads,
+                    &check,
+                    &subs,
+                    partition,
+                ];
+                client.query(insert, &params).await
             }
         });
-        let lock_params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
-        let (locked, priors) = tokio::join!(
-            client.query(lock, &lock_params),
-            futures_util::future::join_all(reads),
-        );
-        let locked = locked?;
-        let mut held: HashMap<(Uuid, String), Uuid> = HashMap::new();
-        for ((partition, _), rows) in groups.iter().zip(priors) {
-            for row in rows? {
-                held.insert((*partition, row.get(0)), row.get(1));
+        let answers = futures_util::future::join_all(runs).await;
+        let mut rows: Vec<Option<Row>> = (0..partition_ids.len()).map(|_| None).collect();
+        for ((_, ks), answer) in groups.iter().zip(answers) {
+            for (&k, row) in ks.iter().zip(answer?) {
+                rows[k] = Some(row);
             }
         }
-        let prior_of = |i: usize| {
-            let m = self.all[i];
-            let t = m.client_transaction_id.as_ref()?;
-            held.get(&(m.partition_id, t.clone())).copied()
-        };
-        let fresh: Vec<usize> = self
-            .sent
-            .iter()
-            .copied()
-            .filter(|&i| prior_of(i).is_none())
-            .collect();
-        if !fresh.is_empty() {
-            self.append_of(client, append, &fresh).await?;
-        }
-        let alive: Vec<Uuid> = locked.iter().map(|r| r.get("id")).collect();
-        let by_sent = self
-            .sent
-            .iter()
-            .map(|&i| {
-                let outcome = match prior_of(i) {
-                    Some(id) => Stored::Duplicate(id),
-                    None if alive.contains(&self.all[i].partition_id) => {
-                        Stored::Queued(self.all[i].message_id)
-                    }
-                    None => Stored::PartitionGone,
-                };
-                (i, outcome)
-            })
-            .collect();
-        Ok(self.outcomes_of(by_sent))
+        Ok(rows
+            .into_iter()
+            .map(|r| r.expect("a row per message sent"))
+            .collect())
     }
 
     /// One outcome per message of the batch, in order, from the insert's rows.
@@ -786,12 +737,6 @@ impl<'a> Plan<'a> {
                 },
             );
         }
-        self.outcomes_of(by_sent)
-    }
-
-    /// One outcome per message of the batch, in order, from the outcomes of those sent: a
-    /// repeat within the batch is a duplicate of its first occurrence.
-    fn outcomes_of(&self, by_sent: HashMap<usize, Stored>) -> Vec<Stored> {
         self.repeat_of
             .iter()
             .enumerate()
