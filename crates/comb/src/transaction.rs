@@ -66,6 +66,12 @@ impl Transactions {
         };
         let mut client = self.pool.get().await.map_err(DbError::from)?;
         let tx = client.transaction().await.map_err(DbError::from)?;
+        let touched: Vec<Uuid> = acks
+            .iter()
+            .map(|a| a.partition_id)
+            .chain(messages.iter().map(|m| m.partition_id))
+            .collect();
+        crate::catalog::enlist_workers(&tx, &touched).await?;
         let ack_refs: Vec<&AckItem> = acks.iter().collect();
         let outcomes = if acks.is_empty() {
             Vec::new()

@@ -174,6 +174,39 @@ pub(crate) fn lock_partitions_sql() -> &'static str {
     }
 }
 
+/// A write of partition `$1`'s row that matches nothing: see [`enlist_workers`].
+const ENLIST_CITUS_SQL: &str =
+    "UPDATE comb.partitions SET name = name WHERE id = $1 AND name IS NULL";
+
+/// On Citus, makes a transaction that writes `partitions` commit in two phases when they lie
+/// on several workers, so it stays atomic across a worker's loss.
+///
+/// Citus turns two-phase commit on when a transaction that already modified a worker's
+/// shards modifies over a connection to another worker. Calls it delegates (the partitions'
+/// lock, the judgement of acks) count as reads for that decision, so a `/transaction` or
+/// streams batch acking on one worker and pushing to another would commit each worker in one
+/// phase: a worker lost between the commits could keep the ack without the push. A write of
+/// each partition's row that matches nothing (no row changed, no WAL), first in the
+/// transaction, makes every worker's connection a modifying one from the start. Partitions
+/// of one worker share its connection and still commit in one phase. With one partition, or
+/// on PostgreSQL, nothing is sent.
+pub(crate) async fn enlist_workers<C: GenericClient + Sync>(
+    client: &C,
+    partitions: &[Uuid],
+) -> Result<(), DbError> {
+    let mut ids = partitions.to_vec();
+    ids.sort();
+    ids.dedup();
+    if ids.len() < 2 || !crate::schema::citus::on() {
+        return Ok(());
+    }
+    let statement = client.prepare_cached(ENLIST_CITUS_SQL).await?;
+    for id in &ids {
+        client.execute(&statement, &[id]).await?;
+    }
+    Ok(())
+}
+
 /// The latest state of locked cursors with their queue's options, for the writers that judge
 /// cursors by them (acks, lease expiry, maintenance, unreadable payloads): `cursor`'s
 /// statement ([`cursor::state_sql!`]) with the queue joined here.

@@ -67,6 +67,14 @@ fn reply(job: CycleJob, result: Result<Outcome, DbError>) {
 async fn commit(pool: &Pool, jobs: &[CycleJob]) -> Result<Vec<Outcome>, DbError> {
     let mut client = pool.get().await?;
     let mut tx = client.transaction().await?;
+    let touched: Vec<Uuid> = jobs
+        .iter()
+        .flat_map(|j| {
+            std::iter::once(j.cycle.partition_id)
+                .chain(j.cycle.messages.iter().map(|m| m.partition_id))
+        })
+        .collect();
+    crate::catalog::enlist_workers(&tx, &touched).await?;
     let mut outcomes = Vec::with_capacity(jobs.len());
     for job in jobs {
         let savepoint = tx.transaction().await?;

@@ -602,10 +602,12 @@ async fn a_transaction_acks_and_pushes_across_partitions() {
 
 /// Streams' tables are distributed with the partitions they are about (`stream_partitions`,
 /// `stream_states` by partition, `stream_queries` a reference table): a cycle commits its
-/// state, its sink push and its source ack together on the cluster.
+/// state, its sink push and its source ack together on the cluster, in two phases when the
+/// sink's partition lies on another worker than the source's.
 #[tokio::test]
 async fn a_stream_cycle_commits_state_sink_and_ack_together() {
-    let env = on_citus("citus_streams").await;
+    let env = on_citus_quiet("citus_streams").await;
+    let db = env.db_name.clone();
     let (s, registered) = env
         .post(
             "/streams/v1/queries",
@@ -619,6 +621,19 @@ async fn a_stream_cycle_commits_state_sink_and_ack_together() {
         .map(|i| json!({"queue": "src", "partition": "p", "payload": {"n": i}}))
         .collect();
     env.push(json!(items)).await;
+    let sinks: Vec<String> = (0..16).map(|i| format!("s{i}")).collect();
+    for p in &sinks {
+        env.push(json!([{"queue": "sink", "partition": p, "payload": {"sum": 0}}]))
+            .await;
+    }
+    let mut names = vec!["p".to_string()];
+    names.extend(sinks.iter().cloned());
+    let placed = workers_of(&db, &names);
+    let sink = sinks[placed[1..]
+        .iter()
+        .position(|w| *w != placed[0])
+        .expect("sink partitions on both workers")]
+    .clone();
     let group = "streams.q";
     let pop = env
         .pop(&format!(
@@ -627,13 +642,14 @@ async fn a_stream_cycle_commits_state_sink_and_ack_together() {
         .await
         .expect("the pushed messages");
     let last = &pop["messages"][2];
+    let before = two_phase_commits(&db);
     let (s, done) = env
         .post(
             "/streams/v1/cycle",
             &json!({
                 "query_id": query, "partition_id": pop["partitionId"], "consumer_group": group,
                 "state_ops": [{"type": "upsert", "key": "sum", "value": 3}],
-                "push_items": [{"queue": "sink", "partition": "p", "payload": {"sum": 3}}],
+                "push_items": [{"queue": "sink", "partition": sink, "payload": {"sum": 3}}],
                 "ack": {"transactionId": last["transactionId"], "leaseId": last["leaseId"],
                         "status": "completed", "count": 3},
             }),
@@ -641,6 +657,11 @@ async fn a_stream_cycle_commits_state_sink_and_ack_together() {
         .await;
     assert_eq!(s, StatusCode::OK, "{done}\n{}", env.server.log_tail(30));
     assert_eq!(done["ack_result"]["count"], 3, "{done}");
+    assert_eq!(
+        two_phase_commits(&db) - before,
+        2,
+        "a cycle over two workers commits in two phases, one prepared transaction each"
+    );
     let (s, read) = env
         .post(
             "/streams/v1/state/get",
@@ -649,11 +670,13 @@ async fn a_stream_cycle_commits_state_sink_and_ack_together() {
         .await;
     assert_eq!(s, StatusCode::OK, "{read}");
     assert_eq!(read["rows"][0]["value"], 3, "{read}");
-    let sink = env
-        .pop("/api/v1/pop/queue/sink?autoAck=true")
+    let out = env
+        .pop(&format!(
+            "/api/v1/pop/queue/sink/partition/{sink}?autoAck=true&batch=10"
+        ))
         .await
         .expect("the sink push");
-    assert_eq!(sink["messages"][0]["data"]["sum"], 3);
+    assert_eq!(out["messages"][1]["data"]["sum"], 3, "{out}");
     assert!(
         env.pop(&format!("/api/v1/pop/queue/src?consumerGroup={group}"))
             .await
@@ -1518,7 +1541,8 @@ async fn partitions_on_two_workers(env: &Env) -> (String, String) {
 
 /// `POST /transaction` acking and pushing on one partition (pushes without transaction ids)
 /// commits on the partition's worker in one phase, no statement over several shards;
-/// one touching partitions of two workers is answered and stored alike.
+/// one touching partitions of two workers commits in two phases, and is answered and stored
+/// alike.
 #[tokio::test]
 async fn a_transaction_of_one_partition_commits_in_one_phase() {
     let env = on_citus_quiet("citus_tx_one").await;
@@ -1573,11 +1597,15 @@ async fn a_transaction_of_one_partition_commits_in_one_phase() {
         vec![1],
         "the ack took, the push stored in order"
     );
-    // Over partitions of two workers each worker's writes are single-shard statements, and
-    // Citus commits them without two phases: a worker lost between the commits could keep
-    // the ack without the push (docs/scale-out.md, "Not yet"). What the request answers and
-    // stores is asserted here.
+    // Over partitions of two workers it commits in two phases (`catalog::enlist_workers`),
+    // so a worker lost between the commits cannot keep the ack without the push.
+    let before = two_phase_commits(&db);
     transact(pop, b.clone(), 3).await;
+    assert_eq!(
+        two_phase_commits(&db) - before,
+        2,
+        "a transaction over two workers commits in two phases, one prepared transaction each"
+    );
     assert!(
         env.pop(&format!("/api/v1/pop/queue/q/partition/{a}"))
             .await
