@@ -681,6 +681,10 @@ async fn run_batch(pool: Pool, running: Arc<Semaphore>, ctx: Arc<Context>, jobs:
         let (pool, running, ctx) = (pool.clone(), running.clone(), ctx.clone());
         tokio::spawn(async move {
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
+            if crate::schema::citus::on() && shape.partition_id.is_none() && !shape.shared_lease {
+                let result = claim_listed(&pool, &running, &ctx, &shape, wanted, walk_done).await;
+                return answer(jobs, result);
+            }
             let _turn = running.acquire().await.expect("never closed");
             let mut walk_done = Some(walk_done);
             let pool = crate::db::route::consumer(&pool, shape.partition_id).await;
@@ -808,35 +812,16 @@ impl Claiming<'_> {
 }
 
 impl Claiming<'_> {
-    /// A pop over the whole queue on Citus: the candidates listed across the workers
-    /// ([`CANDIDATES_LIST_CITUS_SQL`]), then each claimed as a named partition until enough
-    /// are.
+    /// A pop over the whole queue on Citus, one claim after another (a shared-lease pop's:
+    /// its partitions share one lease): the candidates listed ([`Claiming::list`]), then each
+    /// claimed as a named partition until enough are. Other pops take [`claim_listed`].
     async fn run_listed(
         &self,
         client: &deadpool_postgres::Client,
         partitions: usize,
         walk_done: &mut Option<oneshot::Sender<()>>,
     ) -> Result<Vec<Claim>, DbError> {
-        let rover = self.ctx.rovers.get(self.shape.queue_id, &self.shape.group);
-        let limit = (partitions as i64) + LOOKAHEAD;
-        let (queue_id, group) = (self.shape.queue_id, &self.shape.group);
-        let listed: Vec<Uuid> = match client
-            .query(
-                CANDIDATES_LIST_CITUS_SQL.as_str(),
-                &[&queue_id, group, &rover, &limit],
-            )
-            .await
-        {
-            Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
-            // A worker down: the live workers' candidates (see `by_worker`).
-            Err(e) if super::by_worker::worker_unreachable(&e) => {
-                let sql = CANDIDATES_LIST_CITUS_SQL.as_str();
-                super::by_worker::list(client, sql, queue_id, group, rover, limit)
-                    .await?
-                    .ok_or(e)?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let listed = self.list(client, partitions).await?;
         let mut claims: Vec<Claim> = Vec::new();
         for partition_id in listed {
             if claims.len() >= partitions {
@@ -859,6 +844,123 @@ impl Claiming<'_> {
         }
         Ok(claims)
     }
+
+    /// The partitions of the group that may have something to hand out, listed across the
+    /// workers ([`CANDIDATES_LIST_CITUS_SQL`]) in walk order from the rover, a few more than
+    /// `partitions`; the rover moves past them, so the lane's next list starts after them.
+    async fn list(
+        &self,
+        client: &deadpool_postgres::Client,
+        partitions: usize,
+    ) -> Result<Vec<Uuid>, DbError> {
+        let rover = self.ctx.rovers.get(self.shape.queue_id, &self.shape.group);
+        let limit = (partitions as i64) + LOOKAHEAD;
+        let (queue_id, group) = (self.shape.queue_id, &self.shape.group);
+        let listed: Vec<Uuid> = match client
+            .query(
+                CANDIDATES_LIST_CITUS_SQL.as_str(),
+                &[&queue_id, group, &rover, &limit],
+            )
+            .await
+        {
+            Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
+            // A worker down: the live workers' candidates (see `by_worker`).
+            Err(e) if super::by_worker::worker_unreachable(&e) => {
+                let sql = CANDIDATES_LIST_CITUS_SQL.as_str();
+                super::by_worker::list(client, sql, queue_id, group, rover, limit)
+                    .await?
+                    .ok_or(e)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(&last) = listed.last() {
+            self.ctx.rovers.set(queue_id, group, last);
+        }
+        Ok(listed)
+    }
+}
+
+/// A pop over the whole queue on Citus, for the fused pops of one shape: the candidates
+/// listed under a turn of the pop workers ([`Claiming::list`]), then each claimed as a named
+/// partition, as many at once as there are pop workers, each under a turn and on a
+/// connection of its own (its worker's on the direct route). The lane goes on once the list
+/// is made. (Claimed one after another, fifty fused pops waited for fifty claims in a row.)
+/// A claim that fails leaves the others' answer; only when none got anything is the error
+/// the answer.
+async fn claim_listed(
+    pool: &Pool,
+    running: &Semaphore,
+    ctx: &Context,
+    shape: &PopShape,
+    wanted: usize,
+    walk_done: oneshot::Sender<()>,
+) -> Result<Vec<Claim>, DbError> {
+    let listed = {
+        let _turn = running.acquire().await.expect("never closed");
+        let client = pool.get().await?;
+        let lister = Claiming {
+            ctx,
+            shape,
+            lease: None,
+        };
+        lister.list(&client, wanted).await?
+    };
+    let _ = walk_done.send(());
+    let last = listed.last().copied();
+    let mut pending = listed.into_iter();
+    let mut claiming = futures_util::stream::FuturesUnordered::new();
+    let mut claims: Vec<Claim> = Vec::new();
+    let mut failed = None;
+    loop {
+        while claims.len() + claiming.len() < wanted {
+            let Some(partition_id) = pending.next() else {
+                break;
+            };
+            claiming.push(claim_named(pool, running, ctx, shape, partition_id));
+        }
+        match futures_util::StreamExt::next(&mut claiming).await {
+            Some(Ok(got)) => claims.extend(got),
+            Some(Err(e)) => {
+                failed.get_or_insert(e);
+            }
+            None => break,
+        }
+    }
+    // Each named claim moved the rover to its own partition, in whatever order they ended.
+    if let Some(last) = last {
+        ctx.rovers.set(shape.queue_id, &shape.group, last);
+    }
+    match failed {
+        Some(e) if claims.is_empty() => Err(e),
+        Some(e) => {
+            tracing::warn!(error = %e, "a claim of a listed partition failed; the pops get the others");
+            Ok(claims)
+        }
+        None => Ok(claims),
+    }
+}
+
+/// One listed partition claimed as a named one, under a turn of the pop workers.
+async fn claim_named(
+    pool: &Pool,
+    running: &Semaphore,
+    ctx: &Context,
+    shape: &PopShape,
+    partition_id: Uuid,
+) -> Result<Vec<Claim>, DbError> {
+    let _turn = running.acquire().await.expect("never closed");
+    let shape = PopShape {
+        partition_id: Some(partition_id),
+        ..shape.clone()
+    };
+    let pool = crate::db::route::consumer(pool, Some(partition_id)).await;
+    let client = pool.get().await?;
+    let one = Claiming {
+        ctx,
+        shape: &shape,
+        lease: None,
+    };
+    Box::pin(one.run(&client, 1, &mut None)).await
 }
 
 /// How many free cursors beyond those it wants a claim's first walk reads.
