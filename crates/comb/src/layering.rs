@@ -77,6 +77,8 @@ const SCHEMA: &str = "schema";
 const OWNERS: &[(&str, &str)] = &[
     ("queues", "catalog"),
     ("partitions", "catalog"),
+    ("partition_ids", "catalog"),
+    ("create_partition", "catalog"),
     ("subscriptions", "catalog"),
     ("messages", "messages"),
     ("lock_partitions", "catalog"),

@@ -7,7 +7,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::ack::{self, Acker};
-use crate::catalog::Catalog;
+use crate::catalog::{self, Catalog};
 use crate::config::ServeConfig;
 use crate::http::{self, App};
 use crate::metrics::Metrics;
@@ -174,16 +174,22 @@ pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error:
     let mut client = db::connect(database_url).await?;
     let applied = schema::migrate(&mut client).await?;
     // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
-    // whole on the partition's worker, each as one call.
+    // whole on the partition's worker, each as one call, and so does a partition's creation.
     schema::citus::delegate(
         &client,
         &[
             (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
             (&ack::JUDGE_CITUS_FUNCTION, ack::JUDGE_CITUS_SIGNATURE),
             (&lease::EXTEND_CITUS_FUNCTION, lease::EXTEND_CITUS_SIGNATURE),
+            (
+                &catalog::CREATE_CITUS_FUNCTION,
+                catalog::CREATE_CITUS_SIGNATURE,
+            ),
         ],
     )
     .await?;
+    // On Citus, whether partitions made before their ids were derived are left.
+    catalog::record_legacy(&client).await?;
     if applied.is_empty() {
         tracing::info!(version = schema::latest_version(), "schema is up to date");
     } else {

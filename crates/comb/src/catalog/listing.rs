@@ -20,19 +20,17 @@ pub(crate) async fn queue_id(
         .map(|r| r.get("id")))
 }
 
-/// The id of the partition named `partition` of the queue `queue_id`, if it exists.
+/// The id of the partition named `partition` of the queue `queue_id`, if it exists: the
+/// catalog's look-up by name (on Citus by its derived id, on its shard).
 pub(crate) async fn partition_id(
     client: &impl GenericClient,
     queue_id: Uuid,
     partition: &str,
 ) -> Result<Option<Uuid>, DbError> {
-    Ok(client
-        .query_opt(
-            "SELECT id FROM comb.partitions WHERE queue_id = $1 AND name = $2",
-            &[&queue_id, &partition],
-        )
+    let key = (queue_id, partition.to_string());
+    Ok(super::ids::look_up(client, std::slice::from_ref(&key))
         .await?
-        .map(|r| r.get("id")))
+        .remove(&key))
 }
 
 /// Whether any group reads the queue.

@@ -2,11 +2,16 @@
 //!
 //! Names resolve to ids that never change while the queue exists, so they are cached in memory;
 //! every server keeps its own cache and the database stays the only source of truth.
-//! Creating a partition and subscribing a group both lock the queue row, so that every
+//! A partition's id is derived from its queue's id and its name ([`ids`]). Creating a
+//! partition and subscribing a group are kept apart (on one PostgreSQL both lock the queue
+//! row; on Citus an advisory lock of the queue on the coordinator), so that every
 //! (partition, group) pair gets its cursor row exactly once, whichever comes first.
 
+mod ids;
 pub(crate) mod listing;
 mod queues;
+
+pub(crate) use ids::{CREATE_CITUS_FUNCTION, CREATE_CITUS_SIGNATURE, record_legacy};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -308,13 +313,9 @@ impl Catalog {
             return Ok(Some(*id));
         }
         let client = pool.get().await?;
-        let row = client
-            .query_opt(
-                "SELECT id FROM comb.partitions WHERE queue_id = $1 AND name = $2",
-                &[&queue_id, &name],
-            )
-            .await?;
-        let id = row.map(|r| r.get::<_, Uuid>(0));
+        let id = ids::look_up(&**client, std::slice::from_ref(&key))
+            .await?
+            .remove(&key);
         if let Some(id) = id {
             self.remember_partition(key, id);
         }
@@ -395,81 +396,12 @@ impl Catalog {
         if missing.is_empty() {
             return Ok(out);
         }
-        let queue_ids: Vec<Uuid> = missing.iter().map(|k| k.0).collect();
-        let names: Vec<String> = missing.iter().map(|k| k.1.clone()).collect();
-        let new_ids: Vec<Uuid> = missing.iter().map(|_| Uuid::now_v7()).collect();
-        let mut lock_ids = queue_ids.clone();
-        lock_ids.sort();
-        lock_ids.dedup();
-        let mut client = pool.get().await?;
-        let tx = client.transaction().await?;
-        tx.query(
-            "SELECT id FROM comb.queues WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
-            &[&lock_ids],
-        )
-        .await?;
-        // Under the queues' locks, partitions made meanwhile are seen here and not made again:
-        // the name is unique per queue by this, not by a key (on Citus a unique key must hold
-        // the partition id, the distribution column).
-        let found: HashSet<(Uuid, String)> = tx
-            .query(
-                "SELECT p.queue_id, p.name
-                 FROM unnest($1::uuid[], $2::text[]) AS w(queue_id, name)
-                 JOIN comb.partitions p ON p.queue_id = w.queue_id AND p.name = w.name",
-                &[&queue_ids, &names],
-            )
-            .await?
-            .iter()
-            .map(|r| (r.get("queue_id"), r.get("name")))
-            .collect();
-        let (mut make_ids, mut make_queues, mut make_names) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, key) in missing.iter().enumerate() {
-            if !found.contains(key) {
-                make_ids.push(new_ids[i]);
-                make_queues.push(key.0);
-                make_names.push(key.1.clone());
-            }
-        }
-        tx.execute(
-            concat!(
-                "WITH created AS (
-                 INSERT INTO comb.partitions (id, queue_id, name)
-                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) ORDER BY 2, 3
-                 ON CONFLICT DO NOTHING
-                 RETURNING id, queue_id
-             )
-             , anchors AS (
-                 ",
-                cursor::insert_cursor!(),
-                "
-                 SELECT c.id, s.consumer_group, c.queue_id
-                 FROM created c JOIN comb.subscriptions s ON s.queue_id = c.queue_id
-                 ON CONFLICT DO NOTHING
-                 RETURNING partition_id, consumer_group
-             )
-             ",
-                cursor::insert_first_state!(),
-                "
-             SELECT a.partition_id, a.consumer_group, ",
-                cursor::newest_gen!(),
-                ", 1, 0, 0
-             FROM anchors a"
-            ),
-            &[&make_ids, &make_queues, &make_names],
-        )
-        .await?;
-        let rows = tx
-            .query(
-                "SELECT p.queue_id, p.name, p.id
-                 FROM unnest($1::uuid[], $2::text[]) AS w(queue_id, name)
-                 JOIN comb.partitions p ON p.queue_id = w.queue_id AND p.name = w.name",
-                &[&queue_ids, &names],
-            )
-            .await?;
-        tx.commit().await?;
-        for r in rows {
-            let key: (Uuid, String) = (r.get("queue_id"), r.get("name"));
-            let id: Uuid = r.get("id");
+        let made = if crate::schema::citus::on() {
+            create_on_citus(pool, &missing).await?
+        } else {
+            create_locked(pool, &missing).await?
+        };
+        for (key, id) in made {
             self.remember_partition(key.clone(), id);
             out.insert(key, id);
         }
@@ -510,6 +442,12 @@ impl Catalog {
             return Ok(());
         }
         let tx = client.transaction().await?;
+        if crate::schema::citus::on() {
+            // Partitions made on Citus do not lock the queue's row; they hold its creation
+            // lock, shared, until they commit: waiting here for it sees them all below.
+            tx.execute(ids::CREATION_LOCK_SQL, &[&ids::CREATION_LOCK, &queue_id])
+                .await?;
+        }
         tx.query(
             "SELECT id FROM comb.queues WHERE id = $1 FOR NO KEY UPDATE",
             &[&queue_id],
@@ -666,4 +604,108 @@ impl Catalog {
         }
         p.insert(key, id);
     }
+}
+
+/// Creates the partitions `missing` (sorted) on one PostgreSQL, with derived ids, under their
+/// queues' row locks (which a subscription takes too), and returns every one's id: those that
+/// exist keep theirs (the `(queue_id, name)` key keeps a name unique per queue whatever its
+/// id, also for partitions made before ids were derived).
+async fn create_locked(
+    pool: &Pool,
+    missing: &[(Uuid, String)],
+) -> Result<HashMap<(Uuid, String), Uuid>, DbError> {
+    let queue_ids: Vec<Uuid> = missing.iter().map(|k| k.0).collect();
+    let names: Vec<String> = missing.iter().map(|k| k.1.clone()).collect();
+    let new_ids: Vec<Uuid> = missing.iter().map(|(q, n)| ids::derived(*q, n)).collect();
+    let mut lock_ids = queue_ids.clone();
+    lock_ids.sort();
+    lock_ids.dedup();
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.query(
+        "SELECT id FROM comb.queues WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
+        &[&lock_ids],
+    )
+    .await?;
+    // Under the queues' locks, partitions made meanwhile are seen here and not made again
+    // (the key `(queue_id, name)` would refuse them anyway).
+    let found: HashSet<(Uuid, String)> = tx
+        .query(ids::BY_NAME_SQL, &[&queue_ids, &names])
+        .await?
+        .iter()
+        .map(|r| (r.get("queue_id"), r.get("name")))
+        .collect();
+    let (mut make_ids, mut make_queues, mut make_names) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, key) in missing.iter().enumerate() {
+        if !found.contains(key) {
+            make_ids.push(new_ids[i]);
+            make_queues.push(key.0);
+            make_names.push(key.1.clone());
+        }
+    }
+    tx.execute(
+        concat!(
+            "WITH created AS (
+                 INSERT INTO comb.partitions (id, queue_id, name)
+                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) ORDER BY 2, 3
+                 ON CONFLICT DO NOTHING
+                 RETURNING id, queue_id
+             )
+             , anchors AS (
+                 ",
+            cursor::insert_cursor!(),
+            "
+                 SELECT c.id, s.consumer_group, c.queue_id
+                 FROM created c JOIN comb.subscriptions s ON s.queue_id = c.queue_id
+                 ON CONFLICT DO NOTHING
+                 RETURNING partition_id, consumer_group
+             )
+             ",
+            cursor::insert_first_state!(),
+            "
+             SELECT a.partition_id, a.consumer_group, ",
+            cursor::newest_gen!(),
+            ", 1, 0, 0
+             FROM anchors a"
+        ),
+        &[&make_ids, &make_queues, &make_names],
+    )
+    .await?;
+    let rows = tx.query(ids::BY_NAME_SQL, &[&queue_ids, &names]).await?;
+    tx.commit().await?;
+    Ok(rows
+        .iter()
+        .map(|r| ((r.get("queue_id"), r.get("name")), r.get("id")))
+        .collect())
+}
+
+/// Creates the partitions `missing` on Citus: looked up first (by derived id, a statement of
+/// each partition's shard), then each one not found made by one call of
+/// `comb.create_partition` on its worker, in a transaction of its own that holds its
+/// queue's creation lock (shared) on the coordinator: no lock of the queue's row, which is a
+/// reference table's and would need every node. Two servers making one partition insert the
+/// same id: the primary key keeps one.
+async fn create_on_citus(
+    pool: &Pool,
+    missing: &[(Uuid, String)],
+) -> Result<HashMap<(Uuid, String), Uuid>, DbError> {
+    let mut client = pool.get().await?;
+    let mut found = ids::look_up(&**client, missing).await?;
+    for key in missing {
+        if found.contains_key(key) {
+            continue;
+        }
+        let id = ids::derived(key.0, &key.1);
+        let tx = client.transaction().await?;
+        tx.execute(
+            ids::CREATION_LOCK_SHARED_SQL,
+            &[&ids::CREATION_LOCK, &key.0],
+        )
+        .await?;
+        tx.execute(ids::CREATE_CITUS_CALL, &[&id, &key.0, &key.1])
+            .await?;
+        tx.commit().await?;
+        found.insert(key.clone(), id);
+    }
+    Ok(found)
 }

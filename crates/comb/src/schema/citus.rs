@@ -201,6 +201,7 @@ pub(crate) const REFERENCE: &[&str] = &[
     "comb.cursor_gens",
     "comb.system_modes",
     "comb.stream_queries",
+    "comb.partition_ids",
 ];
 
 /// The table every distributed table is co-located with, and its distribution column.

@@ -100,6 +100,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "streams",
         sql: include_str!("migrations/0016_streams.sql"),
     },
+    Migration {
+        version: 17,
+        name: "partition_ids",
+        sql: include_str!("migrations/0017_partition_ids.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

@@ -397,6 +397,13 @@ CREATE TABLE comb.migrations (
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE comb.partition_ids (
+    one boolean DEFAULT true NOT NULL,
+    legacy boolean NOT NULL,
+    checked_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT partition_ids_one_check CHECK (one)
+);
+
 CREATE TABLE comb.partitions (
     id uuid NOT NULL,
     queue_id uuid NOT NULL,
@@ -594,6 +601,9 @@ ALTER TABLE ONLY comb.messages
 
 ALTER TABLE ONLY comb.migrations
     ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY comb.partition_ids
+    ADD CONSTRAINT partition_ids_pkey PRIMARY KEY (one);
 
 ALTER TABLE ONLY comb.partitions
     ADD CONSTRAINT partitions_pkey PRIMARY KEY (id);

@@ -101,6 +101,7 @@ async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_
         "comb.cursor_gens",
         "comb.system_modes",
         "comb.stream_queries",
+        "comb.partition_ids",
     ] {
         assert_eq!(of(t).1, "reference", "{t}");
     }
@@ -145,6 +146,7 @@ async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_
         "{functions}"
     );
     assert!(functions.contains("comb.claimable_now("), "{functions}");
+    assert!(functions.contains("comb.create_partition("), "{functions}");
     // The state view was set aside and made again.
     assert_eq!(
         citus
@@ -2557,6 +2559,238 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
         };
         assert_eq!(numbers(&pop), want, "{p}");
     }
+    drop(second);
+    drop(env);
+    drop(citus);
+}
+
+// Partition ids derived from their queue and name
+
+/// The id Comb derives for partition `name` of queue `queue_id` (`catalog::ids`): pinned
+/// here too, since changing it would lose every partition made before the change.
+fn derived_id(queue_id: &str, name: &str) -> uuid::Uuid {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5e1c_7a0b_93d4_4c2e_8f61_2b7d_0a9e_c3f4);
+    let queue: uuid::Uuid = queue_id.parse().unwrap();
+    let mut bytes = queue.as_bytes().to_vec();
+    bytes.extend_from_slice(name.as_bytes());
+    uuid::Uuid::new_v5(&NAMESPACE, &bytes)
+}
+
+/// A push to a partition that does not exist yet makes it with one statement of its shard (its
+/// id derived from its name, no lock of the queue's row), and a named pop of it by a server
+/// that has never seen it finds it by that id: neither runs a statement over several shards
+/// nor commits in two phases.
+#[tokio::test]
+async fn a_push_to_a_new_partition_and_a_named_pop_of_an_unseen_one_run_on_one_shard() {
+    let env = on_citus_quiet("citus_pids").await;
+    let db = env.db_name.clone();
+    env.push(json!([{"queue": "q", "partition": "warm", "payload": {"n": 0}}]))
+        .await;
+    let pop = env.pop("/api/v1/pop/queue/q/partition/warm").await.unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    // Started before the counts: its `comb migrate` reads every shard.
+    let second = env
+        .second_server_with(&[
+            "--maintenance-interval-ms",
+            "3600000",
+            "--stats-interval-ms",
+            "3600000",
+        ])
+        .await;
+    let (multi, single) = executions(&db);
+    let two_phase = two_phase_commits(&db);
+
+    env.push(json!([{"queue": "q", "partition": "fresh", "payload": {"n": 1}}]))
+        .await;
+    assert_eq!(
+        two_phase_commits(&db),
+        two_phase,
+        "the push committed in two phases"
+    );
+    let url = format!("{}/api/v1/pop/queue/q/partition/fresh", second.base_url());
+    let r = env.http.get(url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let pop: Value = r.json().await.unwrap();
+    assert_eq!(numbers(&pop), vec![1], "{pop}");
+    assert_eq!(
+        two_phase_commits(&db),
+        two_phase,
+        "the pop committed in two phases"
+    );
+    let (multi_after, single_after) = executions(&db);
+    assert!(single_after > single, "the counters count");
+    assert_eq!(
+        multi_after - multi,
+        0,
+        "the first push and pop of a partition ran statements on several shards"
+    );
+
+    let on = |sql: &str| Citus::shared().coordinator().psql(&db, sql).unwrap();
+    let queue_id = on("SELECT id FROM comb.queues WHERE name = 'q'");
+    assert_eq!(
+        pop["messages"][0]["partitionId"],
+        derived_id(&queue_id, "fresh").to_string()
+    );
+    assert_eq!(on("SELECT legacy FROM comb.partition_ids"), "f");
+}
+
+/// Servers racing to make the same partitions on the cluster, while a new group subscribes to
+/// the queue, make each partition once and give every (partition, group) pair its cursor:
+/// creations hold their queue's creation lock shared, the subscription exclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_creators_and_a_new_group_get_one_partition_and_a_cursor_each() {
+    let env = on_citus("citus_pids_race").await;
+    env.push(json!([{"queue": "race", "partition": "warm", "payload": {"n": 0}}]))
+        .await;
+    let second = env.second_server().await;
+    const NAMES: usize = 16;
+    let mut tasks = Vec::new();
+    for base in [env.server.base_url(), second.base_url()] {
+        for p in 0..NAMES {
+            let http = env.http.clone();
+            let url = format!("{base}/api/v1/push");
+            tasks.push(tokio::spawn(async move {
+                let body = json!({"items": [{"queue": "race", "partition": format!("r{p}"),
+                                             "payload": {"n": p}}]});
+                http.post(url).json(&body).send().await.unwrap().status()
+            }));
+        }
+        if tasks.len() == NAMES {
+            let http = env.http.clone();
+            let url = format!("{base}/api/v1/pop/queue/race?consumerGroup=late&batch=1");
+            tasks.push(tokio::spawn(async move {
+                http.get(url).send().await.unwrap().status()
+            }));
+        }
+    }
+    for t in tasks {
+        let status = t.await.unwrap();
+        assert!(
+            status == StatusCode::CREATED || status == StatusCode::OK,
+            "{status}"
+        );
+    }
+    let on = |sql: &str| {
+        Citus::shared()
+            .coordinator()
+            .psql(&env.db_name, sql)
+            .unwrap()
+    };
+    assert_eq!(
+        on("SELECT count(*) || ',' || count(DISTINCT name) FROM comb.partitions"),
+        format!("{},{}", NAMES + 1, NAMES + 1)
+    );
+    assert_eq!(
+        on("SELECT count(*) FROM comb.cursors WHERE consumer_group = 'late'"),
+        (NAMES + 1).to_string(),
+        "a partition without the new group's cursor"
+    );
+    assert_eq!(
+        on("SELECT count(*) FROM comb.messages"),
+        (2 * NAMES + 1).to_string()
+    );
+}
+
+/// With a worker stopped, a server that had never seen the queue's partitions pushes to and
+/// pops partitions of the live worker: one made before the stop, and one it makes now. Their
+/// look-up by name is a look-up of their derived id on their shard; a partition of the
+/// stopped worker answers 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_worker_lost_a_fresh_server_finds_and_makes_partitions_of_the_live_one() {
+    let (citus, env) = tokio::task::spawn_blocking(|| {
+        let citus = Citus::start().expect("a private cluster starts");
+        let db_url = citus.create_database("citus_pids_lost").unwrap();
+        let db_name = db_url.rsplit('/').next().unwrap().to_string();
+        let server = Server::start(common::comb_bin(), &db_url, &[]).expect("server starts");
+        let env = Env {
+            server,
+            db_url,
+            db_name,
+            http: common::client(),
+        };
+        (citus, env)
+    })
+    .await
+    .unwrap();
+    let db = env.db_name.clone();
+    const OLD: usize = 8;
+    let items: Vec<Value> = (0..OLD)
+        .map(|p| json!({"queue": "lost", "partition": format!("a{p}"), "payload": {"n": 1}}))
+        .collect();
+    env.push(json!(items)).await;
+    // The group subscribed while the cluster is whole (a new group needs every node).
+    let pop = env
+        .pop("/api/v1/pop/queue/lost/partition/a0")
+        .await
+        .unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    let queue_id = citus
+        .coordinator()
+        .psql(&db, "SELECT id FROM comb.queues WHERE name = 'lost'")
+        .unwrap();
+    let port = |name: &str| {
+        let id = derived_id(&queue_id, name);
+        citus
+            .coordinator()
+            .psql(
+                &db,
+                &format!(
+                    "SELECT n.nodeport FROM pg_dist_placement pl
+                     JOIN pg_dist_node n ON n.groupid = pl.groupid
+                     WHERE pl.shardid =
+                           get_shard_id_for_distribution_column('comb.partitions', '{id}')"
+                ),
+            )
+            .unwrap()
+    };
+    let lost_port = citus.workers()[1].port().to_string();
+    let old_live = (1..OLD)
+        .map(|p| format!("a{p}"))
+        .find(|n| port(n) != lost_port)
+        .expect("a partition on the live worker");
+    let new_names: Vec<String> = (0..32).map(|p| format!("b{p}")).collect();
+    let new_live = new_names
+        .iter()
+        .find(|n| port(n) != lost_port)
+        .expect("a name on the live worker")
+        .clone();
+    let new_held = new_names
+        .iter()
+        .find(|n| port(n) == lost_port)
+        .expect("a name on the stopped worker")
+        .clone();
+    let second = env.second_server().await;
+
+    let worker = &citus.workers()[1];
+    tokio::task::block_in_place(|| worker.stop("fast")).expect("the worker stops");
+
+    let base = second.base_url();
+    let push = |p: &str, n: i64| {
+        env.http
+            .post(format!("{base}/api/v1/push"))
+            .json(&json!({"items": [{"queue": "lost", "partition": p, "payload": {"n": n}}]}))
+    };
+    let pop = |p: &str| {
+        env.http.get(format!(
+            "{base}/api/v1/pop/queue/lost/partition/{p}?batch=10"
+        ))
+    };
+    let logs = || second.log_tail(60);
+    for (p, want) in [(&old_live, vec![1, 2]), (&new_live, vec![2])] {
+        let (status, _, body) = status_and_retry(push(p, 2)).await;
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "push to {p}: {body}\n{}",
+            logs()
+        );
+        let (status, _, body) = status_and_retry(pop(p)).await;
+        assert_eq!(status, StatusCode::OK, "pop of {p}: {body}\n{}", logs());
+        assert_eq!(numbers(&body), want, "{p}");
+    }
+    let (status, retry, body) = status_and_retry(push(&new_held, 2)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(retry);
     drop(second);
     drop(env);
     drop(citus);

@@ -38,6 +38,7 @@ mod long_poll;
 mod metrics;
 mod migrate;
 mod no_skip;
+mod partition_ids;
 mod pop_options;
 mod queen_compat;
 mod queen_defects;
