@@ -2,8 +2,6 @@
 //! append, the heads a copied batch starts from, and the copy itself. `push::store` runs
 //! them in its transaction after locking the batch's partitions.
 
-use std::sync::LazyLock;
-
 /// The insert for batches where some message carries a producer's transaction id: a message
 /// whose id the partition already holds is not stored again, and answers with the id stored.
 pub(crate) const INSERT_SQL: &str = concat!(
@@ -54,35 +52,17 @@ LEFT JOIN stored s ON s.message_id = i.message_id
 ORDER BY i.ord"
 );
 
-/// [`INSERT_SQL`] on Citus, of one partition (`$8`, the only one in `$1`): every read of a
-/// distributed table names it, so the statement runs on that partition's worker. Over several
-/// partitions Citus cannot plan the look-up of prior transaction ids (a lateral subquery with
-/// a limit, over the input list); the batch sends one statement per partition instead.
-pub(crate) static INSERT_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    let sql = INSERT_SQL
-        .replace(
-            "WHERE m.partition_id = i.partition_id AND",
-            "WHERE m.partition_id = i.partition_id AND m.partition_id = $8 AND",
-        )
-        .replace(
-            "WHERE m.partition_id = d.partition_id",
-            "WHERE m.partition_id = d.partition_id AND m.partition_id = $8",
-        )
-        .replace(
-            "WHERE sp.partition_id = d.partition_id",
-            "WHERE sp.partition_id = d.partition_id AND sp.partition_id = $8",
-        );
-    debug_assert_eq!(sql.matches("$8").count(), 3, "{sql}");
-    sql
-});
-
-pub(crate) fn insert_sql() -> &'static str {
-    if crate::schema::citus::on() {
-        &INSERT_CITUS_SQL
-    } else {
-        INSERT_SQL
-    }
-}
+/// On Citus, the transaction ids among `$2` that partition `$1` already holds, with the
+/// message each was first stored as: a router statement of the partition's shard, read
+/// after the push's partition lock (so no racing push of the partition slips in between),
+/// after which the new messages take the plain append. [`INSERT_SQL`]'s insert, a
+/// data-modifying CTE, Citus plans in steps through the coordinator and commits in two
+/// phases; these two statements name one shard each and commit on its worker in one phase.
+pub(crate) const PRIOR_CITUS_SQL: &str = "
+SELECT DISTINCT ON (m.transaction_id) m.transaction_id, m.message_id
+FROM comb.messages m
+WHERE m.partition_id = $1 AND m.transaction_id = ANY($2::text[])
+ORDER BY m.transaction_id, m.pos";
 
 /// The insert for batches without producer-given transaction ids, which cannot repeat a stored
 /// message: positions `head + rank` with each item's rank in its partition computed by the

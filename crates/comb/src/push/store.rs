@@ -36,7 +36,7 @@ use super::handoff;
 use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::fusion::{self, Fuser, Runner};
 use crate::messages::insert::{
-    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, insert_sql,
+    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_CITUS_SQL,
 };
 use crate::metrics::Stage;
 use crate::wake::Wake;
@@ -312,7 +312,9 @@ async fn run_batch(pool: &Pool, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
 /// Stores a batch in a transaction of its own: BEGIN, lock, insert and COMMIT are pipelined
 /// in one round trip. If a statement fails, the ones after it fail too and COMMIT rolls back.
 /// With pops `offered` the batch's messages, their cursors are locked in the same round trip
-/// and the leases granted in a second, with the COMMIT ([`handoff`]).
+/// and the leases granted in a second, with the COMMIT ([`handoff`]). A checked batch on
+/// Citus takes two round trips (lock and prior ids, then append and COMMIT): its COMMIT is
+/// sent only after its append, which must not run outside the lock.
 /// (No NOTIFY in here: it takes a cluster-wide lock held through the commit's WAL flush,
 /// which would serialise every push commit; see `wake::broadcast`.)
 async fn store(
@@ -331,6 +333,27 @@ async fn store(
     }
     let statements = Statements::prepare(&client, plan).await?;
     let p = Pipelined::on(&client);
+    if let (Some(prior), true) = (&statements.prior, offered.is_empty()) {
+        // Two round trips: the COMMIT goes with the append, never before it.
+        let (begin, read) = tokio::join!(
+            p.begin(),
+            plan.read_prior_on_citus(&p, &statements.lock, prior)
+        );
+        let read = match begin.map_err(DbError::from).and(read) {
+            Ok(read) => read,
+            Err(e) => {
+                db::roll_back(&client).await;
+                return Err(e);
+            }
+        };
+        let (outcomes, commit) = tokio::join!(
+            plan.append_new_on_citus(&p, &statements.insert, &read),
+            p.commit()
+        );
+        let outcomes = outcomes?;
+        commit?;
+        return Ok(outcomes);
+    }
     if offered.is_empty() {
         let (begin, outcomes, commit) =
             tokio::join!(p.begin(), plan.run(&p, &statements), p.commit());
@@ -381,10 +404,21 @@ pub(crate) async fn store_in(
     plan.run(tx, &statements).await
 }
 
-/// The prepared statements a batch needs: the lock, and the insert its kind calls for.
+/// What the first round trip of a checked batch on Citus read: the partitions the lock found
+/// (`alive`), and the messages their partitions already hold under the batch's transaction
+/// ids (`held`, by partition and id).
+struct PriorIds {
+    alive: Vec<Uuid>,
+    held: HashMap<(Uuid, String), Uuid>,
+}
+
+/// The prepared statements a batch needs: the lock, and the insert its kind calls for. On
+/// Citus a batch with producers' transaction ids reads their prior messages (`prior`) and
+/// then takes the plain append ([`Plan::run_checked_on_citus`]).
 struct Statements {
     lock: Statement,
     insert: Statement,
+    prior: Option<Statement>,
 }
 
 impl Statements {
@@ -395,12 +429,22 @@ impl Statements {
         let lock = client
             .prepare_cached(crate::catalog::lock_partitions_sql())
             .await?;
-        let insert = if plan.checks_duplicates() {
-            client.prepare_cached(insert_sql()).await?
+        let citus = crate::schema::citus::on();
+        let insert = if plan.checks_duplicates() && !citus {
+            client.prepare_cached(INSERT_SQL).await?
         } else {
             client.prepare_cached(append_sql()).await?
         };
-        Ok(Statements { lock, insert })
+        let prior = if plan.checks_duplicates() && citus {
+            Some(client.prepare_cached(PRIOR_CITUS_SQL).await?)
+        } else {
+            None
+        };
+        Ok(Statements {
+            lock,
+            insert,
+            prior,
+        })
     }
 }
 
@@ -595,6 +639,11 @@ impl<'a> Plan<'a> {
         statements: &Statements,
     ) -> Result<Vec<Stored>, DbError> {
         let lock_params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
+        if let Some(prior) = &statements.prior {
+            return self
+                .run_checked_on_citus(client, &statements.lock, prior, &statements.insert)
+                .await;
+        }
         if self.checks_duplicates() {
             let (locked, rows) = tokio::join!(
                 client.query(&statements.lock, &lock_params),
@@ -615,7 +664,17 @@ impl<'a> Plan<'a> {
 
     /// The plain append: each message's rank among the batch's messages of its partition.
     async fn append<C: Prepared>(&self, client: &C, insert: &Statement) -> Result<u64, DbError> {
-        let sent = || self.sent.iter().map(|&i| self.all[i]);
+        self.append_of(client, insert, &self.sent).await
+    }
+
+    /// [`Plan::append`] of the messages `sent` (indexes into `all`).
+    async fn append_of<C: Prepared>(
+        &self,
+        client: &C,
+        insert: &Statement,
+        sent: &[usize],
+    ) -> Result<u64, DbError> {
+        let sent = || sent.iter().map(|&i| self.all[i]);
         let mut ranks: HashMap<Uuid, i64> = HashMap::with_capacity(self.lock_ids.len());
         let rank: Vec<i64> = sent()
             .map(|m| {
@@ -657,11 +716,6 @@ impl<'a> Plan<'a> {
         let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
         let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
         let subs = self.producer_subs();
-        if crate::schema::citus::on() {
-            return self
-                .insert_checked_by_partition(client, insert, &partition_ids)
-                .await;
-        }
         let params: [&(dyn ToSql + Sync); 7] = [
             &partition_ids,
             &txids,
@@ -674,51 +728,101 @@ impl<'a> Plan<'a> {
         Ok(client.query(insert, &params).await?)
     }
 
-    /// [`Plan::insert_checked`] on Citus: one statement per partition ([`INSERT_CITUS_SQL`]),
-    /// pipelined; the rows in the order of the messages sent.
-    async fn insert_checked_by_partition<C: Prepared>(
+    /// A batch with producers' transaction ids on Citus, in two round trips: the lock and,
+    /// pipelined after it, each partition's prior messages of the batch's ids
+    /// ([`PRIOR_CITUS_SQL`], a router statement per partition); then the plain append of the
+    /// messages without one. Every statement names one partition's shard, so a push of one
+    /// shard commits on its worker in one phase. The answers are [`INSERT_SQL`]'s.
+    async fn run_checked_on_citus<C: Prepared>(
         &self,
         client: &C,
-        insert: &Statement,
-        partition_ids: &[Uuid],
-    ) -> Result<Vec<Row>, DbError> {
-        let groups = crate::schema::citus::by_partition(partition_ids, |p| *p);
-        let runs = groups.iter().map(|(partition, ks)| {
-            let sent = || ks.iter().map(|&k| self.all[self.sent[k]]);
-            let ids: Vec<Uuid> = sent().map(|m| m.partition_id).collect();
-            let txids: Vec<TransactionId> = sent().map(|m| m.transaction_id()).collect();
-            let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
-            let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
-            let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
-            let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
-            let subs: Option<Vec<Option<&str>>> = self
-                .producer_subs()
-                .map(|_| sent().map(|m| m.producer_sub.as_deref()).collect());
+        lock: &Statement,
+        prior: &Statement,
+        append: &Statement,
+    ) -> Result<Vec<Stored>, DbError> {
+        let read = self.read_prior_on_citus(client, lock, prior).await?;
+        self.append_new_on_citus(client, append, &read).await
+    }
+
+    /// The first round trip of [`Plan::run_checked_on_citus`]: the lock and each partition's
+    /// prior messages of the batch's ids.
+    async fn read_prior_on_citus<C: Prepared>(
+        &self,
+        client: &C,
+        lock: &Statement,
+        prior: &Statement,
+    ) -> Result<PriorIds, DbError> {
+        let checked: Vec<usize> = self
+            .sent
+            .iter()
+            .copied()
+            .filter(|&i| self.all[i].client_transaction_id.is_some())
+            .collect();
+        let groups = crate::schema::citus::by_partition(&checked, |&i| self.all[i].partition_id);
+        let reads = groups.iter().map(|(partition, ks)| {
+            let txids: Vec<&str> = ks
+                .iter()
+                .filter_map(|&k| self.all[checked[k]].client_transaction_id.as_deref())
+                .collect();
             async move {
-                let params: [&(dyn ToSql + Sync); 8] = [
-                    &ids,
-                    &txids,
-                    &message_ids,
-                    &trace_ids,
-                    &payloads,
-                    &check,
-                    &subs,
-                    partition,
-                ];
-                client.query(insert, &params).await
+                let params: [&(dyn ToSql + Sync); 2] = [partition, &txids];
+                client.query(prior, &params).await
             }
         });
-        let answers = futures_util::future::join_all(runs).await;
-        let mut rows: Vec<Option<Row>> = (0..partition_ids.len()).map(|_| None).collect();
-        for ((_, ks), answer) in groups.iter().zip(answers) {
-            for (&k, row) in ks.iter().zip(answer?) {
-                rows[k] = Some(row);
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
+        let (locked, priors) = tokio::join!(
+            client.query(lock, &lock_params),
+            futures_util::future::join_all(reads),
+        );
+        let alive = locked?.iter().map(|r| r.get("id")).collect();
+        let mut held: HashMap<(Uuid, String), Uuid> = HashMap::new();
+        for ((partition, _), rows) in groups.iter().zip(priors) {
+            for row in rows? {
+                held.insert((*partition, row.get(0)), row.get(1));
             }
         }
-        Ok(rows
-            .into_iter()
-            .map(|r| r.expect("a row per message sent"))
-            .collect())
+        Ok(PriorIds { alive, held })
+    }
+
+    /// The second round trip of [`Plan::run_checked_on_citus`]: the append of the messages
+    /// whose ids the partitions did not hold. It must run in the transaction that holds the
+    /// lock (a `COMMIT` pipelined with the first round trip would release the lock before
+    /// the append read the heads: two pushes would take the same positions).
+    async fn append_new_on_citus<C: Prepared>(
+        &self,
+        client: &C,
+        append: &Statement,
+        read: &PriorIds,
+    ) -> Result<Vec<Stored>, DbError> {
+        let prior_of = |i: usize| {
+            let m = self.all[i];
+            let t = m.client_transaction_id.as_ref()?;
+            read.held.get(&(m.partition_id, t.clone())).copied()
+        };
+        let fresh: Vec<usize> = self
+            .sent
+            .iter()
+            .copied()
+            .filter(|&i| prior_of(i).is_none())
+            .collect();
+        if !fresh.is_empty() {
+            self.append_of(client, append, &fresh).await?;
+        }
+        let by_sent = self
+            .sent
+            .iter()
+            .map(|&i| {
+                let outcome = match prior_of(i) {
+                    Some(id) => Stored::Duplicate(id),
+                    None if read.alive.contains(&self.all[i].partition_id) => {
+                        Stored::Queued(self.all[i].message_id)
+                    }
+                    None => Stored::PartitionGone,
+                };
+                (i, outcome)
+            })
+            .collect();
+        Ok(self.outcomes_of(by_sent))
     }
 
     /// One outcome per message of the batch, in order, from the insert's rows.
@@ -737,6 +841,12 @@ impl<'a> Plan<'a> {
                 },
             );
         }
+        self.outcomes_of(by_sent)
+    }
+
+    /// One outcome per message of the batch, in order, from the outcomes of those sent: a
+    /// repeat within the batch is a duplicate of its first occurrence.
+    fn outcomes_of(&self, by_sent: HashMap<usize, Stored>) -> Vec<Stored> {
         self.repeat_of
             .iter()
             .enumerate()

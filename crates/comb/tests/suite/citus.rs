@@ -840,12 +840,7 @@ async fn push_pop_extend_and_ack_of_one_partition_run_on_one_shard() {
         {"queue": "q", "partition": "p", "payload": {"n": 2}, "transactionId": "t-2"},
     ]))
     .await;
-    // A push with producers' transaction ids still commits in two phases: its insert, a
-    // data-modifying CTE, is planned in steps through the coordinator (docs/scale-out.md,
-    // "Not yet").
-    let with_ids = two_phase_commits(&db);
-    assert!(with_ids > two_phase.get(), "a push with a transaction id");
-    two_phase.set(with_ids);
+    one_phase("a push with a transaction id");
     let pop = env
         .pop("/api/v1/pop/queue/q/partition/p?batch=10")
         .await
@@ -1465,10 +1460,10 @@ async fn fused_acks_of_partitions_on_two_workers_commit_on_one_node_each() {
 
 /// A push with producers' transaction ids on the cluster answers as on one PostgreSQL — a
 /// repeat within the request and an id the partition already holds are `duplicate` of the
-/// first message, nothing stored twice, order kept — and runs no statement over several
-/// shards (it still commits in two phases).
+/// first message, nothing stored twice, order kept — and every push of one partition commits
+/// on its worker in one phase, no statement over several shards.
 #[tokio::test]
-async fn pushes_with_transaction_ids_answer_duplicates_on_one_shard() {
+async fn pushes_with_transaction_ids_answer_duplicates_and_commit_in_one_phase() {
     let env = on_citus_quiet("citus_txids").await;
     let db = env.db_name.clone();
     env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 0}}]))
@@ -1508,10 +1503,10 @@ async fn pushes_with_transaction_ids_answer_duplicates_on_one_shard() {
         ]))
         .await;
     assert_eq!(statuses(&again), ["duplicate"], "{again:?}");
-    // Still two phases (docs/scale-out.md, "Not yet"): counted so a change shows here.
-    assert!(
-        two_phase_commits(&db) > two_phase,
-        "pushes with transaction ids committed in one phase: update the docs"
+    assert_eq!(
+        two_phase_commits(&db) - two_phase,
+        0,
+        "pushes with transaction ids committed in two phases"
     );
     let (multi_after, _) = executions(&db);
     assert_eq!(
@@ -1541,8 +1536,8 @@ async fn partitions_on_two_workers(env: &Env) -> (String, String) {
     (names[0].clone(), names[other].clone())
 }
 
-/// `POST /transaction` acking and pushing on one partition (pushes without transaction ids)
-/// commits on the partition's worker in one phase, no statement over several shards;
+/// `POST /transaction` acking and pushing on one partition (with and without transaction
+/// ids) commits on the partition's worker in one phase, no statement over several shards;
 /// one touching partitions of two workers commits in two phases, and is answered and stored
 /// alike.
 #[tokio::test]
@@ -1562,7 +1557,8 @@ async fn a_transaction_of_one_partition_commits_in_one_phase() {
                          "partitionId": m["partitionId"], "leaseId": m["leaseId"],
                          "status": "completed"},
                         {"type": "push", "items": [
-                            {"queue": "q", "partition": to, "payload": {"n": n}},
+                            {"queue": "q", "partition": to, "payload": {"n": n},
+                             "transactionId": format!("tx-{n}")},
                             {"queue": "q", "partition": to, "payload": {"n": n + 1}},
                         ]},
                     ]}),
@@ -2794,4 +2790,116 @@ async fn with_a_worker_lost_a_fresh_server_finds_and_makes_partitions_of_the_liv
     drop(second);
     drop(env);
     drop(citus);
+
+/// A push's partition lock, its heads' read and its insert on a worker are one transaction
+/// of that worker: committed at once, so the next push of the partition, which waits for the
+/// lock, reads a head that counts every message of the first. (Inserted over a second
+/// connection of the worker, the insert can still be uncommitted, or prepared, when the lock
+/// is released: the next push then takes the same positions.) A session on the partition's
+/// worker holds its messages' shard in SHARE mode, so the push's insert waits there; the
+/// worker's backend that waits must be the one holding the partition row's lock. Pushes with
+/// transaction ids, of one partition and of partitions on both workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushs_lock_and_insert_are_one_transaction_on_the_worker() {
+    let env = on_citus_quiet("citus_push_one_xact").await;
+    let db = env.db_name.clone();
+    let (a, b) = partitions_on_two_workers(&env).await;
+    let port = workers_of(&db, std::slice::from_ref(&a)).remove(0);
+    let worker = Citus::shared()
+        .workers()
+        .iter()
+        .find(|w| w.port().to_string() == port)
+        .expect("the partition's worker");
+    let names = Citus::shared()
+        .coordinator()
+        .psql(
+            &db,
+            &format!(
+                "SELECT 'comb.partitions_'
+                     || get_shard_id_for_distribution_column('comb.partitions', p.id)
+                     || ' comb.messages_'
+                     || get_shard_id_for_distribution_column('comb.messages', p.id)
+                 FROM comb.partitions p WHERE p.name = '{a}'"
+            ),
+        )
+        .unwrap();
+    let names: Vec<&str> = names.split(' ').collect();
+    let (partitions, messages) = (names[0].to_string(), names[1].to_string());
+    let (holder, conn) = tokio_postgres::connect(&worker.url(&db), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    holder
+        .batch_execute("SET citus.enable_manual_changes_to_shards TO on")
+        .await
+        .unwrap();
+    for (round, to) in [vec![a.clone()], vec![a.clone(), b.clone()]]
+        .into_iter()
+        .enumerate()
+    {
+        holder
+            .batch_execute(&format!("BEGIN; LOCK TABLE {messages} IN SHARE MODE"))
+            .await
+            .unwrap();
+        let items: Vec<Value> = to
+            .iter()
+            .map(|p| {
+                json!({"queue": "q", "partition": p, "payload": {"round": round},
+                       "transactionId": format!("one-xact-{round}-{p}")})
+            })
+            .collect();
+        let push = env
+            .http
+            .post(env.url("/api/v1/push"))
+            .json(&json!({ "items": items }))
+            .send();
+        let push = tokio::spawn(async move {
+            let r = push.await.unwrap();
+            (r.status(), r.text().await.unwrap())
+        });
+        let inserting: i32 = loop {
+            let waiting = holder
+                .query(
+                    "SELECT pid FROM pg_locks
+                     WHERE NOT granted AND relation = $1::text::regclass",
+                    &[&messages],
+                )
+                .await
+                .unwrap();
+            if let Some(row) = waiting.first() {
+                break row.get(0);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let lockers: Vec<i32> = holder
+            .query(
+                "SELECT pid FROM pg_locks
+                 WHERE granted AND mode = 'RowShareLock' AND relation = $1::text::regclass",
+                &[&partitions],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let all: Vec<String> = holder
+            .query(
+                "SELECT pid || ' ' || relation::regclass || ' ' || mode || ' ' || granted
+                 FROM pg_locks WHERE relation::regclass::text LIKE 'comb.%' ORDER BY pid",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        holder.batch_execute("ROLLBACK").await.unwrap();
+        let (status, body) = push.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert!(
+            lockers.contains(&inserting),
+            "push to {to:?}: the insert (backend {inserting}) runs outside the worker's \
+             transaction holding the partition's lock (backends {lockers:?}); locks: {all:#?}"
+        );
+    }
 }
