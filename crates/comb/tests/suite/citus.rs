@@ -2790,6 +2790,7 @@ async fn with_a_worker_lost_a_fresh_server_finds_and_makes_partitions_of_the_liv
     drop(second);
     drop(env);
     drop(citus);
+}
 
 /// A push's partition lock, its heads' read and its insert on a worker are one transaction
 /// of that worker: committed at once, so the next push of the partition, which waits for the
