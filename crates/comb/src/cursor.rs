@@ -552,6 +552,10 @@ pub(crate) mod generations {
     pub(crate) const START_SQL: &str =
         "INSERT INTO comb.cursor_gens (gen) VALUES ($1) ON CONFLICT DO NOTHING";
 
+    /// The whole state table locked in the mode a generation's `DROP` needs (every generation
+    /// with it): the first lock of a generation's drop on Citus (`maintenance::generations`).
+    pub(crate) const LOCK_ALL_SQL: &str = "LOCK TABLE comb.cursor_states IN ACCESS EXCLUSIVE MODE";
+
     /// Every column of the state, quoted, in order.
     pub(crate) const COLUMNS_SQL: &str = "SELECT quote_ident(attname) FROM pg_attribute
              WHERE attrelid = 'comb.cursor_states'::regclass AND attnum > 0 AND NOT attisdropped

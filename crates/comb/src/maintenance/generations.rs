@@ -114,11 +114,11 @@ pub(crate) async fn rotate(client: &Client, settings: &Settings) -> Result<(), D
 /// lock timeout) and later calls wait for it, as behind the `DROP` itself. On PostgreSQL an
 /// insert locks only the generation it writes, the `DROP` queues behind readers without a
 /// cycle, and writers of the newest generation go on during the copy.
-fn first_lock() -> &'static str {
+fn first_lock() -> String {
     if crate::schema::citus::on() {
-        "LOCK TABLE comb.cursor_states IN ACCESS EXCLUSIVE MODE;\n"
+        format!("{};\n", statements::LOCK_ALL_SQL)
     } else {
-        ""
+        String::new()
     }
 }
 
