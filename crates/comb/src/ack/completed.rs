@@ -160,8 +160,10 @@ pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> =
 BEGIN
     PERFORM 1 FROM {cursors} WHERE c.partition_id = $5 AND c.consumer_group = ANY($2)
         ORDER BY c.consumer_group FOR NO KEY UPDATE OF c;
-    SELECT p.name, q.name INTO judge_partition, judge_queue FROM comb.partitions p
-        JOIN comb.queues q ON q.id = p.queue_id WHERE p.id = $5;
+    SELECT p.name, q.name INTO judge_partition, judge_queue
+        FROM (SELECT $5::uuid) AS w(partition_id)
+        {names}
+        WHERE p.id = $5;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -177,6 +179,7 @@ BEGIN
 END;",
                 declare = state.declare,
                 cursors = crate::cursor::cursors!(),
+                names = crate::catalog::join_partition_and_queue!("w.partition_id"),
                 newest_gen = state.newest_gen,
                 vars = state.vars,
                 select = state.select,
