@@ -59,6 +59,53 @@ macro_rules! newest_gen {
 }
 pub(crate) use newest_gen;
 
+/// A statement that appends a full state version by `INSERT … SELECT` ([`insert_state!`]),
+/// cut for a PL/pgSQL function run on a partition's worker. Run there as one statement,
+/// Citus plans the `INSERT … SELECT` in steps whose results it sends to every node, and the
+/// worker commits them in two phases; as a read into variables, then an insert of their
+/// values, each statement is a router statement of the worker's own shards.
+pub(crate) struct StateByValues {
+    /// Declarations of the variables: `{prefix}_<column>` and `{prefix}_newest_gen`.
+    pub declare: String,
+    /// The column variables, in the insert's order, for an `INTO` or a `FOR … IN`.
+    pub vars: String,
+    /// Reads the newest generation into its variable (a reference table, read apart).
+    pub newest_gen: String,
+    /// The insert's `SELECT`, the newest generation taken from its variable.
+    pub select: String,
+    /// The insert of the variables.
+    pub insert: String,
+}
+
+impl StateByValues {
+    pub(crate) fn of(select: &str, prefix: &str) -> StateByValues {
+        let head = insert_state!();
+        let columns: Vec<&str> = head
+            [head.find('(').expect("columns") + 1..head.rfind(')').expect("columns")]
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let mut declare: String = columns
+            .iter()
+            .map(|c| format!("    {prefix}_{c} {};\n", column_type(c)))
+            .collect();
+        declare.push_str(&format!(
+            "    {prefix}_newest_gen {};\n",
+            column_type("gen")
+        ));
+        assert!(select.contains(newest_gen!()), "{select}");
+        let vars: Vec<String> = columns.iter().map(|c| format!("{prefix}_{c}")).collect();
+        let vars = vars.join(", ");
+        StateByValues {
+            declare,
+            newest_gen: format!("SELECT {} INTO {prefix}_newest_gen", newest_gen!()),
+            select: select.replace(newest_gen!(), &format!("{prefix}_newest_gen")),
+            insert: format!("{head}\nVALUES ({vars})"),
+            vars,
+        }
+    }
+}
+
 /// The latest state version of the cursor (`$p`, `$g`), two SQL expressions: a call of
 /// `comb.cursor_state`, a set of one row (none for a cursor without state), for statements
 /// that read it beside other tables (`CROSS JOIN LATERAL state_of!(…) s`).
@@ -504,6 +551,10 @@ pub(crate) mod generations {
     /// Sends writers to generation `$1`: they read the newest inside their own statements.
     pub(crate) const START_SQL: &str =
         "INSERT INTO comb.cursor_gens (gen) VALUES ($1) ON CONFLICT DO NOTHING";
+
+    /// The whole state table locked in the mode a generation's `DROP` needs (every generation
+    /// with it): the first lock of a generation's drop on Citus (`maintenance::generations`).
+    pub(crate) const LOCK_ALL_SQL: &str = "LOCK TABLE comb.cursor_states IN ACCESS EXCLUSIVE MODE";
 
     /// Every column of the state, quoted, in order.
     pub(crate) const COLUMNS_SQL: &str = "SELECT quote_ident(attname) FROM pg_attribute

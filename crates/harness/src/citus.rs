@@ -15,7 +15,10 @@ const CITUS_SETTINGS: &[(&str, &str)] = &[
     ("work_mem", "4MB"),
     ("maintenance_work_mem", "32MB"),
     ("max_connections", "300"),
-    ("max_worker_processes", "16"),
+    // Citus runs a maintenance daemon (a background worker) per database, and the suite's
+    // tests each make a database on the shared cluster: with too few, a rebalance's
+    // background task never starts.
+    ("max_worker_processes", "64"),
     // Rebalancing moves shards by logical replication.
     ("wal_level", "logical"),
     // Few shards per table keep DDL (migrations make and drop tables) quick; the tests need

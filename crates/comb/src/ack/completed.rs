@@ -126,15 +126,27 @@ pub static JUDGE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::n
 /// The acks of one partition on Citus as one function of it (`a_partition`), made by `comb
 /// migrate` ([`crate::schema::citus::delegate`]) and called alone, outside a transaction
 /// block: Citus sends the call to the partition's worker, which runs it as a transaction of
-/// its own, the cursors' lock (in the order of [`crate::cursor::LOCK_SQL`]) then
-/// [`JUDGE_CITUS_SQL`], and commits it there in one phase. Sent from the coordinator as two
-/// statements, the judgement's insert of the new versions (a data-modifying CTE, which Citus
-/// never routes whole) was a step of its own, with intermediate results through the
-/// coordinator, and the ack committed in two phases. (Not `force_delegation`: Citus then checks
-/// that each step of the statement names the partition, which the insert's step, fed by the
-/// judgement's result, cannot.)
+/// its own and commits it there in one phase. Its statements, each a router statement of
+/// the worker's shards: the cursors' lock (in the order of [`crate::cursor::LOCK_SQL`]), the
+/// partition's and queue's names, the newest generation, then [`JUDGE_CITUS_SQL`]'s
+/// judgement read (everything before its insert) and, for each cursor it moved, the insert
+/// of the new version from variables ([`crate::cursor::StateByValues`]). Sent from the
+/// coordinator as two statements, the insert (a data-modifying CTE, which Citus never routes
+/// whole) was a step of its own, with intermediate results through the coordinator, and the
+/// ack committed in two phases; run whole on the worker, the same steps sent their results
+/// to every node and the worker committed them in two phases. (Not `force_delegation`: the
+/// call is a transaction of its own.)
 pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| {
+        let sql = JUDGE_CITUS_SQL.as_str();
+        let at = sql.find("written AS (").expect("the judgement's insert");
+        let reads = sql[..at].trim_end().trim_end_matches(',');
+        let rest = &sql[at..];
+        let from = rest
+            .find("SELECT m.partition_id")
+            .expect("the insert's SELECT");
+        let to = rest.find("RETURNING").expect("its RETURNING");
+        let state = crate::cursor::StateByValues::of(rest[from..to].trim(), "judge");
         crate::schema::citus::function_of_partition(
             "judge_acks",
             "a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[], \
@@ -142,11 +154,36 @@ pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> =
             "partition_id uuid, consumer_group text, released boolean, partition text, \
              queue text",
             &format!(
-                "PERFORM 1 FROM {} WHERE c.partition_id = $5 AND c.consumer_group = ANY($2)
+                "DECLARE
+{declare}    judge_partition text;
+    judge_queue text;
+BEGIN
+    PERFORM 1 FROM {cursors} WHERE c.partition_id = $5 AND c.consumer_group = ANY($2)
         ORDER BY c.consumer_group FOR NO KEY UPDATE OF c;
-    RETURN QUERY {};",
-                crate::cursor::cursors!(),
-                JUDGE_CITUS_SQL.as_str()
+    SELECT p.name, q.name INTO judge_partition, judge_queue
+        FROM (SELECT $5::uuid) AS w(partition_id)
+        {names}
+        WHERE p.id = $5;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    {newest_gen};
+    FOR {vars} IN
+{reads}
+{select}
+    LOOP
+        {insert};
+        RETURN QUERY SELECT judge_partition_id, judge_consumer_group,
+            judge_lease_id IS NULL, judge_partition, judge_queue;
+    END LOOP;
+END;",
+                declare = state.declare,
+                cursors = crate::cursor::cursors!(),
+                names = crate::catalog::join_partition_and_queue!("w.partition_id"),
+                newest_gen = state.newest_gen,
+                vars = state.vars,
+                select = state.select,
+                insert = state.insert,
             ),
         )
     });
@@ -162,43 +199,6 @@ pub(crate) const JUDGE_CITUS_SIGNATURE: (&str, &str, bool) = (
 /// judgement of one partition's acks on Citus.
 pub(crate) const JUDGE_CITUS_CALL: &str = "SELECT * FROM comb.judge_acks($1::uuid[], \
      $2::text[], $3::text[], $4::uuid[], $5::uuid)";
-
-/// How many times [`call_delegated`] runs a call again that a deadlock chose as its victim.
-const DEADLOCK_RETRIES: usize = 3;
-
-/// One call of [`JUDGE_CITUS_FUNCTION`], run again when the worker's deadlock detector chose
-/// it as a deadlock's victim.
-///
-/// The call takes its locks on the worker only. Maintenance dropping a generation of cursor
-/// state (`LOCK TABLE comb.cursor_states_<gen> IN SHARE MODE`, then `DROP TABLE`, which the
-/// coordinator sends on as `worker_drop_distributed_table`) takes the worker's locks in
-/// Citus's order: the worker's log showed the drop waiting for an ACCESS EXCLUSIVE lock the
-/// call held (from its read of the state) while the call waited for a ROW EXCLUSIVE lock
-/// (for its insert) the drop held, and the worker cancelled one of the two. A statement sent
-/// from the coordinator queues behind the drop on the coordinator's tables first, but the
-/// call takes no lock there. The call is a transaction of its own, rolled back whole by the
-/// cancellation (nothing of the ack is kept), so running it again is safe; it then waits for
-/// the drop to commit, or the drop (which retries under its lock timeout) for it.
-async fn call_delegated(
-    client: &tokio_postgres::Client,
-    call: &Statement,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    let mut tries = 0;
-    loop {
-        match client.query(call, params).await {
-            Err(e)
-                if tries < DEADLOCK_RETRIES
-                    && e.code()
-                        == Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED) =>
-            {
-                tries += 1;
-                tracing::warn!(error = %e, tries, "an ack's judgement is run again after a deadlock");
-            }
-            done => return done,
-        }
-    }
-}
 
 /// Which items of `items` (by index) belong to cursors whose every item completes a message:
 /// the ones [`JUDGE_SQL`] may judge.
@@ -253,7 +253,7 @@ pub(crate) async fn settle(
     let judged = match lock {
         // Citus: the lock and the judgement in one call, a transaction of its own on the
         // partition's worker (see [`JUDGE_CITUS_FUNCTION`]).
-        None => call_delegated(client, judge, judge_params).await?,
+        None => client.query(judge, judge_params).await?,
         Some(lock) => {
             // A failed statement makes the pipelined COMMIT roll back.
             let p = Pipelined::on(client);

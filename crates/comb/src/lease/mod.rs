@@ -77,34 +77,49 @@ static EXTEND_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
 /// The extension of a lease on one cursor on Citus as one function of its partition
 /// (`a_partition`), made by `comb migrate` ([`crate::schema::citus::delegate`]) and called
 /// alone, outside a transaction block: Citus sends the call to the partition's worker, which
-/// locks the cursor ([`cursor::LOCK_ONE_SQL`]), appends the new version and reads its end there
-/// (Citus cannot run the insert's `RETURNING` on the worker: "missing FROM-clause entry"), a
-/// transaction committed in one phase. Sent from the coordinator, the insert of the new version (an
-/// `INSERT … SELECT` with a limit) was pulled through the coordinator and the extension
-/// committed in two phases.
+/// locks the cursor ([`cursor::LOCK_ONE_SQL`]), reads the new version into variables and
+/// inserts them ([`cursor::StateByValues`]), each a router statement of its shards, a
+/// transaction committed there in one phase. Sent from the coordinator, the insert of the new
+/// version (an `INSERT … SELECT` with a limit) was pulled through the coordinator and the
+/// extension committed in two phases; as one `INSERT … SELECT` on the worker, its steps' results
+/// went to every node and the worker committed in two phases.
 pub(crate) static EXTEND_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
     let lock = cursor::LOCK_ONE_SQL
         .trim()
         .strip_prefix("SELECT ")
         .expect("a SELECT");
+    let sql = EXTEND_CITUS_SQL
+        .strip_suffix("\nRETURNING lease_expires_at")
+        .expect("the extension's RETURNING");
+    let select = &sql[sql
+        .find("SELECT s.partition_id")
+        .expect("the insert's SELECT")..];
+    let state = cursor::StateByValues::of(select, "extend");
     crate::schema::citus::function_of_partition(
         "extend_lease",
         "a_partition uuid, a_group text, a_lease uuid, a_seconds float8",
         "lease_expires_at timestamptz",
         &format!(
-            "PERFORM {lock};
+            "DECLARE
+{declare}BEGIN
+    PERFORM {lock};
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    {};
+    {newest_gen};
+    {select}
+    INTO {vars};
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT s.lease_expires_at FROM {} s;",
-            EXTEND_CITUS_SQL
-                .strip_suffix("\nRETURNING lease_expires_at")
-                .expect("the extension's RETURNING"),
-            cursor::latest_state("$1", "$2", None),
+    {insert};
+    RETURN QUERY SELECT extend_lease_expires_at;
+END;",
+            declare = state.declare,
+            newest_gen = state.newest_gen,
+            select = state.select,
+            vars = state.vars,
+            insert = state.insert,
         ),
     )
 });

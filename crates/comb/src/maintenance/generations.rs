@@ -99,6 +99,29 @@ pub(crate) async fn rotate(client: &Client, settings: &Settings) -> Result<(), D
     Ok(())
 }
 
+/// The lock a generation's drop takes first on Citus: the whole state table's, in the mode
+/// its `DROP` needs, before the old generation's `SHARE`. Empty on PostgreSQL.
+///
+/// A delegated call (`comb.claim_partition`, `comb.judge_acks`, `comb.extend_lease`) reads
+/// the state, then inserts a version, on its worker alone, where Citus locks every partition
+/// of a partitioned table it writes (`ROW EXCLUSIVE` on each generation, the old one too).
+/// With the old generation's `SHARE` taken first (as on PostgreSQL) and propagated to the
+/// workers, the drop then waited for the call's read lock on `comb.cursor_states` while the
+/// call waited for the old generation behind the `SHARE`: a deadlock on the worker, which
+/// Citus's detector does not see and the worker's broke by cancelling one of the two. Taken
+/// parent first, in the drop's mode, maintenance holds nothing a call waits for until it has
+/// every lock it needs: it waits for calls in flight (giving way on the coordinator under its
+/// lock timeout) and later calls wait for it, as behind the `DROP` itself. On PostgreSQL an
+/// insert locks only the generation it writes, the `DROP` queues behind readers without a
+/// cycle, and writers of the newest generation go on during the copy.
+fn first_lock() -> String {
+    if crate::schema::citus::on() {
+        format!("{};\n", statements::LOCK_ALL_SQL)
+    } else {
+        String::new()
+    }
+}
+
 /// Carries the latest state of every live cursor out of each generation older than the
 /// newest, then drops that generation's table.
 pub(crate) async fn carry_forward_and_drop(
@@ -120,17 +143,19 @@ pub(crate) async fn carry_forward_and_drop(
         .iter()
         .map(|r| r.get(0))
         .collect();
+    let first = first_lock();
     for &generation in older {
-        // BEGIN, SET, then the lock and the copy (see `carry_forward_sql`).
+        // BEGIN, SET, then the locks and the copy (see `carry_forward_sql`).
         let sql = format!(
-            "BEGIN; {lt}; {carry}\nCOMMIT;",
+            "BEGIN; {lt}; {first}{carry}\nCOMMIT;",
             lt = lock_timeout_sql(settings),
             carry = statements::carry_forward_sql(generation, newest, &columns),
         );
         match give_way_counting(client, &sql).await? {
             Some(counts) => {
-                // BEGIN, SET, LOCK, then the copy.
-                let carried = counts.get(3).copied().unwrap_or(0) as i64;
+                // BEGIN, SET, the locks, then the copy.
+                let at = if first.is_empty() { 3 } else { 4 };
+                let carried = counts.get(at).copied().unwrap_or(0) as i64;
                 tracing::info!(generation, carried, "dropped cursor state generation");
                 report.generations_dropped += 1;
                 report.states_carried += carried;
