@@ -7,9 +7,10 @@
 //! key keeps unique per (queue, name), with no lock of the queue's row. A queue's id is
 //! random per creation, so a queue deleted and made again gets new partition ids.
 //!
-//! Partitions made before ids were derived have random ids (version 7). On one PostgreSQL
-//! the look-up stays by name (the `(queue_id, name)` key serves it, and keeps names unique
-//! whatever the ids). On Citus, where that key cannot exist, `comb migrate` records whether
+//! On one PostgreSQL ids stay random and time-ordered (version 7, see
+//! `catalog::create_locked`) and the look-up stays by name (the `(queue_id, name)` key
+//! serves it, and keeps names unique whatever the ids). Partitions made before ids were
+//! derived, or on one PostgreSQL before a move to Citus, have such ids. On Citus, where that key cannot exist, `comb migrate` records whether
 //! any such partition is left ([`record_legacy`], table `comb.partition_ids`); only while one
 //! is does a look-up that misses the derived id also look by name, over every shard.
 

@@ -606,17 +606,19 @@ impl Catalog {
     }
 }
 
-/// Creates the partitions `missing` (sorted) on one PostgreSQL, with derived ids, under their
-/// queues' row locks (which a subscription takes too), and returns every one's id: those that
-/// exist keep theirs (the `(queue_id, name)` key keeps a name unique per queue whatever its
-/// id, also for partitions made before ids were derived).
+/// Creates the partitions `missing` (sorted) on one PostgreSQL under their queues' row locks
+/// (which a subscription takes too), and returns every one's id: those that exist keep
+/// theirs (the `(queue_id, name)` key keeps a name unique per queue). New ids are random and
+/// time-ordered (version 7), not derived: the look-up here is by name anyway, and ordered
+/// ids keep the plans of young tables on their indexes (`claim_plans::the_acks_reads_…`:
+/// with derived ids, random in order, an ack's state read joined a scan of every cursor).
 async fn create_locked(
     pool: &Pool,
     missing: &[(Uuid, String)],
 ) -> Result<HashMap<(Uuid, String), Uuid>, DbError> {
     let queue_ids: Vec<Uuid> = missing.iter().map(|k| k.0).collect();
     let names: Vec<String> = missing.iter().map(|k| k.1.clone()).collect();
-    let new_ids: Vec<Uuid> = missing.iter().map(|(q, n)| ids::derived(*q, n)).collect();
+    let new_ids: Vec<Uuid> = missing.iter().map(|_| Uuid::now_v7()).collect();
     let mut lock_ids = queue_ids.clone();
     lock_ids.sort();
     lock_ids.dedup();
