@@ -91,7 +91,7 @@ struct Args {
     citus: bool,
     /// Workers of the `--citus` cluster; several (`1,2`) start a cluster of each size and run
     /// every Comb cell on each, and the scale-out model is then checked against every
-    /// measured point (`docs/scale-out.md`, "Measuring a cluster").
+    /// measured point (`docs/scale-out-measured.md`).
     #[arg(long, default_value = "2", value_delimiter = ',',
           value_parser = clap::value_parser!(u16).range(1..=8))]
     citus_workers: Vec<u16>,

@@ -909,7 +909,8 @@ fn set_usage(row: &mut Row, u: &Usage, requests: u64) {
 
 /// Each node's figures of the window; on several nodes, PostgreSQL's CPU (and so the all-in
 /// figures) is theirs added up, since the meter's own reading covers only the node Comb
-/// connects to.
+/// connects to, and the other nodes' CPU leaves "other" (the meter counted it there, as
+/// processes not its own; the model check takes the machine's cores less "other").
 fn set_nodes(row: &mut Row, measured: Measured) {
     let Some((meter, a, b)) = measured.nodes else {
         return;
@@ -922,14 +923,30 @@ fn set_nodes(row: &mut Row, measured: Measured) {
         row.pg_cpu_cores = Some(pg_cpu / u.secs);
         let all_in = u.broker_cpu.unwrap_or(0.0) + pg_cpu;
         row.all_in_cpu_cores = Some(all_in / u.secs);
+        row.other_cpu_cores = Some(other_beside_nodes(u.other_cpu, u.pg_cpu, pg_cpu) / u.secs);
         row.all_in_cpu_us_per_msg = (msgs > 0.0).then(|| all_in * 1e6 / msgs);
         row.pg_wal_bytes_per_msg = nodes::sum(&row.nodes).wal_bytes_per_msg;
     }
 }
 
+/// CPU seconds of processes other than ours when PostgreSQL is several nodes: the meter's
+/// "other" (`other`) less the nodes' CPU (`nodes`) beyond the one node it read (`metered`).
+fn other_beside_nodes(other: f64, metered: f64, nodes: f64) -> f64 {
+    (other - (nodes - metered).max(0.0)).max(0.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_other_nodes_cpu_is_not_counted_as_other_processes() {
+        // The coordinator metered at 9 s, the cluster's nodes 17 s, the meter's other 8.6 s:
+        // 8 s of it were the workers.
+        assert!((other_beside_nodes(8.6, 9.0, 17.0) - 0.6).abs() < 1e-9);
+        assert_eq!(other_beside_nodes(1.0, 9.0, 17.0), 0.0);
+        assert_eq!(other_beside_nodes(1.0, 9.0, 9.0), 1.0);
+    }
 
     #[test]
     fn backlog_verdicts() {

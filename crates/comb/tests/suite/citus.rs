@@ -1104,8 +1104,8 @@ async fn the_direct_route_runs_a_partitions_hot_path_on_its_worker_not_the_coord
         {"queue": "q", "partition": "p", "payload": {"n": 2}, "transactionId": "t-2"},
     ]))
     .await;
-    // The push with transaction ids commits in two phases (docs/scale-out.md, "Not yet"); the
-    // pop, the extension and the ack on no node.
+    // Counted from here: the pop, the extension and the ack commit in two phases on no node
+    // (the pushes' phases are counted by `push_pop_extend_and_ack_of_one_partition_…`).
     let two_phase = two_phase_commits(&db);
     let pop = env
         .pop("/api/v1/pop/queue/q/partition/p?batch=10")
