@@ -497,25 +497,9 @@ fn delegated_claim(sql: &str, opening: bool) -> (String, String) {
     );
     let rest = &sql[at + "claimed AS (".len()..];
     let insert = &rest[..rest.find("RETURNING").expect("its RETURNING")];
-    let select_at = insert.find("SELECT ").expect("the insert's SELECT");
-    let (head, select) = (insert[..select_at].trim(), insert[select_at..].trim());
-    let newest_gen = crate::cursor::newest_gen!();
-    debug_assert!(select.contains(newest_gen), "{select}");
-    let select = select.replace(newest_gen, "claim_newest_gen");
-    let columns: Vec<&str> = head
-        [head.find('(').expect("columns") + 1..head.rfind(')').expect("columns")]
-        .split(',')
-        .map(str::trim)
-        .collect();
-    let vars: Vec<String> = columns.iter().map(|c| format!("claim_{c}")).collect();
-    let mut declare: String = columns
-        .iter()
-        .map(|c| format!("    claim_{c} {};\n", crate::cursor::column_type(c)))
-        .collect();
-    declare.push_str(&format!(
-        "    claim_newest_gen {};\n",
-        crate::cursor::column_type("gen")
-    ));
+    let select = insert[insert.find("SELECT ").expect("the insert's SELECT")..].trim();
+    let state = crate::cursor::StateByValues::of(select, "claim");
+    let mut declare = state.declare;
     for o in ["lease_secs", "delay_secs", "window_secs", "retention_secs"] {
         declare.push_str(&format!("    claim_q_{o} float8;\n"));
     }
@@ -531,7 +515,8 @@ fn delegated_claim(sql: &str, opening: bool) -> (String, String) {
     } else {
         ",\n       CASE WHEN substr(m.payload, 1, 1) = '\\x00'::bytea THEN comb.refuse_sealed_payload() END"
     };
-    let vars = vars.join(", ");
+    let (newest_gen, select, vars, insert) =
+        (state.newest_gen, state.select, state.vars, state.insert);
     let body = format!(
         "SELECT lease_secs, delay_secs, window_secs, retention_secs
 FROM ({options}) o
@@ -539,7 +524,7 @@ INTO claim_q_lease_secs, claim_q_delay_secs, claim_q_window_secs, claim_q_retent
 IF NOT FOUND THEN
     RETURN;
 END IF;
-SELECT {newest_gen} INTO claim_newest_gen;
+{newest_gen};
 {reads}
 {select}
 INTO {vars};
@@ -554,8 +539,7 @@ SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
 FROM msgs m
 JOIN st ON st.partition_id = m.partition_id
 ORDER BY m.pos;
-{head}
-VALUES ({vars});"
+{insert};"
     );
     (declare, body)
 }
