@@ -12,7 +12,7 @@ use crate::config::ServeConfig;
 use crate::http::{self, App};
 use crate::metrics::Metrics;
 use crate::pop::{self, Popper};
-use crate::push::Pusher;
+use crate::push::{self, Pusher};
 use crate::queue::QueueOptions;
 use crate::transaction::Transactions;
 use crate::wake::Wake;
@@ -173,6 +173,8 @@ where
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
     let applied = schema::migrate(&mut client).await?;
+    // On one PostgreSQL, a push hands off to waiting pops in one call.
+    schema::install_functions(&mut client, &[&push::HAND_OFF_FUNCTION]).await?;
     // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
     // whole on the partition's worker, each as one call, and so does a partition's creation.
     schema::citus::delegate(

@@ -14,18 +14,21 @@
 //! `windowBuffer`). The lease is an ordinary one: acked, extended, or expired (an attempt
 //! counted) like a claim's.
 //!
-//! The lock and the grant are two statements, the grant sent with the COMMIT in a second round
-//! trip: a statement that locked `SKIP LOCKED` and read the state itself would read it with a
-//! snapshot taken before its lock, and a claim that committed in between would have its
-//! version written again from the one before (two versions of one `ver`). Pushes without
-//! waiting pops here stay one round trip.
+//! The lock and the grant are two statements of one function, `comb.hand_off`
+//! ([`HAND_OFF_FUNCTION`]), called in the push's pipeline before its COMMIT, so a push that
+//! hands off is still one round trip. They must be two statements: one that locked
+//! `SKIP LOCKED` and read the state itself would read it with a snapshot taken before its
+//! lock, and a claim that committed in between would have its version written again from the
+//! one before (two versions of one `ver`); a PL/pgSQL function's statements each take their
+//! own snapshot (READ COMMITTED), so the grant's is taken once the lock is held. Pushes
+//! without waiting pops here do not call it.
 //!
 //! Waiting pops offer themselves ([`crate::wake::Wake::offer`]); a push reserves the oldest
 //! offer of each group of the queue (fan-out: one pop per group), and gives back a lease
 //! whose pop went away before it was answered, at once.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use deadpool_postgres::Pool;
 use tokio_postgres::types::ToSql;
@@ -38,8 +41,8 @@ use crate::wake::{HandedMessage, HandedOff, Reserved, Wake};
 /// Leases the pushed messages of partition `$1[i]` to group `$2[i]` under lease `$3[i]`
 /// (`$4[i]`: the lease's length when the queue sets no `leaseTime`; `$5[i]`: most messages),
 /// where the group's next message is one of this push's (`$6`, the ids stored) and nothing
-/// holds it back. Run after [`crate::cursor::LOCK_FREE_SQL`], on the cursors it locked.
-/// Returns the messages leased, with their group and lease.
+/// holds it back. Run by [`HAND_OFF_FUNCTION`] after [`crate::cursor::LOCK_FREE_SQL`], on
+/// the cursors it locked. Returns the messages leased, with their group and lease.
 const GRANT_SQL: &str = concat!(
     "
 WITH w AS (
@@ -101,6 +104,45 @@ FROM granted g
 JOIN picked p ON p.partition_id = g.partition_id AND p.consumer_group = g.consumer_group"
 );
 
+/// `comb.hand_off(partitions, groups, leases, lengths, batches, ids)`, the hand-off in one
+/// call: locks the offered cursors no one else holds ([`crate::cursor::LOCK_FREE_SQL`]),
+/// keeps the offers whose cursor it locked, and grants them ([`GRANT_SQL`]) in a statement
+/// of its own, whose snapshot is taken after the lock. Made on every start by `comb migrate`
+/// ([`crate::schema::install_functions`]); not on Citus, where nothing hands off.
+pub(crate) static HAND_OFF_FUNCTION: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
+CREATE OR REPLACE FUNCTION comb.hand_off(a_partitions uuid[], a_groups text[],
+    a_leases uuid[], a_lengths float8[], a_batches int8[], a_ids uuid[])
+RETURNS TABLE (partition_id uuid, consumer_group text, lease_id uuid, pos bigint,
+    message_id uuid, created_at timestamptz)
+LANGUAGE plpgsql AS $body$
+#variable_conflict use_column
+DECLARE
+    held_partitions uuid[];
+    held_groups text[];
+BEGIN
+    SELECT array_agg(l.partition_id), array_agg(l.consumer_group)
+        INTO held_partitions, held_groups
+        FROM ({lock}) l;
+    IF held_partitions IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(w.p), array_agg(w.g), array_agg(w.l), array_agg(w.d), array_agg(w.b)
+        INTO a_partitions, a_groups, a_leases, a_lengths, a_batches
+        FROM unnest(a_partitions, a_groups, a_leases, a_lengths, a_batches)
+            AS w(p, g, l, d, b)
+        WHERE (w.p, w.g) IN (SELECT * FROM unnest(held_partitions, held_groups));
+    RETURN QUERY {grant};
+END $body$",
+        lock = crate::cursor::LOCK_FREE_SQL,
+        grant = GRANT_SQL
+    )
+});
+
+/// The call of [`HAND_OFF_FUNCTION`] a push's pipeline sends.
+const HAND_OFF_SQL: &str = "SELECT * FROM comb.hand_off($1, $2, $3, $4, $5, $6)";
+
 /// Gives back lease `$3` of the cursor (`$1` partition, `$2` group), if it still holds it:
 /// the next state version without the lease, nothing counted (its messages were never handed
 /// out). Run after [`crate::cursor::LOCK_ONE_SQL`].
@@ -157,59 +199,36 @@ pub(crate) fn reserve(wake: &Wake, firsts: Vec<(Arc<str>, Uuid, Arc<str>)>) -> V
     out
 }
 
-/// The hand-off's statements, prepared before the transaction.
+/// The hand-off's call, prepared before the transaction.
 pub(crate) struct Statements {
-    lock: Statement,
-    grant: Statement,
+    call: Statement,
 }
 
 impl Statements {
     pub(crate) async fn prepare(client: &deadpool_postgres::Client) -> Result<Self, DbError> {
         Ok(Statements {
-            lock: client.prepare_cached(crate::cursor::LOCK_FREE_SQL).await?,
-            grant: client.prepare_cached(GRANT_SQL).await?,
+            call: client.prepare_cached(HAND_OFF_SQL).await?,
         })
     }
 }
 
-/// Locks the offered cursors that no one else holds, inside the push's transaction (pipelined
-/// after the insert): what [`grant`] may write.
-pub(crate) async fn lock<C: Prepared>(
-    client: &C,
-    statements: &Statements,
-    offered: &[Offered],
-) -> Result<Vec<Row>, DbError> {
-    let partitions: Vec<Uuid> = offered.iter().map(|o| o.partition_id).collect();
-    let groups: Vec<&str> = offered.iter().map(|o| o.pop.group.as_str()).collect();
-    let params: [&(dyn ToSql + Sync); 2] = [&partitions, &groups];
-    Ok(client.query(&statements.lock, &params).await?)
-}
-
-/// Leases the pushed messages to the offered pops whose cursor `locked` holds, in the push's
-/// transaction (its COMMIT pipelined behind); records what each got.
-pub(crate) async fn grant<C: Prepared>(
+/// Leases the pushed messages (`stored_ids`) to the offered pops whose cursor no one else
+/// holds, inside the push's transaction (pipelined after the insert, the COMMIT behind it);
+/// records what each got.
+pub(crate) async fn hand_off<C: Prepared>(
     client: &C,
     statements: &Statements,
     offered: &mut [Offered],
-    locked: &[Row],
     stored_ids: &[Uuid],
 ) -> Result<(), DbError> {
-    let held: Vec<(Uuid, String)> = locked
-        .iter()
-        .map(|r| (r.get("partition_id"), r.get("consumer_group")))
-        .collect();
-    let chosen: Vec<&Offered> = offered
-        .iter()
-        .filter(|o| held.contains(&(o.partition_id, o.pop.group.clone())))
-        .collect();
-    let partitions: Vec<Uuid> = chosen.iter().map(|o| o.partition_id).collect();
-    let groups: Vec<&str> = chosen.iter().map(|o| o.pop.group.as_str()).collect();
-    let leases: Vec<Uuid> = chosen.iter().map(|o| o.lease_id).collect();
-    let lengths: Vec<f64> = chosen
+    let partitions: Vec<Uuid> = offered.iter().map(|o| o.partition_id).collect();
+    let groups: Vec<&str> = offered.iter().map(|o| o.pop.group.as_str()).collect();
+    let leases: Vec<Uuid> = offered.iter().map(|o| o.lease_id).collect();
+    let lengths: Vec<f64> = offered
         .iter()
         .map(|o| o.pop.wants.default_lease_secs)
         .collect();
-    let batches: Vec<i64> = chosen
+    let batches: Vec<i64> = offered
         .iter()
         .map(|o| i64::from(o.pop.wants.batch))
         .collect();
@@ -221,10 +240,16 @@ pub(crate) async fn grant<C: Prepared>(
         &batches,
         &stored_ids,
     ];
-    let rows = client.query(&statements.grant, &params).await?;
+    let rows = client.query(&statements.call, &params).await?;
+    record_granted(offered, &rows);
+    Ok(())
+}
+
+/// Keeps, for each offered pop, the messages leased to it.
+fn record_granted(offered: &mut [Offered], rows: &[Row]) {
     let mut by_lease: HashMap<Uuid, Vec<(i64, Uuid, chrono::DateTime<chrono::Utc>)>> =
         HashMap::new();
-    for r in &rows {
+    for r in rows {
         by_lease.entry(r.get("lease_id")).or_default().push((
             r.get("pos"),
             r.get("message_id"),
@@ -248,7 +273,6 @@ pub(crate) async fn grant<C: Prepared>(
                 .collect();
         }
     }
-    Ok(())
 }
 
 /// After the push committed: sends each offered pop what was leased to it (the rest resume

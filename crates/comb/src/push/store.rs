@@ -311,8 +311,8 @@ async fn run_batch(pool: &Pool, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
 
 /// Stores a batch in a transaction of its own: BEGIN, lock, insert and COMMIT are pipelined
 /// in one round trip. If a statement fails, the ones after it fail too and COMMIT rolls back.
-/// With pops `offered` the batch's messages, their cursors are locked in the same round trip
-/// and the leases granted in a second, with the COMMIT ([`handoff`]). A checked batch on
+/// With pops `offered` the batch's messages, the same round trip hands them off before the
+/// COMMIT ([`handoff`]). A checked batch on
 /// Citus takes two round trips (lock and prior ids, then append and COMMIT): its COMMIT is
 /// sent only after its append, which must not run outside the lock.
 /// (No NOTIFY in here: it takes a cluster-wide lock held through the commit's WAL flush,
@@ -363,32 +363,16 @@ async fn store(
         return Ok(outcomes);
     }
     let handing = handoff::Statements::prepare(&client).await?;
-    let (begin, outcomes, locked) = tokio::join!(
+    let stored: Vec<Uuid> = plan.sent_ids();
+    let (begin, outcomes, handed, commit) = tokio::join!(
         p.begin(),
         plan.run(&p, &statements),
-        handoff::lock(&p, &handing, offered)
-    );
-    let (outcomes, locked) = match begin
-        .map_err(DbError::from)
-        .and(outcomes)
-        .and_then(|o| locked.map(|l| (o, l)))
-    {
-        Ok(both) => both,
-        Err(e) => {
-            db::roll_back(&client).await;
-            return Err(e);
-        }
-    };
-    if locked.is_empty() {
-        p.commit().await?;
-        return Ok(outcomes);
-    }
-    let stored: Vec<Uuid> = plan.sent_ids();
-    let (granted, commit) = tokio::join!(
-        handoff::grant(&p, &handing, offered, &locked, &stored),
+        handoff::hand_off(&p, &handing, offered, &stored),
         p.commit()
     );
-    granted?;
+    begin?;
+    let outcomes = outcomes?;
+    handed?;
     commit?;
     Ok(outcomes)
 }

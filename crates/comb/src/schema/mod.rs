@@ -196,6 +196,26 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateErro
     Ok(applied)
 }
 
+/// Makes the data path's functions on one PostgreSQL: each a `CREATE OR REPLACE FUNCTION`
+/// composed from its owners' statements (as `push::handoff`'s), run on every start so that a
+/// new build's body replaces the old one, under the migrations' lock. Nothing on Citus, whose
+/// data-path functions [`citus::delegate`] makes.
+pub(crate) async fn install_functions(
+    client: &mut Client,
+    functions: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    if citus::on() {
+        return Ok(());
+    }
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    for create in functions {
+        tx.batch_execute(create).await?;
+    }
+    tx.commit().await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,6 +130,82 @@ CREATE FUNCTION comb.group_live(q uuid, g text) RETURNS TABLE(partitions bigint,
     WHERE c.queue_id = q AND c.consumer_group = g
 $$;
 
+CREATE FUNCTION comb.hand_off(a_partitions uuid[], a_groups text[], a_leases uuid[], a_lengths double precision[], a_batches bigint[], a_ids uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $_$
+#variable_conflict use_column
+DECLARE
+    held_partitions uuid[];
+    held_groups text[];
+BEGIN
+    SELECT array_agg(l.partition_id), array_agg(l.consumer_group)
+        INTO held_partitions, held_groups
+        FROM (
+SELECT c.partition_id, c.consumer_group FROM comb.cursors c
+WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
+ORDER BY c.partition_id, c.consumer_group
+FOR NO KEY UPDATE OF c SKIP LOCKED) l;
+    IF held_partitions IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(w.p), array_agg(w.g), array_agg(w.l), array_agg(w.d), array_agg(w.b)
+        INTO a_partitions, a_groups, a_leases, a_lengths, a_batches
+        FROM unnest(a_partitions, a_groups, a_leases, a_lengths, a_batches)
+            AS w(p, g, l, d, b)
+        WHERE (w.p, w.g) IN (SELECT * FROM unnest(held_partitions, held_groups));
+    RETURN QUERY
+WITH w AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::float8[], $5::int8[])
+        AS w(partition_id, consumer_group, lease_id, default_lease, batch)
+),
+st AS MATERIALIZED (
+    SELECT w.lease_id AS new_lease, w.default_lease, w.batch, o.options, s.*
+    FROM w
+    CROSS JOIN LATERAL comb.cursor_state(w.partition_id, w.consumer_group) s
+    CROSS JOIN LATERAL (SELECT (SELECT q.options FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+             WHERE p.id = w.partition_id) AS options) o
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
+      AND cardinality(s.settled) = 0 AND cardinality(s.attempt_pos) = 0
+      AND coalesce((o.options->>'delayedProcessing')::float8, 0) = 0
+      AND coalesce((o.options->>'windowBuffer')::float8, 0) = 0
+),
+picked AS MATERIALIZED (
+    SELECT st.partition_id, st.consumer_group, m.pos, m.message_id, m.created_at
+    FROM st
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.created_at
+        FROM comb.messages m WHERE m.partition_id = st.partition_id
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+        ORDER BY m.pos
+        LIMIT st.batch
+    ) m
+),
+ok AS (
+    -- The next message is this push's, so every one after it is too (they are the newest).
+    SELECT partition_id, consumer_group, max(pos) AS upto
+    FROM picked
+    GROUP BY partition_id, consumer_group
+    HAVING bool_and(message_id = ANY($6::uuid[]))
+),
+granted AS (
+    INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    SELECT st.partition_id, st.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+           st.cursor_pos, st.cursor_seg, st.settled, st.attempt_pos, st.attempt_cnt,
+           st.new_lease,
+           now() + make_interval(secs => coalesce((st.options->>'leaseTime')::float8,
+                                                  st.default_lease)),
+           ok.upto, st.available_at, clock_timestamp()
+    FROM st
+    JOIN ok ON ok.partition_id = st.partition_id AND ok.consumer_group = st.consumer_group
+    RETURNING partition_id, consumer_group, lease_id
+)
+SELECT g.partition_id, g.consumer_group, g.lease_id, p.pos, p.message_id, p.created_at
+FROM granted g
+JOIN picked p ON p.partition_id = g.partition_id AND p.consumer_group = g.consumer_group;
+END $_$;
+
 CREATE FUNCTION comb.iso(t timestamp with time zone) RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$

@@ -193,6 +193,55 @@ async fn a_group_not_right_before_the_push_is_not_handed_off_and_skips_nothing()
 }
 
 #[tokio::test]
+async fn a_cursor_a_claim_holds_is_not_handed_off_and_its_push_does_not_wait() {
+    let env = Env::start_with_env(&ARGS, &[ON]).await;
+    env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
+    let pop = env.pop("/api/v1/pop/queue/q").await.unwrap();
+    env.ack_all(&pop, "completed", None).await;
+    let w = waiter(&env, "q", "&batch=10").await;
+    // A session holds the group's cursor, as a claim in flight does.
+    let holder = {
+        let db = env.sql("SELECT current_database()");
+        tokio::task::spawn_blocking(move || {
+            comb_harness::Postgres::shared().psql(
+                &db,
+                "BEGIN; SELECT 1 FROM comb.cursors FOR NO KEY UPDATE; SELECT pg_sleep(60); COMMIT;",
+            )
+        })
+    };
+    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+           AND query LIKE '%pg_sleep(60)%' AND state = 'active' AND pid <> pg_backend_pid()";
+    common::until("the cursor's holder sleeps", || async {
+        env.sql(sleeping) == "1"
+    })
+    .await;
+    // The push skips the held cursor: it is answered while the cursor is still held, and
+    // leases nothing.
+    env.push(json!([{"queue": "q", "payload": {"n": 2}}])).await;
+    assert_eq!(env.sql(sleeping), "1", "the push waited for the cursor");
+    assert_eq!(counter(&env, "comb_handoffs_total").await, 0);
+    env.sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND query LIKE '%pg_sleep(60)%'
+           AND pid <> pg_backend_pid()",
+    );
+    let _ = holder.await;
+    // The group's next message is 2, not the next push's: that push hands off nothing
+    // either, and the waiting pop claims 2 first (3 with it, or next).
+    env.push(json!([{"queue": "q", "payload": {"n": 3}}])).await;
+    let first = answered(w).await;
+    let mut got = numbers(&first);
+    if got.len() < 2 {
+        env.ack_all(&first, "completed", None).await;
+        got.extend(numbers(
+            &env.pop("/api/v1/pop/queue/q?batch=10").await.unwrap(),
+        ));
+    }
+    assert_eq!(got, vec![2, 3]);
+    assert_eq!(counter(&env, "comb_handoffs_total").await, 0);
+}
+
+#[tokio::test]
 async fn a_lease_made_for_a_pop_that_went_away_is_given_back_at_once() {
     let env = Env::start_with_env(&ARGS, &[ON]).await;
     env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
