@@ -175,6 +175,10 @@ pub(crate) static HANDOFFS: Counter = Counter::new();
 pub(crate) static HANDED_OFF: Counter = Counter::new();
 /// Hand-off leases given back because their pop went away before it was answered.
 pub(crate) static HANDOFFS_RELEASED: Counter = Counter::new();
+/// Push notifications sent to other servers, and those not sent because no other server's
+/// relay was connected (`wake::start_broadcast`).
+pub(crate) static BROADCASTS: Counter = Counter::new();
+pub(crate) static BROADCASTS_UNHEARD: Counter = Counter::new();
 /// Lease extensions by lease id alone that had to look the lease up over every shard on
 /// Citus (a lease this server did not grant, or forgot): `lease::extend`.
 pub(crate) static LEASE_LOOKUPS_ALL_SHARDS: Counter = Counter::new();
@@ -335,6 +339,16 @@ impl Metrics {
             "comb_handoffs_released_total",
             "Hand-off leases given back at once because their pop went away before it was answered.",
             HANDOFFS_RELEASED.get(),
+        );
+        out.counter(
+            "comb_push_notifications_total",
+            "Notifications of pushes sent to the other servers of the database (at most one per 10 ms).",
+            BROADCASTS.get(),
+        );
+        out.counter(
+            "comb_push_notifications_unsent_total",
+            "Notifications of pushes not sent because no other server's relay was connected to the database.",
+            BROADCASTS_UNHEARD.get(),
         );
         out.counter(
             "comb_lease_lookups_all_shards_total",

@@ -5,7 +5,8 @@
 //! [`BROADCAST_EVERY`] per server, naming every queue pushed meanwhile. Sending them inside
 //! the push transaction would be simpler and is what serialises Postgres queues: `NOTIFY`
 //! takes a cluster-wide lock that is held through the commit's WAL flush, so no two pushing
-//! transactions could ever share a flush.
+//! transactions could ever share a flush. A server alone on its database sends none: the
+//! statement notifies only while another server's relay is connected ([`BROADCAST_SQL`]).
 //!
 //! Pops of a group that wait ([`Ready`]) are woken one at a time, and learn which partitions
 //! were pushed: a push hands each of its partitions to the groups that wait on its queue here
@@ -56,6 +57,25 @@ pub(crate) type OnStale = Arc<dyn Fn(Stale<'_>) + Send + Sync>;
 
 /// Longest a push waits before other servers hear of it (besides the send itself).
 pub(crate) const BROADCAST_EVERY: Duration = Duration::from_millis(10);
+
+/// Sends a push notification (`$1` channel, `$2` payload) only if a relay of another server
+/// (`application_name` [`RELAY_NAME`] and an origin other than `$3`) is connected to this
+/// database. Alone, the statement commits nothing: no commit record, no flush, no listener
+/// woken. No wake-up is lost to the check: a relay that connects after it listens after this
+/// server's push committed, and its server's pops look again once it listens.
+const BROADCAST_SQL: &str = "
+SELECT pg_notify($1, $2) FROM pg_stat_activity a
+WHERE a.datname = current_database() AND a.application_name LIKE 'comb relay %'
+  AND a.application_name <> $3
+LIMIT 1";
+
+/// The `application_name` of a relay's connection: this prefix, then its server's origin.
+const RELAY_NAME: &str = "comb relay";
+
+/// The `application_name` of the relay of the server of `origin`.
+fn relay_name(origin: Uuid) -> String {
+    format!("{RELAY_NAME} {origin}")
+}
 
 /// Largest notification payload PostgreSQL accepts is 8000 bytes; beyond this, wake all.
 const NOTIFY_MAX: usize = 7_900;
@@ -665,14 +685,16 @@ impl Wake {
 }
 
 /// Announces pushed queues to other servers: one `NOTIFY` per [`BROADCAST_EVERY`] at most,
-/// outside any push transaction. A failed send is not retried: the waiting pops elsewhere
-/// fall back to re-checking on their own timer.
+/// outside any push transaction, and none while no other server listens ([`BROADCAST_SQL`]).
+/// A failed send is not retried: the waiting pops elsewhere fall back to re-checking on their
+/// own timer.
 pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     if wake.outbox.set(tx).is_err() {
         return;
     }
     let origin = wake.origin;
+    let own_relay = relay_name(origin);
     tokio::spawn(async move {
         let mut names: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         while let Some(first) = rx.recv().await {
@@ -690,11 +712,18 @@ pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
             names.clear();
             match pool.get().await {
                 Ok(client) => {
-                    if let Err(e) = client
-                        .execute("SELECT pg_notify($1, $2)", &[&NOTIFY_CHANNEL, &payload])
-                        .await
-                    {
-                        tracing::debug!(error = %e, "push notification not sent");
+                    let sent = match client.prepare_cached(BROADCAST_SQL).await {
+                        Ok(statement) => {
+                            client
+                                .execute(&statement, &[&NOTIFY_CHANNEL, &payload, &own_relay])
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match sent {
+                        Ok(0) => crate::metrics::BROADCASTS_UNHEARD.add(1),
+                        Ok(_) => crate::metrics::BROADCASTS.add(1),
+                        Err(e) => tracing::debug!(error = %e, "push notification not sent"),
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "push notification not sent"),
@@ -715,7 +744,8 @@ pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
 /// moves to the new one; every cached catalog id is forgotten then too.
 pub(crate) async fn relay(database_url: String, wake: Arc<Wake>, on_stale: OnStale) {
     let connector = match crate::db::Connector::new(&database_url) {
-        Ok(c) => c,
+        // Named, so that other servers see a listener here ([`BROADCAST_SQL`]).
+        Ok(c) => c.named(&relay_name(wake.origin)),
         Err(e) => {
             tracing::error!(error = %e, "push notification relay disabled");
             return;

@@ -53,6 +53,12 @@ enum Role {
 }
 
 impl Connector {
+    /// Names its connections (`application_name`), as other sessions see them.
+    pub(crate) fn named(mut self, name: &str) -> Connector {
+        self.config.application_name(name);
+        self
+    }
+
     /// Parses the URL (one or several hosts).
     pub(crate) fn new(database_url: &str) -> Result<Connector, String> {
         let (database_url, tls) = Tls::from_url(database_url)?;

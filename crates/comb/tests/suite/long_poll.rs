@@ -88,6 +88,59 @@ async fn a_timeout_above_the_servers_cap_is_cut_to_the_cap() {
 const RELAYS: &str = "FROM pg_stat_activity WHERE datname = current_database() \
     AND pid <> pg_backend_pid() AND (query LIKE 'LISTEN %' OR query = 'SELECT 1')";
 
+/// A counter of a server's `/metrics` (0 when absent).
+async fn counter_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+#[tokio::test]
+async fn a_server_alone_sends_no_push_notification_and_one_beside_another_does() {
+    let env = Env::start_with(&NO_FALLBACK).await;
+    let base = env.server.base_url();
+    common::eventually(common::PATIENCE, "its relay listens", || {
+        env.sql(&format!("SELECT count(*) {RELAYS}")) == "1"
+    })
+    .await;
+    env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
+    common::until("the push's notification is not sent", || async {
+        counter_at(&env.http, &base, "comb_push_notifications_unsent_total").await == 1
+    })
+    .await;
+    assert_eq!(
+        counter_at(&env.http, &base, "comb_push_notifications_total").await,
+        0
+    );
+    env.pop("/api/v1/pop/queue/q?autoAck=true").await.unwrap();
+
+    // Beside a second server, server 1's pushes are announced, and wake its pops.
+    let other = env.second_server_with(&NO_FALLBACK).await;
+    common::eventually(common::PATIENCE, "both servers listen", || {
+        env.sql(&format!("SELECT count(*) {RELAYS}")) == "2"
+    })
+    .await;
+    let waiter = common::waiting_pop(format!(
+        "{}/api/v1/pop/queue/q?wait=true&timeout=60000&autoAck=true",
+        other.base_url()
+    ));
+    common::until_waiting_places_are_taken(&env.http, &other.base_url(), "q").await;
+    env.push(json!([{"queue": "q", "payload": {"n": 4}}])).await;
+    woken(waiter, 4, "a push through another server").await;
+    assert_eq!(
+        counter_at(&env.http, &base, "comb_push_notifications_total").await,
+        1
+    );
+}
+
 #[tokio::test]
 async fn a_push_made_while_the_relay_reconnects_still_wakes_a_waiting_pop() {
     let env = Env::start_with(&NO_FALLBACK).await;
