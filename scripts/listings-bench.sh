@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The administration listings with 10,000 partitions and a million messages
-# (docs/benchmarks.md, "Administration listings").
+# (docs/listings.md).
 #
 # Usage: scripts/listings-bench.sh fill|measure
 #
