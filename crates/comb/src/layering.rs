@@ -98,6 +98,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("lock_expired", "lease"),
     ("extend_lease", "lease"),
     ("judge_acks", "ack"),
+    ("hand_off", "push"),
     ("refuse_sealed_payload", "pop"),
     ("stream_queries", "streams"),
     ("stream_partitions", "streams"),
