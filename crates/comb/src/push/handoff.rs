@@ -108,7 +108,10 @@ JOIN picked p ON p.partition_id = g.partition_id AND p.consumer_group = g.consum
 /// call: locks the offered cursors no one else holds ([`crate::cursor::LOCK_FREE_SQL`]),
 /// keeps the offers whose cursor it locked, and grants them ([`GRANT_SQL`]) in a statement
 /// of its own, whose snapshot is taken after the lock. Made on every start by `comb migrate`
-/// ([`crate::schema::install_functions`]); not on Citus, where nothing hands off.
+/// ([`crate::schema::install_functions`]); not on Citus, where nothing hands off. Its
+/// statements are planned as the consumer path's are ([`crate::db::consumer_plans`]): once
+/// per session, generically, and never as whole-table reads. (Left to the default, each
+/// call planned its grant again, which cost more than running it.)
 pub(crate) static HAND_OFF_FUNCTION: LazyLock<String> = LazyLock::new(|| {
     format!(
         "
@@ -116,7 +119,7 @@ CREATE OR REPLACE FUNCTION comb.hand_off(a_partitions uuid[], a_groups text[],
     a_leases uuid[], a_lengths float8[], a_batches int8[], a_ids uuid[])
 RETURNS TABLE (partition_id uuid, consumer_group text, lease_id uuid, pos bigint,
     message_id uuid, created_at timestamptz)
-LANGUAGE plpgsql AS $body$
+LANGUAGE plpgsql {plans} AS $body$
 #variable_conflict use_column
 DECLARE
     held_partitions uuid[];
@@ -135,6 +138,9 @@ BEGIN
         WHERE (w.p, w.g) IN (SELECT * FROM unnest(held_partitions, held_groups));
     RETURN QUERY {grant};
 END $body$",
+        plans = crate::db::consumer_plans!()
+            .replace("SET LOCAL ", "SET ")
+            .replace(';', ""),
         lock = crate::cursor::LOCK_FREE_SQL,
         grant = GRANT_SQL
     )

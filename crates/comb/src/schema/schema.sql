@@ -132,6 +132,9 @@ $$;
 
 CREATE FUNCTION comb.hand_off(a_partitions uuid[], a_groups text[], a_leases uuid[], a_lengths double precision[], a_batches bigint[], a_ids uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
     AS $_$
 #variable_conflict use_column
 DECLARE

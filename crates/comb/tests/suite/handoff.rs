@@ -25,29 +25,14 @@ const ON: (&str, &str) = ("COMB_HANDOFF", "on");
 /// Waits until `n` pops wait on the server at `base`.
 async fn until_waiting(http: &reqwest::Client, base: &str, n: u64) {
     common::until("the pops wait", || async {
-        value_at(http, base, "comb_pops_waiting").await == n
+        common::metric_at(http, base, "comb_pops_waiting").await == n
     })
     .await;
 }
 
 /// A counter of `/metrics` (0 when absent).
 async fn counter(env: &Env, name: &str) -> u64 {
-    value_at(&env.http, &env.server.base_url(), name).await
-}
-
-/// A value of `/metrics` (0 when absent).
-async fn value_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+    common::metric_at(&env.http, &env.server.base_url(), name).await
 }
 
 /// Starts a pop of `queue` waiting a minute (`extra`: more query parameters) and returns once
@@ -484,7 +469,7 @@ async fn a_pop_waiting_on_another_server_is_woken_as_before() {
     }
     assert_eq!(counter(&env, "comb_handoffs_total").await, 0);
     assert_eq!(
-        value_at(&env.http, &other.base_url(), "comb_handoffs_total").await,
+        common::metric_at(&env.http, &other.base_url(), "comb_handoffs_total").await,
         0
     );
 }
@@ -501,7 +486,7 @@ async fn with_handoff_off_a_waiting_pop_claims_for_itself() {
     assert_eq!(numbers(&pop), vec![1]);
     assert_eq!(counter(&env, "comb_handoffs_total").await, 0, "{pop}");
     assert_eq!(
-        value_at(
+        common::metric_at(
             &env.http,
             &env.server.base_url(),
             "comb_registry_entries{registry=\"wake_offers\"}"

@@ -88,21 +88,6 @@ async fn a_timeout_above_the_servers_cap_is_cut_to_the_cap() {
 const RELAYS: &str = "FROM pg_stat_activity WHERE datname = current_database() \
     AND pid <> pg_backend_pid() AND (query LIKE 'LISTEN %' OR query = 'SELECT 1')";
 
-/// A counter of a server's `/metrics` (0 when absent).
-async fn counter_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
-}
-
 #[tokio::test]
 async fn a_server_alone_sends_no_push_notification_and_one_beside_another_does() {
     let env = Env::start_with(&NO_FALLBACK).await;
@@ -113,11 +98,11 @@ async fn a_server_alone_sends_no_push_notification_and_one_beside_another_does()
     .await;
     env.push(json!([{"queue": "q", "payload": {"n": 0}}])).await;
     common::until("the push's notification is not sent", || async {
-        counter_at(&env.http, &base, "comb_push_notifications_unsent_total").await == 1
+        common::metric_at(&env.http, &base, "comb_push_notifications_unsent_total").await == 1
     })
     .await;
     assert_eq!(
-        counter_at(&env.http, &base, "comb_push_notifications_total").await,
+        common::metric_at(&env.http, &base, "comb_push_notifications_total").await,
         0
     );
     env.pop("/api/v1/pop/queue/q?autoAck=true").await.unwrap();
@@ -136,7 +121,7 @@ async fn a_server_alone_sends_no_push_notification_and_one_beside_another_does()
     env.push(json!([{"queue": "q", "payload": {"n": 4}}])).await;
     woken(waiter, 4, "a push through another server").await;
     assert_eq!(
-        counter_at(&env.http, &base, "comb_push_notifications_total").await,
+        common::metric_at(&env.http, &base, "comb_push_notifications_total").await,
         1
     );
 }

@@ -549,3 +549,18 @@ pub fn assert_scans_return_at_most(what: &str, plan: &str, rows: u32) {
         assert!(read <= rows, "{what} read {read} rows:\n{plan}");
     }
 }
+
+/// A counter or gauge of the `/metrics` of the server at `base` (0 when absent).
+pub async fn metric_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
