@@ -2232,17 +2232,11 @@ async fn status_and_retry(r: reqwest::RequestBuilder) -> (StatusCode, bool, Valu
     (status, retry, r.json().await.unwrap_or(Value::Null))
 }
 
-/// One worker of a private cluster stopped while two servers serve: partitions on the other
-/// worker take pushes and serve pops, named and of the whole queue (a server that had not
-/// seen the group reads the subscription rather than writing it, and lists the live
-/// worker's candidates one worker at a time); requests naming a partition of the stopped
-/// worker answer 503 with `Retry-After`, never 500. Once the worker is back, every partition
-/// delivers what it had, in order, and holds everything acknowledged as pushed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
-    let (citus, env) = tokio::task::spawn_blocking(|| {
+/// A private cluster (its workers may be stopped), database `name` on it, and a server.
+async fn private_cluster(name: &'static str) -> (Citus, Env) {
+    tokio::task::spawn_blocking(move || {
         let citus = Citus::start().expect("a private cluster starts");
-        let db_url = citus.create_database("citus_lost").unwrap();
+        let db_url = citus.create_database(name).unwrap();
         let db_name = db_url.rsplit('/').next().unwrap().to_string();
         let server = Server::start(common::comb_bin(), &db_url, &[]).expect("server starts");
         let env = Env {
@@ -2254,7 +2248,18 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
         (citus, env)
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// One worker of a private cluster stopped while two servers serve: partitions on the other
+/// worker take pushes and serve pops, named and of the whole queue (a server that had not
+/// seen the group reads the subscription rather than writing it, and lists the live
+/// worker's candidates one worker at a time); requests naming a partition of the stopped
+/// worker answer 503 with `Retry-After`, never 500. Once the worker is back, every partition
+/// delivers what it had, in order, and holds everything acknowledged as pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
+    let (citus, env) = private_cluster("citus_lost").await;
     const PARTITIONS: usize = 12;
     let names: Vec<String> = (0..PARTITIONS).map(|p| format!("p{p}")).collect();
     let push_one = |p: &str, n: i64| json!({"queue": "lost", "partition": p, "payload": {"n": n}});
@@ -2599,21 +2604,7 @@ async fn racing_creators_and_a_new_group_get_one_partition_and_a_cursor_each() {
 /// stopped worker answers 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_worker_lost_a_fresh_server_finds_and_makes_partitions_of_the_live_one() {
-    let (citus, env) = tokio::task::spawn_blocking(|| {
-        let citus = Citus::start().expect("a private cluster starts");
-        let db_url = citus.create_database("citus_pids_lost").unwrap();
-        let db_name = db_url.rsplit('/').next().unwrap().to_string();
-        let server = Server::start(common::comb_bin(), &db_url, &[]).expect("server starts");
-        let env = Env {
-            server,
-            db_url,
-            db_name,
-            http: common::client(),
-        };
-        (citus, env)
-    })
-    .await
-    .unwrap();
+    let (citus, env) = private_cluster("citus_pids_lost").await;
     let db = env.db_name.clone();
     const OLD: usize = 8;
     let items: Vec<Value> = (0..OLD)
