@@ -59,13 +59,13 @@ pub(crate) type OnStale = Arc<dyn Fn(Stale<'_>) + Send + Sync>;
 pub(crate) const BROADCAST_EVERY: Duration = Duration::from_millis(10);
 
 /// Sends a push notification (`$1` channel, `$2` payload) only if a relay of another server
-/// (`application_name` [`RELAY_NAME`] and an origin other than `$3`) is connected to this
-/// database. Alone, the statement commits nothing: no commit record, no flush, no listener
+/// (`application_name` like `$4`, [`RELAY_NAME`] and an origin, other than `$3`) is connected
+/// to this database. Alone, the statement commits nothing: no commit record, no flush, no listener
 /// woken. No wake-up is lost to the check: a relay that connects after it listens after this
 /// server's push committed, and its server's pops look again once it listens.
 const BROADCAST_SQL: &str = "
 SELECT pg_notify($1, $2) FROM pg_stat_activity a
-WHERE a.datname = current_database() AND a.application_name LIKE 'comb relay %'
+WHERE a.datname = current_database() AND a.application_name LIKE $4
   AND a.application_name <> $3
 LIMIT 1";
 
@@ -695,6 +695,7 @@ pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
     }
     let origin = wake.origin;
     let own_relay = relay_name(origin);
+    let relays = format!("{RELAY_NAME} %");
     tokio::spawn(async move {
         let mut names: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         while let Some(first) = rx.recv().await {
@@ -712,14 +713,16 @@ pub(crate) fn start_broadcast(wake: &Wake, pool: deadpool_postgres::Pool) {
             names.clear();
             match pool.get().await {
                 Ok(client) => {
-                    let sent = match client.prepare_cached(BROADCAST_SQL).await {
-                        Ok(statement) => {
-                            client
-                                .execute(&statement, &[&NOTIFY_CHANNEL, &payload, &own_relay])
-                                .await
-                        }
-                        Err(e) => Err(e),
-                    };
+                    let sent = async {
+                        let statement = client.prepare_cached(BROADCAST_SQL).await?;
+                        client
+                            .execute(
+                                &statement,
+                                &[&NOTIFY_CHANNEL, &payload, &own_relay, &relays],
+                            )
+                            .await
+                    }
+                    .await;
                     match sent {
                         Ok(0) => crate::metrics::BROADCASTS_UNHEARD.add(1),
                         Ok(_) => crate::metrics::BROADCASTS.add(1),

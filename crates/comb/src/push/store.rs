@@ -354,22 +354,23 @@ async fn store(
         commit?;
         return Ok(outcomes);
     }
-    if offered.is_empty() {
-        let (begin, outcomes, commit) =
-            tokio::join!(p.begin(), plan.run(&p, &statements), p.commit());
-        begin?;
-        let outcomes = outcomes?;
-        commit?;
-        return Ok(outcomes);
-    }
-    let handing = handoff::Statements::prepare(&client).await?;
-    let stored: Vec<Uuid> = plan.sent_ids();
-    let (begin, outcomes, handed, commit) = tokio::join!(
-        p.begin(),
-        plan.run(&p, &statements),
-        handoff::hand_off(&p, &handing, offered, &stored),
-        p.commit()
-    );
+    // With pops offered the batch's messages, the hand-off goes in before the COMMIT.
+    let handing = if offered.is_empty() {
+        None
+    } else {
+        Some((
+            handoff::Statements::prepare(&client).await?,
+            plan.sent_ids(),
+        ))
+    };
+    let hand_off = async {
+        match &handing {
+            Some((statements, stored)) => handoff::hand_off(&p, statements, offered, stored).await,
+            None => Ok(()),
+        }
+    };
+    let (begin, outcomes, handed, commit) =
+        tokio::join!(p.begin(), plan.run(&p, &statements), hand_off, p.commit());
     begin?;
     let outcomes = outcomes?;
     handed?;

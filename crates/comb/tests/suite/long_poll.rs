@@ -88,6 +88,27 @@ async fn a_timeout_above_the_servers_cap_is_cut_to_the_cap() {
 const RELAYS: &str = "FROM pg_stat_activity WHERE datname = current_database() \
     AND pid <> pg_backend_pid() AND (query LIKE 'LISTEN %' OR query = 'SELECT 1')";
 
+/// Starts a second server on `env`'s database and, once both relays listen, a pop of queue
+/// `q` waiting on it (auto-ack): the server, to keep, and the pop.
+async fn beside_a_second_server_waiting(
+    env: &Env,
+) -> (
+    comb_harness::Server,
+    JoinHandle<(StatusCode, Value, Duration)>,
+) {
+    let other = env.second_server_with(&NO_FALLBACK).await;
+    common::eventually(common::PATIENCE, "both servers listen", || {
+        env.sql(&format!("SELECT count(*) {RELAYS}")) == "2"
+    })
+    .await;
+    let waiter = common::waiting_pop(format!(
+        "{}/api/v1/pop/queue/q?wait=true&timeout=60000&autoAck=true",
+        other.base_url()
+    ));
+    common::until_waiting_places_are_taken(&env.http, &other.base_url(), "q").await;
+    (other, waiter)
+}
+
 #[tokio::test]
 async fn a_server_alone_sends_no_push_notification_and_one_beside_another_does() {
     let env = Env::start_with(&NO_FALLBACK).await;
@@ -108,16 +129,7 @@ async fn a_server_alone_sends_no_push_notification_and_one_beside_another_does()
     env.pop("/api/v1/pop/queue/q?autoAck=true").await.unwrap();
 
     // Beside a second server, server 1's pushes are announced, and wake its pops.
-    let other = env.second_server_with(&NO_FALLBACK).await;
-    common::eventually(common::PATIENCE, "both servers listen", || {
-        env.sql(&format!("SELECT count(*) {RELAYS}")) == "2"
-    })
-    .await;
-    let waiter = common::waiting_pop(format!(
-        "{}/api/v1/pop/queue/q?wait=true&timeout=60000&autoAck=true",
-        other.base_url()
-    ));
-    common::until_waiting_places_are_taken(&env.http, &other.base_url(), "q").await;
+    let (_other, waiter) = beside_a_second_server_waiting(&env).await;
     env.push(json!([{"queue": "q", "payload": {"n": 4}}])).await;
     woken(waiter, 4, "a push through another server").await;
     assert_eq!(
@@ -129,16 +141,7 @@ async fn a_server_alone_sends_no_push_notification_and_one_beside_another_does()
 #[tokio::test]
 async fn a_push_made_while_the_relay_reconnects_still_wakes_a_waiting_pop() {
     let env = Env::start_with(&NO_FALLBACK).await;
-    let other = env.second_server_with(&NO_FALLBACK).await;
-    common::eventually(common::PATIENCE, "both servers listen", || {
-        env.sql(&format!("SELECT count(*) {RELAYS}")) == "2"
-    })
-    .await;
-    let waiter = common::waiting_pop(format!(
-        "{}/api/v1/pop/queue/q?wait=true&timeout=60000&autoAck=true",
-        other.base_url()
-    ));
-    common::until_waiting_places_are_taken(&env.http, &other.base_url(), "q").await;
+    let (_other, waiter) = beside_a_second_server_waiting(&env).await;
 
     // The relays lose their connections and wait a second before connecting again; the push
     // through server 1 is made meanwhile, when no server listens for its notification.
