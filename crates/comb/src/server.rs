@@ -173,8 +173,17 @@ where
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
     let applied = schema::migrate(&mut client).await?;
-    // On one PostgreSQL, a push hands off to waiting pops in one call.
-    schema::install_functions(&mut client, &[&push::HAND_OFF_FUNCTION]).await?;
+    // On one PostgreSQL, a push (with its hand-off to waiting pops) and the completing acks
+    // are each one call. The hand-off first: the push's function calls it.
+    schema::install_functions(
+        &mut client,
+        &[
+            &push::HAND_OFF_FUNCTION,
+            &push::STORE_FUNCTION,
+            &ack::COMPLETE_FUNCTION,
+        ],
+    )
+    .await?;
     // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
     // whole on the partition's worker, each as one call, and so does a partition's creation.
     schema::citus::delegate(

@@ -13,7 +13,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{AckItem, AckOutcome, AckStatus};
-use crate::db::{DbError, Pipelined, Prepared};
+use crate::db::DbError;
 
 /// Judges and writes the cursors of completing acks, one row per item (`$1` partition, `$2`
 /// group, `$3` transaction id, `$4` lease id or NULL), and returns each cursor it moved with
@@ -214,27 +214,47 @@ pub(crate) fn completing(items: &[&AckItem]) -> Vec<usize> {
         .collect()
 }
 
-/// Settles the items at `chosen` in a transaction of their own, in one round trip: BEGIN,
-/// the cursors' lock (`lock`, [`crate::cursor::LOCK_SQL`]), [`JUDGE_SQL`] (`judge`) and COMMIT;
-/// on Citus (no `lock`), one call of [`JUDGE_CITUS_FUNCTION`] for `partition`.
+/// The completing acks on one PostgreSQL in one call (`comb.complete_acks`, [`JUDGE_SQL`]'s
+/// parameters), a transaction of its own: the cursors' lock ([`crate::cursor::LOCK_SQL`]),
+/// then [`JUDGE_SQL`] in a statement of its own, whose snapshot is taken once the locks are
+/// held. One statement where `BEGIN`, the lock, the judgement and `COMMIT` were four: each
+/// costs the database a message exchange, a snapshot and a send. Its statements are planned as
+/// the consumer path's are ([`crate::db::consumer_plans`]). Made on every start by `comb
+/// migrate` ([`crate::schema::install_functions`]); not on Citus, which has its own
+/// ([`JUDGE_CITUS_FUNCTION`]).
+pub(crate) static COMPLETE_FUNCTION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "
+CREATE OR REPLACE FUNCTION comb.complete_acks(a_partitions uuid[], a_groups text[],
+    a_txids text[], a_leases uuid[])
+RETURNS TABLE (partition_id uuid, consumer_group text, released boolean, partition text,
+    queue text)
+LANGUAGE plpgsql {plans} AS $body$
+#variable_conflict use_column
+BEGIN
+    PERFORM 1 FROM ({lock}) l;
+    RETURN QUERY {judge};
+END $body$",
+        plans = crate::db::function_plans(),
+        lock = crate::cursor::LOCK_SQL,
+        judge = JUDGE_SQL
+    )
+});
+
+/// The call of [`COMPLETE_FUNCTION`].
+pub(crate) const COMPLETE_CALL: &str = "SELECT * FROM comb.complete_acks($1, $2, $3, $4)";
+
+/// Settles the items at `chosen` in one call, a transaction of its own: `judge` is
+/// [`COMPLETE_CALL`], or on Citus [`JUDGE_CITUS_CALL`] for `partition`.
 /// Returns an outcome for each chosen item whose cursor was judged, `None` for the others
 /// (nothing of their cursor changed). The last item of a cursor whose lease ended says so.
 pub(crate) async fn settle(
     client: &tokio_postgres::Client,
-    lock: Option<&Statement>,
     judge: &Statement,
     items: &[&AckItem],
     chosen: &[usize],
     partition: Option<Uuid>,
 ) -> Result<Vec<Option<AckOutcome>>, DbError> {
-    let mut cursors: Vec<(Uuid, &str)> = chosen
-        .iter()
-        .map(|&k| (items[k].partition_id, items[k].group.as_str()))
-        .collect();
-    cursors.sort_unstable();
-    cursors.dedup();
-    let lock_pids: Vec<Uuid> = cursors.iter().map(|c| c.0).collect();
-    let lock_groups: Vec<&str> = cursors.iter().map(|c| c.1).collect();
     let pids: Vec<Uuid> = chosen.iter().map(|&k| items[k].partition_id).collect();
     let groups: Vec<&str> = chosen.iter().map(|&k| items[k].group.as_str()).collect();
     let txids: Vec<&str> = chosen
@@ -242,7 +262,6 @@ pub(crate) async fn settle(
         .map(|&k| items[k].transaction_id.as_str())
         .collect();
     let leases: Vec<Option<Uuid>> = chosen.iter().map(|&k| items[k].lease_id).collect();
-    let lock_params: [&(dyn ToSql + Sync); 2] = [&lock_pids, &lock_groups];
     let judge_params: [&(dyn ToSql + Sync); 5] = [&pids, &groups, &txids, &leases, &partition];
     // Only the Citus form ([`JUDGE_CITUS_SQL`]) names its partition.
     let judge_params = if partition.is_some() {
@@ -250,26 +269,7 @@ pub(crate) async fn settle(
     } else {
         &judge_params[..4]
     };
-    let judged = match lock {
-        // Citus: the lock and the judgement in one call, a transaction of its own on the
-        // partition's worker (see [`JUDGE_CITUS_FUNCTION`]).
-        None => client.query(judge, judge_params).await?,
-        Some(lock) => {
-            // A failed statement makes the pipelined COMMIT roll back.
-            let p = Pipelined::on(client);
-            let (begin, locked, judged, commit) = tokio::join!(
-                p.begin(),
-                p.query(lock, &lock_params),
-                p.query(judge, judge_params),
-                p.commit(),
-            );
-            begin?;
-            locked?;
-            let judged = judged?;
-            commit?;
-            judged
-        }
-    };
+    let judged = client.query(judge, judge_params).await?;
     let mut moved: HashMap<(Uuid, String), (bool, String, String)> = HashMap::new();
     for r in &judged {
         moved.insert(

@@ -153,17 +153,15 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
         }
         let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
         for (partition, ks) in by_partition {
-            let mut part =
-                completed::settle(&client, None, &judge, items, &ks, Some(partition)).await?;
+            let mut part = completed::settle(&client, &judge, items, &ks, Some(partition)).await?;
             for k in ks {
                 outcomes[k] = part[k].take();
             }
         }
         outcomes
     } else {
-        let lock = client.prepare_cached(cursor::lock_sql()).await?;
-        let judge = client.prepare_cached(completed::JUDGE_SQL).await?;
-        completed::settle(&client, Some(&lock), &judge, items, &chosen, None).await?
+        let judge = client.prepare_cached(completed::COMPLETE_CALL).await?;
+        completed::settle(&client, &judge, items, &chosen, None).await?
     };
     let rest: Vec<usize> = (0..items.len())
         .filter(|&k| outcomes[k].is_none())

@@ -163,7 +163,7 @@ pub(crate) use partitions_among;
 
 /// Locks the partition rows `$1` in id order and returns the ids of those that exist (column
 /// `id`): what a push holds while it assigns positions, so that positions commit in order.
-const LOCK_PARTITIONS_SQL: &str =
+pub(crate) const LOCK_PARTITIONS_SQL: &str =
     "SELECT id FROM comb.partitions WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
 
 /// [`LOCK_PARTITIONS_SQL`] on Citus, which locks rows only in a statement of one shard: the

@@ -44,6 +44,14 @@ macro_rules! consumer_plans {
 }
 pub(crate) use consumer_plans;
 
+/// [`consumer_plans`] as the `SET` clauses of a function's definition: the consumer path's
+/// plans for the statements of a function called on any connection.
+pub(crate) fn function_plans() -> String {
+    consumer_plans!()
+        .replace("SET LOCAL ", "SET ")
+        .replace(';', "")
+}
+
 /// What every request connection sets first: no JIT compilation. Requests run short
 /// statements; an estimate that crosses the JIT threshold (a listing over a large queue, say)
 /// would otherwise spend up to a second compiling a plan that reads a few index entries.

@@ -31,8 +31,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
 use deadpool_postgres::Pool;
+use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Row, Statement};
 use uuid::Uuid;
 
 use crate::db::{DbError, Pipelined, Prepared};
@@ -138,16 +138,11 @@ BEGIN
         WHERE (w.p, w.g) IN (SELECT * FROM unnest(held_partitions, held_groups));
     RETURN QUERY {grant};
 END $body$",
-        plans = crate::db::consumer_plans!()
-            .replace("SET LOCAL ", "SET ")
-            .replace(';', ""),
+        plans = crate::db::function_plans(),
         lock = crate::cursor::LOCK_FREE_SQL,
         grant = GRANT_SQL
     )
 });
-
-/// The call of [`HAND_OFF_FUNCTION`] a push's pipeline sends.
-const HAND_OFF_SQL: &str = "SELECT * FROM comb.hand_off($1, $2, $3, $4, $5, $6)";
 
 /// Gives back lease `$3` of the cursor (`$1` partition, `$2` group), if it still holds it:
 /// the next state version without the lease, nothing counted (its messages were never handed
@@ -205,54 +200,36 @@ pub(crate) fn reserve(wake: &Wake, firsts: Vec<(Arc<str>, Uuid, Arc<str>)>) -> V
     out
 }
 
-/// The hand-off's call, prepared before the transaction.
-pub(crate) struct Statements {
-    call: Statement,
+/// The offers of a batch as [`HAND_OFF_FUNCTION`]'s arrays take them: for each offered pop,
+/// its partition, group, lease id, default lease length and batch.
+pub(crate) struct Offers<'a> {
+    pub(crate) partitions: Vec<Uuid>,
+    pub(crate) groups: Vec<&'a str>,
+    pub(crate) leases: Vec<Uuid>,
+    pub(crate) lengths: Vec<f64>,
+    pub(crate) batches: Vec<i64>,
 }
 
-impl Statements {
-    pub(crate) async fn prepare(client: &deadpool_postgres::Client) -> Result<Self, DbError> {
-        Ok(Statements {
-            call: client.prepare_cached(HAND_OFF_SQL).await?,
-        })
+impl<'a> Offers<'a> {
+    pub(crate) fn of(offered: &'a [Offered]) -> Offers<'a> {
+        Offers {
+            partitions: offered.iter().map(|o| o.partition_id).collect(),
+            groups: offered.iter().map(|o| o.pop.group.as_str()).collect(),
+            leases: offered.iter().map(|o| o.lease_id).collect(),
+            lengths: offered
+                .iter()
+                .map(|o| o.pop.wants.default_lease_secs)
+                .collect(),
+            batches: offered
+                .iter()
+                .map(|o| i64::from(o.pop.wants.batch))
+                .collect(),
+        }
     }
 }
 
-/// Leases the pushed messages (`stored_ids`) to the offered pops whose cursor no one else
-/// holds, inside the push's transaction (pipelined after the insert, the COMMIT behind it);
-/// records what each got.
-pub(crate) async fn hand_off<C: Prepared>(
-    client: &C,
-    statements: &Statements,
-    offered: &mut [Offered],
-    stored_ids: &[Uuid],
-) -> Result<(), DbError> {
-    let partitions: Vec<Uuid> = offered.iter().map(|o| o.partition_id).collect();
-    let groups: Vec<&str> = offered.iter().map(|o| o.pop.group.as_str()).collect();
-    let leases: Vec<Uuid> = offered.iter().map(|o| o.lease_id).collect();
-    let lengths: Vec<f64> = offered
-        .iter()
-        .map(|o| o.pop.wants.default_lease_secs)
-        .collect();
-    let batches: Vec<i64> = offered
-        .iter()
-        .map(|o| i64::from(o.pop.wants.batch))
-        .collect();
-    let params: [&(dyn ToSql + Sync); 6] = [
-        &partitions,
-        &groups,
-        &leases,
-        &lengths,
-        &batches,
-        &stored_ids,
-    ];
-    let rows = client.query(&statements.call, &params).await?;
-    record_granted(offered, &rows);
-    Ok(())
-}
-
-/// Keeps, for each offered pop, the messages leased to it.
-fn record_granted(offered: &mut [Offered], rows: &[Row]) {
+/// Keeps, for each offered pop, the messages leased to it (`rows`: the hand-off's).
+pub(crate) fn record_granted(offered: &mut [Offered], rows: &[&Row]) {
     let mut by_lease: HashMap<Uuid, Vec<(i64, Uuid, chrono::DateTime<chrono::Utc>)>> =
         HashMap::new();
     for r in rows {

@@ -29,6 +29,7 @@ use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
 pub(crate) use handoff::HAND_OFF_FUNCTION;
+pub(crate) use store::STORE_FUNCTION;
 pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, announce, store_in};
 
 /// One message to push, as the edge decoded and validated it. Names and strings borrow from

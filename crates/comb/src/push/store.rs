@@ -157,6 +157,106 @@ fn append_sql() -> &'static str {
     }
 }
 
+/// A batch on one PostgreSQL in one call, `comb.store_batch`, a transaction of its own: the
+/// partitions' lock, the store ([`APPEND_SQL`], or [`INSERT_SQL`] when `a_checks` says which
+/// messages carry a producer's transaction id), and with pops offered the batch's messages
+/// (`o_…`), the hand-off ([`handoff::HAND_OFF_FUNCTION`]), each a statement of its own whose
+/// snapshot follows the one before. One statement where `BEGIN`, the lock, the insert, the
+/// hand-off and `COMMIT` were five: each costs the database a message exchange, a snapshot
+/// and a send. Its rows: the partitions locked (plain append: `partition_id` alone), each
+/// checked message's outcome in order (`ord`, `prior_id`, `stored`), and the leases handed off
+/// (`consumer_group` set). Its statements are planned as the consumer path's are
+/// ([`db::function_plans`]): the lock's plan for an array of partitions was otherwise made
+/// again on every call. Made on every start by `comb migrate`
+/// ([`crate::schema::install_functions`]); not on Citus.
+pub(crate) static STORE_FUNCTION: LazyLock<String> = LazyLock::new(|| {
+    let lock = with_names(crate::catalog::LOCK_PARTITIONS_SQL, &["a_lock"]);
+    let append = with_names(
+        APPEND_SQL,
+        &[
+            "a_partitions",
+            "a_ranks",
+            "a_ids",
+            "a_txids",
+            "a_traces",
+            "a_payloads",
+            "a_lock",
+            "a_subs",
+        ],
+    );
+    let outcomes = "SELECT i.ord, pr.message_id AS prior_id, s.message_id IS NOT NULL AS stored";
+    assert!(INSERT_SQL.contains(outcomes), "{INSERT_SQL}");
+    let insert = with_names(
+        &INSERT_SQL.replace(
+            outcomes,
+            "SELECT NULL::uuid, i.ord, pr.message_id, s.message_id IS NOT NULL, NULL::text,
+       NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz",
+        ),
+        &[
+            "a_partitions",
+            "a_txids",
+            "a_ids",
+            "a_traces",
+            "a_payloads",
+            "a_checks",
+            "a_subs",
+        ],
+    );
+    format!(
+        "
+CREATE OR REPLACE FUNCTION comb.store_batch(a_lock uuid[], a_partitions uuid[],
+    a_ranks int8[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[],
+    a_subs text[], a_checks bool[], o_partitions uuid[], o_groups text[], o_leases uuid[],
+    o_lengths float8[], o_batches int8[])
+RETURNS TABLE (partition_id uuid, ord bigint, prior_id uuid, stored boolean,
+    consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamptz)
+LANGUAGE plpgsql {plans} AS $body$
+#variable_conflict use_column
+BEGIN
+    IF a_checks IS NULL THEN
+        RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
+            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
+            FROM ({lock}) l;
+        {append};
+    ELSE
+        PERFORM 1 FROM ({lock}) l;
+        RETURN QUERY {insert};
+    END IF;
+    IF cardinality(o_partitions) > 0 THEN
+        RETURN QUERY SELECT h.partition_id, NULL::bigint, NULL::uuid, NULL::boolean,
+            h.consumer_group, h.lease_id, h.pos, h.message_id, h.created_at
+            FROM comb.hand_off(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
+    END IF;
+END $body$",
+        plans = db::function_plans(),
+    )
+});
+
+/// The call of [`STORE_FUNCTION`].
+const STORE_CALL: &str = "SELECT * FROM comb.store_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+     $10, $11, $12, $13, $14)";
+
+/// `sql` with its parameters `$1`, `$2`… named `names[0]`, `names[1]`…: a statement's text
+/// inside a function whose arguments come in another order.
+fn with_names(sql: &str, names: &[&str]) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            out.push('$');
+        } else {
+            let k: usize = after[..digits].parse().expect("a parameter's number");
+            out.push_str(names[k - 1]);
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Rows in PostgreSQL's binary `COPY` format for `COPY_SQL`, encoded straight into one
 /// buffer: one pass over the batch, no future or dynamic dispatch per field.
 struct CopyRows {
@@ -309,12 +409,12 @@ async fn run_batch(pool: &Pool, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
     fusion::reply_all(jobs, result, |j| (j.messages.len(), j.reply));
 }
 
-/// Stores a batch in a transaction of its own: BEGIN, lock, insert and COMMIT are pipelined
-/// in one round trip. If a statement fails, the ones after it fail too and COMMIT rolls back.
-/// With pops `offered` the batch's messages, the same round trip hands them off before the
-/// COMMIT ([`handoff`]). A checked batch on
-/// Citus takes two round trips (lock and prior ids, then append and COMMIT): its COMMIT is
-/// sent only after its append, which must not run outside the lock.
+/// Stores a batch in a transaction of its own. On one PostgreSQL that is one call
+/// ([`STORE_FUNCTION`]), which also hands the batch's messages to the pops `offered` them
+/// ([`handoff`]). On Citus (no hand-off) BEGIN, lock, insert and COMMIT are pipelined in one
+/// round trip, and if a statement fails the ones after it fail too and COMMIT rolls back; a
+/// checked batch there takes two round trips (lock and prior ids, then append and COMMIT):
+/// its COMMIT is sent only after its append, which must not run outside the lock.
 /// (No NOTIFY in here: it takes a cluster-wide lock held through the commit's WAL flush,
 /// which would serialise every push commit; see `wake::broadcast`.)
 async fn store(
@@ -331,9 +431,14 @@ async fn store(
         }
         return result;
     }
+    if !crate::schema::citus::on() {
+        let call = client.prepare_cached(STORE_CALL).await?;
+        return plan.store_in_one_call(&client, &call, offered).await;
+    }
+    debug_assert!(offered.is_empty(), "nothing hands off on Citus");
     let statements = Statements::prepare(&client, plan).await?;
     let p = Pipelined::on(&client);
-    if let (Some(prior), true) = (&statements.prior, offered.is_empty()) {
+    if let Some(prior) = &statements.prior {
         // Two round trips: the COMMIT goes with the append, never before it.
         let (begin, read) = tokio::join!(
             p.begin(),
@@ -354,26 +459,9 @@ async fn store(
         commit?;
         return Ok(outcomes);
     }
-    // With pops offered the batch's messages, the hand-off goes in before the COMMIT.
-    let handing = if offered.is_empty() {
-        None
-    } else {
-        Some((
-            handoff::Statements::prepare(&client).await?,
-            plan.sent_ids(),
-        ))
-    };
-    let hand_off = async {
-        match &handing {
-            Some((statements, stored)) => handoff::hand_off(&p, statements, offered, stored).await,
-            None => Ok(()),
-        }
-    };
-    let (begin, outcomes, handed, commit) =
-        tokio::join!(p.begin(), plan.run(&p, &statements), hand_off, p.commit());
+    let (begin, outcomes, commit) = tokio::join!(p.begin(), plan.run(&p, &statements), p.commit());
     begin?;
     let outcomes = outcomes?;
-    handed?;
     commit?;
     Ok(outcomes)
 }
@@ -431,6 +519,21 @@ impl Statements {
             prior,
         })
     }
+}
+
+/// The columns of a batch's messages, one element per message, as its statements take them.
+struct Columns<'a> {
+    partition_ids: Vec<Uuid>,
+    /// Each message's rank among the batch's messages of its partition, from 1.
+    ranks: Vec<i64>,
+    message_ids: Vec<Uuid>,
+    txids: Vec<TransactionId<'a>>,
+    trace_ids: Vec<Option<&'a str>>,
+    payloads: Vec<&'a [u8]>,
+    /// Which messages carry a producer's transaction id, to look for in the partition.
+    checks: Vec<bool>,
+    /// Producers' subjects, or `None` when no message has one.
+    subs: Option<Vec<Option<&'a str>>>,
 }
 
 /// A batch ready for the database: repeats within the batch folded onto their first
@@ -499,25 +602,12 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// The ids of the messages sent (a repeat's own id is never stored).
-    fn sent_ids(&self) -> Vec<Uuid> {
-        self.sent.iter().map(|&i| self.all[i].message_id).collect()
-    }
-
     /// Whether some message carries a producer's transaction id, which a stored message may
     /// already hold; batches without one take the plain append.
     fn checks_duplicates(&self) -> bool {
         self.sent
             .iter()
             .any(|&i| self.all[i].client_transaction_id.is_some())
-    }
-
-    /// Producers' subjects, one per message sent, or `None` when no message has one.
-    fn producer_subs(&self) -> Option<Vec<Option<&str>>> {
-        let sent = || self.sent.iter().map(|&i| self.all[i]);
-        sent()
-            .any(|m| m.producer_sub.is_some())
-            .then(|| sent().map(|m| m.producer_sub.as_deref()).collect())
     }
 
     /// Whether the batch is big enough, and free of duplicate checks, to be copied in.
@@ -635,7 +725,7 @@ impl<'a> Plan<'a> {
                 self.insert_checked(client, &statements.insert),
             );
             locked?;
-            return Ok(self.outcomes(&rows?));
+            return Ok(self.outcomes(&rows?.iter().collect::<Vec<_>>()));
         }
         let (locked, appended) = tokio::join!(
             client.query(&statements.lock, &lock_params),
@@ -652,6 +742,30 @@ impl<'a> Plan<'a> {
         self.append_of(client, insert, &self.sent).await
     }
 
+    /// The columns of the messages `sent` (indexes into `all`), as the statements take them.
+    fn columns(&self, sent: &[usize]) -> Columns<'_> {
+        let sent = || sent.iter().map(|&i| self.all[i]);
+        let mut ranks: HashMap<Uuid, i64> = HashMap::with_capacity(self.lock_ids.len());
+        Columns {
+            partition_ids: sent().map(|m| m.partition_id).collect(),
+            ranks: sent()
+                .map(|m| {
+                    let r = ranks.entry(m.partition_id).or_insert(0);
+                    *r += 1;
+                    *r
+                })
+                .collect(),
+            message_ids: sent().map(|m| m.message_id).collect(),
+            txids: sent().map(|m| m.transaction_id()).collect(),
+            trace_ids: sent().map(|m| m.trace_id.as_deref()).collect(),
+            payloads: sent().map(|m| &m.payload[..]).collect(),
+            checks: sent().map(|m| m.client_transaction_id.is_some()).collect(),
+            subs: sent()
+                .any(|m| m.producer_sub.is_some())
+                .then(|| sent().map(|m| m.producer_sub.as_deref()).collect()),
+        }
+    }
+
     /// [`Plan::append`] of the messages `sent` (indexes into `all`).
     async fn append_of<C: Prepared>(
         &self,
@@ -659,30 +773,16 @@ impl<'a> Plan<'a> {
         insert: &Statement,
         sent: &[usize],
     ) -> Result<u64, DbError> {
-        let sent = || sent.iter().map(|&i| self.all[i]);
-        let mut ranks: HashMap<Uuid, i64> = HashMap::with_capacity(self.lock_ids.len());
-        let rank: Vec<i64> = sent()
-            .map(|m| {
-                let r = ranks.entry(m.partition_id).or_insert(0);
-                *r += 1;
-                *r
-            })
-            .collect();
-        let partition_ids: Vec<Uuid> = sent().map(|m| m.partition_id).collect();
-        let txids: Vec<TransactionId> = sent().map(|m| m.transaction_id()).collect();
-        let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
-        let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
-        let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
-        let subs = self.producer_subs();
+        let c = self.columns(sent);
         let params: [&(dyn ToSql + Sync); 8] = [
-            &partition_ids,
-            &rank,
-            &message_ids,
-            &txids,
-            &trace_ids,
-            &payloads,
+            &c.partition_ids,
+            &c.ranks,
+            &c.message_ids,
+            &c.txids,
+            &c.trace_ids,
+            &c.payloads,
             &self.lock_ids,
-            &subs,
+            &c.subs,
         ];
         Ok(client.execute(insert, &params).await?)
     }
@@ -693,24 +793,56 @@ impl<'a> Plan<'a> {
         client: &C,
         insert: &Statement,
     ) -> Result<Vec<Row>, DbError> {
-        let sent = || self.sent.iter().map(|&i| self.all[i]);
-        let partition_ids: Vec<Uuid> = sent().map(|m| m.partition_id).collect();
-        let txids: Vec<TransactionId> = sent().map(|m| m.transaction_id()).collect();
-        let message_ids: Vec<Uuid> = sent().map(|m| m.message_id).collect();
-        let trace_ids: Vec<Option<&str>> = sent().map(|m| m.trace_id.as_deref()).collect();
-        let payloads: Vec<&[u8]> = sent().map(|m| &m.payload[..]).collect();
-        let check: Vec<bool> = sent().map(|m| m.client_transaction_id.is_some()).collect();
-        let subs = self.producer_subs();
+        let c = self.columns(&self.sent);
         let params: [&(dyn ToSql + Sync); 7] = [
-            &partition_ids,
-            &txids,
-            &message_ids,
-            &trace_ids,
-            &payloads,
-            &check,
-            &subs,
+            &c.partition_ids,
+            &c.txids,
+            &c.message_ids,
+            &c.trace_ids,
+            &c.payloads,
+            &c.checks,
+            &c.subs,
         ];
         Ok(client.query(insert, &params).await?)
+    }
+
+    /// Stores the batch in one call of [`STORE_FUNCTION`] (`call`), which leases its messages
+    /// to the pops `offered` them and records what each got.
+    async fn store_in_one_call(
+        &self,
+        client: &deadpool_postgres::Client,
+        call: &Statement,
+        offered: &mut [handoff::Offered],
+    ) -> Result<Vec<Stored>, DbError> {
+        let c = self.columns(&self.sent);
+        let checks = self.checks_duplicates().then_some(&c.checks);
+        let o = handoff::Offers::of(offered);
+        let params: [&(dyn ToSql + Sync); 14] = [
+            &self.lock_ids,
+            &c.partition_ids,
+            &c.ranks,
+            &c.message_ids,
+            &c.txids,
+            &c.trace_ids,
+            &c.payloads,
+            &c.subs,
+            &checks,
+            &o.partitions,
+            &o.groups,
+            &o.leases,
+            &o.lengths,
+            &o.batches,
+        ];
+        let rows = client.query(call, &params).await?;
+        let (granted, rows): (Vec<&Row>, Vec<&Row>) = rows
+            .iter()
+            .partition(|r| r.get::<_, Option<&str>>("consumer_group").is_some());
+        handoff::record_granted(offered, &granted);
+        if checks.is_some() {
+            return Ok(self.outcomes(&rows));
+        }
+        let alive: Vec<Uuid> = rows.iter().map(|r| r.get("partition_id")).collect();
+        Ok(self.outcomes_by_partition(|p| alive.contains(p)))
     }
 
     /// A batch with producers' transaction ids on Citus, in two round trips: the lock and,
@@ -811,7 +943,7 @@ impl<'a> Plan<'a> {
     }
 
     /// One outcome per message of the batch, in order, from the insert's rows.
-    fn outcomes(&self, rows: &[Row]) -> Vec<Stored> {
+    fn outcomes(&self, rows: &[&Row]) -> Vec<Stored> {
         let mut by_sent: HashMap<usize, Stored> = HashMap::with_capacity(self.sent.len());
         for (k, row) in rows.iter().enumerate() {
             let prior: Option<Uuid> = row.get("prior_id");

@@ -38,6 +38,83 @@ BEGIN
     RETURN true;
 END $$;
 
+CREATE FUNCTION comb.complete_acks(a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    AS $_$
+#variable_conflict use_column
+BEGIN
+    PERFORM 1 FROM (
+SELECT c.partition_id FROM comb.cursors c
+WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
+ORDER BY c.partition_id, c.consumer_group
+FOR NO KEY UPDATE OF c) l;
+    RETURN QUERY
+WITH i AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[])
+        AS i(partition_id, consumer_group, transaction_id, lease_id)
+),
+c AS (
+    SELECT i.partition_id, i.consumer_group,
+           array_agg(DISTINCT i.transaction_id) AS txids,
+           array_agg(DISTINCT i.lease_id) FILTER (WHERE i.lease_id IS NOT NULL) AS leases
+    FROM i GROUP BY i.partition_id, i.consumer_group
+),
+judged AS MATERIALIZED (
+    SELECT c.partition_id, c.consumer_group, s.ver, s.cursor_pos, s.cursor_seg, s.settled,
+           s.attempt_pos, s.attempt_cnt, s.lease_id, s.lease_expires_at, s.lease_upto,
+           s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg,
+           ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x) AS merged
+    FROM c
+    CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
+    CROSS JOIN LATERAL (
+        SELECT array_agg(m.pos ORDER BY m.pos) AS pos, array_agg(m.seg ORDER BY m.pos) AS seg,
+               count(*) AS found
+        FROM comb.messages m WHERE m.partition_id = c.partition_id AND m.transaction_id = ANY (c.txids)
+          AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
+    ) f
+    WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()
+      AND (c.leases IS NULL OR c.leases = ARRAY[s.lease_id])
+      AND f.found = cardinality(c.txids)
+      AND NOT (f.pos && s.settled)
+),
+moved AS (
+    SELECT j.*, j.cursor_pos + r.run AS next_pos
+    FROM judged j
+    CROSS JOIN LATERAL (
+        -- Settled positions are distinct and above the position, so the k-th equals
+        -- position + k exactly along the run that starts right after it.
+        SELECT coalesce(max(x.k), 0) AS run
+        FROM unnest(j.merged) WITH ORDINALITY AS x(p, k)
+        WHERE x.p = j.cursor_pos + x.k
+    ) r
+),
+written AS (
+    INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    SELECT m.partition_id, m.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), m.ver + 1,
+           m.next_pos,
+           greatest(m.cursor_seg, (SELECT max(a.seg) FROM unnest(m.acked, m.acked_seg)
+                                       AS a(pos, seg) WHERE a.pos <= m.next_pos)),
+           ARRAY(SELECT x FROM unnest(m.merged) x WHERE x > m.next_pos),
+           ARRAY(SELECT a FROM unnest(m.attempt_pos) a WHERE a > m.next_pos),
+           ARRAY(SELECT n FROM unnest(m.attempt_pos, m.attempt_cnt) AS x(a, n)
+                 WHERE a > m.next_pos),
+           CASE WHEN m.next_pos >= m.lease_upto THEN NULL ELSE m.lease_id END,
+           CASE WHEN m.next_pos >= m.lease_upto THEN NULL ELSE m.lease_expires_at END,
+           m.lease_upto, m.available_at, m.last_claimed_at
+    FROM moved m
+    RETURNING partition_id, consumer_group, lease_id IS NULL AS released
+)
+SELECT w.partition_id, w.consumer_group, w.released, p.name AS partition, q.name AS queue
+FROM written w
+JOIN comb.partitions p ON p.id = w.partition_id
+JOIN comb.queues q ON q.id = p.queue_id;
+END $_$;
+
 CREATE FUNCTION comb.completed_retention_secs(options jsonb) RETURNS double precision
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
@@ -362,6 +439,86 @@ CREATE FUNCTION comb.retention_secs(options jsonb) RETURNS double precision
                 ELSE coalesce(least(nullif((options->>'retentionSeconds')::float8, 0),
                                     nullif((options->>'ttl')::float8, 0)), 0) END
 $$;
+
+CREATE FUNCTION comb.store_batch(a_lock uuid[], a_partitions uuid[], a_ranks bigint[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[], a_subs text[], a_checks boolean[], o_partitions uuid[], o_groups text[], o_leases uuid[], o_lengths double precision[], o_batches bigint[]) RETURNS TABLE(partition_id uuid, ord bigint, prior_id uuid, stored boolean, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF a_checks IS NULL THEN
+        RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
+            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
+            FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
+
+INSERT INTO comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
+SELECT i.partition_id, h.pos + i.rank, s.seg, i.message_id, i.transaction_id, i.trace_id,
+       i.payload, statement_timestamp(), i.producer_sub
+FROM unnest(a_partitions::uuid[], a_ranks::bigint[], a_ids::uuid[], a_txids::text[], a_traces::text[], a_payloads::bytea[],
+            a_subs::text[])
+    AS i(partition_id, rank, message_id, transaction_id, trace_id, payload, producer_sub)
+JOIN (
+    SELECT p.id, coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = p.id AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized) AND m.seg <= (SELECT max(s.seg) FROM comb.segments s) ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp WHERE sp.partition_id = p.id ORDER BY sp.seg DESC LIMIT 1), 0) AS pos
+    FROM comb.partitions p WHERE p.id = ANY(a_lock)
+) h ON h.id = i.partition_id
+CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s;
+    ELSE
+        PERFORM 1 FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
+        RETURN QUERY
+WITH input AS (
+    SELECT * FROM unnest(a_partitions::uuid[], a_txids::text[], a_ids::uuid[], a_traces::text[], a_payloads::bytea[], a_checks::bool[],
+                         a_subs::text[])
+        WITH ORDINALITY AS t(partition_id, transaction_id, message_id, trace_id, payload, check_dup,
+                             producer_sub, ord)
+),
+prior AS (
+    SELECT i.ord, m.message_id
+    FROM input i
+    CROSS JOIN LATERAL (
+        SELECT m.message_id FROM comb.messages m
+        WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
+        LIMIT 1
+    ) m
+    WHERE i.check_dup
+),
+fresh AS (
+    SELECT i.*, row_number() OVER (PARTITION BY i.partition_id ORDER BY i.ord) AS rn
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM prior p WHERE p.ord = i.ord)
+),
+segment AS (SELECT max(seg) AS seg FROM comb.segments),
+heads AS (
+    SELECT d.partition_id, coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = d.partition_id AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized) AND m.seg <= (SELECT max(s.seg) FROM comb.segments s) ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp WHERE sp.partition_id = d.partition_id ORDER BY sp.seg DESC LIMIT 1), 0) AS pos
+    FROM (SELECT DISTINCT partition_id FROM fresh) d
+),
+stored AS (
+    INSERT INTO comb.messages
+        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+         producer_sub)
+    SELECT f.partition_id, h.pos + f.rn, s.seg, f.message_id, f.transaction_id,
+           f.trace_id, f.payload, statement_timestamp(), f.producer_sub
+    FROM fresh f
+    JOIN heads h ON h.partition_id = f.partition_id
+    CROSS JOIN segment s
+    RETURNING message_id
+)
+SELECT NULL::uuid, i.ord, pr.message_id, s.message_id IS NOT NULL, NULL::text,
+       NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
+FROM input i
+LEFT JOIN prior pr ON pr.ord = i.ord
+LEFT JOIN stored s ON s.message_id = i.message_id
+ORDER BY i.ord;
+    END IF;
+    IF cardinality(o_partitions) > 0 THEN
+        RETURN QUERY SELECT h.partition_id, NULL::bigint, NULL::uuid, NULL::boolean,
+            h.consumer_group, h.lease_id, h.pos, h.message_id, h.created_at
+            FROM comb.hand_off(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
+    END IF;
+END $$;
 
 CREATE TABLE comb.cursor_gens (
     gen integer NOT NULL,

@@ -260,7 +260,8 @@ async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings()
     env.sql(&format!(
         "ALTER DATABASE \"{db}\" SET session_preload_libraries = 'auto_explain';
          ALTER DATABASE \"{db}\" SET auto_explain.log_min_duration = 0;
-         ALTER DATABASE \"{db}\" SET auto_explain.log_settings = on"
+         ALTER DATABASE \"{db}\" SET auto_explain.log_settings = on;
+         ALTER DATABASE \"{db}\" SET auto_explain.log_nested_statements = on"
     ));
     let log = std::path::PathBuf::from(env.sql("SHOW data_directory")).join("postgres.log");
     let start = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
@@ -327,14 +328,21 @@ async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings()
             }
         }
     }
-    // A push runs on the general pool: without JIT, with the planner's own choices.
-    let pushes: Vec<&String> = plans
-        .iter()
-        .filter(|p| p.contains("INSERT INTO comb.messages"))
-        .collect();
-    assert!(!pushes.is_empty(), "no push was logged:\n{plans:#?}");
-    for plan in pushes {
-        assert!(plan.contains("jit = 'off'"), "{plan}");
-        assert!(!plan.contains("plan_cache_mode"), "{plan}");
+    // A push runs on the general pool, without JIT; its statements run in one call
+    // (`comb.store_batch`) with the consumer path's plans, the partitions' lock included.
+    for (what, first_line) in [
+        ("the push's insert", "INSERT INTO comb.messages"),
+        ("the partitions' lock", "SELECT id FROM comb.partitions"),
+    ] {
+        let found: Vec<&String> = plans.iter().filter(|p| p.contains(first_line)).collect();
+        assert!(!found.is_empty(), "{what} was not logged:\n{plans:#?}");
+        for plan in found {
+            for setting in ["plan_cache_mode = 'force_generic_plan'", "jit = 'off'"] {
+                assert!(
+                    plan.contains(setting),
+                    "{what} ran without {setting}:\n{plan}"
+                );
+            }
+        }
     }
 }
