@@ -1,6 +1,6 @@
 //! Acks that only complete messages under their cursor's live lease, the common case, judged
 //! in SQL: the cursors are locked, their next versions written and the transaction committed
-//! in one round trip of two statements, where the general path ([`super::store`]) reads the
+//! in one call of two statements, where the general path ([`super::store`]) reads the
 //! state, applies the rules in memory and writes back in two. The SQL follows the rules of
 //! [`Cursor::apply`](crate::cursor::Cursor::apply) for this case exactly; a cursor it cannot judge (a
 //! message not in the lease, one settled already, another lease, an expired one, no cursor)

@@ -7,7 +7,7 @@
 //! attempt and `retryLimit` retries have failed the message is dead-lettered, which settles it for the group so the partition moves on.
 //!
 //! [`completed`] judges the common case in SQL: cursors whose every ack completes a message
-//! under their live lease are locked, moved and committed in one round trip. [`store`] holds
+//! under their live lease are locked, moved and committed in one call. [`store`] holds
 //! the general path's SQL: fused acks run as one transaction in two round trips: look up the
 //! messages, lock their cursor rows (in a stable order) and read the cursors' latest state
 //! after the lock; then append each changed cursor's next state version and the dead

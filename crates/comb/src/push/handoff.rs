@@ -15,8 +15,9 @@
 //! counted) like a claim's.
 //!
 //! The lock and the grant are two statements of one function, `comb.hand_off`
-//! ([`HAND_OFF_FUNCTION`]), called in the push's pipeline before its COMMIT, so a push that
-//! hands off is still one round trip. They must be two statements: one that locked
+//! ([`HAND_OFF_FUNCTION`]), called last by the push's own function
+//! ([`super::store::STORE_FUNCTION`]), so a push that hands off is still one call. They must
+//! be two statements: one that locked
 //! `SKIP LOCKED` and read the state itself would read it with a snapshot taken before its
 //! lock, and a claim that committed in between would have its version written again from the
 //! one before (two versions of one `ver`); a PL/pgSQL function's statements each take their

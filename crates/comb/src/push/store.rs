@@ -11,9 +11,10 @@
 //! insert that first skips ids the partition already holds (on Citus, a read of the held ids
 //! per partition and then the plain append, so every statement names one shard). Batches without such ids cannot
 //! repeat a stored message: under 64 messages they are appended by a plain `INSERT … SELECT
-//! unnest(…)` (BEGIN, lock, insert and COMMIT in one round trip); from 64 on, the heads are
-//! read and the rows copied in with binary `COPY`, which costs the database about half as much
-//! per row, in two round trips.
+//! unnest(…)`; from 64 on, the heads are read and the rows copied in with binary `COPY`, which
+//! costs the database about half as much per row, in two round trips. The first two are one
+//! call on one PostgreSQL (`comb.store_batch`, with the hand-off), and on Citus BEGIN, lock,
+//! insert and COMMIT in one round trip.
 //!
 //! Whatever reads the heads is a statement after the lock, so its snapshot sees every earlier
 //! push of those partitions, and positions in a partition are committed in the order they are
