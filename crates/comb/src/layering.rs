@@ -95,6 +95,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("cursor_lag", "cursor"),
     ("claimable_now", "pop"),
     ("claim_partition", "pop"),
+    ("claim", "pop"),
     ("lock_expired", "lease"),
     ("extend_lease", "lease"),
     ("judge_acks", "ack"),

@@ -9,6 +9,158 @@
 -- maintenance makes and drops as time passes.
 CREATE SCHEMA comb;
 
+CREATE FUNCTION comb.claim(a_queue uuid, a_group text, a_partition uuid, a_limit bigint, a_lease double precision, a_rover uuid, a_lookahead bigint, a_batch bigint, a_auto_ack boolean) RETURNS TABLE(kind smallint, wrapped boolean, partition_id uuid, name text, lease_id uuid, lease_expires_at timestamp with time zone, pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea, created_at timestamp with time zone, attempt integer, producer_sub text, refused boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    a_locked uuid[] := '{}';
+BEGIN
+    IF NOT a_auto_ack THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    FOR partition_id, wrapped, kind IN
+WITH q AS (
+    SELECT coalesce((options->>'leaseTime')::float8, a_lease) AS lease_secs,
+           coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
+           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
+           comb.retention_secs(options) AS retention_secs
+    FROM comb.queues WHERE id = a_queue),
+walk AS (
+    (SELECT c.partition_id, false AS wrapped FROM comb.cursors c
+     WHERE c.queue_id = a_queue AND c.consumer_group = a_group
+       AND (a_partition::uuid IS NULL OR c.partition_id = a_partition) AND c.partition_id > a_rover
+     ORDER BY c.partition_id)
+    UNION ALL
+    (SELECT c.partition_id, true FROM comb.cursors c
+     WHERE c.queue_id = a_queue AND c.consumer_group = a_group
+       AND (a_partition::uuid IS NULL OR c.partition_id = a_partition) AND c.partition_id <= a_rover
+     ORDER BY c.partition_id)
+),
+cs AS (
+    SELECT w.wrapped, s.*
+    FROM walk w
+    CROSS JOIN LATERAL comb.cursor_state(w.partition_id, a_group) s
+),
+-- Cursors to claim (free, with messages to hand out) and cursors whose lease ended, in walk
+-- order; the walk stops a few beyond what is wanted (a_lookahead). This server's claims of one group
+-- run one at a time (their lane), so only other servers' claims lock some of these first.
+-- The queue's options are read through scalar subqueries, not a join: joined, the planner
+-- would copy the free-cursor test into a filter of its own and probe each cursor's next
+-- message twice.
+seen AS (
+    SELECT f.partition_id, f.wrapped, f.lease_id IS NOT NULL AS expired
+    FROM cs f
+    WHERE (f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
+       OR (f.lease_id IS NULL AND f.available_at <= now()
+           -- Not EXISTS: the planner drops an EXISTS's ORDER BY and may then walk the
+           -- partition in any order; in position order it reads one index entry.
+           AND (SELECT m.pos FROM comb.messages m WHERE m.partition_id = f.partition_id
+                  AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
+                ORDER BY m.pos LIMIT 1) IS NOT NULL
+           -- windowBuffer, retentionSeconds and delayedProcessing, checked by a function
+           -- called only for queues that set one: inline, their plan nodes would be
+           -- initialised by every walk of every queue.
+           AND ((SELECT window_secs + retention_secs + delay_secs FROM q) = 0
+                OR comb.claimable_now(f.partition_id, f.cursor_pos, f.cursor_seg,
+                                      (SELECT window_secs FROM q),
+                                      (SELECT retention_secs FROM q),
+                                      (SELECT delay_secs FROM q))))
+    LIMIT a_limit::bigint + a_lookahead::bigint
+),
+cand AS (
+    SELECT c.partition_id
+    FROM seen e
+    JOIN comb.cursors c ON c.partition_id = e.partition_id AND c.consumer_group = a_group
+    WHERE NOT e.expired
+    ORDER BY e.wrapped, e.partition_id
+    LIMIT a_limit
+    FOR NO KEY UPDATE OF c SKIP LOCKED
+)
+SELECT partition_id, false AS wrapped, 0::int2 AS kind FROM cand
+UNION ALL
+SELECT partition_id, wrapped, 1::int2 FROM seen WHERE expired
+UNION ALL
+SELECT e.partition_id, e.wrapped, 2::int2 FROM seen e
+WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = e.partition_id) LOOP
+        RETURN NEXT;
+        IF kind = 0 THEN
+            a_locked := a_locked || partition_id;
+        END IF;
+    END LOOP;
+    IF cardinality(a_locked) > 0 THEN
+        RETURN QUERY
+WITH q AS (
+    SELECT coalesce((options->>'leaseTime')::float8, a_lease) AS lease_secs,
+           coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
+           coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
+           comb.retention_secs(options) AS retention_secs
+    FROM comb.queues WHERE id = a_queue),
+st AS MATERIALIZED (
+    SELECT s.*, (SELECT p.name FROM comb.partitions p WHERE p.id = c.partition_id) AS name
+    FROM unnest(a_locked::uuid[]) AS c(partition_id)
+    CROSS JOIN LATERAL comb.cursor_state(c.partition_id, a_group) s
+    WHERE s.lease_id IS NULL AND s.available_at <= now()
+),
+msgs AS MATERIALIZED (
+    SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
+           m.created_at, m.producer_sub,
+           1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
+    FROM st
+    CROSS JOIN q
+    CROSS JOIN LATERAL (
+        SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
+               m.producer_sub
+        FROM comb.messages m WHERE m.partition_id = st.partition_id
+          AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+          AND m.pos <> ALL (st.settled)
+          AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
+          AND (q.retention_secs = 0
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+        ORDER BY m.pos
+        LIMIT a_batch
+    ) m
+),
+
+span AS (
+    -- Messages before the first one handed out that are not settled are past their queue's
+    -- retention: the position moves over them.
+    SELECT partition_id, max(pos) AS upto,
+           CASE WHEN a_auto_ack THEN max(pos) ELSE min(pos) - 1 END AS cut
+    FROM msgs GROUP BY partition_id
+),
+claimed AS (
+    INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+    SELECT st.partition_id, a_group, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+           greatest(st.cursor_pos, span.cut), st.cursor_seg,
+           ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
+           ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
+           ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
+                 WHERE a > span.cut),
+           CASE WHEN a_auto_ack THEN NULL ELSE gen_random_uuid() END,
+           CASE WHEN a_auto_ack THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
+           span.upto, st.available_at, clock_timestamp()
+    FROM st
+    JOIN span ON span.partition_id = st.partition_id
+    CROSS JOIN q
+    RETURNING partition_id, lease_id, lease_expires_at
+),
+leased AS MATERIALIZED (
+    SELECT cl.partition_id, st.name, cl.lease_id, cl.lease_expires_at
+    FROM claimed cl
+    JOIN st ON st.partition_id = cl.partition_id
+)
+SELECT NULL::int2, NULL::bool, l.partition_id, l.name, l.lease_id, l.lease_expires_at,
+       m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
+       m.producer_sub,
+       CASE WHEN substr(m.payload, 1, 1) = '\x00'::bytea THEN comb.refuse_sealed_payload() END
+FROM msgs m
+JOIN leased l ON l.partition_id = m.partition_id;
+    END IF;
+END $$;
+
 CREATE FUNCTION comb.claimable_now(p uuid, after bigint, from_seg integer, window_secs double precision, retention_secs double precision, delay_secs double precision) RETURNS boolean
     LANGUAGE plpgsql STABLE
     AS $$
