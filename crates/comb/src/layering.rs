@@ -95,7 +95,6 @@ const OWNERS: &[(&str, &str)] = &[
     ("cursor_lag", "cursor"),
     ("claimable_now", "pop"),
     ("claim_partition", "pop"),
-    ("claim", "pop"),
     ("lock_expired", "lease"),
     ("extend_lease", "lease"),
     ("judge_acks", "ack"),

@@ -173,14 +173,13 @@ where
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
     let applied = schema::migrate(&mut client).await?;
-    // On one PostgreSQL, a push (with its hand-off to waiting pops), a claim and the
-    // completing acks are each one call. The hand-off first: the push's function calls it.
+    // On one PostgreSQL, a push (with its hand-off to waiting pops) and the completing acks
+    // are each one call. The hand-off first: the push's function calls it.
     schema::install_functions(
         &mut client,
         &[
             &push::HAND_OFF_FUNCTION,
             &push::STORE_FUNCTION,
-            &pop::CLAIM_FUNCTION,
             &ack::COMPLETE_FUNCTION,
         ],
     )

@@ -26,7 +26,6 @@ use std::sync::{Arc, LazyLock, Mutex};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use tokio::sync::{Semaphore, oneshot};
-use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
@@ -325,77 +324,6 @@ JOIN leased l ON l.partition_id = m.partition_id",
         messages = crate::messages::partition_messages!("st.partition_id"),
     )
 }
-
-/// A plain claim on one PostgreSQL in one call, `comb.claim`, a transaction of its own: the
-/// walk ([`CANDIDATES_SQL`]'s rows, `kind` set) and, when it locked cursors, the claim of
-/// those ([`CLAIM_SQL`]'s rows, `kind` NULL), in a statement of its own whose snapshot is
-/// taken once the locks are held. One statement where `BEGIN`, the walk, the claim and
-/// `COMMIT` were four in two round trips. As [`begin_claim`] says, a claim with explicit
-/// acks commits without waiting for its WAL flush. Called on the consumer pool's
-/// connections, whose settings plan its statements ([`db::consumer_plans`]). Made on every
-/// start by `comb migrate` ([`crate::schema::install_functions`]); not on Citus. Shared-lease
-/// pops and queues that seal payloads take the two round trips.
-pub(crate) static CLAIM_FUNCTION: LazyLock<String> = LazyLock::new(|| {
-    let candidates = crate::schema::with_names(
-        &CANDIDATES_SQL,
-        &[
-            "a_queue",
-            "a_group",
-            "a_partition",
-            "a_limit",
-            "a_lease",
-            "a_rover",
-            "a_lookahead",
-        ],
-    );
-    let rows = "\nSELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,";
-    assert!(CLAIM_SQL.contains(rows), "{}", *CLAIM_SQL);
-    let claim = crate::schema::with_names(
-        &CLAIM_SQL.replace(
-            rows,
-            "\nSELECT NULL::int2, NULL::bool, l.partition_id, l.name, l.lease_id, l.lease_expires_at,",
-        ),
-        &[
-            "a_queue",
-            "a_group",
-            "a_locked",
-            "a_batch",
-            "a_lease",
-            "a_auto_ack",
-        ],
-    );
-    format!(
-        "
-CREATE OR REPLACE FUNCTION comb.claim(a_queue uuid, a_group text, a_partition uuid,
-    a_limit int8, a_lease float8, a_rover uuid, a_lookahead int8, a_batch int8,
-    a_auto_ack bool)
-RETURNS TABLE (kind int2, wrapped boolean, partition_id uuid, name text, lease_id uuid,
-    lease_expires_at timestamptz, pos bigint, message_id uuid, transaction_id text,
-    trace_id text, payload bytea, created_at timestamptz, attempt integer, producer_sub text,
-    refused boolean)
-LANGUAGE plpgsql AS $body$
-#variable_conflict use_column
-DECLARE
-    a_locked uuid[] := '{{}}';
-BEGIN
-    IF NOT a_auto_ack THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
-    FOR partition_id, wrapped, kind IN {candidates} LOOP
-        RETURN NEXT;
-        IF kind = 0 THEN
-            a_locked := a_locked || partition_id;
-        END IF;
-    END LOOP;
-    IF cardinality(a_locked) > 0 THEN
-        RETURN QUERY {claim};
-    END IF;
-END $body$"
-    )
-});
-
-/// The call of [`CLAIM_FUNCTION`].
-const CLAIM_CALL: &str = "SELECT * FROM comb.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// [`CANDIDATES_SQL`] for a Citus cluster, where every walk names one partition (`$3`): each
 /// distributed table is filtered by it in so many words, so Citus plans the statement with
@@ -1069,53 +997,6 @@ async fn claim_once(
     walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
     let (rovers, default_lease_seconds) = (&ctx.rovers, ctx.default_lease_seconds);
-    let pg: &tokio_postgres::Client = client;
-    let limit = partitions as i64;
-    let rover = rovers.get(shape.queue_id, &shape.group);
-    if !crate::schema::citus::on() && shared.cap.is_none() && !shape.sealed {
-        let call = client.prepare_cached(CLAIM_CALL).await?;
-        let batch = i64::from(shape.batch);
-        let params: [&(dyn ToSql + Sync); 9] = [
-            &shape.queue_id,
-            &shape.group,
-            &shape.partition_id,
-            &limit,
-            &default_lease_seconds,
-            &rover,
-            &lookahead,
-            &batch,
-            &shape.auto_ack,
-        ];
-        match pg.query(&call, &params).await.map_err(DbError::from) {
-            Ok(rows) => {
-                let (walk, claimed): (Vec<&Row>, Vec<&Row>) = rows
-                    .iter()
-                    .partition(|r| r.get::<_, Option<i16>>("kind").is_some());
-                let (locked, expired, passed_held) =
-                    walk_found(ctx, shape, partitions, walk, walked);
-                let (claims, unreadable) = if locked.is_empty() {
-                    (Vec::new(), Vec::new())
-                } else {
-                    claims_from_rows(claimed, &ctx.keys)
-                };
-                if !unreadable.is_empty() {
-                    // Not sealed, yet not JSON: dead-lettered now, in a transaction of its
-                    // own (as after the two round trips' claim).
-                    settle_unreadable(client, ctx, shape, &unreadable, true).await?;
-                }
-                return Ok(Walk {
-                    claims,
-                    expired,
-                    passed_held,
-                    unreadable: unreadable.len() as u64,
-                });
-            }
-            // A sealed payload in a queue not known to seal them: nothing was done; the
-            // claim is made again the two round trips' way, which opens it.
-            Err(e) if refused_sealed(&e) => {}
-            Err(e) => return Err(e),
-        }
-    }
     let candidates = client
         .prepare_cached(if crate::schema::citus::on() {
             &CANDIDATES_CITUS_SQL
@@ -1126,7 +1007,10 @@ async fn claim_once(
     let stmt = client
         .prepare_cached(claim_sql_for(&shared, shape.sealed))
         .await?;
+    let pg: &tokio_postgres::Client = client;
     let p = Pipelined::on(pg);
+    let limit = partitions as i64;
+    let rover = rovers.get(shape.queue_id, &shape.group);
     let params: [&(dyn ToSql + Sync); 7] = [
         &shape.queue_id,
         &shape.group,
@@ -1144,7 +1028,27 @@ async fn claim_once(
         Ok(rows) => rows,
         Err(e) => return Err(rollback(pg, e).await),
     };
-    let (locked, expired, passed_held) = walk_found(ctx, shape, partitions, &found, walked);
+    let mut locked: Vec<Uuid> = Vec::new();
+    let mut expired: Vec<Uuid> = Vec::new();
+    let mut passed: Vec<(bool, Uuid)> = Vec::new();
+    for r in found {
+        let partition_id = r.get("partition_id");
+        match r.get::<_, i16>("kind") {
+            0 => locked.push(partition_id),
+            1 => expired.push(partition_id),
+            _ => passed.push((r.get("wrapped"), partition_id)),
+        }
+    }
+    let passed_held = locked.len() < partitions && !passed.is_empty();
+    if passed_held {
+        // The next walk starts after what this one saw held by another claim.
+        let last = passed.iter().max().expect("not empty").1;
+        rovers.set(shape.queue_id, &shape.group, last);
+    } else if let Some(&last) = locked.last() {
+        // Locked in walk order: the next claim starts after the last of them.
+        rovers.set(shape.queue_id, &shape.group, last);
+    }
+    walked(locked.len(), !expired.is_empty(), passed_held);
     if locked.is_empty() {
         p.commit().await?;
         return Ok(Walk {
@@ -1195,40 +1099,6 @@ async fn claim_once(
         passed_held,
         unreadable,
     })
-}
-
-/// Reads a walk's rows ([`CANDIDATES_SQL`]): the cursors it locked, in walk order, those
-/// whose lease ended, and whether it passed over cursors another claim held while claiming
-/// fewer than `partitions`. Moves the group's rover past them and tells `walked`.
-fn walk_found<'r>(
-    ctx: &Context,
-    shape: &PopShape,
-    partitions: usize,
-    found: impl IntoIterator<Item = &'r Row>,
-    walked: impl FnOnce(usize, bool, bool),
-) -> (Vec<Uuid>, Vec<Uuid>, bool) {
-    let mut locked: Vec<Uuid> = Vec::new();
-    let mut expired: Vec<Uuid> = Vec::new();
-    let mut passed: Vec<(bool, Uuid)> = Vec::new();
-    for r in found {
-        let partition_id = r.get("partition_id");
-        match r.get::<_, i16>("kind") {
-            0 => locked.push(partition_id),
-            1 => expired.push(partition_id),
-            _ => passed.push((r.get("wrapped"), partition_id)),
-        }
-    }
-    let passed_held = locked.len() < partitions && !passed.is_empty();
-    if passed_held {
-        // The next walk starts after what this one saw held by another claim.
-        let last = passed.iter().max().expect("not empty").1;
-        ctx.rovers.set(shape.queue_id, &shape.group, last);
-    } else if let Some(&last) = locked.last() {
-        // Locked in walk order: the next claim starts after the last of them.
-        ctx.rovers.set(shape.queue_id, &shape.group, last);
-    }
-    walked(locked.len(), !expired.is_empty(), passed_held);
-    (locked, expired, passed_held)
 }
 
 /// The claim statement for a pop of this kind (see [`claim_sql`]); on a Citus cluster the
@@ -1374,10 +1244,7 @@ async fn settle_unreadable(
 /// in partition id order, each with its messages in position order and their payloads
 /// opened; and the messages whose payload could not be opened, which are left out (as is a
 /// partition left with no message).
-fn claims_from_rows<'r>(
-    rows: impl IntoIterator<Item = &'r Row>,
-    keys: &Keys,
-) -> (Vec<Claim>, Vec<Unreadable>) {
+fn claims_from_rows(rows: &[tokio_postgres::Row], keys: &Keys) -> (Vec<Claim>, Vec<Unreadable>) {
     let mut by_partition: HashMap<Uuid, Claim> = HashMap::new();
     let mut unreadable = Vec::new();
     for r in rows {

@@ -31,9 +31,7 @@ pub use claim::{
     CANDIDATES_CITUS_SQL, CANDIDATES_SQL, CLAIM_CITUS_CALL, CLAIM_SQL, SHARED_CLAIM_SQL,
     begin_claim,
 };
-pub(crate) use claim::{
-    CLAIM_CITUS_FUNCTION, CLAIM_CITUS_SIGNATURE, CLAIM_FUNCTION, Claim, PopJob, PopShape,
-};
+pub(crate) use claim::{CLAIM_CITUS_FUNCTION, CLAIM_CITUS_SIGNATURE, Claim, PopJob, PopShape};
 use waiting::WaitingPops;
 
 /// A pop as the edge validated it.

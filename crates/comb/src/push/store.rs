@@ -171,8 +171,8 @@ fn append_sql() -> &'static str {
 /// again on every call. Made on every start by `comb migrate`
 /// ([`crate::schema::install_functions`]); not on Citus.
 pub(crate) static STORE_FUNCTION: LazyLock<String> = LazyLock::new(|| {
-    let lock = crate::schema::with_names(crate::catalog::LOCK_PARTITIONS_SQL, &["a_lock"]);
-    let append = crate::schema::with_names(
+    let lock = with_names(crate::catalog::LOCK_PARTITIONS_SQL, &["a_lock"]);
+    let append = with_names(
         APPEND_SQL,
         &[
             "a_partitions",
@@ -187,7 +187,7 @@ pub(crate) static STORE_FUNCTION: LazyLock<String> = LazyLock::new(|| {
     );
     let outcomes = "SELECT i.ord, pr.message_id AS prior_id, s.message_id IS NOT NULL AS stored";
     assert!(INSERT_SQL.contains(outcomes), "{INSERT_SQL}");
-    let insert = crate::schema::with_names(
+    let insert = with_names(
         &INSERT_SQL.replace(
             outcomes,
             "SELECT NULL::uuid, i.ord, pr.message_id, s.message_id IS NOT NULL, NULL::text,
@@ -236,6 +236,27 @@ END $body$",
 /// The call of [`STORE_FUNCTION`].
 const STORE_CALL: &str = "SELECT * FROM comb.store_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, \
      $10, $11, $12, $13, $14)";
+
+/// `sql` with its parameters `$1`, `$2`… named `names[0]`, `names[1]`…: a statement's text
+/// inside a function whose arguments come in another order.
+fn with_names(sql: &str, names: &[&str]) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            out.push('$');
+        } else {
+            let k: usize = after[..digits].parse().expect("a parameter's number");
+            out.push_str(names[k - 1]);
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
+}
 
 /// Rows in PostgreSQL's binary `COPY` format for `COPY_SQL`, encoded straight into one
 /// buffer: one pass over the batch, no future or dynamic dispatch per field.

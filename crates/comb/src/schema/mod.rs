@@ -216,41 +216,9 @@ pub(crate) async fn install_functions(
     tx.commit().await
 }
 
-/// `sql` with its parameters `$1`, `$2`… named `names[0]`, `names[1]`…: a statement's text
-/// inside a function whose arguments come in another order.
-pub(crate) fn with_names(sql: &str, names: &[&str]) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut rest = sql;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            out.push('$');
-        } else {
-            let k: usize = after[..digits].parse().expect("a parameter's number");
-            out.push_str(names[k - 1]);
-        }
-        rest = &after[digits..];
-    }
-    out.push_str(rest);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parameters_are_named_by_number() {
-        assert_eq!(
-            with_names(
-                "SELECT $2::int, $1, $10, '$x'",
-                &["a", "b", "", "", "", "", "", "", "", "j"]
-            ),
-            "SELECT b::int, a, j, '$x'"
-        );
-    }
 
     #[test]
     fn versions_are_strictly_increasing() {
