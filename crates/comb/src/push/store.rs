@@ -978,3 +978,30 @@ impl<'a> Plan<'a> {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_named_by_number() {
+        let names = ["a", "b", "", "", "", "", "", "", "", "j"];
+        assert_eq!(
+            with_names("SELECT $2::int, $1, $10, '$x'", &names),
+            "SELECT b::int, a, j, '$x'"
+        );
+    }
+
+    #[test]
+    fn the_function_names_every_parameter() {
+        let body = &*STORE_FUNCTION;
+        let inner = &body[body.find("BEGIN").expect("a body")..];
+        assert!(
+            !inner
+                .bytes()
+                .zip(inner.bytes().skip(1))
+                .any(|(a, b)| a == b'$' && b.is_ascii_digit()),
+            "{inner}"
+        );
+    }
+}
