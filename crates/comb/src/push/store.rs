@@ -992,6 +992,39 @@ mod tests {
         );
     }
 
+    fn message(partition: Uuid, txid: &str, sub: &str) -> NewMessage {
+        NewMessage {
+            queue: "q".into(),
+            queue_id: Uuid::nil(),
+            partition: "p".into(),
+            partition_id: partition,
+            client_transaction_id: Some(txid.to_string()),
+            message_id: Uuid::now_v7(),
+            trace_id: None,
+            producer_sub: Some(sub.into()),
+            payload: Bytes::from_static(b"1"),
+        }
+    }
+
+    /// The messages of a batch appended apart from the others (on Citus, those whose ids the
+    /// partition did not hold) carry their own producers, not the batch's first ones.
+    #[test]
+    fn columns_of_some_messages_are_those_messages_own() {
+        let (p, q) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let batch = [
+            message(p, "t-1", "alice"),
+            message(p, "t-2", "bob"),
+            message(q, "t-1", "carol"),
+        ];
+        let all: Vec<&NewMessage> = batch.iter().collect();
+        let plan = Plan::new(&all);
+        let c = plan.columns(&[1, 2]);
+        assert_eq!(c.partition_ids, [p, q]);
+        assert_eq!(c.ranks, [1, 1]);
+        assert_eq!(c.subs, Some(vec![Some("bob"), Some("carol")]));
+        assert_eq!(c.message_ids, [batch[1].message_id, batch[2].message_id]);
+    }
+
     #[test]
     fn the_function_names_every_parameter() {
         let body = &*STORE_FUNCTION;

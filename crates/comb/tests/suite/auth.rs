@@ -14,8 +14,8 @@ use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
 pub(super) const SECRET: &str = "a-test-secret-of-more-than-32-bytes!";
-const ISSUER: &str = "https://idp.test/";
-const AUDIENCE: &str = "comb-tests";
+pub(super) const ISSUER: &str = "https://idp.test/";
+pub(super) const AUDIENCE: &str = "comb-tests";
 
 pub(super) fn now() -> u64 {
     SystemTime::now()

@@ -1427,6 +1427,69 @@ async fn pushes_with_transaction_ids_answer_duplicates_and_commit_in_one_phase()
     assert_eq!(numbers(&pop), vec![0, 1, 2, 4, 6]);
 }
 
+/// With tokens, a push whose producer transaction ids repeat stored ones stores the others
+/// with its producer: on Citus the new messages are appended apart from the repeats.
+#[tokio::test]
+async fn pushes_with_transaction_ids_and_tokens_store_each_new_message_with_its_producer() {
+    use crate::auth::{AUDIENCE, ISSUER, SECRET, claims, expect, hs256};
+    const ARGS: &[&str] = &[
+        "--jwt-enabled",
+        "--jwt-secret",
+        SECRET,
+        "--jwt-issuer",
+        ISSUER,
+        "--jwt-audience",
+        AUDIENCE,
+    ];
+    let env = on_citus_with("citus_subs", ARGS).await;
+    let alice = hs256(&claims("alice", "read-write"));
+    let item = |n: i64, t: &str| {
+        json!({"queue": "q", "partition": "p", "payload": {"n": n},
+                                         "transactionId": t})
+    };
+    let push = |items: Vec<Value>| {
+        expect(
+            &env,
+            "POST",
+            "/api/v1/push",
+            Some(&alice),
+            Some(json!({"items": items})),
+            StatusCode::CREATED,
+        )
+    };
+    push(vec![item(1, "t-1")]).await;
+    let second = push(vec![item(2, "t-1"), item(3, "t-2"), item(4, "t-3")]).await;
+    let answer = second.json();
+    let statuses: Vec<&str> = answer
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["duplicate", "queued", "queued"],
+        "{}",
+        second.text
+    );
+    let pop = expect(
+        &env,
+        "GET",
+        "/api/v1/pop/queue/q/partition/p?batch=10&autoAck=true",
+        Some(&alice),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    let messages = pop.json()["messages"].as_array().unwrap().clone();
+    assert_eq!(numbers(&pop.json()), vec![1, 3, 4], "{}", pop.text);
+    assert!(
+        messages.iter().all(|m| m["producerSub"] == "alice"),
+        "{}",
+        pop.text
+    );
+}
+
 /// Two partitions of queue `q` on different workers, made by pushing to them.
 async fn partitions_on_two_workers(env: &Env) -> (String, String) {
     let names: Vec<String> = (0..16).map(|i| format!("w{i}")).collect();
