@@ -14,8 +14,8 @@ use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
 pub(super) const SECRET: &str = "a-test-secret-of-more-than-32-bytes!";
-pub(super) const ISSUER: &str = "https://idp.test/";
-pub(super) const AUDIENCE: &str = "comb-tests";
+const ISSUER: &str = "https://idp.test/";
+const AUDIENCE: &str = "comb-tests";
 
 pub(super) fn now() -> u64 {
     SystemTime::now()
@@ -132,16 +132,19 @@ fn assert_forbidden(a: &Answer, code: &str) {
     assert_eq!(a.json()["code"], code, "{}", a.text);
 }
 
+/// The flags of a server that takes HS256 tokens signed with [`SECRET`].
+pub(super) const HS256_ARGS: &[&str] = &[
+    "--jwt-enabled",
+    "--jwt-secret",
+    SECRET,
+    "--jwt-issuer",
+    ISSUER,
+    "--jwt-audience",
+    AUDIENCE,
+];
+
 pub(super) async fn hs256_server(extra: &[&str]) -> Env {
-    let mut args = vec![
-        "--jwt-enabled",
-        "--jwt-secret",
-        SECRET,
-        "--jwt-issuer",
-        ISSUER,
-        "--jwt-audience",
-        AUDIENCE,
-    ];
+    let mut args = HS256_ARGS.to_vec();
     args.extend_from_slice(extra);
     Env::start_with(&args).await
 }

@@ -1431,17 +1431,8 @@ async fn pushes_with_transaction_ids_answer_duplicates_and_commit_in_one_phase()
 /// with its producer: on Citus the new messages are appended apart from the repeats.
 #[tokio::test]
 async fn pushes_with_transaction_ids_and_tokens_store_each_new_message_with_its_producer() {
-    use crate::auth::{AUDIENCE, ISSUER, SECRET, claims, expect, hs256};
-    const ARGS: &[&str] = &[
-        "--jwt-enabled",
-        "--jwt-secret",
-        SECRET,
-        "--jwt-issuer",
-        ISSUER,
-        "--jwt-audience",
-        AUDIENCE,
-    ];
-    let env = on_citus_with("citus_subs", ARGS).await;
+    use crate::auth::{HS256_ARGS, claims, expect, hs256};
+    let env = on_citus_with("citus_subs", HS256_ARGS).await;
     let alice = hs256(&claims("alice", "read-write"));
     let item = |n: i64, t: &str| {
         json!({"queue": "q", "partition": "p", "payload": {"n": n},
