@@ -1434,10 +1434,7 @@ async fn pushes_with_transaction_ids_and_tokens_store_each_new_message_with_its_
     use crate::auth::{HS256_ARGS, claims, expect, hs256};
     let env = on_citus_with("citus_subs", HS256_ARGS).await;
     let alice = hs256(&claims("alice", "read-write"));
-    let item = |n: i64, t: &str| {
-        json!({"queue": "q", "partition": "p", "payload": {"n": n},
-                                         "transactionId": t})
-    };
+    let item = |n: i64, t: &str| json!({"queue": "q", "partition": "p", "payload": {"n": n}, "transactionId": t});
     let push = |items: Vec<Value>| {
         expect(
             &env,
