@@ -188,15 +188,7 @@ async fn ready_and_metrics_say_acknowledged_writes_would_not_survive_a_failover(
         d["summary"].as_str().unwrap().contains("no standby"),
         "{body}"
     );
-    let metrics = env
-        .http
-        .get(format!("{}/metrics", env.server.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::common::metrics_at(&env.http, &env.server.base_url()).await;
     assert!(
         metrics.contains("\ncomb_database_sync_replication 0\n"),
         "{metrics}"

@@ -550,17 +550,22 @@ pub fn assert_scans_return_at_most(what: &str, plan: &str, rows: u32) {
     }
 }
 
-/// A counter or gauge of the `/metrics` of the server at `base` (0 when absent).
-pub async fn metric_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
-    let text = http
-        .get(format!("{base}/metrics"))
+/// The `/metrics` text of the server at `base`.
+pub async fn metrics_at(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    text.lines()
+        .unwrap()
+}
+
+/// A counter or gauge of the `/metrics` of the server at `base` (0 when absent).
+pub async fn metric_at(http: &reqwest::Client, base: &str, name: &str) -> u64 {
+    metrics_at(http, base)
+        .await
+        .lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
 }
