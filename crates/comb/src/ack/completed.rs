@@ -231,15 +231,83 @@ RETURNS TABLE (partition_id uuid, consumer_group text, released boolean, partiti
     queue text)
 LANGUAGE plpgsql {plans} AS $body$
 #variable_conflict use_column
+DECLARE
+    st record;
+    found_n bigint;
+    acked_pos bigint;
+    acked_seg integer;
+    next_pos bigint;
 BEGIN
+    IF cardinality(a_partitions) = 1 THEN
+{single}
+    END IF;
     PERFORM 1 FROM ({lock}) l;
     RETURN QUERY {judge};
 END $body$",
         plans = crate::db::function_plans(),
         lock = crate::cursor::LOCK_SQL,
-        judge = JUDGE_SQL
+        judge = JUDGE_SQL,
+        single = JUDGE_ONE,
     )
 });
+
+/// [`JUDGE_SQL`] for a single ack whose cursor has nothing settled and no attempt counted
+/// (the common case: a message acked in order, or one ahead of an unacked one), in PL/pgSQL
+/// statements a few plan nodes each: the cursor's lock, then its state and the acked message,
+/// each read by a statement of its own (so after the lock), and the new version from
+/// variables. Starting a statement's executor costs by its plan's nodes, and
+/// [`JUDGE_SQL`]'s plan, with its aggregates, array subqueries and insert, cost more to start
+/// than to run. Any other case falls through to [`JUDGE_SQL`], the cursor still locked.
+/// The rules, applied to one position `p` and a state with nothing settled: the position
+/// moves to `p` if `p` follows it (and the segment to `p`'s), else `p` is settled; the lease
+/// ends once the position reaches the lease's last message.
+const JUDGE_ONE: &str = concat!(
+    "        PERFORM 1 FROM ",
+    crate::cursor::cursors!(),
+    "
+            WHERE c.partition_id = a_partitions[1] AND c.consumer_group = a_groups[1]
+            FOR NO KEY UPDATE OF c;
+        SELECT s.* INTO st FROM ",
+    crate::cursor::state_of!("a_partitions[1]", "a_groups[1]"),
+    " s;
+        IF FOUND AND st.lease_id IS NOT NULL AND st.lease_expires_at > now()
+           AND (a_leases[1] IS NULL OR a_leases[1] = st.lease_id)
+           AND cardinality(st.settled) = 0 AND cardinality(st.attempt_pos) = 0 THEN
+            SELECT count(*), min(m.pos), min(m.seg) INTO found_n, acked_pos, acked_seg
+            FROM ",
+    crate::messages::partition_messages!("a_partitions[1]"),
+    "
+              AND m.transaction_id = a_txids[1]
+              AND m.pos > st.cursor_pos AND m.pos <= st.lease_upto AND m.seg >= st.cursor_seg;
+            IF found_n = 1 THEN
+                next_pos := CASE WHEN acked_pos = st.cursor_pos + 1 THEN acked_pos
+                                 ELSE st.cursor_pos END;
+                ",
+    crate::cursor::insert_state!(),
+    "
+                VALUES (st.partition_id, st.consumer_group, ",
+    crate::cursor::newest_gen!(),
+    ", st.ver + 1,
+                        next_pos,
+                        CASE WHEN acked_pos <= next_pos THEN greatest(st.cursor_seg, acked_seg)
+                             ELSE st.cursor_seg END,
+                        CASE WHEN acked_pos > next_pos THEN ARRAY[acked_pos]
+                             ELSE st.settled END,
+                        st.attempt_pos, st.attempt_cnt,
+                        CASE WHEN next_pos >= st.lease_upto THEN NULL ELSE st.lease_id END,
+                        CASE WHEN next_pos >= st.lease_upto THEN NULL
+                             ELSE st.lease_expires_at END,
+                        st.lease_upto, st.available_at, st.last_claimed_at);
+                RETURN QUERY SELECT st.partition_id, st.consumer_group,
+                                    next_pos >= st.lease_upto, p.name, q.name
+                    FROM (SELECT st.partition_id) AS w(partition_id)
+                    ",
+    crate::catalog::join_partition_and_queue!("w.partition_id"),
+    ";
+                RETURN;
+            END IF;
+        END IF;"
+);
 
 /// The call of [`COMPLETE_FUNCTION`].
 pub(crate) const COMPLETE_CALL: &str = "SELECT * FROM comb.complete_acks($1, $2, $3, $4)";

@@ -45,7 +45,51 @@ CREATE FUNCTION comb.complete_acks(a_partitions uuid[], a_groups text[], a_txids
     SET enable_bitmapscan TO 'off'
     AS $_$
 #variable_conflict use_column
+DECLARE
+    st record;
+    found_n bigint;
+    acked_pos bigint;
+    acked_seg integer;
+    next_pos bigint;
 BEGIN
+    IF cardinality(a_partitions) = 1 THEN
+        PERFORM 1 FROM comb.cursors c
+            WHERE c.partition_id = a_partitions[1] AND c.consumer_group = a_groups[1]
+            FOR NO KEY UPDATE OF c;
+        SELECT s.* INTO st FROM comb.cursor_state(a_partitions[1], a_groups[1]) s;
+        IF FOUND AND st.lease_id IS NOT NULL AND st.lease_expires_at > now()
+           AND (a_leases[1] IS NULL OR a_leases[1] = st.lease_id)
+           AND cardinality(st.settled) = 0 AND cardinality(st.attempt_pos) = 0 THEN
+            SELECT count(*), min(m.pos), min(m.seg) INTO found_n, acked_pos, acked_seg
+            FROM comb.messages m WHERE m.partition_id = a_partitions[1]
+              AND m.transaction_id = a_txids[1]
+              AND m.pos > st.cursor_pos AND m.pos <= st.lease_upto AND m.seg >= st.cursor_seg;
+            IF found_n = 1 THEN
+                next_pos := CASE WHEN acked_pos = st.cursor_pos + 1 THEN acked_pos
+                                 ELSE st.cursor_pos END;
+                INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+                VALUES (st.partition_id, st.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+                        next_pos,
+                        CASE WHEN acked_pos <= next_pos THEN greatest(st.cursor_seg, acked_seg)
+                             ELSE st.cursor_seg END,
+                        CASE WHEN acked_pos > next_pos THEN ARRAY[acked_pos]
+                             ELSE st.settled END,
+                        st.attempt_pos, st.attempt_cnt,
+                        CASE WHEN next_pos >= st.lease_upto THEN NULL ELSE st.lease_id END,
+                        CASE WHEN next_pos >= st.lease_upto THEN NULL
+                             ELSE st.lease_expires_at END,
+                        st.lease_upto, st.available_at, st.last_claimed_at);
+                RETURN QUERY SELECT st.partition_id, st.consumer_group,
+                                    next_pos >= st.lease_upto, p.name, q.name
+                    FROM (SELECT st.partition_id) AS w(partition_id)
+                    JOIN comb.partitions p ON p.id = w.partition_id
+JOIN comb.queues q ON q.id = p.queue_id;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
     PERFORM 1 FROM (
 SELECT c.partition_id FROM comb.cursors c
 WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2::text[]))
@@ -217,7 +261,65 @@ CREATE FUNCTION comb.hand_off(a_partitions uuid[], a_groups text[], a_leases uui
 DECLARE
     held_partitions uuid[];
     held_groups text[];
+    st record;
+    opts jsonb;
+    msg record;
+    picked_pos bigint[] := '{}';
+    picked_ids uuid[] := '{}';
+    picked_at timestamptz[] := '{}';
 BEGIN
+    IF cardinality(a_partitions) = 1 THEN
+        PERFORM 1 FROM comb.cursors c
+            WHERE c.partition_id = a_partitions[1] AND c.consumer_group = a_groups[1]
+            FOR NO KEY UPDATE OF c SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        SELECT s.* INTO st FROM comb.cursor_state(a_partitions[1], a_groups[1]) s;
+        IF NOT FOUND OR st.lease_id IS NOT NULL OR st.available_at > now()
+           OR cardinality(st.settled) > 0 OR cardinality(st.attempt_pos) > 0 THEN
+            RETURN;
+        END IF;
+        opts := (SELECT q.options FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+             WHERE p.id = a_partitions[1]);
+        IF coalesce((opts->>'delayedProcessing')::float8, 0) <> 0
+           OR coalesce((opts->>'windowBuffer')::float8, 0) <> 0 THEN
+            RETURN;
+        END IF;
+        FOR msg IN SELECT m.pos, m.message_id, m.created_at FROM comb.messages m WHERE m.partition_id = a_partitions[1]
+                AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+                ORDER BY m.pos LIMIT a_batches[1] LOOP
+            -- The next message is this push's, so every one after it is too.
+            IF NOT (msg.message_id = ANY (a_ids)) THEN
+                RETURN;
+            END IF;
+            picked_pos := picked_pos || msg.pos;
+            picked_ids := picked_ids || msg.message_id;
+            picked_at := picked_at || msg.created_at;
+        END LOOP;
+        IF cardinality(picked_pos) = 0 THEN
+            RETURN;
+        END IF;
+        INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+        VALUES (st.partition_id, st.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+                st.cursor_pos, st.cursor_seg, st.settled, st.attempt_pos, st.attempt_cnt,
+                a_leases[1],
+                now() + make_interval(secs => coalesce((opts->>'leaseTime')::float8,
+                                                       a_lengths[1])),
+                picked_pos[cardinality(picked_pos)], st.available_at, clock_timestamp());
+        FOR k IN 1 .. cardinality(picked_pos) LOOP
+            partition_id := st.partition_id;
+            consumer_group := st.consumer_group;
+            lease_id := a_leases[1];
+            pos := picked_pos[k];
+            message_id := picked_ids[k];
+            created_at := picked_at[k];
+            RETURN NEXT;
+        END LOOP;
+        RETURN;
+    END IF;
     SELECT array_agg(l.partition_id), array_agg(l.consumer_group)
         INTO held_partitions, held_groups
         FROM (

@@ -269,13 +269,17 @@ async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings()
     let http = crate::common::client();
     let push = http
         .post(format!("{}/api/v1/push", server.base_url()))
-        .json(&json!({"items": [{"queue": "q", "partition": "p", "payload": {"n": 2}}]}))
+        .json(
+            &json!({"items": [{"queue": "q", "partition": "p", "payload": {"n": 2}},
+                                  {"queue": "q", "partition": "p", "payload": {"n": 3}},
+                                  {"queue": "q", "partition": "p", "payload": {"n": 4}}]}),
+        )
         .send()
         .await
         .unwrap();
     assert!(push.status().is_success(), "{}", push.status());
     let pop: serde_json::Value = http
-        .get(format!("{}/api/v1/pop/queue/q?batch=2", server.base_url()))
+        .get(format!("{}/api/v1/pop/queue/q?batch=4", server.base_url()))
         .send()
         .await
         .unwrap()
@@ -283,15 +287,27 @@ async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings()
         .await
         .unwrap();
     let messages = pop["messages"].as_array().expect("messages");
-    assert_eq!(messages.len(), 2, "{pop}");
-    // The first completes (judged in SQL), the second fails (judged by the general path).
-    for (m, status) in messages.iter().zip(["completed", "failed"]) {
+    assert_eq!(messages.len(), 4, "{pop}");
+    // The first completes alone (judged in SQL, one ack), the next two together (judged in
+    // SQL, several), the last fails (judged by the general path).
+    let item = |m: &serde_json::Value, status: &str| {
+        json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+               "leaseId": m["leaseId"], "status": status})
+    };
+    for body in [
+        item(&messages[0], "completed"),
+        json!({"acknowledgments": [item(&messages[1], "completed"),
+                                   item(&messages[2], "completed")]}),
+        item(&messages[3], "failed"),
+    ] {
+        let route = if body.get("acknowledgments").is_some() {
+            "ack/batch"
+        } else {
+            "ack"
+        };
         let ack = http
-            .post(format!("{}/api/v1/ack", server.base_url()))
-            .json(
-                &json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                          "leaseId": m["leaseId"], "status": status}),
-            )
+            .post(format!("{}/api/v1/{route}", server.base_url()))
+            .json(&body)
             .send()
             .await
             .unwrap();
@@ -310,6 +326,10 @@ async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings()
         ("the cursor lock", ack::LOCK_SQL),
         ("the state read", ack::ACK_STATE_SQL),
         ("the completing acks' judgement", ack::JUDGE_SQL),
+        (
+            "a single completing ack's message read",
+            "SELECT count(*), min(m.pos), min(m.seg)",
+        ),
     ];
     for (what, statement) in consumer {
         let found = settings_of(statement);
