@@ -2,6 +2,69 @@
 //! append, the heads a copied batch starts from, and the copy itself. `push::store` runs
 //! them in its transaction after locking the batch's partitions.
 
+/// `INSERT INTO comb.messages (…)`: the columns every insert of the push gives, in this
+/// order: partition, position, segment, message id, transaction id, trace id, payload,
+/// time stored, producer's subject.
+macro_rules! insert_messages {
+    () => {
+        "INSERT INTO comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)"
+    };
+}
+pub(crate) use insert_messages;
+
+/// The message partition `$p` already holds under transaction id `$txid` (SQL
+/// expressions), its id, if any: the duplicate check of a push with producers' ids.
+macro_rules! prior_of {
+    ($p:literal, $txid:literal) => {
+        concat!(
+            "SELECT m.message_id FROM comb.messages m
+        WHERE m.partition_id = ",
+            $p,
+            " AND m.transaction_id = ",
+            $txid,
+            "
+        LIMIT 1"
+        )
+    };
+}
+pub(crate) use prior_of;
+
+/// The insert of a push's only message, its values SQL expressions (the arguments of
+/// `comb.store_batch`, a PL/pgSQL function): [`append_sql!`]'s row at `head + $rank` in the
+/// newest segment, as `INSERT … VALUES`. The unnest and the join a batch's statement needs
+/// cost more to start than one row costs to insert. The caller holds the partition's lock.
+macro_rules! append_one_sql {
+    ($p:literal, $rank:literal, $id:literal, $txid:literal, $trace:literal, $payload:literal,
+     $sub:literal) => {
+        concat!(
+            crate::messages::insert::insert_messages!(),
+            "
+VALUES (",
+            $p,
+            ", ",
+            crate::messages::head_pos!($p),
+            " + ",
+            $rank,
+            ", ",
+            crate::messages::segments::newest_segment!(),
+            ", ",
+            $id,
+            ", ",
+            $txid,
+            ", ",
+            $trace,
+            ", ",
+            $payload,
+            ", statement_timestamp(), ",
+            $sub,
+            ")"
+        )
+    };
+}
+pub(crate) use append_one_sql;
+
 /// The insert for batches where some message carries a producer's transaction id: a message
 /// whose id the partition already holds is not stored again, and answers with the id stored.
 pub(crate) const INSERT_SQL: &str = concat!(
@@ -16,9 +79,9 @@ prior AS (
     SELECT i.ord, m.message_id
     FROM input i
     CROSS JOIN LATERAL (
-        SELECT m.message_id FROM comb.messages m
-        WHERE m.partition_id = i.partition_id AND m.transaction_id = i.transaction_id
-        LIMIT 1
+        ",
+    crate::messages::insert::prior_of!("i.partition_id", "i.transaction_id"),
+    "
     ) m
     WHERE i.check_dup
 ),
@@ -35,9 +98,9 @@ heads AS (
     FROM (SELECT DISTINCT partition_id FROM fresh) d
 ),
 stored AS (
-    INSERT INTO comb.messages
-        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
-         producer_sub)
+    ",
+    crate::messages::insert::insert_messages!(),
+    "
     SELECT f.partition_id, h.pos + f.rn, s.seg, f.message_id, f.transaction_id,
            f.trace_id, f.payload, statement_timestamp(), f.producer_sub
     FROM fresh f
@@ -75,9 +138,9 @@ macro_rules! append_sql {
     ($($partitions:tt)*) => {
         concat!(
     "
-INSERT INTO comb.messages
-    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
-     producer_sub)
+",
+    crate::messages::insert::insert_messages!(),
+    "
 SELECT i.partition_id, h.pos + i.rank, s.seg, i.message_id, i.transaction_id, i.trace_id,
        i.payload, statement_timestamp(), i.producer_sub
 FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::bytea[],

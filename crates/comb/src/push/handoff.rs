@@ -14,10 +14,11 @@
 //! `windowBuffer`). The lease is an ordinary one: acked, extended, or expired (an attempt
 //! counted) like a claim's.
 //!
-//! The lock and the grant are two statements of one function, `comb.hand_off`
-//! ([`HAND_OFF_FUNCTION`]), called last by the push's own function
-//! ([`super::store::STORE_FUNCTION`]), so a push that hands off is still one call. They must
-//! be two statements: one that locked
+//! The lock and the grant are statements of the push's own function
+//! ([`super::store::STORE_FUNCTION`]), last: for one offer its own short steps
+//! ([`GRANT_ONE`]), for several a call of `comb.hand_off` ([`HAND_OFF_FUNCTION`]), so a push
+//! that hands off is still one call. The lock and the reads after it must be statements of
+//! their own: one that locked
 //! `SKIP LOCKED` and read the state itself would read it with a snapshot taken before its
 //! lock, and a claim that committed in between would have its version written again from the
 //! one before (two versions of one `ver`); a PL/pgSQL function's statements each take their
@@ -125,16 +126,7 @@ LANGUAGE plpgsql {plans} AS $body$
 DECLARE
     held_partitions uuid[];
     held_groups text[];
-    st record;
-    opts jsonb;
-    msg record;
-    picked_pos bigint[] := '{{}}';
-    picked_ids uuid[] := '{{}}';
-    picked_at timestamptz[] := '{{}}';
 BEGIN
-    IF cardinality(a_partitions) = 1 THEN
-{single}
-    END IF;
     SELECT array_agg(l.partition_id), array_agg(l.consumer_group)
         INTO held_partitions, held_groups
         FROM ({lock}) l;
@@ -151,46 +143,55 @@ END $body$",
         plans = crate::db::function_plans(),
         lock = crate::cursor::LOCK_FREE_SQL,
         grant = GRANT_SQL,
-        single = GRANT_ONE,
     )
 });
 
-/// [`GRANT_SQL`]'s rules for a single offer (`a_partitions[1]`, `a_groups[1]`, …), the
-/// common case, in PL/pgSQL statements a few plan nodes each: the cursor's lock (`SKIP
+/// The variables of [`GRANT_ONE`], declared by the push's function.
+pub(crate) const GRANT_ONE_DECLARE: &str = "    st record;
+    opts jsonb;
+    msg record;
+    picked_pos bigint[] := '{}';
+    picked_ids uuid[] := '{}';
+    picked_at timestamptz[] := '{}';
+";
+
+/// [`GRANT_SQL`]'s rules for a single offer (`o_partitions[1]`, `o_groups[1]`, …, the
+/// stored ids `a_ids`), the common case, as steps of the push's own function
+/// ([`super::store::STORE_FUNCTION`]) in PL/pgSQL statements a few plan nodes each: the cursor's lock (`SKIP
 /// LOCKED`), then its state, its queue's options and the messages after its position, each
 /// read by a statement of its own (so after the lock), and the new version from variables.
 /// Starting a statement's executor costs by its plan's nodes, and [`GRANT_SQL`]'s plan, with
 /// its joins, aggregate and insert, cost more to start than to run. The segments before the
 /// cursor's are pruned as the executor starts (the bound is a parameter here, where the
 /// grant's joins made it a run-time one).
-const GRANT_ONE: &str = concat!(
+pub(crate) const GRANT_ONE: &str = concat!(
     "        PERFORM 1 FROM ",
     crate::cursor::cursors!(),
     "
-            WHERE c.partition_id = a_partitions[1] AND c.consumer_group = a_groups[1]
+            WHERE c.partition_id = o_partitions[1] AND c.consumer_group = o_groups[1]
             FOR NO KEY UPDATE OF c SKIP LOCKED;
         IF NOT FOUND THEN
             RETURN;
         END IF;
         SELECT s.* INTO st FROM ",
-    crate::cursor::state_of!("a_partitions[1]", "a_groups[1]"),
+    crate::cursor::state_of!("o_partitions[1]", "o_groups[1]"),
     " s;
         IF NOT FOUND OR st.lease_id IS NOT NULL OR st.available_at > now()
            OR cardinality(st.settled) > 0 OR cardinality(st.attempt_pos) > 0 THEN
             RETURN;
         END IF;
         opts := ",
-    crate::catalog::options_of_partition!("a_partitions[1]"),
+    crate::catalog::options_of_partition!("o_partitions[1]"),
     ";
         IF coalesce((opts->>'delayedProcessing')::float8, 0) <> 0
            OR coalesce((opts->>'windowBuffer')::float8, 0) <> 0 THEN
             RETURN;
         END IF;
         FOR msg IN SELECT m.pos, m.message_id, m.created_at FROM ",
-    crate::messages::partition_messages!("a_partitions[1]"),
+    crate::messages::partition_messages!("o_partitions[1]"),
     "
                 AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
-                ORDER BY m.pos LIMIT a_batches[1] LOOP
+                ORDER BY m.pos LIMIT o_batches[1] LOOP
             -- The next message is this push's, so every one after it is too.
             IF NOT (msg.message_id = ANY (a_ids)) THEN
                 RETURN;
@@ -209,14 +210,14 @@ const GRANT_ONE: &str = concat!(
     crate::cursor::newest_gen!(),
     ", st.ver + 1,
                 st.cursor_pos, st.cursor_seg, st.settled, st.attempt_pos, st.attempt_cnt,
-                a_leases[1],
+                o_leases[1],
                 now() + make_interval(secs => coalesce((opts->>'leaseTime')::float8,
-                                                       a_lengths[1])),
+                                                       o_lengths[1])),
                 picked_pos[cardinality(picked_pos)], st.available_at, clock_timestamp());
         FOR k IN 1 .. cardinality(picked_pos) LOOP
             partition_id := st.partition_id;
             consumer_group := st.consumer_group;
-            lease_id := a_leases[1];
+            lease_id := o_leases[1];
             pos := picked_pos[k];
             message_id := picked_ids[k];
             created_at := picked_at[k];

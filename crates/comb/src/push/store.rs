@@ -161,14 +161,17 @@ fn append_sql() -> &'static str {
 /// A batch on one PostgreSQL in one call, `comb.store_batch`, a transaction of its own: the
 /// partitions' lock, the store ([`APPEND_SQL`], or [`INSERT_SQL`] when `a_checks` says which
 /// messages carry a producer's transaction id), and with pops offered the batch's messages
-/// (`o_…`), the hand-off ([`handoff::HAND_OFF_FUNCTION`]), each a statement of its own whose
+/// (`o_…`), the hand-off ([`handoff::HAND_OFF_FUNCTION`]; one offer's steps inline,
+/// [`handoff::GRANT_ONE`]), each a statement of its own whose
 /// snapshot follows the one before. One statement where `BEGIN`, the lock, the insert, the
 /// hand-off and `COMMIT` were five: each costs the database a message exchange, a snapshot
 /// and a send. Its rows: the partitions locked (plain append: `partition_id` alone), each
 /// checked message's outcome in order (`ord`, `prior_id`, `stored`), and the leases handed off
 /// (`consumer_group` set). Its statements are planned as the consumer path's are
 /// ([`db::function_plans`]): the lock's plan for an array of partitions was otherwise made
-/// again on every call. Made on every start by `comb migrate`
+/// again on every call. A push of one message, the commonest at light load, is stored by
+/// [`APPEND_ONE_SQL`] (and its duplicate check, [`crate::messages::insert::prior_of!`]), with
+/// the same outcomes. Made on every start by `comb migrate`
 /// ([`crate::schema::install_functions`]); not on Citus.
 pub(crate) static STORE_FUNCTION: LazyLock<String> = LazyLock::new(|| {
     let lock = with_names(crate::catalog::LOCK_PARTITIONS_SQL, &["a_lock"]);
@@ -213,8 +216,27 @@ RETURNS TABLE (partition_id uuid, ord bigint, prior_id uuid, stored boolean,
     consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamptz)
 LANGUAGE plpgsql {plans} AS $body$
 #variable_conflict use_column
-BEGIN
-    IF a_checks IS NULL THEN
+DECLARE
+    one_prior uuid;
+{grant_declare}BEGIN
+    IF cardinality(a_ids) = 1 AND a_checks IS NULL THEN
+        RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
+            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
+            FROM ({lock}) l;
+        IF FOUND THEN
+            {append_one};
+        END IF;
+    ELSIF cardinality(a_ids) = 1 THEN
+        PERFORM 1 FROM ({lock}) l;
+        IF a_checks[1] THEN
+            one_prior := ({prior_one});
+        END IF;
+        IF one_prior IS NULL THEN
+            {append_one};
+        END IF;
+        RETURN QUERY SELECT NULL::uuid, 1::bigint, one_prior, one_prior IS NULL, NULL::text,
+            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz;
+    ELSIF a_checks IS NULL THEN
         RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
             NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
             FROM ({lock}) l;
@@ -223,15 +245,33 @@ BEGIN
         PERFORM 1 FROM ({lock}) l;
         RETURN QUERY {insert};
     END IF;
-    IF cardinality(o_partitions) > 0 THEN
+    IF cardinality(o_partitions) = 1 THEN
+{grant_one}
+    ELSIF cardinality(o_partitions) > 0 THEN
         RETURN QUERY SELECT h.partition_id, NULL::bigint, NULL::uuid, NULL::boolean,
             h.consumer_group, h.lease_id, h.pos, h.message_id, h.created_at
             FROM comb.hand_off(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
     END IF;
 END $body$",
         plans = db::function_plans(),
+        append_one = APPEND_ONE_SQL,
+        grant_declare = handoff::GRANT_ONE_DECLARE,
+        grant_one = handoff::GRANT_ONE,
+        prior_one = crate::messages::insert::prior_of!("a_partitions[1]", "a_txids[1]"),
     )
 });
+
+/// A push of one message in [`STORE_FUNCTION`]: its row as `INSERT … VALUES` of the
+/// function's arguments, where a batch unnests them and joins their partitions' heads.
+const APPEND_ONE_SQL: &str = crate::messages::insert::append_one_sql!(
+    "a_partitions[1]",
+    "a_ranks[1]",
+    "a_ids[1]",
+    "a_txids[1]",
+    "a_traces[1]",
+    "a_payloads[1]",
+    "a_subs[1]"
+);
 
 /// The call of [`STORE_FUNCTION`].
 const STORE_CALL: &str = "SELECT * FROM comb.store_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, \
