@@ -261,65 +261,7 @@ CREATE FUNCTION comb.hand_off(a_partitions uuid[], a_groups text[], a_leases uui
 DECLARE
     held_partitions uuid[];
     held_groups text[];
-    st record;
-    opts jsonb;
-    msg record;
-    picked_pos bigint[] := '{}';
-    picked_ids uuid[] := '{}';
-    picked_at timestamptz[] := '{}';
 BEGIN
-    IF cardinality(a_partitions) = 1 THEN
-        PERFORM 1 FROM comb.cursors c
-            WHERE c.partition_id = a_partitions[1] AND c.consumer_group = a_groups[1]
-            FOR NO KEY UPDATE OF c SKIP LOCKED;
-        IF NOT FOUND THEN
-            RETURN;
-        END IF;
-        SELECT s.* INTO st FROM comb.cursor_state(a_partitions[1], a_groups[1]) s;
-        IF NOT FOUND OR st.lease_id IS NOT NULL OR st.available_at > now()
-           OR cardinality(st.settled) > 0 OR cardinality(st.attempt_pos) > 0 THEN
-            RETURN;
-        END IF;
-        opts := (SELECT q.options FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
-             WHERE p.id = a_partitions[1]);
-        IF coalesce((opts->>'delayedProcessing')::float8, 0) <> 0
-           OR coalesce((opts->>'windowBuffer')::float8, 0) <> 0 THEN
-            RETURN;
-        END IF;
-        FOR msg IN SELECT m.pos, m.message_id, m.created_at FROM comb.messages m WHERE m.partition_id = a_partitions[1]
-                AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
-                ORDER BY m.pos LIMIT a_batches[1] LOOP
-            -- The next message is this push's, so every one after it is too.
-            IF NOT (msg.message_id = ANY (a_ids)) THEN
-                RETURN;
-            END IF;
-            picked_pos := picked_pos || msg.pos;
-            picked_ids := picked_ids || msg.message_id;
-            picked_at := picked_at || msg.created_at;
-        END LOOP;
-        IF cardinality(picked_pos) = 0 THEN
-            RETURN;
-        END IF;
-        INSERT INTO comb.cursor_states
-    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-        VALUES (st.partition_id, st.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
-                st.cursor_pos, st.cursor_seg, st.settled, st.attempt_pos, st.attempt_cnt,
-                a_leases[1],
-                now() + make_interval(secs => coalesce((opts->>'leaseTime')::float8,
-                                                       a_lengths[1])),
-                picked_pos[cardinality(picked_pos)], st.available_at, clock_timestamp());
-        FOR k IN 1 .. cardinality(picked_pos) LOOP
-            partition_id := st.partition_id;
-            consumer_group := st.consumer_group;
-            lease_id := a_leases[1];
-            pos := picked_pos[k];
-            message_id := picked_ids[k];
-            created_at := picked_at[k];
-            RETURN NEXT;
-        END LOOP;
-        RETURN;
-    END IF;
     SELECT array_agg(l.partition_id), array_agg(l.consumer_group)
         INTO held_partitions, held_groups
         FROM (
@@ -549,8 +491,41 @@ CREATE FUNCTION comb.store_batch(a_lock uuid[], a_partitions uuid[], a_ranks big
     SET enable_bitmapscan TO 'off'
     AS $$
 #variable_conflict use_column
+DECLARE
+    one_prior uuid;
+    st record;
+    opts jsonb;
+    msg record;
+    picked_pos bigint[] := '{}';
+    picked_ids uuid[] := '{}';
+    picked_at timestamptz[] := '{}';
 BEGIN
-    IF a_checks IS NULL THEN
+    IF cardinality(a_ids) = 1 AND a_checks IS NULL THEN
+        RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
+            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
+            FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
+        IF FOUND THEN
+            INSERT INTO comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
+VALUES (a_partitions[1], coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = a_partitions[1] AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized) AND m.seg <= (SELECT max(s.seg) FROM comb.segments s) ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp WHERE sp.partition_id = a_partitions[1] ORDER BY sp.seg DESC LIMIT 1), 0) + a_ranks[1], (SELECT max(seg) FROM comb.segments), a_ids[1], a_txids[1], a_traces[1], a_payloads[1], statement_timestamp(), a_subs[1]);
+        END IF;
+    ELSIF cardinality(a_ids) = 1 THEN
+        PERFORM 1 FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
+        IF a_checks[1] THEN
+            one_prior := (SELECT m.message_id FROM comb.messages m
+        WHERE m.partition_id = a_partitions[1] AND m.transaction_id = a_txids[1]
+        LIMIT 1);
+        END IF;
+        IF one_prior IS NULL THEN
+            INSERT INTO comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
+VALUES (a_partitions[1], coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = a_partitions[1] AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized) AND m.seg <= (SELECT max(s.seg) FROM comb.segments s) ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp WHERE sp.partition_id = a_partitions[1] ORDER BY sp.seg DESC LIMIT 1), 0) + a_ranks[1], (SELECT max(seg) FROM comb.segments), a_ids[1], a_txids[1], a_traces[1], a_payloads[1], statement_timestamp(), a_subs[1]);
+        END IF;
+        RETURN QUERY SELECT NULL::uuid, 1::bigint, one_prior, one_prior IS NULL, NULL::text,
+            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz;
+    ELSIF a_checks IS NULL THEN
         RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
             NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
             FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
@@ -599,8 +574,8 @@ heads AS (
 ),
 stored AS (
     INSERT INTO comb.messages
-        (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
-         producer_sub)
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
     SELECT f.partition_id, h.pos + f.rn, s.seg, f.message_id, f.transaction_id,
            f.trace_id, f.payload, statement_timestamp(), f.producer_sub
     FROM fresh f
@@ -615,7 +590,58 @@ LEFT JOIN prior pr ON pr.ord = i.ord
 LEFT JOIN stored s ON s.message_id = i.message_id
 ORDER BY i.ord;
     END IF;
-    IF cardinality(o_partitions) > 0 THEN
+    IF cardinality(o_partitions) = 1 THEN
+        PERFORM 1 FROM comb.cursors c
+            WHERE c.partition_id = o_partitions[1] AND c.consumer_group = o_groups[1]
+            FOR NO KEY UPDATE OF c SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        SELECT s.* INTO st FROM comb.cursor_state(o_partitions[1], o_groups[1]) s;
+        IF NOT FOUND OR st.lease_id IS NOT NULL OR st.available_at > now()
+           OR cardinality(st.settled) > 0 OR cardinality(st.attempt_pos) > 0 THEN
+            RETURN;
+        END IF;
+        opts := (SELECT q.options FROM comb.partitions p JOIN comb.queues q ON q.id = p.queue_id
+             WHERE p.id = o_partitions[1]);
+        IF coalesce((opts->>'delayedProcessing')::float8, 0) <> 0
+           OR coalesce((opts->>'windowBuffer')::float8, 0) <> 0 THEN
+            RETURN;
+        END IF;
+        FOR msg IN SELECT m.pos, m.message_id, m.created_at FROM comb.messages m WHERE m.partition_id = o_partitions[1]
+                AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
+                ORDER BY m.pos LIMIT o_batches[1] LOOP
+            -- The next message is this push's, so every one after it is too.
+            IF NOT (msg.message_id = ANY (a_ids)) THEN
+                RETURN;
+            END IF;
+            picked_pos := picked_pos || msg.pos;
+            picked_ids := picked_ids || msg.message_id;
+            picked_at := picked_at || msg.created_at;
+        END LOOP;
+        IF cardinality(picked_pos) = 0 THEN
+            RETURN;
+        END IF;
+        INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+        VALUES (st.partition_id, st.consumer_group, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
+                st.cursor_pos, st.cursor_seg, st.settled, st.attempt_pos, st.attempt_cnt,
+                o_leases[1],
+                now() + make_interval(secs => coalesce((opts->>'leaseTime')::float8,
+                                                       o_lengths[1])),
+                picked_pos[cardinality(picked_pos)], st.available_at, clock_timestamp());
+        FOR k IN 1 .. cardinality(picked_pos) LOOP
+            partition_id := st.partition_id;
+            consumer_group := st.consumer_group;
+            lease_id := o_leases[1];
+            pos := picked_pos[k];
+            message_id := picked_ids[k];
+            created_at := picked_at[k];
+            RETURN NEXT;
+        END LOOP;
+        RETURN;
+    ELSIF cardinality(o_partitions) > 0 THEN
         RETURN QUERY SELECT h.partition_id, NULL::bigint, NULL::uuid, NULL::boolean,
             h.consumer_group, h.lease_id, h.pos, h.message_id, h.created_at
             FROM comb.hand_off(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
