@@ -175,6 +175,9 @@ async fn a_group_not_right_before_the_push_is_not_handed_off_and_skips_nothing()
     let pop = answered(w).await;
     assert_eq!(numbers(&pop), vec![1, 2, 3]);
     assert_eq!(counter(&env, "comb_handoffs_total").await, 0);
+    // Nor was a lease made over messages the push did not store (the broker would give such
+    // a lease back rather than hand it over).
+    assert_eq!(counter(&env, "comb_handoffs_released_total").await, 0);
 }
 
 #[tokio::test]
