@@ -209,11 +209,25 @@ pub(crate) fn all_passed(partition: &str, pos: &str, citus: bool) -> String {
     )
 }
 
+/// The lock of the cursor (`$p` partition, `$g` group: SQL expressions) without its leading
+/// `SELECT`: [`LOCK_ONE_SQL`], and in PL/pgSQL `PERFORM lock_one!(…)` for a writer of one
+/// cursor's next version (`… SKIP LOCKED` for one that must not wait).
+macro_rules! lock_one {
+    ($p:literal, $g:literal) => {
+        concat!(
+            "1 FROM comb.cursors WHERE partition_id = ",
+            $p,
+            " AND consumer_group = ",
+            $g,
+            "\nFOR NO KEY UPDATE"
+        )
+    };
+}
+pub(crate) use lock_one;
+
 /// Locks the cursor of (`$1` partition, `$2` group), the one cursor a writer of a single
 /// state version holds (lease extension); no row: no such cursor.
-pub(crate) const LOCK_ONE_SQL: &str = "
-SELECT 1 FROM comb.cursors WHERE partition_id = $1 AND consumer_group = $2
-FOR NO KEY UPDATE";
+pub(crate) const LOCK_ONE_SQL: &str = concat!("\nSELECT ", lock_one!("$1", "$2"));
 
 /// Like [`LOCK_SQL`] for the cursors of group `$2` on partitions `$1` whose lease ended
 /// unsettled, skipping busy ones (another claim or ack holds them; they are seen again

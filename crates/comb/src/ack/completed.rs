@@ -262,11 +262,9 @@ END $body$",
 /// moves to `p` if `p` follows it (and the segment to `p`'s), else `p` is settled; the lease
 /// ends once the position reaches the lease's last message.
 const JUDGE_ONE: &str = concat!(
-    "        PERFORM 1 FROM ",
-    crate::cursor::cursors!(),
-    "
-            WHERE c.partition_id = a_partitions[1] AND c.consumer_group = a_groups[1]
-            FOR NO KEY UPDATE OF c;
+    "        PERFORM ",
+    crate::cursor::lock_one!("a_partitions[1]", "a_groups[1]"),
+    ";
         SELECT s.* INTO st FROM ",
     crate::cursor::state_of!("a_partitions[1]", "a_groups[1]"),
     " s;

@@ -157,19 +157,18 @@ pub(crate) const GRANT_ONE_DECLARE: &str = "    st record;
 
 /// [`GRANT_SQL`]'s rules for a single offer (`o_partitions[1]`, `o_groups[1]`, …, the
 /// stored ids `a_ids`), the common case, as steps of the push's own function
-/// ([`super::store::STORE_FUNCTION`]) in PL/pgSQL statements a few plan nodes each: the cursor's lock (`SKIP
-/// LOCKED`), then its state, its queue's options and the messages after its position, each
+/// ([`super::store::STORE_FUNCTION`]) in PL/pgSQL statements a few plan nodes each: the
+/// cursor's lock ([`crate::cursor::lock_one!`], `SKIP LOCKED`), then its state, its queue's
+/// options and the messages after its position, each
 /// read by a statement of its own (so after the lock), and the new version from variables.
 /// Starting a statement's executor costs by its plan's nodes, and [`GRANT_SQL`]'s plan, with
 /// its joins, aggregate and insert, cost more to start than to run. The segments before the
 /// cursor's are pruned as the executor starts (the bound is a parameter here, where the
 /// grant's joins made it a run-time one).
 pub(crate) const GRANT_ONE: &str = concat!(
-    "        PERFORM 1 FROM ",
-    crate::cursor::cursors!(),
-    "
-            WHERE c.partition_id = o_partitions[1] AND c.consumer_group = o_groups[1]
-            FOR NO KEY UPDATE OF c SKIP LOCKED;
+    "        PERFORM ",
+    crate::cursor::lock_one!("o_partitions[1]", "o_groups[1]"),
+    " SKIP LOCKED;
         IF NOT FOUND THEN
             RETURN;
         END IF;

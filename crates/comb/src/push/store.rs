@@ -219,31 +219,29 @@ LANGUAGE plpgsql {plans} AS $body$
 DECLARE
     one_prior uuid;
 {grant_declare}BEGIN
-    IF cardinality(a_ids) = 1 AND a_checks IS NULL THEN
+    IF a_checks IS NULL THEN
         RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
             NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
             FROM ({lock}) l;
-        IF FOUND THEN
+        IF cardinality(a_ids) > 1 THEN
+            {append};
+        ELSIF FOUND THEN
             {append_one};
         END IF;
-    ELSIF cardinality(a_ids) = 1 THEN
-        PERFORM 1 FROM ({lock}) l;
-        IF a_checks[1] THEN
-            one_prior := ({prior_one});
-        END IF;
-        IF one_prior IS NULL THEN
-            {append_one};
-        END IF;
-        RETURN QUERY SELECT NULL::uuid, 1::bigint, one_prior, one_prior IS NULL, NULL::text,
-            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz;
-    ELSIF a_checks IS NULL THEN
-        RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
-            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
-            FROM ({lock}) l;
-        {append};
     ELSE
         PERFORM 1 FROM ({lock}) l;
-        RETURN QUERY {insert};
+        IF cardinality(a_ids) > 1 THEN
+            RETURN QUERY {insert};
+        ELSE
+            IF a_checks[1] THEN
+                one_prior := ({prior_one});
+            END IF;
+            IF one_prior IS NULL THEN
+                {append_one};
+            END IF;
+            RETURN QUERY SELECT NULL::uuid, 1::bigint, one_prior, one_prior IS NULL,
+                NULL::text, NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz;
+        END IF;
     END IF;
     IF cardinality(o_partitions) = 1 THEN
 {grant_one}

@@ -53,9 +53,8 @@ DECLARE
     next_pos bigint;
 BEGIN
     IF cardinality(a_partitions) = 1 THEN
-        PERFORM 1 FROM comb.cursors c
-            WHERE c.partition_id = a_partitions[1] AND c.consumer_group = a_groups[1]
-            FOR NO KEY UPDATE OF c;
+        PERFORM 1 FROM comb.cursors WHERE partition_id = a_partitions[1] AND consumer_group = a_groups[1]
+FOR NO KEY UPDATE;
         SELECT s.* INTO st FROM comb.cursor_state(a_partitions[1], a_groups[1]) s;
         IF FOUND AND st.lease_id IS NOT NULL AND st.lease_expires_at > now()
            AND (a_leases[1] IS NULL OR a_leases[1] = st.lease_id)
@@ -500,35 +499,11 @@ DECLARE
     picked_ids uuid[] := '{}';
     picked_at timestamptz[] := '{}';
 BEGIN
-    IF cardinality(a_ids) = 1 AND a_checks IS NULL THEN
+    IF a_checks IS NULL THEN
         RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
             NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
             FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
-        IF FOUND THEN
-            INSERT INTO comb.messages
-    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
-     producer_sub)
-VALUES (a_partitions[1], coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = a_partitions[1] AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized) AND m.seg <= (SELECT max(s.seg) FROM comb.segments s) ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp WHERE sp.partition_id = a_partitions[1] ORDER BY sp.seg DESC LIMIT 1), 0) + a_ranks[1], (SELECT max(seg) FROM comb.segments), a_ids[1], a_txids[1], a_traces[1], a_payloads[1], statement_timestamp(), a_subs[1]);
-        END IF;
-    ELSIF cardinality(a_ids) = 1 THEN
-        PERFORM 1 FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
-        IF a_checks[1] THEN
-            one_prior := (SELECT m.message_id FROM comb.messages m
-        WHERE m.partition_id = a_partitions[1] AND m.transaction_id = a_txids[1]
-        LIMIT 1);
-        END IF;
-        IF one_prior IS NULL THEN
-            INSERT INTO comb.messages
-    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
-     producer_sub)
-VALUES (a_partitions[1], coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = a_partitions[1] AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized) AND m.seg <= (SELECT max(s.seg) FROM comb.segments s) ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp WHERE sp.partition_id = a_partitions[1] ORDER BY sp.seg DESC LIMIT 1), 0) + a_ranks[1], (SELECT max(seg) FROM comb.segments), a_ids[1], a_txids[1], a_traces[1], a_payloads[1], statement_timestamp(), a_subs[1]);
-        END IF;
-        RETURN QUERY SELECT NULL::uuid, 1::bigint, one_prior, one_prior IS NULL, NULL::text,
-            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz;
-    ELSIF a_checks IS NULL THEN
-        RETURN QUERY SELECT l.id, NULL::bigint, NULL::uuid, NULL::boolean, NULL::text,
-            NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz
-            FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
+        IF cardinality(a_ids) > 1 THEN
 
 INSERT INTO comb.messages
     (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
@@ -543,9 +518,16 @@ JOIN (
     FROM comb.partitions p WHERE p.id = ANY(a_lock)
 ) h ON h.id = i.partition_id
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s;
+        ELSIF FOUND THEN
+            INSERT INTO comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
+VALUES (a_partitions[1], coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = a_partitions[1] AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized) AND m.seg <= (SELECT max(s.seg) FROM comb.segments s) ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp WHERE sp.partition_id = a_partitions[1] ORDER BY sp.seg DESC LIMIT 1), 0) + a_ranks[1], (SELECT max(seg) FROM comb.segments), a_ids[1], a_txids[1], a_traces[1], a_payloads[1], statement_timestamp(), a_subs[1]);
+        END IF;
     ELSE
         PERFORM 1 FROM (SELECT id FROM comb.partitions WHERE id = ANY(a_lock) ORDER BY id FOR NO KEY UPDATE) l;
-        RETURN QUERY
+        IF cardinality(a_ids) > 1 THEN
+            RETURN QUERY
 WITH input AS (
     SELECT * FROM unnest(a_partitions::uuid[], a_txids::text[], a_ids::uuid[], a_traces::text[], a_payloads::bytea[], a_checks::bool[],
                          a_subs::text[])
@@ -589,11 +571,25 @@ FROM input i
 LEFT JOIN prior pr ON pr.ord = i.ord
 LEFT JOIN stored s ON s.message_id = i.message_id
 ORDER BY i.ord;
+        ELSE
+            IF a_checks[1] THEN
+                one_prior := (SELECT m.message_id FROM comb.messages m
+        WHERE m.partition_id = a_partitions[1] AND m.transaction_id = a_txids[1]
+        LIMIT 1);
+            END IF;
+            IF one_prior IS NULL THEN
+                INSERT INTO comb.messages
+    (partition_id, pos, seg, message_id, transaction_id, trace_id, payload, created_at,
+     producer_sub)
+VALUES (a_partitions[1], coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = a_partitions[1] AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized) AND m.seg <= (SELECT max(s.seg) FROM comb.segments s) ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp WHERE sp.partition_id = a_partitions[1] ORDER BY sp.seg DESC LIMIT 1), 0) + a_ranks[1], (SELECT max(seg) FROM comb.segments), a_ids[1], a_txids[1], a_traces[1], a_payloads[1], statement_timestamp(), a_subs[1]);
+            END IF;
+            RETURN QUERY SELECT NULL::uuid, 1::bigint, one_prior, one_prior IS NULL,
+                NULL::text, NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz;
+        END IF;
     END IF;
     IF cardinality(o_partitions) = 1 THEN
-        PERFORM 1 FROM comb.cursors c
-            WHERE c.partition_id = o_partitions[1] AND c.consumer_group = o_groups[1]
-            FOR NO KEY UPDATE OF c SKIP LOCKED;
+        PERFORM 1 FROM comb.cursors WHERE partition_id = o_partitions[1] AND consumer_group = o_groups[1]
+FOR NO KEY UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             RETURN;
         END IF;
