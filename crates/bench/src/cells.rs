@@ -77,6 +77,16 @@ pub enum Kind {
         /// The pops' long-poll `timeout`, ms.
         timeout_ms: u64,
     },
+    /// Fixed-rate requests that the broker answers without the database (`GET` of a path
+    /// no route serves: routing, the middleware and a problem+json answer). What an HTTP
+    /// exchange alone costs the broker at that rate: the floor under every request a
+    /// queue's clients make.
+    Exchange {
+        /// Requests per second, fixed.
+        rate: f64,
+        /// Connections that share the schedule.
+        conns: usize,
+    },
     /// Binary `COPY` of Comb-shaped rows straight into PostgreSQL.
     Ceiling {
         /// Connections.
@@ -247,6 +257,15 @@ pub fn all() -> Vec<Cell> {
             about: "light's producers alone, no consumers: what a pushed message costs at 300 msg/s",
         },
         Cell {
+            name: "exchange",
+            kind: Kind::Exchange {
+                rate: LIGHT_EXCHANGES * LIGHT_RATE,
+                conns: 50,
+            },
+            compare: None,
+            about: "900 req/s (light's three per message) answered without the database: an HTTP exchange alone",
+        },
+        Cell {
             name: "steady",
             kind: Kind::Steady {
                 rate: Offered::OfPush1(1.0),
@@ -345,6 +364,10 @@ pub fn all() -> Vec<Cell> {
 /// The rate of the light cells: a quiet queue, where what consumers cost while they wait
 /// shows.
 pub const LIGHT_RATE: f64 = 300.0;
+
+/// HTTP exchanges per message a consumer of `light` receives: the push, the pop that
+/// delivers it and the ack.
+pub const LIGHT_EXCHANGES: f64 = 3.0;
 
 /// A light cell over `partitions` partitions: [`LIGHT_RATE`] one-message pushes a second, 4
 /// consumers popping with long poll (batch 50) and acking.

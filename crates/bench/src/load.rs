@@ -171,6 +171,47 @@ pub async fn open_push(
     merge(tasks).await
 }
 
+/// A path no route serves: the broker answers it 404 without the database.
+pub const UNSERVED_PATH: &str = "/api/v1/no-such-route";
+
+/// Fixed-rate `GET`s of [`UNSERVED_PATH`] (`rate` a second over `conns` connections) until
+/// `window.end`; a 404 answer is the one expected, anything else counts as an error.
+pub async fn open_exchange(addr: SocketAddr, rate: f64, conns: usize, window: Window) -> Tally {
+    let start = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..conns)
+        .map(|_| {
+            let next = next.clone();
+            tokio::spawn(async move {
+                let mut conn = Conn::new(addr);
+                let _ = conn.open().await;
+                let mut tally = Tally::default();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let due = start + Duration::from_secs_f64(i as f64 / rate);
+                    if due >= window.end {
+                        break;
+                    }
+                    tokio::time::sleep_until(due.into()).await;
+                    let t0 = Instant::now();
+                    let ok = matches!(
+                        conn.send(Method::GET, UNSERVED_PATH, None).await,
+                        Ok(a) if a.status == 404
+                    );
+                    let t1 = Instant::now();
+                    if !ok {
+                        tally.errors += 1;
+                    } else if window.contains(t1) {
+                        tally.record(t1 - t0, 1);
+                    }
+                }
+                tally
+            })
+        })
+        .collect();
+    merge(tasks).await
+}
+
 /// How consumers pop.
 #[derive(Debug, Clone)]
 pub struct ConsumerSpec {

@@ -287,7 +287,8 @@ impl Runner {
             }
             | Kind::SkipLocked { rate: Some(r), .. }
             | Kind::Fanout { fixed: Some(r), .. }
-            | Kind::Streams { rate: r, .. } => {
+            | Kind::Streams { rate: r, .. }
+            | Kind::Exchange { rate: r, .. } => {
                 return (r, "fixed by the cell".into());
             }
             Kind::Steady {
@@ -367,6 +368,7 @@ impl Runner {
                     load::configure(addr, "{}").await?;
                     load::configure_queue(addr, IDLE_GROUPS_QUEUE, "{}").await?;
                 }
+                Kind::Exchange { .. } => {}
                 _ => unreachable!("peers run elsewhere"),
             }
             let mut opts = opts;
@@ -547,6 +549,15 @@ impl Runner {
                     // The messages are as old as the pre-fill: their age says nothing.
                     row.e2e_p50_ms = None;
                     row.e2e_p99_ms = None;
+                }
+                Kind::Exchange { conns, .. } => {
+                    let t = load::open_exchange(addr, offered, conns, window).await;
+                    requests = t.requests;
+                    set_main(&mut row, &t, window);
+                    row.note = Some(format!(
+                        "offered {offered:.0} req/s ({offered_from}); msg/s = requests \
+                         answered (404, no database)"
+                    ));
                 }
                 Kind::Idle {
                     consumers,
