@@ -25,6 +25,11 @@ use crate::db::DbError;
 /// acked positions join the settled ones; the position moves over the run that follows it
 /// (and the segment to the last settled message's), attempts at or below it are forgotten,
 /// and the lease ends once the position reaches the lease's last message.
+///
+/// Every sort here is a sort per cursor, and a fan-out ack judges many cursors of ~50
+/// messages each: the acked messages are sorted once (a subquery feeding both arrays), the
+/// items' leases are compared without sorting them, and with nothing settled the acked
+/// positions are the merge as they are (sorted, and distinct: positions are unique).
 pub const JUDGE_SQL: &str = concat!(
     "
 WITH i AS (
@@ -34,28 +39,33 @@ WITH i AS (
 c AS (
     SELECT i.partition_id, i.consumer_group,
            array_agg(DISTINCT i.transaction_id) AS txids,
-           array_agg(DISTINCT i.lease_id) FILTER (WHERE i.lease_id IS NOT NULL) AS leases
+           array_agg(i.lease_id) FILTER (WHERE i.lease_id IS NOT NULL) AS leases
     FROM i GROUP BY i.partition_id, i.consumer_group
 ),
 judged AS MATERIALIZED (
     SELECT c.partition_id, c.consumer_group, s.ver, s.cursor_pos, s.cursor_seg, s.settled,
            s.attempt_pos, s.attempt_cnt, s.lease_id, s.lease_expires_at, s.lease_upto,
            s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg,
-           ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x) AS merged
+           CASE WHEN cardinality(s.settled) = 0 THEN f.pos
+                ELSE ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x)
+           END AS merged
     FROM c
     CROSS JOIN LATERAL ",
     crate::cursor::state_of!("c.partition_id", "c.consumer_group"),
     " s
     CROSS JOIN LATERAL (
-        SELECT array_agg(m.pos ORDER BY m.pos) AS pos, array_agg(m.seg ORDER BY m.pos) AS seg,
-               count(*) AS found
-        FROM ",
+        -- Aggregated in the order the subquery sorts them: one sort for both arrays.
+        SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found
+        FROM (
+            SELECT m.pos, m.seg FROM ",
     crate::messages::partition_messages!("c.partition_id"),
     " AND m.transaction_id = ANY (c.txids)
-          AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
+              AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
+            ORDER BY m.pos
+        ) m
     ) f
     WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()
-      AND (c.leases IS NULL OR c.leases = ARRAY[s.lease_id])
+      AND (c.leases IS NULL OR s.lease_id = ALL (c.leases))
       AND f.found = cardinality(c.txids)
       AND NOT (f.pos && s.settled)
 ),

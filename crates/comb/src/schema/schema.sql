@@ -102,24 +102,29 @@ WITH i AS (
 c AS (
     SELECT i.partition_id, i.consumer_group,
            array_agg(DISTINCT i.transaction_id) AS txids,
-           array_agg(DISTINCT i.lease_id) FILTER (WHERE i.lease_id IS NOT NULL) AS leases
+           array_agg(i.lease_id) FILTER (WHERE i.lease_id IS NOT NULL) AS leases
     FROM i GROUP BY i.partition_id, i.consumer_group
 ),
 judged AS MATERIALIZED (
     SELECT c.partition_id, c.consumer_group, s.ver, s.cursor_pos, s.cursor_seg, s.settled,
            s.attempt_pos, s.attempt_cnt, s.lease_id, s.lease_expires_at, s.lease_upto,
            s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg,
-           ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x) AS merged
+           CASE WHEN cardinality(s.settled) = 0 THEN f.pos
+                ELSE ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x)
+           END AS merged
     FROM c
     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
     CROSS JOIN LATERAL (
-        SELECT array_agg(m.pos ORDER BY m.pos) AS pos, array_agg(m.seg ORDER BY m.pos) AS seg,
-               count(*) AS found
-        FROM comb.messages m WHERE m.partition_id = c.partition_id AND m.transaction_id = ANY (c.txids)
-          AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
+        -- Aggregated in the order the subquery sorts them: one sort for both arrays.
+        SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found
+        FROM (
+            SELECT m.pos, m.seg FROM comb.messages m WHERE m.partition_id = c.partition_id AND m.transaction_id = ANY (c.txids)
+              AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
+            ORDER BY m.pos
+        ) m
     ) f
     WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()
-      AND (c.leases IS NULL OR c.leases = ARRAY[s.lease_id])
+      AND (c.leases IS NULL OR s.lease_id = ALL (c.leases))
       AND f.found = cardinality(c.txids)
       AND NOT (f.pos && s.settled)
 ),
