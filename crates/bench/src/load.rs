@@ -911,6 +911,47 @@ mod tests {
         assert!(popped(&answer(500)).is_err());
     }
 
+    /// A server answering every request on every connection with `status` and no body.
+    async fn answering(status: u16) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            let answer =
+                                format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+                            if socket.write_all(answer.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn exchanges_count_the_404_they_expect_and_nothing_else() {
+        let window = || Window::after(Duration::ZERO, Duration::from_millis(300));
+        let expected = open_exchange(answering(404).await, 200.0, 2, window()).await;
+        assert!(expected.requests > 0);
+        assert_eq!(expected.errors, 0);
+        let served = open_exchange(answering(200).await, 200.0, 2, window()).await;
+        assert_eq!(served.requests, 0);
+        assert!(served.errors > 0);
+    }
+
     #[test]
     fn ack_bodies_are_valid_json() {
         let m = |lease| PopMessage {
