@@ -191,7 +191,7 @@ async fn a_cursor_a_claim_holds_is_not_handed_off_and_its_push_does_not_wait() {
     let holder = {
         let db = env.sql("SELECT current_database()");
         tokio::task::spawn_blocking(move || {
-            comb_harness::Postgres::shared().psql(
+            common::database_node().psql(
                 &db,
                 "BEGIN; SELECT 1 FROM comb.cursors FOR NO KEY UPDATE; SELECT pg_sleep(60); COMMIT;",
             )
@@ -243,7 +243,7 @@ async fn a_lease_made_for_a_pop_that_went_away_is_given_back_at_once() {
     let holder = {
         let db = env.sql("SELECT current_database()");
         tokio::task::spawn_blocking(move || {
-            comb_harness::Postgres::shared()
+            common::database_node()
                 .psql(
                     &db,
                     "BEGIN; SELECT 1 FROM comb.partitions FOR UPDATE; SELECT pg_sleep(4); COMMIT;",

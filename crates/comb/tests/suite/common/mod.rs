@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use comb_harness::{Postgres, Server};
+use comb_harness::{Citus, Postgres, Server};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -27,6 +27,79 @@ fn with_token_flags(args: &[&str]) -> Vec<String> {
     }
     out.extend(args.iter().map(|s| s.to_string()));
     out
+}
+
+/// The variable naming the backend every [`Env`] runs on: unset or `postgres`, the shared
+/// PostgreSQL cluster; `citus`, a database of the shared Citus cluster (a coordinator and two
+/// workers). `make test` runs the data-path modules once on each (`scripts/test-citus.sh`).
+pub const BACKEND: &str = "COMB_TEST_BACKEND";
+
+/// Whether this run's servers are on Citus ([`BACKEND`]). Panics on a value it does not know,
+/// so that a misspelt backend cannot run the suite on the wrong one.
+pub fn on_citus() -> bool {
+    match std::env::var(BACKEND).as_deref() {
+        Err(_) | Ok("") | Ok("postgres") => false,
+        Ok("citus") => true,
+        Ok(other) => panic!("{BACKEND}={other}: expected postgres or citus"),
+    }
+}
+
+/// The node tests' databases live on and are queried through: the shared PostgreSQL, or the
+/// shared Citus cluster's coordinator.
+pub fn database_node() -> &'static Postgres {
+    if on_citus() {
+        Citus::shared().coordinator()
+    } else {
+        Postgres::shared()
+    }
+}
+
+/// A fresh database on this run's backend (on Citus, with the extension on every node and
+/// the workers added); its URL. Blocking.
+pub fn create_database(prefix: &str) -> String {
+    if on_citus() {
+        Citus::shared().create_database_from(citus_template(), prefix)
+    } else {
+        Postgres::shared().create_database(prefix)
+    }
+    .expect("create database")
+}
+
+/// A database of the shared Citus cluster that `comb migrate` distributed, frozen as the
+/// template of every test's database: migrating and distributing takes seconds per database
+/// on Citus, a copy a fraction of that. Made on first use. Blocking.
+fn citus_template() -> &'static str {
+    static TEMPLATE: OnceLock<String> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let citus = Citus::shared();
+        let url = citus.create_database("template").expect("create database");
+        let out = std::process::Command::new(comb_bin())
+            .arg("migrate")
+            .env("DATABASE_URL", &url)
+            .output()
+            .expect("comb migrate runs");
+        assert!(
+            out.status.success(),
+            "comb migrate on Citus failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let name = url.rsplit('/').next().unwrap().to_string();
+        citus.freeze_template(&name).expect("template frozen");
+        name
+    })
+}
+
+/// Drops a database [`create_database`] made (on every node of a Citus cluster). Blocking.
+pub fn drop_database(name: &str) {
+    let drop = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+    if on_citus() {
+        let citus = Citus::shared();
+        for node in std::iter::once(citus.coordinator()).chain(citus.workers()) {
+            let _ = node.psql("postgres", &drop);
+        }
+    } else {
+        let _ = Postgres::shared().psql("postgres", &drop);
+    }
 }
 
 /// A server on its own fresh database.
@@ -86,8 +159,7 @@ impl Env {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         tokio::task::spawn_blocking(move || {
-            let pg = Postgres::shared();
-            let db_url = pg.create_database("t").expect("create database");
+            let db_url = create_database("t");
             let db_name = db_url.rsplit('/').next().unwrap().to_string();
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
             let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (&**k, &**v)).collect();
@@ -227,7 +299,7 @@ impl Env {
 
     /// Runs SQL on this test's database and returns psql's unaligned output.
     pub fn sql(&self, sql: &str) -> String {
-        Postgres::shared()
+        database_node()
             .psql(&self.db_name, sql)
             .expect("psql")
             .trim()
@@ -360,10 +432,7 @@ impl Drop for Env {
     /// for the whole run, whose disk would otherwise hold every test's data until the end.
     fn drop(&mut self) {
         self.server.kill();
-        let _ = Postgres::shared().psql(
-            "postgres",
-            &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.db_name),
-        );
+        drop_database(&self.db_name);
     }
 }
 
