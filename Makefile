@@ -12,7 +12,7 @@ help:
 	@echo "make run    start the development PostgreSQL (unless DATABASE_URL is set) and Comb on $(COMB_LISTEN)"
 	@echo "            (with a development encryption key, made in .data/encryption.key on first use)"
 	@echo "make stop   stop the development PostgreSQL"
-	@echo "make test   formatting, lints and the full test suite (what CI runs)"
+	@echo "make test   formatting, lints and the full test suite, the data path on PostgreSQL and on Citus (what CI runs)"
 	@echo "make lint   check formatting and run clippy"
 	@echo "make fmt    format the code"
 	@echo "make build  build everything"
@@ -37,6 +37,7 @@ test:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace
+	scripts/test-citus.sh
 	COMB_TESTS_WITH_TOKENS=1 cargo test -p comb --test suite -- queen_compat:: admin::
 
 lint:

@@ -471,6 +471,17 @@ impl Catalog {
                      SELECT p.id, $2, p.queue_id FROM comb.partitions p WHERE p.queue_id = $1
                      ON CONFLICT DO NOTHING
                      RETURNING partition_id
+                 ),
+                 -- With `subscriptionFrom`, each partition's last position before that
+                 -- time. Read apart from the new cursors and joined by partition: Citus
+                 -- plans a subquery of the messages correlated to the inserted rows in
+                 -- no form, and this one per partition as a query of each shard.
+                 before AS (
+                     SELECT p.id AS partition_id,
+                            ",
+                    crate::messages::position_before!("p.id", "$4"),
+                    " AS pos
+                     FROM comb.partitions p WHERE p.queue_id = $1 AND $3::text = 'from'
                  )
                  ",
                     cursor::insert_first_state!(),
@@ -485,14 +496,13 @@ impl Catalog {
                  LEFT JOIN LATERAL ",
                     cursor::state_of!("a.partition_id", "$2"),
                     " o ON true
+                 LEFT JOIN before b ON b.partition_id = a.partition_id
                  CROSS JOIN LATERAL (
                      SELECT CASE $3::text
                          WHEN 'new' THEN (SELECT h.pos FROM ",
                     crate::messages::head_of!("a.partition_id"),
                     " h)
-                         WHEN 'from' THEN ",
-                    crate::messages::position_before!("a.partition_id", "$4"),
-                    "
+                         WHEN 'from' THEN coalesce(b.pos, 0)
                          ELSE 0 END AS pos
                  ) s"
                 ),

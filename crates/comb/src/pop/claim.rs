@@ -807,12 +807,20 @@ impl Claiming<'_> {
     ) -> Result<Vec<Claim>, DbError> {
         let listed = self.list(client, partitions).await?;
         let mut claims: Vec<Claim> = Vec::new();
+        // A shared-lease pop's batch caps the messages over all its partitions: each named
+        // claim may take only what the ones before it left.
+        let mut left = self.shape.batch;
         for partition_id in listed {
-            if claims.len() >= partitions {
+            if claims.len() >= partitions || left <= 0 {
                 break;
             }
             let shape = PopShape {
                 partition_id: Some(partition_id),
+                batch: if self.shape.shared_lease {
+                    left
+                } else {
+                    self.shape.batch
+                },
                 ..self.shape.clone()
             };
             let one = Claiming {
@@ -821,7 +829,12 @@ impl Claiming<'_> {
                 lease: self.lease,
             };
             let mut none = None;
-            claims.extend(Box::pin(one.run(client, 1, &mut none)).await?);
+            let got = Box::pin(one.run(client, 1, &mut none)).await?;
+            if self.shape.shared_lease {
+                let n: usize = got.iter().map(|c| c.messages.len()).sum();
+                left -= i32::try_from(n).unwrap_or(i32::MAX);
+            }
+            claims.extend(got);
         }
         if let Some(done) = walk_done.take() {
             let _ = done.send(());

@@ -30,6 +30,14 @@ async fn until_waiting(http: &reqwest::Client, base: &str, n: u64) {
     .await;
 }
 
+/// How many hand-offs a scenario makes on this run's backend: `n` on PostgreSQL, none on
+/// Citus, where a push stores through statements sent to the partition's worker and hands
+/// nothing off (`docs/scale-out.md`). There the same scenario runs through wake-ups and
+/// claims, and every other assertion of the test holds as it is.
+fn handoffs(n: u64) -> u64 {
+    if common::on_citus() { 0 } else { n }
+}
+
 /// A counter of `/metrics` (0 when absent).
 async fn counter(env: &Env, name: &str) -> u64 {
     common::metric_at(&env.http, &env.server.base_url(), name).await
@@ -63,7 +71,7 @@ async fn a_push_hands_its_message_to_a_waiting_pop_under_a_lease_it_acks() {
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
     let pop = answered(w).await;
     assert_eq!(numbers(&pop), vec![1]);
-    assert_eq!(counter(&env, "comb_handoffs_total").await, 1, "{pop}");
+    assert_eq!(counter(&env, "comb_handoffs_total").await, handoffs(1), "{pop}");
     let m = common::one(&pop);
     assert!(m["leaseId"].is_string(), "{pop}");
     assert_eq!(m["attempt"], 1, "{pop}");
@@ -149,7 +157,7 @@ async fn racing_pushers_into_one_partition_hand_off_in_order_and_skip_nothing() 
         .collect();
     assert_eq!(got, stored);
     assert!(
-        counter(&env, "comb_handoffs_total").await > 0,
+        counter(&env, "comb_handoffs_total").await >= handoffs(1),
         "no push handed off: the test ran on the claim path alone"
     );
 }
@@ -304,7 +312,7 @@ async fn a_handed_off_lease_that_expires_hands_the_message_out_again_with_its_at
     let w = waiter(&env, "q", "").await;
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
     let first = answered(w).await;
-    assert_eq!(counter(&env, "comb_handoffs_total").await, 1);
+    assert_eq!(counter(&env, "comb_handoffs_total").await, handoffs(1));
     assert_eq!(common::one(&first)["attempt"], 1);
     // Not acked: once the lease ends, a pop gets it again, its attempt counted.
     let started = Instant::now();
@@ -368,7 +376,7 @@ async fn a_failed_message_resting_for_its_retry_delay_is_not_passed_by_a_hand_of
     let w = waiter(&env, "q", "").await;
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
     let first = answered(w).await;
-    assert_eq!(counter(&env, "comb_handoffs_total").await, 1);
+    assert_eq!(counter(&env, "comb_handoffs_total").await, handoffs(1));
     env.ack_ok(common::one(&first), "failed", None, Some("boom"))
         .await;
     let failed_at = Instant::now();
@@ -384,7 +392,7 @@ async fn a_failed_message_resting_for_its_retry_delay_is_not_passed_by_a_hand_of
     // The failed message comes first, after its rest; 2 is never handed out before it.
     assert_eq!(numbers(&pop)[0], 1, "{pop}");
     assert!(failed_at.elapsed() >= Duration::from_millis(1500), "{pop}");
-    assert_eq!(counter(&env, "comb_handoffs_total").await, 1);
+    assert_eq!(counter(&env, "comb_handoffs_total").await, handoffs(1));
 }
 
 #[tokio::test]
@@ -396,7 +404,7 @@ async fn a_sealed_queue_hands_off_its_payload_opened() {
     env.push(json!([{"queue": "secret", "payload": {"n": 5, "card": "4111"}}]))
         .await;
     let pop = answered(w).await;
-    assert_eq!(counter(&env, "comb_handoffs_total").await, 1);
+    assert_eq!(counter(&env, "comb_handoffs_total").await, handoffs(1));
     assert_eq!(
         common::one(&pop)["data"],
         json!({"n": 5, "card": "4111"}),
@@ -440,7 +448,7 @@ async fn one_push_hands_off_to_a_waiting_pop_of_each_group() {
         assert_eq!(m["consumerGroup"], g);
         env.ack_ok(m, "completed", Some(g), None).await;
     }
-    assert_eq!(counter(&env, "comb_handoffs_total").await, 3);
+    assert_eq!(counter(&env, "comb_handoffs_total").await, handoffs(3));
 }
 
 #[tokio::test]

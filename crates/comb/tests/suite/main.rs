@@ -15,6 +15,7 @@
 mod common;
 
 mod acks;
+mod backends;
 mod admin;
 mod auth;
 mod citus;

@@ -298,9 +298,18 @@ impl Env {
     }
 
     /// Runs SQL on this test's database and returns psql's unaligned output.
+    ///
+    /// On Citus the tests' reads of the cursors' latest states (`comb.cursors_now`, which
+    /// calls a PL/pgSQL function per cursor) nest a router query of a shard in a query of all
+    /// of them, which Citus allows only when told to; the server's own statements never do.
     pub fn sql(&self, sql: &str) -> String {
+        let sql = if on_citus() {
+            format!("SET citus.allow_nested_distributed_execution TO on; {sql}")
+        } else {
+            sql.to_string()
+        };
         database_node()
-            .psql(&self.db_name, sql)
+            .psql(&self.db_name, &sql)
             .expect("psql")
             .trim()
             .to_string()
