@@ -207,11 +207,16 @@ impl Postgres {
     /// making the test depend on a PostgreSQL client library. If `sql` holds several
     /// statements, only the last one's result is printed. Errors carry psql's message.
     pub fn psql(&self, db: &str, sql: &str) -> io::Result<String> {
+        self.psql_as("postgres", db, sql)
+    }
+
+    /// [`Postgres::psql`] as role `user` (trust authentication admits any role that exists).
+    pub fn psql_as(&self, user: &str, db: &str, sql: &str) -> io::Result<String> {
         let mut cmd = Command::new(self.bin.join("psql"));
         clear_pg_env(&mut cmd);
         cmd.env("PGCONNECT_TIMEOUT", "10")
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-At"])
-            .args(["-h", "127.0.0.1", "-U", "postgres"])
+            .args(["-h", "127.0.0.1", "-U", user])
             .arg("-p")
             .arg(self.port.to_string())
             .arg("-d")

@@ -870,7 +870,10 @@ impl Claiming<'_> {
             }
             Err(e) => return Err(e.into()),
         };
-        if let Some(&last) = listed.last() {
+        // The rover moves past what this claim means to take, not past the lookahead: a
+        // listed partition left unclaimed comes first in the next walk instead of waiting a
+        // whole round.
+        if let Some(&last) = listed.get(listed.len().min(partitions).wrapping_sub(1)) {
             self.ctx.rovers.set(queue_id, group, last);
         }
         Ok(listed)
@@ -903,7 +906,7 @@ async fn claim_listed(
         lister.list(&client, wanted).await?
     };
     let _ = walk_done.send(());
-    let last = listed.last().copied();
+    let mut last = None;
     let mut pending = listed.into_iter();
     let mut claiming = futures_util::stream::FuturesUnordered::new();
     let mut claims: Vec<Claim> = Vec::new();
@@ -913,6 +916,7 @@ async fn claim_listed(
             let Some(partition_id) = pending.next() else {
                 break;
             };
+            last = Some(partition_id);
             claiming.push(claim_named(pool, running, ctx, shape, partition_id));
         }
         match futures_util::StreamExt::next(&mut claiming).await {
@@ -923,7 +927,8 @@ async fn claim_listed(
             None => break,
         }
     }
-    // Each named claim moved the rover to its own partition, in whatever order they ended.
+    // Each named claim moved the rover to its own partition, in whatever order they ended:
+    // it goes back to the last partition tried, in the listing's order.
     if let Some(last) = last {
         ctx.rovers.set(shape.queue_id, &shape.group, last);
     }

@@ -72,6 +72,7 @@ fn citus_template() -> &'static str {
     static TEMPLATE: OnceLock<String> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
         let citus = Citus::shared();
+        make_inspector(citus);
         let url = citus.create_database("template").expect("create database");
         let out = std::process::Command::new(comb_bin())
             .arg("migrate")
@@ -87,6 +88,25 @@ fn citus_template() -> &'static str {
         citus.freeze_template(&name).expect("template frozen");
         name
     })
+}
+
+/// The role tests read a Citus database as ([`Env::sql`]): a superuser allowed nested
+/// distributed execution on every node.
+pub const INSPECTOR: &str = "comb_inspector";
+
+/// Makes [`INSPECTOR`] on every node of `citus` (roles are per node, not per database).
+fn make_inspector(citus: &Citus) {
+    let sql = format!(
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{INSPECTOR}') THEN
+             CREATE ROLE {INSPECTOR} SUPERUSER LOGIN;
+           END IF;
+         END $$;
+         ALTER ROLE {INSPECTOR} SET citus.allow_nested_distributed_execution TO on;"
+    );
+    for node in std::iter::once(citus.coordinator()).chain(citus.workers()) {
+        node.psql("postgres", &sql).expect("the inspecting role is made");
+    }
 }
 
 /// Drops a database [`create_database`] made (on every node of a Citus cluster). Blocking.
@@ -299,17 +319,14 @@ impl Env {
 
     /// Runs SQL on this test's database and returns psql's unaligned output.
     ///
-    /// On Citus the tests' reads of the cursors' latest states (`comb.cursors_now`, which
-    /// calls a PL/pgSQL function per cursor) nest a router query of a shard in a query of all
-    /// of them, which Citus allows only when told to; the server's own statements never do.
+    /// On Citus it runs as [`INSPECTOR`]: the tests' reads of the cursors' latest states
+    /// (`comb.cursors_now`, which calls a PL/pgSQL function per cursor) nest a router query
+    /// of a shard in a query of all of them, which Citus allows only to a role told so on
+    /// every node. The servers connect as `postgres`, so their own statements never are.
     pub fn sql(&self, sql: &str) -> String {
-        let sql = if on_citus() {
-            format!("SET citus.allow_nested_distributed_execution TO on; {sql}")
-        } else {
-            sql.to_string()
-        };
+        let user = if on_citus() { INSPECTOR } else { "postgres" };
         database_node()
-            .psql(&self.db_name, &sql)
+            .psql_as(user, &self.db_name, sql)
             .expect("psql")
             .trim()
             .to_string()
