@@ -52,7 +52,10 @@ async fn woken_by<F: std::future::Future<Output = ()>>(
     let waiter = common::waiting_pop(format!("{server}{path}"));
     // Counted by the server once it waits (a probing pop would compete for the message).
     loop {
-        assert!(!waiter.is_finished(), "the pop on {path} ended before the push");
+        assert!(
+            !waiter.is_finished(),
+            "the pop on {path} ended before the push"
+        );
         if common::metric_at(&env.http, server, "comb_pops_waiting").await == 1 {
             break;
         }
@@ -133,9 +136,8 @@ async fn a_pop_of_several_partitions_never_answers_more_than_its_batch() {
     for (group, batch) in [("ten", 10usize), ("twenty", 20), ("one", 1), ("big", 45)] {
         let mut seen: BTreeSet<i64> = BTreeSet::new();
         loop {
-            let path = format!(
-                "/api/v1/pop/queue/q?consumerGroup={group}&partitions=6&batch={batch}"
-            );
+            let path =
+                format!("/api/v1/pop/queue/q?consumerGroup={group}&partitions=6&batch={batch}");
             let Some(pop) = env.pop(&path).await else {
                 break;
             };
@@ -160,7 +162,11 @@ async fn a_pop_of_several_partitions_never_answers_more_than_its_batch() {
             let results = env.ack_all(&pop, "completed", Some(group)).await;
             assert!(results.iter().all(|r| r["success"] == true), "{results:?}");
         }
-        assert_eq!(seen.len(), 120, "group {group} with batch {batch} read everything");
+        assert_eq!(
+            seen.len(),
+            120,
+            "group {group} with batch {batch} read everything"
+        );
     }
 }
 
@@ -185,7 +191,9 @@ async fn every_subscription_option_starts_a_new_group_where_it_says() {
     let env = &env;
     let drain = |path: String| async move { env.drain(&path).await };
     let ns = |ms: Vec<Value>| -> BTreeSet<i64> {
-        ms.iter().map(|m| m["data"]["n"].as_i64().unwrap()).collect()
+        ms.iter()
+            .map(|m| m["data"]["n"].as_i64().unwrap())
+            .collect()
     };
     let from = enc(&between);
     let cases: Vec<(&str, String, BTreeSet<i64>)> = vec![
@@ -223,14 +231,22 @@ async fn every_subscription_option_starts_a_new_group_where_it_says() {
     let suffix = "&autoAck=true&batch=100&partitions=10";
     let named_suffix = "&autoAck=true&batch=100";
     for (what, path, expected) in &cases {
-        let s = if path.contains("/partition/") { named_suffix } else { suffix };
+        let s = if path.contains("/partition/") {
+            named_suffix
+        } else {
+            suffix
+        };
         assert_eq!(&ns(drain(format!("{path}{s}")).await), expected, "{what}");
     }
     // What comes after the subscription reaches every group, new and `now` ones included.
     push("a", 5..6).await;
     push("b", 15..16).await;
     for (what, path, _) in &cases {
-        let s = if path.contains("/partition/") { named_suffix } else { suffix };
+        let s = if path.contains("/partition/") {
+            named_suffix
+        } else {
+            suffix
+        };
         let got = ns(drain(format!("{path}{s}")).await);
         let want: BTreeSet<i64> = if path.contains("/partition/a") {
             [5].into()
@@ -271,7 +287,10 @@ async fn names_holding_dollar_signs_quotes_and_backslashes_are_names() {
                 assert!(seen.insert(m["data"]["n"].as_i64().unwrap()), "{pop}");
             }
             let results = env.ack_all(&pop, "completed", Some(g)).await;
-            assert!(results.iter().all(|r| r["success"] == true), "{g}: {results:?}");
+            assert!(
+                results.iter().all(|r| r["success"] == true),
+                "{g}: {results:?}"
+            );
         }
         assert_eq!(seen.len(), 12, "group {g:?}");
     }
@@ -291,7 +310,13 @@ async fn names_holding_dollar_signs_quotes_and_backslashes_are_names() {
             vec![k as i64 * 10, k as i64 * 10 + 1, k as i64 * 10 + 2],
             "{p:?}"
         );
-        assert!(pop["messages"].as_array().unwrap().iter().all(|m| m["partition"] == *p));
+        assert!(
+            pop["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| m["partition"] == *p)
+        );
         let results = env.ack_all(&pop, "failed", Some(&group)).await;
         assert!(results.iter().all(|r| r["success"] == true), "{results:?}");
     }

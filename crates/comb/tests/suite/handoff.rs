@@ -71,7 +71,11 @@ async fn a_push_hands_its_message_to_a_waiting_pop_under_a_lease_it_acks() {
     env.push(json!([{"queue": "q", "payload": {"n": 1}}])).await;
     let pop = answered(w).await;
     assert_eq!(numbers(&pop), vec![1]);
-    assert_eq!(counter(&env, "comb_handoffs_total").await, handoffs(1), "{pop}");
+    assert_eq!(
+        counter(&env, "comb_handoffs_total").await,
+        handoffs(1),
+        "{pop}"
+    );
     let m = common::one(&pop);
     assert!(m["leaseId"].is_string(), "{pop}");
     assert_eq!(m["attempt"], 1, "{pop}");

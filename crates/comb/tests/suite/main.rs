@@ -15,9 +15,9 @@
 mod common;
 
 mod acks;
-mod backends;
 mod admin;
 mod auth;
+mod backends;
 mod citus;
 mod claim_plans;
 mod cli;

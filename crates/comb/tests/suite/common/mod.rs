@@ -105,7 +105,8 @@ fn make_inspector(citus: &Citus) {
          ALTER ROLE {INSPECTOR} SET citus.allow_nested_distributed_execution TO on;"
     );
     for node in std::iter::once(citus.coordinator()).chain(citus.workers()) {
-        node.psql("postgres", &sql).expect("the inspecting role is made");
+        node.psql("postgres", &sql)
+            .expect("the inspecting role is made");
     }
 }
 
