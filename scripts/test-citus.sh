@@ -10,11 +10,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # The data-path modules of the suite: push, pop, ack, leases, groups, retries and dead
-# letters, transactions, idempotency, retention, long-poll, streams, Queen's clients.
+# letters, transactions, idempotency, retention, long-poll, streams, Queen's clients, and the
+# bad input and size limits of those routes (`errors`, `limits`: the same problem+json answers
+# on both backends).
 modules=(
     acks consumer_groups handoff idempotency lease lease_extend long_poll no_skip
     pop_options retention retries streams transactions unreadable queen_compat
-    queen_defects queen_python backends
+    queen_defects queen_python backends errors limits
 )
 
 exempt_file=crates/comb/tests/suite/citus_exempt.txt
