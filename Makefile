@@ -37,8 +37,8 @@ test:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo test --workspace
-	scripts/test-citus.sh
 	COMB_TESTS_WITH_TOKENS=1 cargo test -p comb --test suite -- queen_compat:: admin::
+	scripts/test-citus.sh
 
 lint:
 	cargo fmt --all -- --check
