@@ -24,6 +24,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "foundation: configuration, database access, counters, names and options, schema, message storage",
         &[
+            "backend",
             "code",
             "config",
             "cursor",

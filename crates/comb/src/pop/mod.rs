@@ -105,6 +105,7 @@ impl Popper {
         let stage = metrics.fusion.pop.clone();
         let fuser = claim::start(
             pools.consumer.clone(),
+            catalog.backend(),
             workers,
             default_lease_seconds,
             metrics.clone(),
@@ -253,7 +254,11 @@ impl Popper {
     /// serve: a pop of one partition under a lease of its own (auto-ack and multi-partition
     /// pops claim for themselves), not on Citus.
     fn offer(&self, req: &Request) -> Option<crate::wake::Offer<'_>> {
-        if !self.handoff || req.auto_ack || req.partitions != 1 || crate::schema::citus::on() {
+        if !self.handoff
+            || req.auto_ack
+            || req.partitions != 1
+            || !self.catalog.backend().hands_off_in_push()
+        {
             return None;
         }
         let wants = crate::wake::Wants {
