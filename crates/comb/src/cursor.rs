@@ -405,13 +405,25 @@ pub(crate) use state_in_partition;
 /// statement runs on every worker, each subquery correlated by partition.
 pub(crate) fn latest_state(partition: &str, group: &str, one: Option<&str>) -> String {
     let one = one.map_or(String::new(), |p| format!(" AND s.partition_id = {p}"));
+    latest_state_in(STATES, &format!("{partition}{one}"), group)
+}
+
+/// [`latest_state`] read from the table `states`: [`STATES`], or one of its shards on a
+/// Citus worker (a quoted name the coordinator's catalog gave).
+pub(crate) fn latest_state_in(states: &str, partition: &str, group: &str) -> String {
     format!(
-        "(SELECT * FROM comb.cursor_states s
-          WHERE s.partition_id = {partition}{one}
+        "(SELECT * FROM {states} s
+          WHERE s.partition_id = {partition}
             AND s.consumer_group = {group}
           ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
     )
 }
+
+/// The cursors' identity table, for statements that must name one of its shards.
+pub(crate) const CURSORS: &str = "comb.cursors";
+
+/// The cursors' state versions, for statements that must name one of its shards.
+pub(crate) const STATES: &str = "comb.cursor_states";
 
 /// Cursors as read by [`state_sql!`].
 pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {

@@ -94,6 +94,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     ));
     let popper = Popper::start(
         &pools,
+        &config.database.database_url,
         catalog.clone(),
         wake.clone(),
         metrics.clone(),

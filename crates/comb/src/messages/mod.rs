@@ -24,6 +24,9 @@ macro_rules! partition_messages {
 }
 pub(crate) use partition_messages;
 
+/// The messages' table, for statements that must name one of its shards.
+pub(crate) const MESSAGES: &str = "comb.messages";
+
 /// Joins the message `m` at position `$pos` of partition `$p` (SQL expressions).
 macro_rules! join_message {
     ($p:literal, $pos:literal) => {

@@ -567,23 +567,32 @@ pub static CLAIM_CITUS_CALL: &str = "SELECT * FROM comb.claim_partition(
 /// locks its cursor and skips it if another claim holds it. Queue options
 /// (`windowBuffer`, `retentionSeconds`, `delayedProcessing`) are left to that claim.
 pub static CANDIDATES_LIST_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
+    candidates_list(
+        crate::cursor::CURSORS,
+        crate::cursor::STATES,
+        crate::messages::MESSAGES,
+    )
+});
+
+/// [`CANDIDATES_LIST_CITUS_SQL`] over the tables `cursors`, `states` and `messages`: the
+/// distributed tables on the coordinator, or one shard of each on a worker
+/// ([`super::by_worker`], quoted names its catalog gave). Parameters stay parameters.
+pub(super) fn candidates_list(cursors: &str, states: &str, messages: &str) -> String {
     format!(
         "
 SELECT c.partition_id
-FROM {cursors}
+FROM {cursors} c
 CROSS JOIN LATERAL {state} f
 WHERE c.queue_id = $1 AND c.consumer_group = $2
   AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
        OR (f.lease_id IS NULL AND f.available_at <= now()
-           AND EXISTS (SELECT 1 FROM {messages}
+           AND EXISTS (SELECT 1 FROM {messages} m WHERE m.partition_id = c.partition_id
                          AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
 ORDER BY c.partition_id <= $3, c.partition_id
 LIMIT $4",
-        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None),
-        cursors = crate::cursor::cursors!(),
-        messages = crate::messages::partition_messages!("c.partition_id"),
+        state = crate::cursor::latest_state_in(states, "c.partition_id", "c.consumer_group"),
     )
-});
+}
 
 /// Where the next claim of each (queue, group) starts its walk over the partitions: just
 /// after the last partition this server claimed. Only a hint for fairness (another server
@@ -616,9 +625,11 @@ impl Rovers {
 const LANES_PER_WORKER: usize = 4;
 
 /// Starts the pop workers.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     pool: Pool,
     backend: Backend,
+    to_workers: Option<Arc<db::Connector>>,
     workers: usize,
     default_lease_seconds: f64,
     metrics: Arc<Metrics>,
@@ -627,6 +638,7 @@ pub(crate) fn start(
 ) -> Fuser<PopJob> {
     let ctx = Arc::new(Context {
         backend,
+        to_workers,
         rovers: Rovers::default(),
         default_lease_seconds,
         metrics,
@@ -646,6 +658,9 @@ pub(crate) fn start(
 struct Context {
     /// The storage claims run on.
     backend: Backend,
+    /// Connects to a Citus worker (the database URL's settings at its host), for the listing
+    /// of candidates one worker at a time ([`super::by_worker`]).
+    to_workers: Option<Arc<db::Connector>>,
     rovers: Rovers,
     default_lease_seconds: f64,
     metrics: Arc<Metrics>,
@@ -863,8 +878,10 @@ impl Claiming<'_> {
             Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
             // A worker down: the live workers' candidates (see `by_worker`).
             Err(e) if super::by_worker::worker_unreachable(&e) => {
-                let sql = CANDIDATES_LIST_CITUS_SQL.as_str();
-                super::by_worker::list(client, sql, queue_id, group, rover, limit)
+                let Some(workers) = &self.ctx.to_workers else {
+                    return Err(e.into());
+                };
+                super::by_worker::list(client, workers, queue_id, group, rover, limit)
                     .await?
                     .ok_or(e)?
             }
