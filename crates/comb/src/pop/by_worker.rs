@@ -57,11 +57,31 @@ pub(super) fn worker_unreachable(e: &tokio_postgres::Error) -> bool {
             .is_some_and(|d| d.code().code().starts_with("08"))
 }
 
+/// [`super::claim::CANDIDATES_LIST_CITUS_SQL`] over the tables `cursors`, `states` and `messages`: the
+/// distributed tables on the coordinator, or one shard of each on a worker
+/// ([`list`], quoted names its catalog gave). Parameters stay parameters.
+pub(super) fn candidates_list(cursors: &str, states: &str, messages: &str) -> String {
+    format!(
+        "
+SELECT c.partition_id
+FROM {cursors} c
+CROSS JOIN LATERAL {state} f
+WHERE c.queue_id = $1 AND c.consumer_group = $2
+  AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
+       OR (f.lease_id IS NULL AND f.available_at <= now()
+           AND EXISTS (SELECT 1 FROM {messages} m WHERE m.partition_id = c.partition_id
+                         AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
+ORDER BY c.partition_id <= $3, c.partition_id
+LIMIT $4",
+        state = crate::cursor::latest_state_in(states, "c.partition_id", "c.consumer_group"),
+    )
+}
+
 /// One worker's listing: the listing of each of its shards, in one statement.
 fn worker_listing(shards: &[Shards]) -> String {
     let each: Vec<String> = shards
         .iter()
-        .map(|[c, s, m]| format!("({})", super::claim::candidates_list(c, s, m)))
+        .map(|[c, s, m]| format!("({})", candidates_list(c, s, m)))
         .collect();
     each.join("\nUNION ALL\n")
 }

@@ -567,32 +567,12 @@ pub static CLAIM_CITUS_CALL: &str = "SELECT * FROM comb.claim_partition(
 /// locks its cursor and skips it if another claim holds it. Queue options
 /// (`windowBuffer`, `retentionSeconds`, `delayedProcessing`) are left to that claim.
 pub static CANDIDATES_LIST_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    candidates_list(
+    super::by_worker::candidates_list(
         crate::cursor::CURSORS,
         crate::cursor::STATES,
         crate::messages::MESSAGES,
     )
 });
-
-/// [`CANDIDATES_LIST_CITUS_SQL`] over the tables `cursors`, `states` and `messages`: the
-/// distributed tables on the coordinator, or one shard of each on a worker
-/// ([`super::by_worker`], quoted names its catalog gave). Parameters stay parameters.
-pub(super) fn candidates_list(cursors: &str, states: &str, messages: &str) -> String {
-    format!(
-        "
-SELECT c.partition_id
-FROM {cursors} c
-CROSS JOIN LATERAL {state} f
-WHERE c.queue_id = $1 AND c.consumer_group = $2
-  AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
-       OR (f.lease_id IS NULL AND f.available_at <= now()
-           AND EXISTS (SELECT 1 FROM {messages} m WHERE m.partition_id = c.partition_id
-                         AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
-ORDER BY c.partition_id <= $3, c.partition_id
-LIMIT $4",
-        state = crate::cursor::latest_state_in(states, "c.partition_id", "c.consumer_group"),
-    )
-}
 
 /// Where the next claim of each (queue, group) starts its walk over the partitions: just
 /// after the last partition this server claimed. Only a hint for fairness (another server
