@@ -135,7 +135,7 @@ ORDER BY m.transaction_id, m.pos";
 /// message has one: a missing array pads the column with NULLs at no cost per row. `$partitions`
 /// is the catalog's rows of the batch's partitions (`$7`), given by the caller.
 macro_rules! append_sql {
-    ($($partitions:tt)*) => {
+    (head: $head:expr; $($partitions:tt)*) => {
         concat!(
     "
 ",
@@ -148,7 +148,7 @@ FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::by
     AS i(partition_id, rank, message_id, transaction_id, trace_id, payload, producer_sub)
 JOIN (
     SELECT p.id, ",
-    crate::messages::head_pos!("p.id"),
+    $head,
     " AS pos
     FROM ",
     $($partitions)*,
@@ -156,6 +156,9 @@ JOIN (
 ) h ON h.id = i.partition_id
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 )
+    };
+    ($($partitions:tt)*) => {
+        $crate::messages::insert::append_sql!(head: $crate::messages::head_pos!("p.id"); $($partitions)*)
     };
 }
 pub(crate) use append_sql;

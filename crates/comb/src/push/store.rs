@@ -144,28 +144,13 @@ const APPEND_SQL: &str =
 /// [`APPEND_SQL`] on Citus: the heads' reads name the batch's partitions (`$7`) to the
 /// distributed tables in so many words, so Citus reads only their shards — one, as pushes
 /// are fused per shard — instead of every shard of the messages.
-static APPEND_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    let sql = APPEND_SQL
-        .replace(
-            "WHERE m.partition_id = p.id",
-            "WHERE m.partition_id = p.id AND m.partition_id = ANY($7)",
-        )
-        .replace(
-            "WHERE sp.partition_id = p.id",
-            "WHERE sp.partition_id = p.id AND sp.partition_id = ANY($7)",
-        );
-    debug_assert_eq!(sql.matches("ANY($7)").count(), 3, "{sql}");
-    sql
-});
-
-/// The append this storage runs: [`APPEND_SQL`], or [`APPEND_CITUS_SQL`].
-fn append_sql(backend: Backend) -> &'static str {
-    if backend.statements_span_partitions() {
-        APPEND_SQL
-    } else {
-        &APPEND_CITUS_SQL
-    }
-}
+const APPEND: Forms = Forms {
+    postgres: APPEND_SQL,
+    citus: crate::messages::insert::append_sql!(
+        head: crate::messages::head_pos!("p.id", among "$7");
+        crate::catalog::partitions_among!("$7")
+    ),
+};
 
 /// A batch on one PostgreSQL in one call, `comb.store_batch`, a transaction of its own: the
 /// partitions' lock, the store ([`APPEND_SQL`], or [`INSERT_SQL`] when `a_checks` says which
@@ -558,7 +543,7 @@ impl Statements {
         let insert = if plan.checks_duplicates() && !citus {
             client.prepare_cached(INSERT_SQL).await?
         } else {
-            client.prepare_cached(append_sql(backend)).await?
+            client.prepare_cached(backend.sql(&APPEND)).await?
         };
         let prior = if plan.checks_duplicates() && citus {
             Some(client.prepare_cached(PRIOR_CITUS_SQL).await?)
