@@ -182,13 +182,10 @@ pub(crate) static STORE_FUNCTION: LazyLock<String> = LazyLock::new(|| {
             "a_subs",
         ],
     );
-    let outcomes = "SELECT i.ord, pr.message_id AS prior_id, s.message_id IS NOT NULL AS stored";
-    assert!(INSERT_SQL.contains(outcomes), "{INSERT_SQL}");
     let insert = with_names(
-        &INSERT_SQL.replace(
-            outcomes,
+        crate::messages::insert::insert_sql!(
             "SELECT NULL::uuid, i.ord, pr.message_id, s.message_id IS NOT NULL, NULL::text,
-       NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz",
+       NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz"
         ),
         &[
             "a_partitions",
