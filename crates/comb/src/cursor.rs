@@ -10,13 +10,13 @@
 //! statements, one round trip each, are built from this module's fragments.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
+use crate::backend::{Backend, Forms};
 use crate::db::DbError;
 use crate::queue::QueueOptions;
 
@@ -157,11 +157,18 @@ pub(crate) use slowest_position;
 /// planner could answer by reading every cursor of the queue). No row: no such cursor.
 macro_rules! queue_of_cursor {
     () => {
-        "CROSS JOIN LATERAL (
+        $crate::cursor::queue_of_cursor!(one "")
+    };
+    (one $one:literal) => {
+        concat!(
+            "CROSS JOIN LATERAL (
     SELECT c.queue_id FROM comb.cursors c
-    WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+    WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
+            $one,
+            "
     LIMIT 1
 ) c"
+        )
     };
 }
 pub(crate) use queue_of_cursor;
@@ -299,18 +306,13 @@ WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2
 ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c SKIP LOCKED";
 
-/// [`LOCK_SQL`] on Citus, which locks rows only in a statement of one shard: the
-/// coordinator locks each cursor with one of its own (`comb.lock_cursors`), in the same order.
-const LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_cursors($1, $2)";
-
-/// The cursor lock this database takes: [`LOCK_SQL`], or its Citus form.
-pub(crate) fn lock_sql() -> &'static str {
-    if crate::schema::citus::on() {
-        LOCK_CITUS_SQL
-    } else {
-        LOCK_SQL
-    }
-}
+/// The cursor lock: [`LOCK_SQL`], and on Citus, which locks rows only in a statement of one
+/// shard, the coordinator locking each cursor with one of its own (`comb.lock_cursors`), in
+/// the same order.
+pub(crate) const LOCK: Forms = Forms {
+    postgres: LOCK_SQL,
+    citus: "SELECT * FROM comb.lock_cursors($1, $2)",
+};
 
 /// The columns [`locked_cursors`] reads, of a cursor's state `s` and its queue `q`, shared
 /// by the statements that read locked cursors.
@@ -330,6 +332,22 @@ pub(crate) use locked_columns;
 /// queue as `q`: the queue's owner joins it (`catalog::join_queue!`) and holds the statement
 /// (`catalog::CURSOR_STATE_SQL`), as this module sits below it.
 macro_rules! state_sql {
+    (citus; $($queue:tt)*) => {
+        concat!(
+            $crate::cursor::locked_columns!(),
+            "
+FROM (SELECT DISTINCT * FROM unnest($1::uuid[], $2::text[])) AS u(partition_id, consumer_group)
+JOIN comb.cursors c
+  ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
+     AND c.partition_id = $3
+",
+            $($queue)*,
+            "
+CROSS JOIN LATERAL ",
+            $crate::cursor::state_in_partition!("u.partition_id", "u.consumer_group", one "$3"),
+            " s"
+        )
+    };
     ($($queue:tt)*) => {
         concat!(
             $crate::cursor::locked_columns!(),
@@ -346,6 +364,39 @@ CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
 }
 pub(crate) use state_sql;
 
+/// [`latest_state`] composed at compile time: of the cursor (`$partition`, `$group`), SQL
+/// expressions, with `one $one` in the partition named by that parameter (a router
+/// statement).
+macro_rules! state_in_partition {
+    ($partition:literal, $group:literal) => {
+        concat!(
+            "(SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = ",
+            $partition,
+            "
+            AND s.consumer_group = ",
+            $group,
+            "
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
+        )
+    };
+    ($partition:literal, $group:literal, one $one:literal) => {
+        concat!(
+            "(SELECT * FROM comb.cursor_states s
+          WHERE s.partition_id = ",
+            $partition,
+            " AND s.partition_id = ",
+            $one,
+            "
+            AND s.consumer_group = ",
+            $group,
+            "
+          ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
+        )
+    };
+}
+pub(crate) use state_in_partition;
+
 /// The latest state of the cursor of (`partition`, `group`), two SQL expressions, written out
 /// as a subquery for Citus: `comb.cursor_state`, run on a worker, would itself be a
 /// distributed query from a shard, which Citus refuses, and Citus pushes no function but an
@@ -354,39 +405,25 @@ pub(crate) use state_sql;
 /// statement runs on every worker, each subquery correlated by partition.
 pub(crate) fn latest_state(partition: &str, group: &str, one: Option<&str>) -> String {
     let one = one.map_or(String::new(), |p| format!(" AND s.partition_id = {p}"));
+    latest_state_in(STATES, &format!("{partition}{one}"), group)
+}
+
+/// [`latest_state`] read from the table `states`: [`STATES`], or one of its shards on a
+/// Citus worker (a quoted name the coordinator's catalog gave).
+pub(crate) fn latest_state_in(states: &str, partition: &str, group: &str) -> String {
     format!(
-        "(SELECT * FROM comb.cursor_states s
-          WHERE s.partition_id = {partition}{one}
+        "(SELECT * FROM {states} s
+          WHERE s.partition_id = {partition}
             AND s.consumer_group = {group}
           ORDER BY s.gen DESC, s.ver DESC LIMIT 1)"
     )
 }
 
-/// [`latest_state`] of the cursor `u` of the statements here, in partition `one`.
-fn citus_state(one: &str) -> String {
-    latest_state("u.partition_id", "u.consumer_group", Some(one))
-}
+/// The cursors' identity table, for statements that must name one of its shards.
+pub(crate) const CURSORS: &str = "comb.cursors";
 
-/// The state read through [`citus_state`] in place of `comb.cursor_state`.
-pub(crate) fn with_citus_state(sql: &str, one: &str) -> String {
-    sql.replace(
-        "CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s",
-        &format!("CROSS JOIN LATERAL {} s", citus_state(one)),
-    )
-}
-
-/// A statement of [`state_sql!`] on Citus, of cursors all of one partition (`$3`): a router
-/// statement on that partition's worker. Callers split their cursors by partition on Citus.
-pub(crate) fn state_citus_sql(sql: &str) -> String {
-    with_citus_state(
-        &sql.replace(
-            "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
-            "ON c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
-                AND c.partition_id = $3",
-        ),
-        "$3",
-    )
-}
+/// The cursors' state versions, for statements that must name one of its shards.
+pub(crate) const STATES: &str = "comb.cursor_states";
 
 /// Cursors as read by [`state_sql!`].
 pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, String), Locked> {
@@ -419,9 +456,10 @@ pub(crate) fn locked_cursors(rows: &[tokio_postgres::Row]) -> HashMap<(Uuid, Str
     cursors
 }
 
-/// Appends the next version of changed cursors. What the rules do not decide (lease expiry,
-/// last claim) is carried over from the version it follows.
-const WRITE_SQL: &str = concat!(
+/// Appends the next version of changed cursors, the state read from `$state`. What the rules
+/// do not decide (lease expiry, last claim) is carried over from the version it follows.
+macro_rules! write_sql {
+    ($($state:tt)*) => { concat!(
     "\n",
     insert_state!(),
     "
@@ -439,27 +477,33 @@ FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::integer[], $5::text[], $6:
             $7::text[], $8::uuid[], $9::bigint[])
     AS u(partition_id, consumer_group, cursor_pos, cursor_seg, settled, attempt_pos,
          attempt_cnt, lease_id, rest_ms)
-CROSS JOIN LATERAL comb.cursor_state(u.partition_id, u.consumer_group) s"
-);
+CROSS JOIN LATERAL ",
+    $($state)*,
+    " s"
+    ) };
+}
 
-/// [`WRITE_SQL`] on Citus, of cursors all of one partition (`$10`).
-static WRITE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| with_citus_state(WRITE_SQL, "$10"));
+/// Appends the next version of changed cursors; on Citus, of cursors all of one partition
+/// (`$10`), their state read by a subquery of that partition ([`latest_state!`]).
+const WRITE: Forms = Forms {
+    postgres: write_sql!("comb.cursor_state(u.partition_id, u.consumer_group)"),
+    citus: write_sql!(state_in_partition!("u.partition_id", "u.consumer_group", one "$10")),
+};
 
 /// The prepared statement that appends the next version of changed cursors.
 pub(crate) struct StateWrites {
     write: Statement,
+    backend: Backend,
 }
 
 impl StateWrites {
-    pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<StateWrites, DbError> {
+    pub(crate) async fn prepare<C: GenericClient>(
+        client: &C,
+        backend: Backend,
+    ) -> Result<StateWrites, DbError> {
         Ok(StateWrites {
-            write: client
-                .prepare_cached(if crate::schema::citus::on() {
-                    &WRITE_CITUS_SQL
-                } else {
-                    WRITE_SQL
-                })
-                .await?,
+            write: client.prepare_cached(backend.sql(&WRITE)).await?,
+            backend,
         })
     }
 
@@ -477,12 +521,13 @@ impl StateWrites {
         if changed.is_empty() {
             return Ok(());
         }
-        if !crate::schema::citus::on() {
+        if self.backend.statements_span_partitions() {
             return self.write_one(tx, &changed, None).await;
         }
         for (partition, ks) in crate::schema::citus::by_partition(&changed, |c| c.0.0) {
             let mine: Vec<(&(Uuid, String), &Locked)> = ks.iter().map(|&k| changed[k]).collect();
-            self.write_one(tx, &mine, Some(partition)).await?;
+            self.write_one(tx, &mine, self.backend.one_partition(partition))
+                .await?;
         }
         Ok(())
     }

@@ -2,14 +2,13 @@
 //! `maxWaitTimeSeconds`), kept as copies in `comb.dead_letters`. This module writes them (for acks,
 //! lease expiry and maintenance) and reads them back.
 
-use std::sync::LazyLock;
-
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Pool};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
+use crate::backend::{Backend, Forms};
 use crate::db::DbError;
 use crate::queue::{GroupName, PartitionName, QueueName};
 
@@ -23,8 +22,10 @@ pub(crate) struct NewDeadLetter {
     pub(crate) error: Option<String>,
 }
 
-/// Copies messages into the dead letters, each with its group, attempts and last error.
-const WRITE_SQL: &str = concat!(
+/// Copies messages into the dead letters, each with its group, attempts and last error; the
+/// messages joined by what follows (`$join`).
+macro_rules! write_sql {
+    ($($join:tt)*) => { concat!(
     "
 INSERT INTO comb.dead_letters
     (id, queue_id, partition_id, consumer_group, pos, message_id, transaction_id, trace_id,
@@ -35,33 +36,34 @@ SELECT d.id, d.queue_id, m.partition_id, d.consumer_group, m.pos, m.message_id,
 FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::bigint[], $6::integer[], $7::text[])
     AS d(id, queue_id, partition_id, consumer_group, pos, attempts, error)
 ",
-    crate::messages::join_message!("d.partition_id", "d.pos")
-);
+    $($join)*
+    ) };
+}
 
-/// [`WRITE_SQL`] on Citus, of messages all of one partition (`$8`), named to the messages so
-/// that Citus plans it on that partition's worker.
-static WRITE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    WRITE_SQL.replace(
-        "AND m.pos = d.pos",
-        "AND m.pos = d.pos AND m.partition_id = $8",
-    )
-});
+/// Copies messages into the dead letters; on Citus, of messages all of one partition (`$8`),
+/// named to the messages so that Citus plans it on that partition's worker.
+const WRITE: Forms = Forms {
+    postgres: write_sql!(crate::messages::join_message!("d.partition_id", "d.pos")),
+    citus: write_sql!(
+        crate::messages::join_message!("d.partition_id", "d.pos"),
+        " AND m.partition_id = $8"
+    ),
+};
 
 /// The prepared statement that writes dead letters.
 pub(crate) struct Writes {
     dead: Statement,
+    backend: Backend,
 }
 
 impl Writes {
-    pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<Writes, DbError> {
+    pub(crate) async fn prepare<C: GenericClient>(
+        client: &C,
+        backend: Backend,
+    ) -> Result<Writes, DbError> {
         Ok(Writes {
-            dead: client
-                .prepare_cached(if crate::schema::citus::on() {
-                    &WRITE_CITUS_SQL
-                } else {
-                    WRITE_SQL
-                })
-                .await?,
+            dead: client.prepare_cached(backend.sql(&WRITE)).await?,
+            backend,
         })
     }
 
@@ -76,12 +78,13 @@ impl Writes {
         if dead.is_empty() {
             return Ok(());
         }
-        if !crate::schema::citus::on() {
+        if self.backend.statements_span_partitions() {
             return self.write_one(tx, dead, None).await;
         }
         for (partition, ks) in crate::schema::citus::by_partition(dead, |d| d.partition_id) {
             let mine: Vec<&NewDeadLetter> = ks.iter().map(|&k| &dead[k]).collect();
-            self.write_one(tx, &mine, Some(partition)).await?;
+            self.write_one(tx, &mine, self.backend.one_partition(partition))
+                .await?;
         }
         Ok(())
     }

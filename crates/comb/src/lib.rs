@@ -26,6 +26,7 @@ pub mod wire {
 
 // The bottom: imports nothing from the modules above it.
 mod auth;
+mod backend;
 mod code;
 pub mod config;
 mod cursor;

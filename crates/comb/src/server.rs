@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::ack::{self, Acker};
+use crate::backend::Backend;
 use crate::catalog::{self, Catalog};
 use crate::config::ServeConfig;
 use crate::http::{self, App};
@@ -26,13 +27,14 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         auth.start().await;
         tracing::info!("bearer tokens required");
     }
-    migrate(&config.database.database_url).await?;
+    let (_, backend) = migrate_on(&config.database.database_url).await?;
     let pools = db::Pools::new(
         &config.database.database_url,
         config.general_pool_size(),
         config.consumer_pool_size(),
+        backend.plans_for_each_execution(),
     )?;
-    if schema::citus::on() && config.citus_route == "direct" {
+    if backend.distributes_schema() && config.citus_route == "direct" {
         let size = config.citus_worker_pool_size;
         db::route::direct(
             &pools,
@@ -51,6 +53,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
             interval: std::time::Duration::from_millis(config.maintenance_interval_ms),
             lock_timeout: std::time::Duration::from_millis(config.maintenance_lock_timeout_ms),
             server: format!("{} pid {}", config.listen, std::process::id()),
+            backend,
         },
         metrics.clone(),
     ));
@@ -61,7 +64,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         std::time::Duration::from_millis(config.stats_interval_ms),
     ));
     let wake = Arc::new(Wake::default());
-    let catalog = Arc::new(Catalog::default());
+    let catalog = Arc::new(Catalog::new(backend));
     tokio::spawn(crate::wake::relay(
         config.database.database_url.clone(),
         wake.clone(),
@@ -83,6 +86,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     ));
     let acker = Arc::new(Acker::start(
         pools.consumer.clone(),
+        backend,
         metrics.clone(),
         wake.clone(),
         config.ack_workers,
@@ -90,6 +94,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     ));
     let popper = Popper::start(
         &pools,
+        &config.database.database_url,
         catalog.clone(),
         wake.clone(),
         metrics.clone(),
@@ -112,6 +117,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         metrics.fusion.cycle.clone(),
     );
     let app = Arc::new(App {
+        backend,
         pusher,
         popper,
         acker,
@@ -171,12 +177,19 @@ where
 
 /// Applies pending migrations and reports what was done.
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
+    Ok(migrate_on(database_url).await?.0)
+}
+
+/// [`migrate`], and the storage the database is: read here, once, and handed to the use
+/// cases as a value.
+async fn migrate_on(database_url: &str) -> Result<(Vec<i32>, Backend), Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
-    let applied = schema::migrate(&mut client).await?;
+    let (applied, backend) = schema::migrate(&mut client).await?;
     // On one PostgreSQL, a push (with its hand-off to waiting pops) and the completing acks
     // are each one call. The hand-off first: the push's function calls it.
     schema::install_functions(
         &mut client,
+        backend,
         &[
             &push::HAND_OFF_FUNCTION,
             &push::STORE_FUNCTION,
@@ -188,6 +201,7 @@ pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error:
     // whole on the partition's worker, each as one call, and so does a partition's creation.
     schema::citus::delegate(
         &client,
+        backend,
         &[
             (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
             (&ack::JUDGE_CITUS_FUNCTION, ack::JUDGE_CITUS_SIGNATURE),
@@ -200,13 +214,13 @@ pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error:
     )
     .await?;
     // On Citus, whether partitions made before their ids were derived are left.
-    catalog::record_legacy(&client).await?;
+    catalog::record_legacy(&client, backend).await?;
     if applied.is_empty() {
         tracing::info!(version = schema::latest_version(), "schema is up to date");
     } else {
         tracing::info!(?applied, "schema migrated");
     }
-    Ok(applied)
+    Ok((applied, backend))
 }
 
 async fn stop_requested() {

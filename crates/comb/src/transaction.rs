@@ -71,12 +71,12 @@ impl Transactions {
             .map(|a| a.partition_id)
             .chain(messages.iter().map(|m| m.partition_id))
             .collect();
-        crate::catalog::enlist_workers(&tx, &touched).await?;
+        crate::catalog::enlist_workers(&tx, self.pusher.backend(), &touched).await?;
         let ack_refs: Vec<&AckItem> = acks.iter().collect();
         let outcomes = if acks.is_empty() {
             Vec::new()
         } else {
-            settle_in(&tx, &ack_refs, true).await?
+            settle_in(&tx, self.pusher.backend(), &ack_refs, true).await?
         };
         if let Some((i, refusal)) = outcomes
             .iter()
@@ -90,7 +90,7 @@ impl Transactions {
         let stored = if messages.is_empty() {
             Vec::new()
         } else {
-            store_in(&tx, &msg_refs).await?
+            store_in(&tx, self.pusher.backend(), &msg_refs).await?
         };
         if let Some(i) = stored.iter().position(|s| *s == Stored::PartitionGone) {
             self.pusher.forget_queue(&messages[i].queue);

@@ -30,8 +30,10 @@ use crate::db::DbError;
 /// messages each: the acked messages are sorted once (a subquery feeding both arrays), the
 /// items' leases are compared without sorting them, and with nothing settled the acked
 /// positions are the merge as they are (sorted, and distinct: positions are unique).
-pub const JUDGE_SQL: &str = concat!(
-    "
+macro_rules! judge_sql {
+    (state: $state:expr; messages: $messages:literal; partition: $partition:literal) => {
+        concat!(
+            "
 WITH i AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[])
         AS i(partition_id, consumer_group, transaction_id, lease_id)
@@ -51,15 +53,15 @@ judged AS MATERIALIZED (
            END AS merged
     FROM c
     CROSS JOIN LATERAL ",
-    crate::cursor::state_of!("c.partition_id", "c.consumer_group"),
-    " s
+            $state,
+            " s
     CROSS JOIN LATERAL (
         -- Aggregated in the order the subquery sorts them: one sort for both arrays.
         SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found
         FROM (
             SELECT m.pos, m.seg FROM ",
-    crate::messages::partition_messages!("c.partition_id"),
-    " AND m.transaction_id = ANY (c.txids)
+            crate::messages::partition_messages!($messages),
+            " AND m.transaction_id = ANY (c.txids)
               AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
             ORDER BY m.pos
         ) m
@@ -82,11 +84,11 @@ moved AS (
 ),
 written AS (
     ",
-    crate::cursor::insert_state!(),
-    "
+            crate::cursor::insert_state!(),
+            "
     SELECT m.partition_id, m.consumer_group, ",
-    crate::cursor::newest_gen!(),
-    ", m.ver + 1,
+            crate::cursor::newest_gen!(),
+            ", m.ver + 1,
            m.next_pos,
            greatest(m.cursor_seg, (SELECT max(a.seg) FROM unnest(m.acked, m.acked_seg)
                                        AS a(pos, seg) WHERE a.pos <= m.next_pos)),
@@ -103,35 +105,27 @@ written AS (
 SELECT w.partition_id, w.consumer_group, w.released, p.name AS partition, q.name AS queue
 FROM written w
 ",
-    crate::catalog::join_partition_and_queue!("w.partition_id")
+            crate::catalog::join_partition_and_queue!($partition)
+        )
+    };
+}
+
+/// The judgement of completing acks (see [`judge_sql!`]).
+pub const JUDGE_SQL: &str = judge_sql!(
+    state: crate::cursor::state_of!("c.partition_id", "c.consumer_group");
+    messages: "c.partition_id";
+    partition: "w.partition_id"
 );
 
 /// [`JUDGE_SQL`] on Citus, for the cursors of one partition (`$5`), named to every
 /// distributed table so that Citus runs it on that partition's worker as one task. The
 /// cursor's state is read by a subquery: `comb.cursor_state`, run on the worker, would be a
 /// distributed query from a shard, which Citus refuses.
-pub static JUDGE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    JUDGE_SQL
-        .replace(
-            concat!(
-                "CROSS JOIN LATERAL ",
-                crate::cursor::state_of!("c.partition_id", "c.consumer_group"),
-                " s"
-            ),
-            &format!(
-                "CROSS JOIN LATERAL {} s",
-                crate::cursor::latest_state("c.partition_id", "c.consumer_group", Some("$5"))
-            ),
-        )
-        .replace(
-            "WHERE m.partition_id = c.partition_id AND",
-            "WHERE m.partition_id = c.partition_id AND m.partition_id = $5 AND",
-        )
-        .replace(
-            "ON p.id = w.partition_id",
-            "ON p.id = w.partition_id AND p.id = $5",
-        )
-});
+pub const JUDGE_CITUS_SQL: &str = judge_sql!(
+    state: crate::cursor::state_in_partition!("c.partition_id", "c.consumer_group", one "$5");
+    messages: "c.partition_id AND m.partition_id = $5";
+    partition: "w.partition_id AND p.id = $5"
+);
 
 /// The acks of one partition on Citus as one function of it (`a_partition`), made by `comb
 /// migrate` ([`crate::schema::citus::delegate`]) and called alone, outside a transaction
@@ -148,7 +142,7 @@ pub static JUDGE_CITUS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::n
 /// call is a transaction of its own.)
 pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| {
-        let sql = JUDGE_CITUS_SQL.as_str();
+        let sql = JUDGE_CITUS_SQL;
         let at = sql.find("written AS (").expect("the judgement's insert");
         let reads = sql[..at].trim_end().trim_end_matches(',');
         let rest = &sql[at..];

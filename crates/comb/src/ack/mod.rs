@@ -154,6 +154,7 @@ pub(crate) struct Acker {
     per_shard: PerShard,
     metrics: Arc<Metrics>,
     wake: Arc<Wake>,
+    backend: crate::backend::Backend,
 }
 
 /// On Citus, a fuser per shard: acks of partitions of one shard are fused only with acks of
@@ -174,13 +175,14 @@ impl Acker {
     /// Starts the ack workers and returns the handle in front of them.
     pub(crate) fn start(
         pool: Pool,
+        backend: crate::backend::Backend,
         metrics: Arc<Metrics>,
         wake: Arc<Wake>,
         workers: usize,
         max_items: usize,
     ) -> Acker {
         let stage = metrics.fusion.ack.clone();
-        let fuser = store::start(pool.clone(), workers, max_items, stage.clone());
+        let fuser = store::start(pool.clone(), backend, workers, max_items, stage.clone());
         Acker {
             fuser,
             per_shard: PerShard {
@@ -193,13 +195,14 @@ impl Acker {
             },
             metrics,
             wake,
+            backend,
         }
     }
 
     /// The fuser an ack request goes to: the shared one, or on Citus the one of the shard
     /// holding every partition it names ([`PerShard`]).
     async fn fuser_for(&self, items: &[AckItem]) -> Result<Fuser<AckJob>, Refusal> {
-        if !crate::schema::citus::on() {
+        if !self.backend.fuses_per_shard() {
             return Ok(self.fuser.clone());
         }
         let mut ids: Vec<Uuid> = items.iter().map(|i| i.partition_id).collect();
@@ -218,7 +221,13 @@ impl Acker {
         Ok(fusers
             .entry(shard)
             .or_insert_with(|| {
-                store::start(n.pool.clone(), n.workers, n.max_items, n.stage.clone())
+                store::start(
+                    n.pool.clone(),
+                    self.backend,
+                    n.workers,
+                    n.max_items,
+                    n.stage.clone(),
+                )
             })
             .clone())
     }

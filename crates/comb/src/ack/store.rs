@@ -2,7 +2,7 @@
 //! append their next versions and the dead letters.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use deadpool_postgres::{GenericClient, Pool, Transaction};
 use tokio_postgres::Statement;
@@ -10,6 +10,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use super::{AckItem, AckJob, AckOutcome, AckRefusal, AckStatus, completed};
+use crate::backend::{Backend, Forms};
 use crate::catalog;
 use crate::cursor::{self, Locked, locked_columns, locked_cursors};
 use crate::db::{self, DbError, Pipelined};
@@ -20,8 +21,10 @@ use crate::metrics::Stage;
 /// Positions of acked messages, found by transaction id: one descent of the transaction id
 /// index per message. Acks read positions from their cursor's delivered range instead
 /// ([`ACK_STATE_SQL`]); this finds the few that are not there.
-pub const LOOKUP_SQL: &str = concat!(
-    "
+macro_rules! lookup_sql {
+    ($p:literal) => {
+        concat!(
+            "
 SELECT i.ord, m.pos, m.seg
 FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS i(partition_id, transaction_id, ord)
 CROSS JOIN LATERAL (
@@ -29,11 +32,16 @@ CROSS JOIN LATERAL (
     -- would make the planner walk the partition in position order instead of using the
     -- (transaction_id, partition_id) index.
     SELECT m.pos, m.seg FROM ",
-    crate::messages::partition_messages!("i.partition_id"),
-    " AND m.transaction_id = i.transaction_id
+            crate::messages::partition_messages!($p),
+            " AND m.transaction_id = i.transaction_id
     LIMIT 1
 ) m"
-);
+        )
+    };
+}
+
+/// Positions of acked messages, found by transaction id (see [`lookup_sql!`]).
+pub const LOOKUP_SQL: &str = lookup_sql!("i.partition_id");
 
 /// [`STATE_SQL`] for acks, given each cursor once with the number of acks it receives: each
 /// locked cursor's state, and the position, segment and
@@ -43,56 +51,61 @@ CROSS JOIN LATERAL (
 /// message. The read stops a little beyond as many messages as the request acks on that
 /// cursor (and those already settled above its position), so acking one message of a large
 /// lease reads a few rows; acks not found there are looked up by [`LOOKUP_SQL`].
-pub const ACK_STATE_SQL: &str = concat!(
-    locked_columns!(),
-    ", r.pos, r.seg, r.transaction_id
+macro_rules! ack_state_sql {
+    (cursor: $cursor:expr; state: $state:expr; messages: $p:literal) => {
+        concat!(
+            locked_columns!(),
+            ", r.pos, r.seg, r.transaction_id
 FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS u(partition_id, consumer_group, acks)
 ",
-    cursor::queue_of_cursor!(),
-    "
+            $cursor,
+            "
 ",
-    catalog::join_queue!("c.queue_id"),
-    "
+            catalog::join_queue!("c.queue_id"),
+            "
 CROSS JOIN LATERAL ",
-    cursor::state_of!("u.partition_id", "u.consumer_group"),
-    " s
+            $state,
+            " s
 CROSS JOIN LATERAL (
     SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg,
            array_agg(m.transaction_id) AS transaction_id
     FROM ",
-    crate::messages::partition_messages!("u.partition_id"),
-    "
+            crate::messages::partition_messages!($p),
+            "
       AND m.pos > s.cursor_pos
       AND m.pos <= least(s.lease_upto,
                          s.cursor_pos + 2 * u.acks + 8 + cardinality(s.settled))
       AND m.seg >= s.cursor_seg
 ) r"
+        )
+    };
+}
+
+/// The acks' state read (see [`ack_state_sql!`]).
+pub const ACK_STATE_SQL: &str = ack_state_sql!(
+    cursor: cursor::queue_of_cursor!();
+    state: cursor::state_of!("u.partition_id", "u.consumer_group");
+    messages: "u.partition_id"
 );
 
-/// The Citus forms of the ack statements: each reads one partition (its last parameter),
-/// named to every distributed table, so that Citus plans it on that partition's worker.
-/// Callers split their work by partition on Citus.
-static LOOKUP_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    LOOKUP_SQL.replace(
-        "WHERE m.partition_id = i.partition_id AND",
-        "WHERE m.partition_id = i.partition_id AND m.partition_id = $3 AND",
-    )
-});
-static ACK_STATE_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    cursor::with_citus_state(
-        &ACK_STATE_SQL
-            .replace(
-                "WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group",
-                "WHERE c.partition_id = u.partition_id AND c.consumer_group = u.consumer_group
-               AND c.partition_id = $4",
-            )
-            .replace(
-                "WHERE m.partition_id = u.partition_id",
-                "WHERE m.partition_id = u.partition_id AND m.partition_id = $4",
-            ),
-        "$4",
-    )
-});
+/// The look-up of acked messages; on Citus of one partition (`$3`), named to the messages so
+/// that Citus plans it on that partition's worker (callers split their work by partition).
+const LOOKUP: Forms = Forms {
+    postgres: LOOKUP_SQL,
+    citus: lookup_sql!("i.partition_id AND m.partition_id = $3"),
+};
+
+/// The acks' state read; on Citus of one partition (`$4`), named to every distributed table
+/// (the cursors, their state by a subquery in place of `comb.cursor_state`, the messages).
+const ACK_STATE: Forms = Forms {
+    postgres: ACK_STATE_SQL,
+    citus: ack_state_sql!(
+        cursor: cursor::queue_of_cursor!(one "
+               AND c.partition_id = $4");
+        state: cursor::state_in_partition!("u.partition_id", "u.consumer_group", one "$4");
+        messages: "u.partition_id AND m.partition_id = $4"
+    ),
+};
 
 /// The queues of the partitions that exist among `partitions` (a probe of the partitions'
 /// primary key each): what a token limited to some queues is checked against before it acks.
@@ -110,6 +123,7 @@ pub(crate) async fn queues_of(pool: &Pool, partitions: &[Uuid]) -> Result<Vec<St
 /// Starts the ack workers.
 pub(crate) fn start(
     pool: Pool,
+    backend: Backend,
     workers: usize,
     max_items: usize,
     stage: Arc<Stage>,
@@ -118,7 +132,7 @@ pub(crate) fn start(
         let pool = pool.clone();
         Box::pin(async move {
             let items: Vec<&AckItem> = jobs.iter().flat_map(|j| j.items.iter()).collect();
-            let result = settle(&pool, &items).await;
+            let result = settle(&pool, backend, &items).await;
             fusion::reply_all(jobs, result, |j| (j.items.len(), j.reply));
         })
     });
@@ -133,7 +147,11 @@ pub const PLANS: &str = db::consumer_plans!();
 /// message under their live lease are judged in SQL in one round trip
 /// ([`completed::settle`]); the others, and any such cursor SQL could not judge, take the
 /// general path ([`settle_judged_here`]).
-async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbError> {
+async fn settle(
+    pool: &Pool,
+    backend: Backend,
+    items: &[&AckItem],
+) -> Result<Vec<AckOutcome>, DbError> {
     let only = db::route::only(items, |i| i.partition_id);
     let client = db::route::consumer(pool, only).await.get().await?;
     // Each path prepares its statements before its pipeline: a statement still being
@@ -141,7 +159,7 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
     let chosen = completed::completing(items);
     let mut outcomes: Vec<Option<AckOutcome>> = if chosen.is_empty() {
         (0..items.len()).map(|_| None).collect()
-    } else if crate::schema::citus::on() {
+    } else if !backend.runs_data_path_functions() {
         // On Citus, a transaction per partition, each one call run on its partition's worker.
         let judge = client.prepare_cached(completed::JUDGE_CITUS_CALL).await?;
         let mut by_partition: HashMap<Uuid, Vec<usize>> = HashMap::new();
@@ -167,8 +185,8 @@ async fn settle(pool: &Pool, items: &[&AckItem]) -> Result<Vec<AckOutcome>, DbEr
         .filter(|&k| outcomes[k].is_none())
         .collect();
     if !rest.is_empty() {
-        let reads = ReadStatements::prepare(&client).await?;
-        let writes = WriteStatements::prepare(&client).await?;
+        let reads = ReadStatements::prepare(&client, backend).await?;
+        let writes = WriteStatements::prepare(&client, backend).await?;
         let others: Vec<&AckItem> = rest.iter().map(|&k| items[k]).collect();
         let judged = settle_judged_here(&client, &reads, &writes, &others).await?;
         for (k, outcome) in rest.into_iter().zip(judged) {
@@ -211,9 +229,9 @@ async fn settle_judged_here(
 
 /// Sets the consumer path's plans ([`PLANS`]) for the rest of the caller's transaction; on
 /// Citus custom plans, the only ones it routes to one worker (see `db`).
-async fn plans_in(tx: &Transaction<'_>) -> Result<(), DbError> {
+async fn plans_in(tx: &Transaction<'_>, backend: Backend) -> Result<(), DbError> {
     tx.batch_execute(PLANS).await?;
-    if citus() {
+    if backend.plans_for_each_execution() {
         tx.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan")
             .await?;
     }
@@ -225,14 +243,15 @@ async fn plans_in(tx: &Transaction<'_>) -> Result<(), DbError> {
 /// of the transaction runs with the consumer path's plans ([`db::consumer_plans`]).
 pub(crate) async fn settle_in(
     tx: &Transaction<'_>,
+    backend: Backend,
     items: &[&AckItem],
     strict: bool,
 ) -> Result<Vec<AckOutcome>, DbError> {
     // Cached plans of these statements are shared with the ack path's own transactions:
     // they are made under the same settings wherever they are made.
-    plans_in(tx).await?;
-    let reads = ReadStatements::prepare(tx).await?;
-    let writes = WriteStatements::prepare(tx).await?;
+    plans_in(tx, backend).await?;
+    let reads = ReadStatements::prepare(tx, backend).await?;
+    let writes = WriteStatements::prepare(tx, backend).await?;
     let judged = judge(tx, &reads, items, strict).await?;
     write_back(tx, &writes, &judged.cursors, &judged.dead).await?;
     Ok(judged.outcomes)
@@ -268,19 +287,20 @@ FROM ",
 /// order (a gate holding a partition back keeps its order and spends no attempts).
 pub(crate) async fn settle_run_in(
     tx: &Transaction<'_>,
+    backend: Backend,
     partition: Uuid,
     group: &str,
     count: usize,
     lease_id: Option<Uuid>,
     release: bool,
 ) -> Result<Result<RunSettled, AckRefusal>, DbError> {
-    plans_in(tx).await?;
-    let reads = ReadStatements::prepare(tx).await?;
-    let writes = WriteStatements::prepare(tx).await?;
+    plans_in(tx, backend).await?;
+    let reads = ReadStatements::prepare(tx, backend).await?;
+    let writes = WriteStatements::prepare(tx, backend).await?;
     let pids = vec![partition];
     let groups = vec![group];
     let counts = vec![count as i64];
-    let one = citus().then_some(partition);
+    let one = backend.one_partition(partition);
     let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
     let state_params = crate::schema::citus::with_partition(&[&pids, &groups, &counts], &one);
     let names_params: [&(dyn ToSql + Sync); 1] = [&pids];
@@ -369,27 +389,20 @@ struct ReadStatements {
     lock: Statement,
     state: Statement,
     names: Statement,
+    backend: Backend,
 }
 
 impl ReadStatements {
-    async fn prepare<C: GenericClient>(client: &C) -> Result<ReadStatements, DbError> {
+    async fn prepare<C: GenericClient>(
+        client: &C,
+        backend: Backend,
+    ) -> Result<ReadStatements, DbError> {
         Ok(ReadStatements {
-            lookup: client
-                .prepare_cached(if citus() {
-                    &LOOKUP_CITUS_SQL
-                } else {
-                    LOOKUP_SQL
-                })
-                .await?,
-            lock: client.prepare_cached(cursor::lock_sql()).await?,
-            state: client
-                .prepare_cached(if citus() {
-                    &ACK_STATE_CITUS_SQL
-                } else {
-                    ACK_STATE_SQL
-                })
-                .await?,
+            lookup: client.prepare_cached(backend.sql(&LOOKUP)).await?,
+            lock: client.prepare_cached(backend.sql(&cursor::LOCK)).await?,
+            state: client.prepare_cached(backend.sql(&ACK_STATE)).await?,
             names: client.prepare_cached(catalog::NAMES_SQL).await?,
+            backend,
         })
     }
 }
@@ -410,7 +423,7 @@ async fn judge<C: db::Prepared>(
     items: &[&AckItem],
     strict: bool,
 ) -> Result<Judged, DbError> {
-    if !citus() {
+    if statements.backend.statements_span_partitions() {
         return judge_one(tx, statements, items, strict, None).await;
     }
     // On Citus, a partition at a time; outcomes put back in the items' order.
@@ -419,7 +432,14 @@ async fn judge<C: db::Prepared>(
     let mut dead = Vec::new();
     for (partition, ks) in crate::schema::citus::by_partition(items, |i| i.partition_id) {
         let mine: Vec<&AckItem> = ks.iter().map(|&k| items[k]).collect();
-        let judged = judge_one(tx, statements, &mine, strict, Some(partition)).await?;
+        let judged = judge_one(
+            tx,
+            statements,
+            &mine,
+            strict,
+            statements.backend.one_partition(partition),
+        )
+        .await?;
         for (k, o) in ks.into_iter().zip(judged.outcomes) {
             outcomes[k] = Some(o);
         }
@@ -585,10 +605,13 @@ pub(crate) struct WriteStatements {
 }
 
 impl WriteStatements {
-    pub(crate) async fn prepare<C: GenericClient>(client: &C) -> Result<WriteStatements, DbError> {
+    pub(crate) async fn prepare<C: GenericClient>(
+        client: &C,
+        backend: Backend,
+    ) -> Result<WriteStatements, DbError> {
         Ok(WriteStatements {
-            states: cursor::StateWrites::prepare(client).await?,
-            dead: dead_letter::Writes::prepare(client).await?,
+            states: cursor::StateWrites::prepare(client, backend).await?,
+            dead: dead_letter::Writes::prepare(client, backend).await?,
         })
     }
 }
@@ -609,9 +632,4 @@ pub(crate) async fn write_back<C: db::Prepared>(
     u?;
     d?;
     Ok(())
-}
-
-/// Whether the database is a Citus coordinator (its statements take one partition each).
-fn citus() -> bool {
-    crate::schema::citus::on()
 }

@@ -13,6 +13,7 @@ use deadpool_postgres::Pool;
 use uuid::Uuid;
 
 use super::Refusal;
+use crate::backend::Backend;
 use crate::dead_letter;
 use crate::queue::GroupName;
 
@@ -63,8 +64,12 @@ pub struct Requeued {
 }
 
 /// Requeues the selected dead letters (at most [`MAX_REQUEUE`]) in one transaction.
-pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Refusal> {
-    super::not_on_cluster("requeueing dead letters")?;
+pub async fn requeue(
+    pool: &Pool,
+    backend: Backend,
+    selection: &Selection,
+) -> Result<Requeued, Refusal> {
+    super::not_on_cluster(backend, "requeueing dead letters")?;
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let args = selection.args();
@@ -96,8 +101,11 @@ pub async fn requeue(pool: &Pool, selection: &Selection) -> Result<Requeued, Ref
     };
     // Cursors first, then partitions: the order of `/transaction` (acks, then pushes).
     crate::cursor::lock_of_partitions(&tx, &partitions).await?;
-    tx.query(crate::catalog::lock_partitions_sql(), &[&partitions])
-        .await?;
+    tx.query(
+        backend.sql(&crate::catalog::LOCK_PARTITIONS),
+        &[&partitions],
+    )
+    .await?;
     let dead_letter::Stored {
         placed,
         stored,

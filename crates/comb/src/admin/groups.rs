@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::cursors::{self, Selection, Target};
 use super::wire::{iso, iso_opt};
 use super::{MAX_LIMIT, Page, Refusal};
+use crate::backend::Backend;
 use crate::backlog::group_lag;
 use crate::catalog::listing::{self, Subscribers, SubscriptionRow};
 use crate::catalog::{Catalog, StartFrom};
@@ -260,6 +261,7 @@ pub(crate) struct GroupPartition {
 /// it has: a group reading many wide queues costs a page of cursors per queue, not every one.
 pub async fn detail(
     pool: &Pool,
+    backend: Backend,
     group: &str,
     queue: Option<&str>,
     page: Page,
@@ -268,7 +270,8 @@ pub async fn detail(
     let subs = listing::subscriptions(&**client, Subscribers::OfGroup(group, queue)).await?;
     let mut lags = lag_of(&**client, &subs).await?;
     let queue_ids: Vec<Uuid> = subs.iter().map(|s| s.queue_id).collect();
-    let pages = listing::partition_pages(&**client, &queue_ids, page.limit, page.offset).await?;
+    let pages =
+        listing::partition_pages(&**client, backend, &queue_ids, page.limit, page.offset).await?;
     // Each cursor of the pages, exact; a partition the group has no cursor in is left out.
     let partition_ids: Vec<Uuid> = pages.iter().map(|(_, p, _)| *p).collect();
     let mut cursors: HashMap<Uuid, Row> = client
@@ -471,12 +474,13 @@ pub(crate) struct GroupDeleted {
 /// without, it keeps its subscription and starts again where it first subscribed.
 pub async fn delete_for_queue(
     pool: &Pool,
+    backend: Backend,
     catalog: &Catalog,
     group: &str,
     queue: &str,
     delete_metadata: bool,
 ) -> Result<GroupDeleted, Refusal> {
-    super::not_on_cluster("deleting a consumer group's cursors")?;
+    super::not_on_cluster(backend, "deleting a consumer group's cursors")?;
     let mut client = pool.get().await?;
     let id = super::queue_id(&**client, queue).await?;
     let tx = client.transaction().await?;
@@ -544,10 +548,11 @@ pub(crate) struct SubscriptionSet {
 /// forward to it (none moves back).
 pub async fn set_subscription(
     pool: &Pool,
+    backend: Backend,
     group: &str,
     at: DateTime<Utc>,
 ) -> Result<SubscriptionSet, Refusal> {
-    super::not_on_cluster("moving a consumer group's subscription")?;
+    super::not_on_cluster(backend, "moving a consumer group's subscription")?;
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let queues = listing::subscribe_from(&*tx, group, at).await?;
@@ -604,15 +609,17 @@ pub struct Sought {
 /// that never read the queue is subscribed first, so partitions it never read move too.
 pub async fn seek(
     pool: &Pool,
+    backend: Backend,
     catalog: &Catalog,
     group: &str,
     queue: &str,
     partition: Option<&str>,
     target: Target,
 ) -> Result<Sought, Refusal> {
-    super::not_on_cluster("seeking a consumer group")?;
+    super::not_on_cluster(backend, "seeking a consumer group")?;
     let mut client = pool.get().await?;
-    let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
+    let (id, partition_id) =
+        super::queue_and_partition(&**client, backend, queue, partition).await?;
     catalog
         .ensure_subscription(pool, id, group, StartFrom::All)
         .await?;

@@ -19,6 +19,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{Page, Refusal};
+use crate::backend::Backend;
 use crate::catalog::Catalog;
 use crate::catalog::listing::{PartitionPlace, partition_places};
 use crate::code::Code;
@@ -234,7 +235,12 @@ async fn payloads_json(
 }
 
 /// `GET /api/v1/messages`.
-pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<MessageListing, Refusal> {
+pub async fn list(
+    pool: &Pool,
+    backend: Backend,
+    filter: &Filter,
+    page: Page,
+) -> Result<MessageListing, Refusal> {
     let client = pool.get().await?;
     let queue_id = match &filter.queue {
         Some(q) => Some(super::queue_id(&**client, q).await?),
@@ -242,7 +248,14 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<MessageLis
     };
     let partition_id = match (&filter.partition, queue_id) {
         (Some(p), Some(id)) => Some(
-            super::partition_id(&**client, id, filter.queue.as_deref().unwrap_or(""), p).await?,
+            super::partition_id(
+                &**client,
+                backend,
+                id,
+                filter.queue.as_deref().unwrap_or(""),
+                p,
+            )
+            .await?,
         ),
         (Some(_), None) => {
             return Err(Refusal::invalid(
@@ -296,7 +309,7 @@ pub async fn list(pool: &Pool, filter: &Filter, page: Page) -> Result<MessageLis
             offset: page.offset,
             max_partitions: MAX_PARTITIONS,
         };
-        let rows = messages_page(&**client, &of).await?;
+        let rows = messages_page(&**client, backend, &of).await?;
         let data = payloads_json(
             &**client,
             rows.iter().map(|r| &r.message.payload[..]).collect(),
@@ -395,9 +408,10 @@ struct MessagesOf<'a> {
 /// processing when a live lease handed it out, else pending.
 async fn messages_page(
     client: &impl tokio_postgres::GenericClient,
+    backend: Backend,
     of: &MessagesOf<'_>,
 ) -> Result<Vec<ListedRow>, Refusal> {
-    if crate::schema::citus::on() {
+    if !backend.joins_across_partitions() {
         return messages_page_by_partition(client, of).await;
     }
     let window = of.limit + of.offset;
@@ -634,12 +648,13 @@ fn status_of(g: &GroupAtMessage, pos: i64, letters: &[LetterOfMessage]) -> Statu
 /// every group reading its queue, its attempts, and its dead letters.
 pub async fn get(
     pool: &Pool,
+    backend: Backend,
     partition: Uuid,
     transaction: &str,
 ) -> Result<MessageDetail, Refusal> {
     let client = pool.get().await?;
     let (m, place) = find(&**client, partition, transaction).await?;
-    let groups = if crate::schema::citus::on() {
+    let groups = if !backend.joins_across_partitions() {
         groups_at_message_by_partition(&**client, partition, m.pos).await?
     } else {
         crate::cursor::groups_at_message(&**client, partition, m.pos).await?
@@ -691,11 +706,12 @@ pub async fn get(
 /// until its segment is dropped.
 pub async fn delete(
     pool: &Pool,
+    backend: Backend,
     catalog: &Catalog,
     partition: Uuid,
     transaction: &str,
 ) -> Result<MessageDeleted, Refusal> {
-    super::not_on_cluster("deleting a message")?;
+    super::not_on_cluster(backend, "deleting a message")?;
     let mut client = pool.get().await?;
     let (m, place) = find(&**client, partition, transaction).await?;
     super::ensure_a_reader(pool, catalog, place.queue_id).await?;
@@ -715,10 +731,11 @@ pub async fn delete(
 /// one that failed but is still pending has its attempts reset and is available at once.
 pub async fn retry(
     pool: &Pool,
+    backend: Backend,
     partition: Uuid,
     transaction: &str,
 ) -> Result<MessageRetried, Refusal> {
-    super::not_on_cluster("retrying a message")?;
+    super::not_on_cluster(backend, "retrying a message")?;
     let mut client = pool.get().await?;
     let (m, place) = find(&**client, partition, transaction).await?;
     let (pos, queue_id) = (m.pos, place.queue_id);
@@ -726,6 +743,7 @@ pub async fn retry(
     if !dead.is_empty() {
         let requeued = super::dead_letters::requeue(
             pool,
+            backend,
             &super::dead_letters::Selection {
                 queue_id,
                 group: None,
@@ -795,11 +813,12 @@ async fn settle_for_every_group(
 /// letter for each, and the message settled.
 pub async fn dead_letter(
     pool: &Pool,
+    backend: Backend,
     catalog: &Catalog,
     partition: Uuid,
     transaction: &str,
 ) -> Result<MessageDeadLettered, Refusal> {
-    super::not_on_cluster("dead-lettering a message")?;
+    super::not_on_cluster(backend, "dead-lettering a message")?;
     let mut client = pool.get().await?;
     let (m, place) = find(&**client, partition, transaction).await?;
     let (pos, queue_id) = (m.pos, place.queue_id);
@@ -826,7 +845,7 @@ pub async fn dead_letter(
             error: Some("moved to the dead letters by an operator".into()),
         })
         .collect();
-    let writes = dead_letter::Writes::prepare(&tx).await?;
+    let writes = dead_letter::Writes::prepare(&tx, backend).await?;
     writes.write(&tx, &letters).await?;
     tx.commit().await?;
     Ok(MessageDeadLettered {

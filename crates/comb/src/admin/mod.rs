@@ -18,14 +18,15 @@ pub mod resources;
 pub mod status;
 pub mod traces;
 
+use crate::backend::Backend;
 use crate::code::Code;
 use crate::refusal::Refusal;
 
 /// Refuses `what`, an administrative action not available on a Citus cluster yet, before
 /// anything is read or written: it moves cursors or locks dead letters of several partitions
 /// in statements Citus cannot run (`docs/scale-out.md`, "Not yet"). Nothing on PostgreSQL.
-pub(crate) fn not_on_cluster(what: &str) -> Result<(), Refusal> {
-    if crate::schema::citus::on() {
+pub(crate) fn not_on_cluster(backend: Backend, what: &str) -> Result<(), Refusal> {
+    if !backend.moves_cursors_of_many_partitions() {
         return Err(Refusal::unsupported(
             Code::UnsupportedOnCluster,
             format!("{what} is not available on a Citus cluster yet"),
@@ -196,11 +197,12 @@ pub(crate) async fn queue_id(
 /// The id of a partition of a queue by name, or a `NotFound` [`Refusal`].
 pub(crate) async fn partition_id(
     client: &impl tokio_postgres::GenericClient,
+    backend: Backend,
     queue_id: uuid::Uuid,
     queue: &str,
     partition: &str,
 ) -> Result<uuid::Uuid, Refusal> {
-    crate::catalog::listing::partition_id(client, queue_id, partition)
+    crate::catalog::listing::partition_id(client, backend, queue_id, partition)
         .await?
         .ok_or_else(|| {
             Refusal::not_found(
@@ -213,12 +215,13 @@ pub(crate) async fn partition_id(
 /// The ids of a queue and, if named, one of its partitions; a `NotFound` [`Refusal`] otherwise.
 pub(crate) async fn queue_and_partition(
     client: &impl tokio_postgres::GenericClient,
+    backend: Backend,
     queue: &str,
     partition: Option<&str>,
 ) -> Result<(uuid::Uuid, Option<uuid::Uuid>), Refusal> {
     let id = queue_id(client, queue).await?;
     let partition_id = match partition {
-        Some(p) => Some(partition_id(client, id, queue, p).await?),
+        Some(p) => Some(partition_id(client, backend, id, queue, p).await?),
         None => None,
     };
     Ok((id, partition_id))

@@ -23,6 +23,7 @@ use super::cursors::{self, Selection, Target};
 use super::groups::QueueGroup;
 use super::wire::{iso, iso_opt};
 use super::{Page, Refusal};
+use crate::backend::Backend;
 use crate::backlog::queue_figures;
 use crate::catalog::Catalog;
 use crate::catalog::listing::{self, QueueRow};
@@ -524,13 +525,15 @@ pub(crate) struct Cleared {
 /// group reads yet gets the queue-mode group first, so what is cleared stays cleared for it.
 pub async fn clear(
     pool: &Pool,
+    backend: Backend,
     catalog: &Catalog,
     queue: &str,
     partition: Option<&str>,
 ) -> Result<Cleared, Refusal> {
-    super::not_on_cluster("clearing a queue")?;
+    super::not_on_cluster(backend, "clearing a queue")?;
     let mut client = pool.get().await?;
-    let (id, partition_id) = super::queue_and_partition(&**client, queue, partition).await?;
+    let (id, partition_id) =
+        super::queue_and_partition(&**client, backend, queue, partition).await?;
     super::ensure_a_reader(pool, catalog, id).await?;
     let tx = client.transaction().await?;
     let moved = cursors::move_in(

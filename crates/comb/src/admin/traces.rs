@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::wire::{iso, iso_opt};
 use super::{MAX_LIMIT, Page, Refusal};
+use crate::backend::Backend;
 use crate::code::Code;
 use crate::queue::GroupName;
 
@@ -215,7 +216,7 @@ pub async fn by_name(pool: &Pool, name: &str, page: Page) -> Result<NamedTraces,
 
 /// `GET /api/v1/traces/names`: the names in use, each once (a walk of the name index, one
 /// descent per name, not a read of every trace), with the newest event's time.
-pub async fn names(pool: &Pool, page: Page) -> Result<TraceNames, Refusal> {
+pub async fn names(pool: &Pool, backend: Backend, page: Page) -> Result<TraceNames, Refusal> {
     let client = pool.get().await?;
     let sql = "
         WITH RECURSIVE walk(name, n) AS (
@@ -232,7 +233,7 @@ pub async fn names(pool: &Pool, page: Page) -> Result<TraceNames, Refusal> {
     // Citus plans a recursive walk only over one shard: on the cluster each worker groups
     // its shards' names (an index scan of `traces_name` per shard) and the coordinator merges
     // the pages; the cost grows with the traces kept, not with the page.
-    let sql = if crate::schema::citus::on() {
+    let sql = if !backend.joins_across_partitions() {
         "SELECT t.name, max(t.created_at) AS last_seen FROM comb.traces t
          WHERE t.name IS NOT NULL
          GROUP BY t.name ORDER BY t.name LIMIT $1 OFFSET $2"

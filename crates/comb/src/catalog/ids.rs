@@ -20,6 +20,7 @@ use tokio_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
+use crate::backend::Backend;
 use crate::cursor;
 use crate::db::DbError;
 
@@ -60,8 +61,11 @@ ON CONFLICT (one) DO UPDATE SET legacy = EXCLUDED.legacy, checked_at = EXCLUDED.
 
 /// Records whether partitions with random ids are left (Citus only; run by `comb migrate`,
 /// so checked again at every server's start).
-pub(crate) async fn record_legacy(client: &tokio_postgres::Client) -> Result<bool, DbError> {
-    if !crate::schema::citus::on() {
+pub(crate) async fn record_legacy(
+    client: &tokio_postgres::Client,
+    backend: Backend,
+) -> Result<bool, DbError> {
+    if !backend.derives_partition_ids() {
         return Ok(false);
     }
     let legacy: bool = client.query_one(ANY_LEGACY_SQL, &[]).await?.get("legacy");
@@ -75,6 +79,7 @@ pub(crate) async fn record_legacy(client: &tokio_postgres::Client) -> Result<boo
 /// found while partitions with random ids may be left.
 pub(crate) async fn look_up<C: GenericClient>(
     client: &C,
+    backend: Backend,
     keys: &[(Uuid, String)],
 ) -> Result<HashMap<(Uuid, String), Uuid>, DbError> {
     let mut out = HashMap::new();
@@ -82,7 +87,7 @@ pub(crate) async fn look_up<C: GenericClient>(
         return Ok(out);
     }
     let mut missed: Vec<&(Uuid, String)> = keys.iter().collect();
-    if crate::schema::citus::on() {
+    if backend.derives_partition_ids() {
         let ids: Vec<Uuid> = keys.iter().map(|(q, n)| derived(*q, n)).collect();
         let params: Vec<[&(dyn ToSql + Sync); 1]> = ids.iter().map(|id| [id as _]).collect();
         let probes = futures_util::future::try_join_all(

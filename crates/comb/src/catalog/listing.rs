@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
+use crate::backend::Backend;
 use crate::db::DbError;
 
 /// The id of the queue named `queue`, if it exists.
@@ -24,13 +25,16 @@ pub(crate) async fn queue_id(
 /// catalog's look-up by name (on Citus by its derived id, on its shard).
 pub(crate) async fn partition_id(
     client: &impl GenericClient,
+    backend: Backend,
     queue_id: Uuid,
     partition: &str,
 ) -> Result<Option<Uuid>, DbError> {
     let key = (queue_id, partition.to_string());
-    Ok(super::ids::look_up(client, std::slice::from_ref(&key))
-        .await?
-        .remove(&key))
+    Ok(
+        super::ids::look_up(client, backend, std::slice::from_ref(&key))
+            .await?
+            .remove(&key),
+    )
 }
 
 /// Whether any group reads the queue.
@@ -425,11 +429,12 @@ pub(crate) async fn subscriptions(
 /// queue: it cannot plan a `LIMIT` in a lateral subquery over the ids' table function.
 pub(crate) async fn partition_pages(
     client: &impl GenericClient,
+    backend: Backend,
     queue_ids: &[Uuid],
     limit: i64,
     offset: i64,
 ) -> Result<Vec<(Uuid, Uuid, String)>, DbError> {
-    if crate::schema::citus::on() {
+    if !backend.joins_across_partitions() {
         let mut out = Vec::new();
         for id in queue_ids {
             let rows = client

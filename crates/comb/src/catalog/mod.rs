@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Pool};
 use uuid::Uuid;
 
+use crate::backend::{Backend, Forms};
 use crate::cursor;
 use crate::db::DbError;
 use crate::queue::{OptionsSet, QueueOptions};
@@ -166,18 +167,13 @@ pub(crate) use partitions_among;
 pub(crate) const LOCK_PARTITIONS_SQL: &str =
     "SELECT id FROM comb.partitions WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE";
 
-/// [`LOCK_PARTITIONS_SQL`] on Citus, which locks rows only in a statement of one shard: the
-/// coordinator locks each partition with one of its own (`comb.lock_partitions`).
-const LOCK_PARTITIONS_CITUS_SQL: &str = "SELECT * FROM comb.lock_partitions($1) AS id";
-
-/// The partitions' lock this database takes: [`LOCK_PARTITIONS_SQL`], or its Citus form.
-pub(crate) fn lock_partitions_sql() -> &'static str {
-    if crate::schema::citus::on() {
-        LOCK_PARTITIONS_CITUS_SQL
-    } else {
-        LOCK_PARTITIONS_SQL
-    }
-}
+/// The partitions' lock: [`LOCK_PARTITIONS_SQL`], and on Citus, which locks rows only in a
+/// statement of one shard, the coordinator locking each partition with one of its own
+/// (`comb.lock_partitions`).
+pub(crate) const LOCK_PARTITIONS: Forms = Forms {
+    postgres: LOCK_PARTITIONS_SQL,
+    citus: "SELECT * FROM comb.lock_partitions($1) AS id",
+};
 
 /// A write of partition `$1`'s row that matches nothing: see [`enlist_workers`].
 const ENLIST_CITUS_SQL: &str =
@@ -197,12 +193,13 @@ const ENLIST_CITUS_SQL: &str =
 /// on PostgreSQL, nothing is sent.
 pub(crate) async fn enlist_workers<C: GenericClient + Sync>(
     client: &C,
+    backend: Backend,
     partitions: &[Uuid],
 ) -> Result<(), DbError> {
     let mut ids = partitions.to_vec();
     ids.sort();
     ids.dedup();
-    if ids.len() < 2 || !crate::schema::citus::on() {
+    if ids.len() < 2 || !backend.enlists_workers_for_two_phase_commit() {
         return Ok(());
     }
     let statement = client.prepare_cached(ENLIST_CITUS_SQL).await?;
@@ -217,9 +214,12 @@ pub(crate) async fn enlist_workers<C: GenericClient + Sync>(
 /// statement ([`cursor::state_sql!`]) with the queue joined here.
 pub const CURSOR_STATE_SQL: &str = cursor::state_sql!(crate::catalog::join_queue!("c.queue_id"));
 
-/// [`CURSOR_STATE_SQL`] on Citus, of cursors all of one partition (`$3`).
-pub(crate) static CURSOR_STATE_CITUS_SQL: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| cursor::state_citus_sql(CURSOR_STATE_SQL));
+/// [`CURSOR_STATE_SQL`], and on Citus its form of cursors all of one partition (`$3`), a
+/// router statement on that partition's worker (callers split their cursors by partition).
+pub(crate) const CURSOR_STATE: Forms = Forms {
+    postgres: CURSOR_STATE_SQL,
+    citus: cursor::state_sql!(citus; crate::catalog::join_queue!("c.queue_id")),
+};
 
 /// The partition and queue names of the partitions `$1` that exist, one probe of the
 /// partitions' key each: `id`, `partition`, `queue`.
@@ -272,8 +272,8 @@ pub(crate) enum StartFrom {
 const OPTIONS_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Cached name → id mappings.
-#[derive(Default)]
 pub(crate) struct Catalog {
+    backend: Backend,
     options: Mutex<HashMap<Uuid, (std::time::Instant, QueueOptions)>>,
     queues: Mutex<HashMap<String, Uuid>>,
     partitions: Mutex<HashMap<(Uuid, String), Uuid>>,
@@ -281,6 +281,22 @@ pub(crate) struct Catalog {
 }
 
 impl Catalog {
+    /// An empty catalog of a database of `backend`.
+    pub(crate) fn new(backend: Backend) -> Catalog {
+        Catalog {
+            backend,
+            options: Mutex::default(),
+            queues: Mutex::default(),
+            partitions: Mutex::default(),
+            subscriptions: Mutex::default(),
+        }
+    }
+
+    /// The storage this catalog's database is.
+    pub(crate) fn backend(&self) -> Backend {
+        self.backend
+    }
+
     /// The id of a queue, if it exists (never creates it).
     pub(crate) async fn find_queue(
         &self,
@@ -313,7 +329,7 @@ impl Catalog {
             return Ok(Some(*id));
         }
         let client = pool.get().await?;
-        let id = ids::look_up(&**client, std::slice::from_ref(&key))
+        let id = ids::look_up(&**client, self.backend, std::slice::from_ref(&key))
             .await?
             .remove(&key);
         if let Some(id) = id {
@@ -396,8 +412,8 @@ impl Catalog {
         if missing.is_empty() {
             return Ok(out);
         }
-        let made = if crate::schema::citus::on() {
-            create_on_citus(pool, &missing).await?
+        let made = if self.backend.derives_partition_ids() {
+            create_on_citus(pool, self.backend, &missing).await?
         } else {
             create_locked(pool, &missing).await?
         };
@@ -442,7 +458,7 @@ impl Catalog {
             return Ok(());
         }
         let tx = client.transaction().await?;
-        if crate::schema::citus::on() {
+        if self.backend.derives_partition_ids() {
             // Partitions made on Citus do not lock the queue's row; they hold its creation
             // lock, shared, until they commit: waiting here for it sees them all below.
             tx.execute(ids::CREATION_LOCK_SQL, &[&ids::CREATION_LOCK, &queue_id])
@@ -699,10 +715,11 @@ async fn create_locked(
 /// same id: the primary key keeps one.
 async fn create_on_citus(
     pool: &Pool,
+    backend: Backend,
     missing: &[(Uuid, String)],
 ) -> Result<HashMap<(Uuid, String), Uuid>, DbError> {
     let mut client = pool.get().await?;
-    let mut found = ids::look_up(&**client, missing).await?;
+    let mut found = ids::look_up(&**client, backend, missing).await?;
     for key in missing {
         if found.contains_key(key) {
             continue;

@@ -38,19 +38,31 @@ pub(crate) use primary::Connector;
 /// on the general pool, set them for that transaction.
 macro_rules! consumer_plans {
     () => {
-        "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
-         SET LOCAL enable_bitmapscan = off"
+        $crate::db::consumer_plans!("SET LOCAL ", "; ")
+    };
+    ($set:literal, $sep:literal) => {
+        concat!(
+            $set,
+            "plan_cache_mode = force_generic_plan",
+            $sep,
+            $set,
+            "enable_seqscan = off",
+            $sep,
+            $set,
+            "enable_bitmapscan = off"
+        )
     };
 }
 pub(crate) use consumer_plans;
 
 /// [`consumer_plans`] as the `SET` clauses of a function's definition: the consumer path's
 /// plans for the statements of a function called on any connection.
-pub(crate) fn function_plans() -> String {
-    consumer_plans!()
-        .replace("SET LOCAL ", "SET ")
-        .replace(';', "")
+pub(crate) fn function_plans() -> &'static str {
+    consumer_plans!("SET ", " ")
 }
+
+/// [`consumer_plans`] for a whole session: what the consumer pool's connections start with.
+const CONSUMER_SESSION_PLANS: &str = consumer_plans!("SET ", "; ");
 
 /// What every request connection sets first: no JIT compilation. Requests run short
 /// statements; an estimate that crosses the JIT threshold (a listing over a large queue, say)
@@ -58,15 +70,16 @@ pub(crate) fn function_plans() -> String {
 const REQUEST_SETTINGS: &str = "SET jit = off";
 
 /// The session settings a request connection starts with: [`REQUEST_SETTINGS`], and for the
-/// consumer pool [`consumer_plans`]. Set by statements rather than startup options, which a
-/// pooler in session mode may refuse.
-fn session_settings(consumer: bool) -> String {
+/// consumer pool [`consumer_plans`]; with `custom_plans` (the storage plans each execution:
+/// `Backend::plans_for_each_execution`) custom plans last. Set by statements rather than
+/// startup options, which a pooler in session mode may refuse.
+fn session_settings(consumer: bool, custom_plans: bool) -> String {
     let mut settings = REQUEST_SETTINGS.to_string();
     if consumer {
         settings.push_str("; ");
-        settings.push_str(&consumer_plans!().replace("SET LOCAL ", "SET "));
+        settings.push_str(CONSUMER_SESSION_PLANS);
     }
-    if crate::schema::citus::on() {
+    if custom_plans {
         // Citus routes a statement with parameters to one worker only in a custom plan: a
         // generic plan of the claim's statements is refused ("could not create distributed
         // plan").
@@ -186,19 +199,20 @@ impl Pools {
         database_url: &str,
         general: usize,
         consumer: usize,
+        custom_plans: bool,
     ) -> Result<Pools, String> {
-        Pools::of(database_url, None, general, consumer)
+        Pools::of(database_url, None, general, consumer, custom_plans)
     }
 
     /// [`Pools::new`] at the server `at` (host and port) instead of the URL's, with the
-    /// URL's database, credentials and TLS settings: a Citus worker's pools.
+    /// URL's database, credentials and TLS settings: a Citus worker's pools (custom plans).
     pub(crate) fn at(
         database_url: &str,
         at: &route::Node,
         general: usize,
         consumer: usize,
     ) -> Result<Pools, String> {
-        Pools::of(database_url, Some(at), general, consumer)
+        Pools::of(database_url, Some(at), general, consumer, true)
     }
 
     fn of(
@@ -206,10 +220,11 @@ impl Pools {
         at: Option<&route::Node>,
         general: usize,
         consumer: usize,
+        custom_plans: bool,
     ) -> Result<Pools, String> {
         let started = |consumer: bool| -> Result<Connector, String> {
             let mut connector = Connector::new(database_url)?;
-            connector.setup = Some(session_settings(consumer));
+            connector.setup = Some(session_settings(consumer, custom_plans));
             Ok(match at {
                 Some((host, port)) => connector.at(host, *port),
                 None => connector,
@@ -322,10 +337,20 @@ mod tests {
 
     #[test]
     fn request_connections_start_without_jit_and_the_consumers_with_their_plans() {
-        assert_eq!(session_settings(false), "SET jit = off");
+        assert_eq!(session_settings(false, false), "SET jit = off");
         assert_eq!(
-            session_settings(true),
+            session_settings(true, false),
             "SET jit = off; SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
+             SET enable_bitmapscan = off"
+        );
+        assert_eq!(
+            session_settings(true, true),
+            "SET jit = off; SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
+             SET enable_bitmapscan = off; SET plan_cache_mode = force_custom_plan"
+        );
+        assert_eq!(
+            super::function_plans(),
+            "SET plan_cache_mode = force_generic_plan SET enable_seqscan = off \
              SET enable_bitmapscan = off"
         );
     }

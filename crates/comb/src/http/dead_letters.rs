@@ -71,7 +71,7 @@ async fn selection(
     let client = app.pool.get().await.map_err(crate::db::DbError::from)?;
     let qid = queue_id(&**client, &queue).await?;
     let pid = match &partition {
-        Some(p) => Some(partition_id(&**client, qid, &queue, p).await?),
+        Some(p) => Some(partition_id(&**client, app.backend, qid, &queue, p).await?),
         None => None,
     };
     Ok((
@@ -102,7 +102,7 @@ pub async fn requeue(
     JsonBody(body): JsonBody<Map<String, Value>>,
 ) -> Result<Json<RequeueAnswer>, Problem> {
     let (queue, selection) = selection(&app, body).await?;
-    let done = dead_letters::requeue(&app.pool, &selection)
+    let done = dead_letters::requeue(&app.pool, app.backend, &selection)
         .await
         .map_err(Problem::from)?;
     if done.stored > 0 {

@@ -53,7 +53,7 @@ pub async fn detail(
     let queue = optional_queue(&params)?;
     let page = params.page()?;
     Ok(Json(
-        groups::detail(&app.pool, &group, queue.as_deref(), page).await?,
+        groups::detail(&app.pool, app.backend, &group, queue.as_deref(), page).await?,
     ))
 }
 
@@ -104,7 +104,15 @@ pub async fn delete_for_queue(
     let queue = QueueName::parse(queue)?;
     let delete_metadata = query(q)?.flag("deleteMetadata")?.unwrap_or(true);
     Ok(Json(
-        groups::delete_for_queue(&app.pool, &app.catalog, &group, &queue, delete_metadata).await?,
+        groups::delete_for_queue(
+            &app.pool,
+            app.backend,
+            &app.catalog,
+            &group,
+            &queue,
+            delete_metadata,
+        )
+        .await?,
     ))
 }
 
@@ -134,7 +142,9 @@ pub async fn subscription(
             "`subscriptionTimestamp` is required",
         )
     })?;
-    Ok(Json(groups::set_subscription(&app.pool, &group, at).await?))
+    Ok(Json(
+        groups::set_subscription(&app.pool, app.backend, &group, at).await?,
+    ))
 }
 
 /// Where a seek body points: `{"toEnd": true}`, `{"toStart": true}` or
@@ -181,7 +191,16 @@ pub async fn seek(
     let queue = QueueName::parse(queue)?;
     let target = target(body)?;
     Ok(Json(
-        groups::seek(&app.pool, &app.catalog, &group, &queue, None, target).await?,
+        groups::seek(
+            &app.pool,
+            app.backend,
+            &app.catalog,
+            &group,
+            &queue,
+            None,
+            target,
+        )
+        .await?,
     ))
 }
 
@@ -212,6 +231,7 @@ pub async fn seek_partition(
     Ok(Json(
         groups::seek(
             &app.pool,
+            app.backend,
             &app.catalog,
             &group,
             &queue,

@@ -79,6 +79,7 @@ pub(crate) async fn extend(
     }
     let expires = match crate::lease::extend(
         &app.pool,
+        app.backend,
         lease,
         body.seconds.map(f64::from),
         body.partition_id,

@@ -55,7 +55,7 @@ pub async fn list(
         to: params.time("to")?,
     };
     Ok(Json(
-        messages::list(&app.pool, &filter, params.page()?).await?,
+        messages::list(&app.pool, app.backend, &filter, params.page()?).await?,
     ))
 }
 
@@ -98,7 +98,7 @@ pub async fn get(
     PathParams((partition, transaction)): PathParams<(String, String)>,
 ) -> Result<Json<messages::MessageDetail>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
-    Ok(Json(messages::get(&app.pool, p, &t).await?))
+    Ok(Json(messages::get(&app.pool, app.backend, p, &t).await?))
 }
 
 /// Settles the message for every group.
@@ -120,7 +120,7 @@ pub async fn delete(
 ) -> Result<Json<messages::MessageDeleted>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
     Ok(Json(
-        messages::delete(&app.pool, &app.catalog, p, &t).await?,
+        messages::delete(&app.pool, app.backend, &app.catalog, p, &t).await?,
     ))
 }
 
@@ -142,7 +142,7 @@ pub async fn retry(
     PathParams((partition, transaction)): PathParams<(String, String)>,
 ) -> Result<Json<messages::MessageRetried>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
-    let out = messages::retry(&app.pool, p, &t).await?;
+    let out = messages::retry(&app.pool, app.backend, p, &t).await?;
     app.wake.pushed(&out.queue, &[p]);
     Ok(Json(out))
 }
@@ -166,6 +166,6 @@ pub async fn dead_letter(
 ) -> Result<Json<messages::MessageDeadLettered>, Problem> {
     let (p, t) = ids(&partition, transaction)?;
     Ok(Json(
-        messages::dead_letter(&app.pool, &app.catalog, p, &t).await?,
+        messages::dead_letter(&app.pool, app.backend, &app.catalog, p, &t).await?,
     ))
 }

@@ -55,6 +55,8 @@ use crate::wake::Wake;
 /// Everything a handler needs, shared by all requests.
 pub(crate) struct App {
     pub(crate) config: ServeConfig,
+    /// The storage the use cases run on, read once at start.
+    pub(crate) backend: crate::backend::Backend,
     /// The general pool (`pools.general`), what handlers draw from.
     pub(crate) pool: Pool,
     /// Both request pools, for their figures.

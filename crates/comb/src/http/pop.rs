@@ -217,7 +217,7 @@ async fn serve(app: &State, req: PopRequest) -> Result<Response, Problem> {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     match app.popper.pop(&req).await? {
-        Some(claims) => Ok(respond(&req, claims)),
+        Some(claims) => Ok(respond(app.backend, &req, claims)),
         None => Ok(StatusCode::NO_CONTENT.into_response()),
     }
 }
@@ -278,11 +278,11 @@ pub(crate) struct MessageOut<'a> {
     attempt: i32,
 }
 
-fn respond(req: &PopRequest, claims: Vec<Claim>) -> Response {
+fn respond(backend: crate::backend::Backend, req: &PopRequest, claims: Vec<Claim>) -> Response {
     let first = &claims[0];
     if let Some(lease) = first.lease_id {
         let partitions: Vec<Uuid> = claims.iter().map(|c| c.partition_id).collect();
-        crate::lease::granted(lease, &req.queue, &req.group, &partitions);
+        crate::lease::granted(backend, lease, &req.queue, &req.group, &partitions);
     }
     let mut messages = Vec::new();
     for c in &claims {

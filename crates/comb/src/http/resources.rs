@@ -166,6 +166,13 @@ pub async fn clear(
     let queue = QueueName::parse(queue)?;
     let partition = optional_partition(&query(q)?)?;
     Ok(Json(
-        resources::clear(&app.pool, &app.catalog, &queue, partition.as_deref()).await?,
+        resources::clear(
+            &app.pool,
+            app.backend,
+            &app.catalog,
+            &queue,
+            partition.as_deref(),
+        )
+        .await?,
     ))
 }

@@ -171,5 +171,5 @@ pub async fn names(
     q: QueryString,
 ) -> Result<Json<traces::TraceNames>, Problem> {
     let page = query(q)?.page()?;
-    Ok(Json(traces::names(&app.pool, page).await?))
+    Ok(Json(traces::names(&app.pool, app.backend, page).await?))
 }

@@ -3,14 +3,18 @@
 use tokio_postgres::Statement;
 use uuid::Uuid;
 
-use crate::catalog::{CURSOR_STATE_CITUS_SQL, CURSOR_STATE_SQL};
+use crate::backend::{Backend, Forms};
+use crate::catalog::CURSOR_STATE;
 use crate::cursor::{LOCK_EXPIRED_SQL, StateWrites, locked_cursors};
 use crate::db::{DbError, Pipelined, Prepared};
 use crate::dead_letter::{self, NewDeadLetter};
 
-/// [`LOCK_EXPIRED_SQL`] on Citus: a router statement per partition, run by the coordinator
-/// (`comb.lock_expired`).
-const EXPIRED_LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_expired($1, $2)";
+/// The lock of ended leases: [`LOCK_EXPIRED_SQL`], and on Citus a router statement per
+/// partition, run by the coordinator (`comb.lock_expired`).
+const LOCK_EXPIRED: Forms = Forms {
+    postgres: LOCK_EXPIRED_SQL,
+    citus: "SELECT * FROM comb.lock_expired($1, $2)",
+};
 
 /// Ends the expired leases of `group` on these partitions: counts the attempts of their
 /// unsettled messages and dead-letters those past the retry limit (or, in queues that keep no
@@ -20,35 +24,31 @@ const EXPIRED_LOCK_CITUS_SQL: &str = "SELECT * FROM comb.lock_expired($1, $2)";
 /// a second connection of the consumer pool.
 pub(crate) async fn expire_leases(
     client: &deadpool_postgres::Client,
+    backend: Backend,
     group: &str,
     partitions: &[Uuid],
 ) -> Result<Expired, DbError> {
     let statements = Statements {
-        lock: client
-            .prepare_cached(if crate::schema::citus::on() {
-                EXPIRED_LOCK_CITUS_SQL
-            } else {
-                LOCK_EXPIRED_SQL
-            })
-            .await?,
-        state: client
-            .prepare_cached(if crate::schema::citus::on() {
-                &CURSOR_STATE_CITUS_SQL
-            } else {
-                CURSOR_STATE_SQL
-            })
-            .await?,
-        states: StateWrites::prepare(client).await?,
-        dead: dead_letter::Writes::prepare(client).await?,
+        lock: client.prepare_cached(backend.sql(&LOCK_EXPIRED)).await?,
+        state: client.prepare_cached(backend.sql(&CURSOR_STATE)).await?,
+        states: StateWrites::prepare(client, backend).await?,
+        dead: dead_letter::Writes::prepare(client, backend).await?,
+        backend,
     };
-    if crate::schema::citus::on() && partitions.len() > 1 {
+    if !backend.statements_span_partitions() && partitions.len() > 1 {
         // On Citus, a partition at a time: its statements read one partition each.
         let mut all = Expired {
             discarded: 0,
             dead_lettered: 0,
         };
         for p in partitions {
-            let one = Box::pin(expire_leases(client, group, std::slice::from_ref(p))).await?;
+            let one = Box::pin(expire_leases(
+                client,
+                backend,
+                group,
+                std::slice::from_ref(p),
+            ))
+            .await?;
             all.discarded += one.discarded;
             all.dead_lettered += one.dead_lettered;
         }
@@ -75,6 +75,7 @@ struct Statements {
     state: Statement,
     states: StateWrites,
     dead: dead_letter::Writes,
+    backend: Backend,
 }
 
 /// What an expiry did to the messages of the ended leases.
@@ -105,14 +106,9 @@ async fn expire_in(
         });
     }
     let groups: Vec<&str> = locked.iter().map(|_| group).collect();
-    let one = locked[0];
-    let rows = if crate::schema::citus::on() {
-        client
-            .query(&statements.state, &[&locked, &groups, &one])
-            .await?
-    } else {
-        client.query(&statements.state, &[&locked, &groups]).await?
-    };
+    let one = statements.backend.one_partition(locked[0]);
+    let params = crate::schema::citus::with_partition(&[&locked, &groups], &one);
+    let rows = client.query(&statements.state, &params).await?;
     let mut cursors = locked_cursors(&rows);
     // Read again under the lock: only leases still ended are expired.
     cursors.retain(|_, l| l.cursor.lease_id.is_some() && !l.cursor.lease_live);

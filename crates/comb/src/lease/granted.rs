@@ -100,8 +100,14 @@ impl Granted {
 
 /// Remembers the lease a pop of this server was answered with: `queue`'s `group` cursors of
 /// `partitions`. Nothing happens off Citus, where the look-up reads one index.
-pub(crate) fn granted(lease: Uuid, queue: &str, group: &str, partitions: &[Uuid]) {
-    if !crate::schema::citus::on() || partitions.is_empty() {
+pub(crate) fn granted(
+    backend: crate::backend::Backend,
+    lease: Uuid,
+    queue: &str,
+    group: &str,
+    partitions: &[Uuid],
+) {
+    if backend.finds_leases_by_id() || partitions.is_empty() {
         return;
     }
     let (queue, group): (Arc<str>, Arc<str>) = (queue.into(), group.into());

@@ -13,6 +13,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::auth::Principal;
+use crate::backend::Backend;
 use crate::cursor;
 use crate::db::DbError;
 
@@ -35,44 +36,45 @@ FROM (",
 WHERE $2::uuid IS NULL OR s.partition_id = $2"
 );
 
-/// Appends the version with the new end, if the lease is still the cursor's and still live.
-const EXTEND_SQL: &str = concat!(
-    "\n",
-    cursor::insert_state!(),
-    "
+/// Appends the version with the new end, if the lease is still the cursor's and still live:
+/// the state read from `$state`, the queue's options by `$options`.
+macro_rules! extend_sql {
+    (state: $($state:expr),+; options: $($options:expr),+) => {
+        concat!(
+            "\n",
+            cursor::insert_state!(),
+            "
 SELECT s.partition_id, s.consumer_group, ",
-    cursor::newest_gen!(),
-    ", s.ver + 1,
+            cursor::newest_gen!(),
+            ", s.ver + 1,
        s.cursor_pos, s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
        now() + make_interval(secs => coalesce($4::float8,
            (",
-    crate::catalog::options_of_partition!("s.partition_id"),
-    "->>'leaseTime')::float8, 300)),
+            $($options),+,
+            "->>'leaseTime')::float8, 300)),
        s.lease_upto, s.available_at, s.last_claimed_at
 FROM ",
-    cursor::state_of!("$1", "$2"),
-    " s
+            $($state),+,
+            " s
 WHERE s.lease_id = $3 AND s.lease_expires_at > now()
 RETURNING lease_expires_at"
+        )
+    };
+}
+
+/// Appends the version with the new end, if the lease is still the cursor's and still live.
+const EXTEND_SQL: &str = extend_sql!(
+    state: cursor::state_of!("$1", "$2");
+    options: crate::catalog::options_of_partition!("s.partition_id")
 );
 
 /// [`EXTEND_SQL`] on Citus, as the body of [`EXTEND_CITUS_FUNCTION`]: the state read by a
 /// subquery rather than `comb.cursor_state` (a function reading a distributed table, which
 /// would run on the coordinator), the partition named to every distributed table.
-static EXTEND_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    let sql = EXTEND_SQL
-        .replace(
-            concat!("FROM ", cursor::state_of!("$1", "$2"), " s"),
-            &format!("FROM {} s", cursor::latest_state("$1", "$2", None)),
-        )
-        .replace(
-            "WHERE p.id = s.partition_id)",
-            "WHERE p.id = s.partition_id AND p.id = $1)",
-        );
-    debug_assert!(!sql.contains(cursor::state_of!("$1", "$2")), "{sql}");
-    debug_assert!(sql.contains("p.id = $1)"), "{sql}");
-    sql
-});
+const EXTEND_CITUS_SQL: &str = extend_sql!(
+    state: cursor::state_in_partition!("$1", "$2");
+    options: crate::catalog::options_of_partition!("s.partition_id AND p.id = $1")
+);
 
 /// The extension of a lease on one cursor on Citus as one function of its partition
 /// (`a_partition`), made by `comb migrate` ([`crate::schema::citus::delegate`]) and called
@@ -152,6 +154,7 @@ pub(crate) enum Extended {
 /// `principal` (the caller's token, when tokens are required) may touch all their queues.
 pub(crate) async fn extend(
     pool: &Pool,
+    backend: Backend,
     lease: Uuid,
     seconds: Option<f64>,
     partition: Option<Uuid>,
@@ -161,7 +164,7 @@ pub(crate) async fn extend(
         .await
         .get()
         .await?;
-    if crate::schema::citus::on() {
+    if !backend.finds_leases_by_id() {
         return extend_on_citus(&client, lease, seconds, partition, principal).await;
     }
     let tx = client.transaction().await?;

@@ -114,8 +114,8 @@ pub(crate) async fn rotate(client: &Client, settings: &Settings) -> Result<(), D
 /// lock timeout) and later calls wait for it, as behind the `DROP` itself. On PostgreSQL an
 /// insert locks only the generation it writes, the `DROP` queues behind readers without a
 /// cycle, and writers of the newest generation go on during the copy.
-fn first_lock() -> String {
-    if crate::schema::citus::on() {
+fn first_lock(settings: &Settings) -> String {
+    if settings.backend.drops_lock_the_parent_first() {
         format!("{};\n", statements::LOCK_ALL_SQL)
     } else {
         String::new()
@@ -143,7 +143,7 @@ pub(crate) async fn carry_forward_and_drop(
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let first = first_lock();
+    let first = first_lock(settings);
     for &generation in older {
         // BEGIN, SET, then the locks and the copy (see `carry_forward_sql`).
         let sql = format!(

@@ -4,7 +4,8 @@
 
 use deadpool_postgres::Client;
 
-use crate::catalog::{CURSOR_STATE_CITUS_SQL, CURSOR_STATE_SQL};
+use crate::backend::Backend;
+use crate::catalog::{CURSOR_STATE, CURSOR_STATE_SQL};
 use crate::cursor::{StateWrites, locked_cursors};
 use crate::db::DbError;
 use crate::dead_letter::{self, NewDeadLetter};
@@ -71,8 +72,11 @@ LIMIT 10000"
 );
 
 /// Dead-letters overdue messages; returns how many.
-pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbError> {
-    let citus = crate::schema::citus::on();
+pub(crate) async fn dead_letter_overdue(
+    client: &mut Client,
+    backend: Backend,
+) -> Result<i64, DbError> {
+    let citus = backend.rows_lock_in_one_shard_only();
     let tx = client.transaction().await?;
     let overdue = tx
         .query(
@@ -90,14 +94,14 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
     let pids: Vec<uuid::Uuid> = overdue.iter().map(|r| r.get("partition_id")).collect();
     let groups: Vec<String> = overdue.iter().map(|r| r.get("consumer_group")).collect();
     let rows = if citus {
-        tx.query(crate::cursor::lock_sql(), &[&pids, &groups])
+        tx.query(backend.sql(&crate::cursor::LOCK), &[&pids, &groups])
             .await?;
         // The state a partition at a time, each read on its partition's worker.
         let mut rows = Vec::new();
         for (p, g) in pids.iter().zip(&groups) {
             rows.extend(
                 tx.query(
-                    CURSOR_STATE_CITUS_SQL.as_str(),
+                    backend.sql(&CURSOR_STATE),
                     &[&vec![*p], &vec![g.as_str()], p],
                 )
                 .await?,
@@ -143,8 +147,8 @@ pub(crate) async fn dead_letter_overdue(client: &mut Client) -> Result<i64, DbEr
             state.changed = true;
         }
     }
-    let states = StateWrites::prepare(&tx).await?;
-    let letters = dead_letter::Writes::prepare(&tx).await?;
+    let states = StateWrites::prepare(&tx, backend).await?;
+    let letters = dead_letter::Writes::prepare(&tx, backend).await?;
     let (written, copied) = tokio::join!(states.write(&tx, &cursors), letters.write(&tx, &dead));
     written?;
     copied?;

@@ -43,6 +43,8 @@ pub(crate) struct Settings {
     pub(crate) lock_timeout: Duration,
     /// Name of this server in logs and `comb.maintenance_runs`.
     pub(crate) server: String,
+    /// The storage maintained.
+    pub(crate) backend: crate::backend::Backend,
 }
 
 /// What one cycle did.
@@ -182,7 +184,7 @@ pub(crate) async fn cycle(client: &mut Client, settings: &Settings) -> Result<Re
     if analysed > 0 {
         tracing::debug!(analysed, "statistics of the tables being written refreshed");
     }
-    report.dead_lettered += max_wait::dead_letter_overdue(client).await?;
+    report.dead_lettered += max_wait::dead_letter_overdue(client, settings.backend).await?;
     report.daily_created = days::make_ahead(client, settings).await?;
     report.daily_dropped = days::drop_expired(client, settings).await?;
     Ok(report)

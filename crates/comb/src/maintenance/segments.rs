@@ -135,7 +135,7 @@ pub(crate) async fn drop_reclaimable(
 ) -> Result<(), DbError> {
     let segs: Vec<i32> = client
         .query(
-            if crate::schema::citus::on() {
+            if !settings.backend.joins_across_partitions() {
                 RECLAIMABLE_CITUS_SQL.as_str()
             } else {
                 RECLAIMABLE_SQL.as_str()

@@ -66,8 +66,15 @@ VALUES (",
 pub(crate) use append_one_sql;
 
 /// The insert for batches where some message carries a producer's transaction id: a message
-/// whose id the partition already holds is not stored again, and answers with the id stored.
-pub(crate) const INSERT_SQL: &str = concat!(
+/// whose id the partition already holds is not stored again, and answers with the id stored;
+/// its rows' columns as `$outcomes` says (the statement's, or a function's wider rows).
+macro_rules! insert_sql {
+    () => {
+        $crate::messages::insert::insert_sql!(
+            "SELECT i.ord, pr.message_id AS prior_id, s.message_id IS NOT NULL AS stored"
+        )
+    };
+    ($outcomes:literal) => { concat!(
     "
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::bytea[], $6::bool[],
@@ -108,12 +115,19 @@ stored AS (
     CROSS JOIN segment s
     RETURNING message_id
 )
-SELECT i.ord, pr.message_id AS prior_id, s.message_id IS NOT NULL AS stored
+",
+    $outcomes,
+    "
 FROM input i
 LEFT JOIN prior pr ON pr.ord = i.ord
 LEFT JOIN stored s ON s.message_id = i.message_id
 ORDER BY i.ord"
-);
+    ) };
+}
+pub(crate) use insert_sql;
+
+/// [`insert_sql!`] as a statement of its own.
+pub(crate) const INSERT_SQL: &str = insert_sql!();
 
 /// On Citus, the transaction ids among `$2` that partition `$1` already holds, with the
 /// message each was first stored as: a router statement of the partition's shard, read
@@ -135,7 +149,7 @@ ORDER BY m.transaction_id, m.pos";
 /// message has one: a missing array pads the column with NULLs at no cost per row. `$partitions`
 /// is the catalog's rows of the batch's partitions (`$7`), given by the caller.
 macro_rules! append_sql {
-    ($($partitions:tt)*) => {
+    (head: $head:expr; $($partitions:tt)*) => {
         concat!(
     "
 ",
@@ -148,7 +162,7 @@ FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::by
     AS i(partition_id, rank, message_id, transaction_id, trace_id, payload, producer_sub)
 JOIN (
     SELECT p.id, ",
-    crate::messages::head_pos!("p.id"),
+    $head,
     " AS pos
     FROM ",
     $($partitions)*,
@@ -156,6 +170,9 @@ JOIN (
 ) h ON h.id = i.partition_id
 CROSS JOIN (SELECT max(seg) AS seg FROM comb.segments) s"
 )
+    };
+    ($($partitions:tt)*) => {
+        $crate::messages::insert::append_sql!(head: $crate::messages::head_pos!("p.id"); $($partitions)*)
     };
 }
 pub(crate) use append_sql;

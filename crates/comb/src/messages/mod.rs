@@ -24,6 +24,9 @@ macro_rules! partition_messages {
 }
 pub(crate) use partition_messages;
 
+/// The messages' table, for statements that must name one of its shards.
+pub(crate) const MESSAGES: &str = "comb.messages";
+
 /// Joins the message `m` at position `$pos` of partition `$p` (SQL expressions).
 macro_rules! join_message {
     ($p:literal, $pos:literal) => {
@@ -81,14 +84,28 @@ pub(crate) use head_at_written_out;
 /// segment's row), so it is pruned from the descent.
 macro_rules! head_pos {
     ($p:literal) => {
+        $crate::messages::head_pos!($p, among "", "")
+    };
+    // With `among`, each table's reads also name the partitions `$ids` (an SQL array) in so
+    // many words: Citus then reads only their shards.
+    ($p:literal, among $ids:literal) => {
+        $crate::messages::head_pos!(
+            $p,
+            among concat!(" AND m.partition_id = ANY(", $ids, ")"),
+            concat!(" AND sp.partition_id = ANY(", $ids, ")")
+        )
+    };
+    ($p:literal, among $in_messages:expr, $in_summaries:expr) => {
         concat!(
             "coalesce((SELECT m.pos FROM comb.messages m WHERE m.partition_id = ",
             $p,
+            $in_messages,
             " AND m.seg >= (SELECT min(s.seg) FROM comb.segments s WHERE NOT s.summarized)",
             " AND m.seg <= (SELECT max(s.seg) FROM comb.segments s)",
             " ORDER BY m.pos DESC LIMIT 1), (SELECT sp.max_pos FROM comb.segment_partitions sp",
             " WHERE sp.partition_id = ",
             $p,
+            $in_summaries,
             " ORDER BY sp.seg DESC LIMIT 1), 0)"
         )
     };

@@ -5,61 +5,49 @@
 //! one worker down fails it, and with it every queue-wide pop, also of queues whose
 //! partitions are all on live workers. When Citus answers it with a connection error
 //! (SQLSTATE class 08: the coordinator could not reach a worker; the coordinator's own
-//! connection is fine), the listing is asked again one worker at a time, each worker's
-//! listing run by the worker itself over its own shards (`master_run_on_worker`, which
-//! reports a worker it cannot reach instead of failing), and the workers that do not answer
-//! are skipped. The candidates then go through the same named-partition claims, router
-//! statements on their live workers. Nothing here runs while every worker answers.
+//! connection is fine), the listing is asked again one worker at a time: this server
+//! connects to each worker the coordinator's metadata names (the database URL's database,
+//! credentials and TLS settings at the worker's host and port) and runs the listing there
+//! over that worker's own shards, its parameters bound as parameters. The shards' tables are
+//! named by identifiers the coordinator's catalog gave, quoted (`format('%I.%I', …)`), never
+//! by anything a client sent. Workers that cannot be reached are skipped. The candidates
+//! then go through the same named-partition claims, router statements on their live
+//! workers. Nothing here runs while every worker answers.
 //!
 //! Cost, while a worker is down: each queue-wide claim pays the failed listing, one read of
-//! the coordinator's shard metadata, and one statement per worker, each opening a
-//! connection from the coordinator to that worker.
+//! the coordinator's shard metadata, and per worker one connection and one statement.
 
 use uuid::Uuid;
 
-use crate::db::DbError;
+use crate::db::{Connector, DbError};
 
 /// Placements of the listing's three tables, one row per shard index and its worker: the
 /// coordinator's own metadata, read without reaching any worker. Co-located shards share
-/// their hash range (`shardminvalue`). `$1` holds the three tables' names.
+/// their hash range (`shardminvalue`). `$1` holds the three tables' names; each shard's table
+/// comes back as a qualified name, quoted (a shard of `s.t` is `s.t_<shard id>`).
 const PLACEMENTS_SQL: &str = "
-SELECT n.nodename, n.nodeport, c.shardid AS c, s.shardid AS s, m.shardid AS m
+SELECT n.nodename, n.nodeport,
+       format('%I.%I', cn.nspname, cr.relname || '_' || c.shardid) AS c,
+       format('%I.%I', sn.nspname, sr.relname || '_' || s.shardid) AS s,
+       format('%I.%I', mn.nspname, mr.relname || '_' || m.shardid) AS m
 FROM pg_dist_shard c
 JOIN pg_dist_shard s ON s.logicalrelid = ($1::text[])[2]::regclass
                     AND s.shardminvalue = c.shardminvalue
 JOIN pg_dist_shard m ON m.logicalrelid = ($1::text[])[3]::regclass
                     AND m.shardminvalue = c.shardminvalue
+JOIN pg_class cr ON cr.oid = c.logicalrelid JOIN pg_namespace cn ON cn.oid = cr.relnamespace
+JOIN pg_class sr ON sr.oid = s.logicalrelid JOIN pg_namespace sn ON sn.oid = sr.relnamespace
+JOIN pg_class mr ON mr.oid = m.logicalrelid JOIN pg_namespace mn ON mn.oid = mr.relnamespace
 JOIN pg_dist_placement pl ON pl.shardid = c.shardid
 JOIN pg_dist_node n ON n.groupid = pl.groupid AND n.isactive
 WHERE c.logicalrelid = ($1::text[])[1]::regclass
 ORDER BY n.nodename, n.nodeport, c.shardid";
 
-/// Runs one worker's listing on that worker; `success` is false when it could not be
-/// reached or its listing failed.
-const ON_WORKER_SQL: &str = "SELECT success, result FROM master_run_on_worker(ARRAY[$1::text], ARRAY[$2::int], ARRAY[$3::text], false)";
+/// A worker as the coordinator's metadata names it: host and port.
+type Node = (String, i32);
 
-/// The listing's tables, named by their owners' fragments: the cursors `c`, their state
-/// versions `s`, the messages `m`.
-fn tables() -> [String; 3] {
-    let first = |s: &str| s.split_whitespace().next().unwrap_or_default().to_string();
-    let state = crate::cursor::latest_state("x", "y", None);
-    let states = state
-        .split_whitespace()
-        .skip_while(|w| *w != "FROM")
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    [
-        first(crate::cursor::cursors!()),
-        states,
-        first(crate::messages::partition_messages!("x")),
-    ]
-}
-
-/// A SQL string literal of `s`.
-fn literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
+/// One shard of each of the listing's tables (cursors, their states, messages), quoted.
+type Shards = [String; 3];
 
 /// Whether `e` is Citus telling that a worker could not be reached: the coordinator answered
 /// (its connection is alive) with a connection exception.
@@ -69,66 +57,81 @@ pub(super) fn worker_unreachable(e: &tokio_postgres::Error) -> bool {
             .is_some_and(|d| d.code().code().starts_with("08"))
 }
 
-/// The candidates of the listing `sql` (parameters `$1` queue, `$2` group, `$3` rover, `$4`
-/// limit) from every worker that answers, in the listing's order, at most `limit`. `None`
-/// when no worker answered: the caller reports its own error.
+/// [`super::claim::CANDIDATES_LIST_CITUS_SQL`] over the tables `cursors`, `states` and `messages`: the
+/// distributed tables on the coordinator, or one shard of each on a worker
+/// ([`list`], quoted names its catalog gave). Parameters stay parameters.
+pub(super) fn candidates_list(cursors: &str, states: &str, messages: &str) -> String {
+    format!(
+        "
+SELECT c.partition_id
+FROM {cursors} c
+CROSS JOIN LATERAL {state} f
+WHERE c.queue_id = $1 AND c.consumer_group = $2
+  AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
+       OR (f.lease_id IS NULL AND f.available_at <= now()
+           AND EXISTS (SELECT 1 FROM {messages} m WHERE m.partition_id = c.partition_id
+                         AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
+ORDER BY c.partition_id <= $3, c.partition_id
+LIMIT $4",
+        state = crate::cursor::latest_state_in(states, "c.partition_id", "c.consumer_group"),
+    )
+}
+
+/// One worker's listing: the listing of each of its shards, in one statement.
+fn worker_listing(shards: &[Shards]) -> String {
+    let each: Vec<String> = shards
+        .iter()
+        .map(|[c, s, m]| format!("({})", candidates_list(c, s, m)))
+        .collect();
+    each.join("\nUNION ALL\n")
+}
+
+/// The candidates of the listing (parameters: queue, group, rover, limit) from every worker
+/// that answers, in the listing's order, at most `limit`. `workers` connects to a worker (the
+/// database URL's settings at another host). `None` when no worker answered: the caller
+/// reports its own error.
 pub(super) async fn list(
     client: &deadpool_postgres::Client,
-    sql: &str,
+    workers: &Connector,
     queue_id: Uuid,
     group: &str,
     rover: Uuid,
     limit: i64,
 ) -> Result<Option<Vec<Uuid>>, DbError> {
-    let tables = tables();
-    let placements = client.query(PLACEMENTS_SQL, &[&tables.to_vec()]).await?;
-    // The listing with its parameters written out (the worker runs text), `$4` first so
-    // that no `$1` is read inside a longer number.
-    let sql = sql
-        .replace("$4", &limit.to_string())
-        .replace("$3", &format!("{}::uuid", literal(&rover.to_string())))
-        .replace("$2", &literal(group))
-        .replace("$1", &format!("{}::uuid", literal(&queue_id.to_string())));
-    let mut workers: Vec<((String, i32), Vec<String>)> = Vec::new();
+    let tables = vec![
+        crate::cursor::CURSORS,
+        crate::cursor::STATES,
+        crate::messages::MESSAGES,
+    ];
+    let placements = client.query(PLACEMENTS_SQL, &[&tables]).await?;
+    let mut by_node: Vec<(Node, Vec<Shards>)> = Vec::new();
     for row in &placements {
-        let node: (String, i32) = (row.get("nodename"), row.get("nodeport"));
-        let shard = |col: &str, table: &str| format!("{table}_{}", row.get::<_, i64>(col));
-        let one = sql
-            .replace(
-                &format!("{} c", tables[0]),
-                &format!("{} c", shard("c", &tables[0])),
-            )
-            .replace(
-                &format!("{} s", tables[1]),
-                &format!("{} s", shard("s", &tables[1])),
-            )
-            .replace(
-                &format!("{} m", tables[2]),
-                &format!("{} m", shard("m", &tables[2])),
-            );
-        match workers.last_mut() {
-            Some((n, shards)) if *n == node => shards.push(one),
-            _ => workers.push((node, vec![one])),
+        let node: Node = (row.get("nodename"), row.get("nodeport"));
+        let shards = [row.get("c"), row.get("s"), row.get("m")];
+        match by_node.last_mut() {
+            Some((n, all)) if *n == node => all.push(shards),
+            _ => by_node.push((node, vec![shards])),
         }
     }
     let mut found: Vec<Uuid> = Vec::new();
-    let (total, mut answered) = (workers.len(), 0);
-    for ((host, port), shards) in workers {
-        let union: Vec<String> = shards.iter().map(|s| format!("({s})")).collect();
-        let command = format!(
-            "SELECT coalesce(string_agg(partition_id::text, ','), '') FROM ({}) l",
-            union.join(" UNION ALL ")
-        );
-        let row = client
-            .query_one(ON_WORKER_SQL, &[&host, &port, &command])
-            .await?;
-        let (success, result): (bool, String) = (row.get("success"), row.get("result"));
-        if !success {
-            tracing::warn!(%host, port, %result, "a worker's candidates could not be listed");
+    let (total, mut answered) = (by_node.len(), 0);
+    for ((host, port), shards) in by_node {
+        let Ok(port16) = u16::try_from(port) else {
             continue;
+        };
+        match on_worker(
+            workers, &host, port16, &shards, queue_id, group, rover, limit,
+        )
+        .await
+        {
+            Ok(ids) => {
+                answered += 1;
+                found.extend(ids);
+            }
+            Err(e) => {
+                tracing::warn!(%host, port, error = %e, "a worker's candidates could not be listed");
+            }
         }
-        answered += 1;
-        found.extend(result.split(',').filter_map(|id| id.parse::<Uuid>().ok()));
     }
     tracing::info!(
         "candidates listed per worker: {answered} of {total} workers answered, {} candidates",
@@ -141,4 +144,31 @@ pub(super) async fn list(
     found.sort_by_key(|id| (*id <= rover, *id));
     found.truncate(limit.max(0) as usize);
     Ok(Some(found))
+}
+
+/// Runs the listing of `shards` on the worker at `host:port`, over a connection of its own.
+#[allow(clippy::too_many_arguments)]
+async fn on_worker(
+    workers: &Connector,
+    host: &str,
+    port: u16,
+    shards: &[Shards],
+    queue_id: Uuid,
+    group: &str,
+    rover: Uuid,
+    limit: i64,
+) -> Result<Vec<Uuid>, tokio_postgres::Error> {
+    let (worker, connection) = workers.at(host, port).connect().await?;
+    let running = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let listed = worker
+        .query(
+            &worker_listing(shards),
+            &[&queue_id, &group, &rover, &limit],
+        )
+        .await;
+    drop(worker);
+    let _ = running.await;
+    Ok(listed?.iter().map(|r| r.get("partition_id")).collect())
 }

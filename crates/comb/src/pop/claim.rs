@@ -32,6 +32,7 @@ use uuid::Uuid;
 use serde_json::value::RawValue;
 
 use super::unreadable::{self, Unreadable};
+use crate::backend::{Backend, Forms};
 use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::encryption::Keys;
 use crate::fusion::{self, Fuser, Reply, Runner};
@@ -566,21 +567,10 @@ pub static CLAIM_CITUS_CALL: &str = "SELECT * FROM comb.claim_partition(
 /// locks its cursor and skips it if another claim holds it. Queue options
 /// (`windowBuffer`, `retentionSeconds`, `delayedProcessing`) are left to that claim.
 pub static CANDIDATES_LIST_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "
-SELECT c.partition_id
-FROM {cursors}
-CROSS JOIN LATERAL {state} f
-WHERE c.queue_id = $1 AND c.consumer_group = $2
-  AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
-       OR (f.lease_id IS NULL AND f.available_at <= now()
-           AND EXISTS (SELECT 1 FROM {messages}
-                         AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
-ORDER BY c.partition_id <= $3, c.partition_id
-LIMIT $4",
-        state = crate::cursor::latest_state("c.partition_id", "c.consumer_group", None),
-        cursors = crate::cursor::cursors!(),
-        messages = crate::messages::partition_messages!("c.partition_id"),
+    super::by_worker::candidates_list(
+        crate::cursor::CURSORS,
+        crate::cursor::STATES,
+        crate::messages::MESSAGES,
     )
 });
 
@@ -615,8 +605,11 @@ impl Rovers {
 const LANES_PER_WORKER: usize = 4;
 
 /// Starts the pop workers.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     pool: Pool,
+    backend: Backend,
+    to_workers: Option<Arc<db::Connector>>,
     workers: usize,
     default_lease_seconds: f64,
     metrics: Arc<Metrics>,
@@ -624,6 +617,8 @@ pub(crate) fn start(
     stage: Arc<Stage>,
 ) -> Fuser<PopJob> {
     let ctx = Arc::new(Context {
+        backend,
+        to_workers,
         rovers: Rovers::default(),
         default_lease_seconds,
         metrics,
@@ -641,6 +636,11 @@ pub(crate) fn start(
 
 /// What every claim of the pop workers shares.
 struct Context {
+    /// The storage claims run on.
+    backend: Backend,
+    /// Connects to a Citus worker (the database URL's settings at its host), for the listing
+    /// of candidates one worker at a time ([`super::by_worker`]).
+    to_workers: Option<Arc<db::Connector>>,
     rovers: Rovers,
     default_lease_seconds: f64,
     metrics: Arc<Metrics>,
@@ -665,7 +665,10 @@ async fn run_batch(pool: Pool, running: Arc<Semaphore>, ctx: Arc<Context>, jobs:
         let (pool, running, ctx) = (pool.clone(), running.clone(), ctx.clone());
         tokio::spawn(async move {
             let wanted: usize = jobs.iter().map(|j| j.partitions).sum();
-            if crate::schema::citus::on() && shape.partition_id.is_none() && !shape.shared_lease {
+            if ctx.backend.rows_lock_in_one_shard_only()
+                && shape.partition_id.is_none()
+                && !shape.shared_lease
+            {
                 let result = claim_listed(&pool, &running, &ctx, &shape, wanted, walk_done).await;
                 return answer(jobs, result);
             }
@@ -726,7 +729,7 @@ impl Claiming<'_> {
         partitions: usize,
         walk_done: &mut Option<oneshot::Sender<()>>,
     ) -> Result<Vec<Claim>, DbError> {
-        if crate::schema::citus::on() && self.shape.partition_id.is_none() {
+        if self.ctx.backend.rows_lock_in_one_shard_only() && self.shape.partition_id.is_none() {
             return self.run_listed(client, partitions, walk_done).await;
         }
         let mut claims: Vec<Claim> = Vec::new();
@@ -773,8 +776,13 @@ impl Claiming<'_> {
                 break;
             }
             if !walk.expired.is_empty() {
-                let expired =
-                    crate::lease::expire_leases(client, &self.shape.group, &walk.expired).await?;
+                let expired = crate::lease::expire_leases(
+                    client,
+                    self.ctx.backend,
+                    &self.shape.group,
+                    &walk.expired,
+                )
+                .await?;
                 self.ctx.metrics.messages.discarded.add(expired.discarded);
                 let counts = QueueCounts {
                     dead_lettered: expired.dead_lettered,
@@ -863,8 +871,10 @@ impl Claiming<'_> {
             Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
             // A worker down: the live workers' candidates (see `by_worker`).
             Err(e) if super::by_worker::worker_unreachable(&e) => {
-                let sql = CANDIDATES_LIST_CITUS_SQL.as_str();
-                super::by_worker::list(client, sql, queue_id, group, rover, limit)
+                let Some(workers) = &self.ctx.to_workers else {
+                    return Err(e.into());
+                };
+                super::by_worker::list(client, workers, queue_id, group, rover, limit)
                     .await?
                     .ok_or(e)?
             }
@@ -1016,14 +1026,14 @@ async fn claim_once(
 ) -> Result<Walk, DbError> {
     let (rovers, default_lease_seconds) = (&ctx.rovers, ctx.default_lease_seconds);
     let candidates = client
-        .prepare_cached(if crate::schema::citus::on() {
+        .prepare_cached(if ctx.backend.rows_lock_in_one_shard_only() {
             &CANDIDATES_CITUS_SQL
         } else {
             &CANDIDATES_SQL
         })
         .await?;
     let stmt = client
-        .prepare_cached(claim_sql_for(&shared, shape.sealed))
+        .prepare_cached(claim_sql_for(ctx.backend, &shared, shape.sealed))
         .await?;
     let pg: &tokio_postgres::Client = client;
     let p = Pipelined::on(pg);
@@ -1082,11 +1092,11 @@ async fn claim_once(
         // off since): the claim rolled back. Lock the same cursors again (those another
         // claim took meanwhile are skipped) and claim them opening payloads before the
         // commit.
-        let citus = crate::schema::citus::on();
-        let relock = client
-            .prepare_cached(if citus { RELOCK_CITUS_SQL } else { RELOCK_SQL })
+        let citus = !ctx.backend.statements_span_partitions();
+        let relock = client.prepare_cached(ctx.backend.sql(&RELOCK)).await?;
+        let opening = client
+            .prepare_cached(claim_sql_for(ctx.backend, &shared, true))
             .await?;
-        let opening = client.prepare_cached(claim_sql_for(&shared, true)).await?;
         let one = locked[0];
         let relock_params: [&(dyn ToSql + Sync); 3] = [&locked, &shape.group, &one];
         // Only the Citus form names its one partition ($3).
@@ -1121,8 +1131,12 @@ async fn claim_once(
 
 /// The claim statement for a pop of this kind (see [`claim_sql`]); on a Citus cluster the
 /// call of the claim function, which picks the kind by its arguments.
-fn claim_sql_for(shared: &Shared, opening: bool) -> &'static str {
-    match (shared.cap.is_some(), opening, crate::schema::citus::on()) {
+fn claim_sql_for(backend: Backend, shared: &Shared, opening: bool) -> &'static str {
+    match (
+        shared.cap.is_some(),
+        opening,
+        !backend.statements_span_partitions(),
+    ) {
         (false, false, false) => &CLAIM_SQL,
         (true, false, false) => &SHARED_CLAIM_SQL,
         (false, true, false) => &OPENING_CLAIM_SQL,
@@ -1142,17 +1156,20 @@ ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED"
 );
 
-/// [`RELOCK_SQL`] on Citus, where a claim holds one partition (`$3`): named to the cursors
-/// so that the lock is a router statement on its worker.
-const RELOCK_CITUS_SQL: &str = concat!(
-    "
+/// The relock: [`RELOCK_SQL`], and on Citus, where a claim holds one partition (`$3`), named
+/// to the cursors so that the lock is a router statement on its worker.
+const RELOCK: Forms = Forms {
+    postgres: RELOCK_SQL,
+    citus: concat!(
+        "
 SELECT c.partition_id FROM ",
-    crate::cursor::cursors!(),
-    "
+        crate::cursor::cursors!(),
+        "
 WHERE c.partition_id = ANY($1) AND c.partition_id = $3 AND c.consumer_group = $2
 ORDER BY c.partition_id
 FOR NO KEY UPDATE OF c SKIP LOCKED"
-);
+    ),
+};
 
 /// Whether a claim failed on a sealed payload it could not open before committing.
 fn refused_sealed(e: &DbError) -> bool {
@@ -1177,7 +1194,7 @@ async fn claim_locked(
     let pg: &tokio_postgres::Client = client;
     let batch = shape.batch as i64;
     let cap = shared.cap.unwrap_or(0);
-    let citus = crate::schema::citus::on();
+    let citus = !ctx.backend.statements_span_partitions();
     let one = locked[0];
     let is_shared = shared.cap.is_some();
     let claim_params: [&(dyn ToSql + Sync); 11] = [
@@ -1240,6 +1257,7 @@ async fn settle_unreadable(
 ) -> Result<(), DbError> {
     let n = unreadable::settle(
         client,
+        ctx.backend,
         unreadable::Claimant {
             queue_id: shape.queue_id,
             group: &shape.group,
@@ -1349,7 +1367,7 @@ mod tests {
             ("CLAIM_CITUS_FUNCTION", CLAIM_CITUS_FUNCTION.to_string()),
             ("CLAIM_CITUS_CALL", CLAIM_CITUS_CALL.to_string()),
             ("RELOCK_SQL", RELOCK_SQL.to_string()),
-            ("RELOCK_CITUS_SQL", RELOCK_CITUS_SQL.to_string()),
+            ("RELOCK_CITUS_SQL", RELOCK.citus.to_string()),
         ]
     }
 

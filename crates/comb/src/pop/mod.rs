@@ -94,6 +94,7 @@ impl Popper {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         pools: &crate::db::Pools,
+        database_url: &str,
         catalog: Arc<Catalog>,
         wake: Arc<Wake>,
         metrics: Arc<Metrics>,
@@ -103,8 +104,15 @@ impl Popper {
         waits: Waits,
     ) -> Popper {
         let stage = metrics.fusion.pop.clone();
+        let to_workers = if catalog.backend().rows_lock_in_one_shard_only() {
+            crate::db::Connector::new(database_url).ok().map(Arc::new)
+        } else {
+            None
+        };
         let fuser = claim::start(
             pools.consumer.clone(),
+            catalog.backend(),
+            to_workers,
             workers,
             default_lease_seconds,
             metrics.clone(),
@@ -253,7 +261,11 @@ impl Popper {
     /// serve: a pop of one partition under a lease of its own (auto-ack and multi-partition
     /// pops claim for themselves), not on Citus.
     fn offer(&self, req: &Request) -> Option<crate::wake::Offer<'_>> {
-        if !self.handoff || req.auto_ack || req.partitions != 1 || crate::schema::citus::on() {
+        if !self.handoff
+            || req.auto_ack
+            || req.partitions != 1
+            || !self.catalog.backend().hands_off_in_push()
+        {
             return None;
         }
         let wants = crate::wake::Wants {

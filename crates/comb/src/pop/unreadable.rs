@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use uuid::Uuid;
 
 use crate::ack::{AckStatus, WriteStatements, write_back};
-use crate::catalog::{CURSOR_STATE_CITUS_SQL as STATE_CITUS_SQL, CURSOR_STATE_SQL as STATE_SQL};
-use crate::cursor::{lock_sql, locked_cursors};
+use crate::backend::Backend;
+use crate::catalog::CURSOR_STATE;
+use crate::cursor::{LOCK, locked_cursors};
 use crate::db::{DbError, Pipelined, Prepared};
 use crate::dead_letter::NewDeadLetter;
 use crate::encryption::OpenError;
@@ -50,28 +51,23 @@ fn reason(why: &OpenError) -> &'static str {
 /// committed), which locks them first. Returns how many were dead-lettered.
 pub(crate) async fn settle(
     client: &deadpool_postgres::Client,
+    backend: Backend,
     shape: Claimant<'_>,
     unreadable: &[Unreadable],
     alone: bool,
 ) -> Result<u64, DbError> {
-    let writes = WriteStatements::prepare(client).await?;
-    let state = client
-        .prepare_cached(if crate::schema::citus::on() {
-            &STATE_CITUS_SQL
-        } else {
-            STATE_SQL
-        })
-        .await?;
-    let lock = client.prepare_cached(lock_sql()).await?;
+    let writes = WriteStatements::prepare(client, backend).await?;
+    let state = client.prepare_cached(backend.sql(&CURSOR_STATE)).await?;
+    let lock = client.prepare_cached(backend.sql(&LOCK)).await?;
     let p = Pipelined::on(client);
     if !alone {
-        return settle_in(&p, shape, unreadable, &state, &writes).await;
+        return settle_in(&p, backend, shape, unreadable, &state, &writes).await;
     }
     p.begin().await?;
     let pids: Vec<Uuid> = unreadable.iter().map(|u| u.partition_id).collect();
     let groups: Vec<&str> = unreadable.iter().map(|_| shape.group).collect();
     let done = match p.query(&lock, &[&pids, &groups]).await {
-        Ok(_) => settle_in(&p, shape, unreadable, &state, &writes).await,
+        Ok(_) => settle_in(&p, backend, shape, unreadable, &state, &writes).await,
         Err(e) => Err(e.into()),
     };
     match done {
@@ -88,6 +84,7 @@ pub(crate) async fn settle(
 
 async fn settle_in(
     client: &Pipelined<'_>,
+    backend: Backend,
     shape: Claimant<'_>,
     unreadable: &[Unreadable],
     state: &tokio_postgres::Statement,
@@ -106,7 +103,7 @@ async fn settle_in(
     let groups: Vec<&str> = pids.iter().map(|_| shape.group).collect();
     let rows = if pids.is_empty() {
         Vec::new()
-    } else if crate::schema::citus::on() {
+    } else if !backend.statements_span_partitions() {
         // On Citus, a partition at a time, each read on its partition's worker.
         let mut rows = Vec::new();
         for p in &pids {

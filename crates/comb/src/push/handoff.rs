@@ -258,8 +258,12 @@ pub(crate) struct Offered {
 /// each offered the first partition of that queue the batch fills: `firsts` holds each queue
 /// of the batch once, with that partition's id and name. Not on Citus, where a push's
 /// transaction keeps to the statements of one shard as they are.
-pub(crate) fn reserve(wake: &Wake, firsts: Vec<(Arc<str>, Uuid, Arc<str>)>) -> Vec<Offered> {
-    if crate::schema::citus::on() {
+pub(crate) fn reserve(
+    backend: crate::backend::Backend,
+    wake: &Wake,
+    firsts: Vec<(Arc<str>, Uuid, Arc<str>)>,
+) -> Vec<Offered> {
+    if !backend.hands_off_in_push() {
         return Vec::new();
     }
     let mut out = Vec::new();

@@ -104,8 +104,10 @@ impl Pusher {
         max_items: usize,
     ) -> Pusher {
         let stage = metrics.fusion.push.clone();
+        let backend = catalog.backend();
         let fuser = store::start(
             pool.clone(),
+            backend,
             wake.clone(),
             workers,
             max_items,
@@ -361,7 +363,7 @@ impl Pusher {
     /// The fuser a push goes to: the shared one, or on Citus the one of the shard holding
     /// every partition the push names ([`PerShard`]).
     async fn fuser_for(&self, messages: &[NewMessage]) -> Result<Fuser<PushJob>, Refusal> {
-        if !crate::schema::citus::on() {
+        if !self.catalog.backend().fuses_per_shard() {
             return Ok(self.fuser.clone());
         }
         let mut ids: Vec<Uuid> = messages.iter().map(|m| m.partition_id).collect();
@@ -399,6 +401,7 @@ impl Pusher {
             .or_insert_with(|| {
                 store::start(
                     pool,
+                    self.catalog.backend(),
                     n.wake.clone(),
                     n.workers,
                     n.max_items,
@@ -406,6 +409,11 @@ impl Pusher {
                 )
             })
             .clone())
+    }
+
+    /// The storage pushes go to.
+    pub(crate) fn backend(&self) -> crate::backend::Backend {
+        self.catalog.backend()
     }
 
     /// Forgets a queue found deleted under a push, so its next push resolves it anew.

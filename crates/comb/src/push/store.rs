@@ -34,6 +34,7 @@ use tokio_postgres::{Row, Statement};
 use uuid::Uuid;
 
 use super::handoff;
+use crate::backend::{Backend, Forms};
 use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::fusion::{self, Fuser, Runner};
 use crate::messages::insert::{
@@ -130,33 +131,26 @@ pub(crate) struct PushJob {
     pub(crate) reply: oneshot::Sender<Result<Vec<Stored>, Arc<DbError>>>,
 }
 
+/// The partitions' heads a copy starts after: over the batch's partitions, or on Citus one
+/// partition's (a statement per partition, each on its worker).
+const HEADS: Forms = Forms {
+    postgres: HEADS_SQL,
+    citus: HEADS_CITUS_SQL,
+};
+
 const APPEND_SQL: &str =
     crate::messages::insert::append_sql!(crate::catalog::partitions_among!("$7"));
 
 /// [`APPEND_SQL`] on Citus: the heads' reads name the batch's partitions (`$7`) to the
 /// distributed tables in so many words, so Citus reads only their shards — one, as pushes
 /// are fused per shard — instead of every shard of the messages.
-static APPEND_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    let sql = APPEND_SQL
-        .replace(
-            "WHERE m.partition_id = p.id",
-            "WHERE m.partition_id = p.id AND m.partition_id = ANY($7)",
-        )
-        .replace(
-            "WHERE sp.partition_id = p.id",
-            "WHERE sp.partition_id = p.id AND sp.partition_id = ANY($7)",
-        );
-    debug_assert_eq!(sql.matches("ANY($7)").count(), 3, "{sql}");
-    sql
-});
-
-fn append_sql() -> &'static str {
-    if crate::schema::citus::on() {
-        &APPEND_CITUS_SQL
-    } else {
-        APPEND_SQL
-    }
-}
+const APPEND: Forms = Forms {
+    postgres: APPEND_SQL,
+    citus: crate::messages::insert::append_sql!(
+        head: crate::messages::head_pos!("p.id", among "$7");
+        crate::catalog::partitions_among!("$7")
+    ),
+};
 
 /// A batch on one PostgreSQL in one call, `comb.store_batch`, a transaction of its own: the
 /// partitions' lock, the store ([`APPEND_SQL`], or [`INSERT_SQL`] when `a_checks` says which
@@ -188,13 +182,10 @@ pub(crate) static STORE_FUNCTION: LazyLock<String> = LazyLock::new(|| {
             "a_subs",
         ],
     );
-    let outcomes = "SELECT i.ord, pr.message_id AS prior_id, s.message_id IS NOT NULL AS stored";
-    assert!(INSERT_SQL.contains(outcomes), "{INSERT_SQL}");
     let insert = with_names(
-        &INSERT_SQL.replace(
-            outcomes,
+        crate::messages::insert::insert_sql!(
             "SELECT NULL::uuid, i.ord, pr.message_id, s.message_id IS NOT NULL, NULL::text,
-       NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz",
+       NULL::uuid, NULL::bigint, NULL::uuid, NULL::timestamptz"
         ),
         &[
             "a_partitions",
@@ -374,6 +365,7 @@ const COPY_MIN_ROWS: usize = 64;
 /// Starts the push workers.
 pub(crate) fn start(
     pool: Pool,
+    backend: Backend,
     wake: Arc<Wake>,
     workers: usize,
     max_items: usize,
@@ -382,7 +374,7 @@ pub(crate) fn start(
     let run: Runner<PushJob> = Arc::new(move |jobs| {
         let pool = pool.clone();
         let wake = wake.clone();
-        Box::pin(async move { run_batch(&pool, &wake, jobs).await })
+        Box::pin(async move { run_batch(&pool, backend, &wake, jobs).await })
     });
     Fuser::start_keyed(
         workers,
@@ -414,9 +406,9 @@ pub(crate) fn shard_key(messages: &[NewMessage]) -> u64 {
         })
 }
 
-async fn run_batch(pool: &Pool, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
+async fn run_batch(pool: &Pool, backend: Backend, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
     let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
-    let plan = Plan::new(&all);
+    let plan = Plan::new(&all, backend);
     // Pops waiting here for these queues, offered what the batch stores (not by `COPY`: a
     // batch that heavy is not the light load a hand-off saves a claim for).
     let mut offered = if plan.copies() {
@@ -428,7 +420,7 @@ async fn run_batch(pool: &Pool, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
                 firsts.push((m.queue.clone(), m.partition_id, m.partition.clone()));
             }
         }
-        handoff::reserve(wake, firsts)
+        handoff::reserve(backend, wake, firsts)
     };
     let result = store(pool, &plan, &mut offered).await;
     if result.is_ok() {
@@ -470,7 +462,7 @@ async fn store(
         }
         return result;
     }
-    if !crate::schema::citus::on() {
+    if plan.backend.runs_data_path_functions() {
         let call = client.prepare_cached(STORE_CALL).await?;
         return plan.store_in_one_call(&client, &call, offered).await;
     }
@@ -509,9 +501,10 @@ async fn store(
 /// announces the pushed queues once it has committed.
 pub(crate) async fn store_in(
     tx: &deadpool_postgres::Transaction<'_>,
+    backend: Backend,
     all: &[&NewMessage],
 ) -> Result<Vec<Stored>, DbError> {
-    let plan = Plan::new(all);
+    let plan = Plan::new(all, backend);
     let statements = Statements::prepare(tx, &plan).await?;
     plan.run(tx, &statements).await
 }
@@ -538,14 +531,16 @@ impl Statements {
         client: &C,
         plan: &Plan<'_>,
     ) -> Result<Statements, DbError> {
+        let backend = plan.backend;
         let lock = client
-            .prepare_cached(crate::catalog::lock_partitions_sql())
+            .prepare_cached(backend.sql(&crate::catalog::LOCK_PARTITIONS))
             .await?;
-        let citus = crate::schema::citus::on();
+        // On Citus a checked batch reads its prior ids apart, then appends.
+        let citus = !backend.statements_span_partitions();
         let insert = if plan.checks_duplicates() && !citus {
             client.prepare_cached(INSERT_SQL).await?
         } else {
-            client.prepare_cached(append_sql()).await?
+            client.prepare_cached(backend.sql(&APPEND)).await?
         };
         let prior = if plan.checks_duplicates() && citus {
             Some(client.prepare_cached(PRIOR_CITUS_SQL).await?)
@@ -584,6 +579,7 @@ pub(crate) struct Plan<'a> {
     /// For each message, the index of its first occurrence if it repeats one.
     repeat_of: Vec<Option<usize>>,
     lock_ids: Vec<Uuid>,
+    backend: Backend,
 }
 
 /// Tells `wake` which partitions of which queues the committed `messages` went into.
@@ -611,7 +607,7 @@ fn announce_except<'m>(
 impl<'a> Plan<'a> {
     /// Folds in-batch repeats of (partition, transaction id). Only producers' ids can repeat:
     /// an id the broker made is the message's own fresh id.
-    pub(crate) fn new(all: &'a [&'a NewMessage]) -> Plan<'a> {
+    pub(crate) fn new(all: &'a [&'a NewMessage], backend: Backend) -> Plan<'a> {
         let mut first_of: HashMap<(Uuid, &str), usize> = HashMap::new();
         let mut sent = Vec::with_capacity(all.len());
         let mut repeat_of = Vec::with_capacity(all.len());
@@ -638,6 +634,7 @@ impl<'a> Plan<'a> {
             sent,
             repeat_of,
             lock_ids,
+            backend,
         }
     }
 
@@ -659,12 +656,10 @@ impl<'a> Plan<'a> {
     /// the end of the copy and COMMIT.
     async fn copy(&self, client: &deadpool_postgres::Client) -> Result<Vec<Stored>, DbError> {
         let lock = client
-            .prepare_cached(crate::catalog::lock_partitions_sql())
+            .prepare_cached(self.backend.sql(&crate::catalog::LOCK_PARTITIONS))
             .await?;
-        let citus = crate::schema::citus::on();
-        let heads = client
-            .prepare_cached(if citus { HEADS_CITUS_SQL } else { HEADS_SQL })
-            .await?;
+        let heads = client.prepare_cached(self.backend.sql(&HEADS)).await?;
+        let citus = !self.backend.statements_span_partitions();
         let with_sub = self
             .sent
             .iter()
@@ -1055,7 +1050,7 @@ mod tests {
             message(q, "t-1", "carol"),
         ];
         let all: Vec<&NewMessage> = batch.iter().collect();
-        let plan = Plan::new(&all);
+        let plan = Plan::new(&all, Backend::POSTGRES);
         let c = plan.columns(&[1, 2]);
         assert_eq!(c.partition_ids, [p, q]);
         assert_eq!(c.ranks, [1, 1]);

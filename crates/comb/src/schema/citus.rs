@@ -16,22 +16,13 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-/// Whether this server's database is a Citus coordinator: set when `comb migrate` (run by
-/// every server at start) finds the extension. The few statements Citus cannot plan as
-/// written have a form of their own for it, chosen by [`on`].
-static ON: AtomicBool = AtomicBool::new(false);
-
-/// Whether the database is a Citus coordinator (known once the schema was migrated).
-pub(crate) fn on() -> bool {
-    ON.load(Ordering::Relaxed)
-}
+use crate::backend::Backend;
 
 /// The partition a Citus statement is about, as its last parameter; nothing on PostgreSQL.
 pub(crate) fn with_partition<'a>(
@@ -600,9 +591,10 @@ END $body$"
 /// that argument's value). Nothing without Citus.
 pub(crate) async fn delegate(
     client: &Client,
+    backend: Backend,
     functions: &[(&str, (&str, &str, bool))],
 ) -> Result<(), tokio_postgres::Error> {
-    if !on() {
+    if !backend.distributes_schema() {
         return Ok(());
     }
     client
@@ -653,24 +645,15 @@ async fn delegate_locked(
     Ok(())
 }
 
-/// Whether the database is a Citus coordinator (has the extension).
-pub(crate) async fn present(client: &Client) -> Result<bool, tokio_postgres::Error> {
-    Ok(client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
-            &[],
-        )
-        .await?
-        .get(0))
-}
-
 /// Distributes the schema when the database has Citus; returns the tables it distributed now
 /// (empty without Citus, or when everything already is).
-pub(crate) async fn distribute(client: &Client) -> Result<Vec<String>, tokio_postgres::Error> {
-    if !present(client).await? {
+pub(crate) async fn distribute(
+    client: &Client,
+    backend: Backend,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    if !backend.distributes_schema() {
         return Ok(Vec::new());
     }
-    ON.store(true, Ordering::Relaxed);
     client
         .execute("SELECT pg_advisory_lock($1)", &[&DISTRIBUTION_LOCK])
         .await?;

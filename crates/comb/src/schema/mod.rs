@@ -4,6 +4,7 @@
 //! database whose schema is newer than the newest migration it carries: it would not know the
 //! invariants that schema relies on.
 
+use crate::backend::Backend;
 use tokio_postgres::Client;
 
 pub(crate) mod citus;
@@ -153,8 +154,9 @@ pub(crate) fn latest_version() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-/// Applies every pending migration and returns the versions applied (empty when up to date).
-pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
+/// Applies every pending migration and returns the versions applied (empty when up to date),
+/// and the storage the database is ([`Backend::detect`]: read here, once per start).
+pub(crate) async fn migrate(client: &mut Client) -> Result<(Vec<i32>, Backend), MigrateError> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
@@ -189,11 +191,12 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateErro
         applied.push(m.version);
     }
     tx.commit().await?;
-    let distributed = citus::distribute(client).await?;
+    let backend = Backend::detect(client).await?;
+    let distributed = citus::distribute(client, backend).await?;
     if !distributed.is_empty() {
         tracing::info!(?distributed, "distributed on Citus");
     }
-    Ok(applied)
+    Ok((applied, backend))
 }
 
 /// Makes the data path's functions on one PostgreSQL: each a `CREATE OR REPLACE FUNCTION`
@@ -202,9 +205,10 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateErro
 /// data-path functions [`citus::delegate`] makes.
 pub(crate) async fn install_functions(
     client: &mut Client,
+    backend: Backend,
     functions: &[&str],
 ) -> Result<(), tokio_postgres::Error> {
-    if citus::on() {
+    if !backend.runs_data_path_functions() {
         return Ok(());
     }
     let tx = client.transaction().await?;

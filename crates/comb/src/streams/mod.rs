@@ -139,7 +139,7 @@ impl Streams {
         wake: Arc<Wake>,
         stage: Arc<crate::metrics::Stage>,
     ) -> Streams {
-        let fuser = store::start(pool.clone(), stage);
+        let fuser = store::start(pool.clone(), pusher.backend(), stage);
         Streams {
             pool,
             pusher,
@@ -427,6 +427,7 @@ pub(crate) struct Committed {
 /// savepoint back.
 async fn run_cycle(
     tx: &deadpool_postgres::Transaction<'_>,
+    backend: crate::backend::Backend,
     cycle: &Fused,
 ) -> Result<Result<Committed, Refusal>, DbError> {
     store::lock_pair(tx, cycle.partition_id, cycle.query_id).await?;
@@ -434,6 +435,7 @@ async fn run_cycle(
     if let Some(ack) = &cycle.ack {
         let settled = match settle_run_in(
             tx,
+            backend,
             cycle.partition_id,
             &cycle.group,
             ack.count,
@@ -501,7 +503,7 @@ async fn run_cycle(
     let stored = if refs.is_empty() {
         Vec::new()
     } else {
-        store_in(tx, &refs).await?
+        store_in(tx, backend, &refs).await?
     };
     if let Some(i) = stored.iter().position(|s| *s == Stored::PartitionGone) {
         return Ok(Err(crate::push::queue_deleted(&cycle.messages[i].queue)));

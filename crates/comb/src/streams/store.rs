@@ -11,6 +11,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 
 use super::{CycleJob, Outcome, Registration, StateMaps, run_cycle};
+use crate::backend::Backend;
 use crate::db::DbError;
 use crate::fusion::{Fuser, Runner};
 use crate::metrics::Stage;
@@ -20,10 +21,10 @@ const MAX_FUSED_CYCLES: usize = 64;
 
 /// Starts the cycle worker: one, so fused batches of cycles never wait on each other's locks,
 /// and each batch is one transaction (each cycle under its own savepoint) with one commit.
-pub(super) fn start(pool: Pool, stage: Arc<Stage>) -> Fuser<CycleJob> {
+pub(super) fn start(pool: Pool, backend: Backend, stage: Arc<Stage>) -> Fuser<CycleJob> {
     let run: Runner<CycleJob> = Arc::new(move |jobs| {
         let pool = pool.clone();
-        Box::pin(async move { run_batch(&pool, jobs).await })
+        Box::pin(async move { run_batch(&pool, backend, jobs).await })
     });
     Fuser::start(1, MAX_FUSED_CYCLES, |_| 1, run, stage)
 }
@@ -31,12 +32,12 @@ pub(super) fn start(pool: Pool, stage: Arc<Stage>) -> Fuser<CycleJob> {
 /// Commits a batch of cycles, in a stable order (partition, query) so that the locks of two
 /// batches are taken alike. If the batch fails as a whole (a deadlock with other traffic, a
 /// lost connection), each cycle is tried again alone, so that one cycle's trouble is its own.
-async fn run_batch(pool: &Pool, mut jobs: Vec<CycleJob>) {
+async fn run_batch(pool: &Pool, backend: Backend, mut jobs: Vec<CycleJob>) {
     jobs.sort_by_key(|j| (j.cycle.partition_id, j.cycle.query_id));
-    let outcomes = match commit(pool, &jobs).await {
+    let outcomes = match commit(pool, backend, &jobs).await {
         Err(_) if jobs.len() > 1 => {
             for job in jobs {
-                let result = commit(pool, std::slice::from_ref(&job)).await;
+                let result = commit(pool, backend, std::slice::from_ref(&job)).await;
                 reply(job, result.map(|mut o| o.pop().expect("one outcome")));
             }
             return;
@@ -64,7 +65,7 @@ fn reply(job: CycleJob, result: Result<Outcome, DbError>) {
 
 /// One transaction for `jobs`, each cycle under a savepoint: a refused cycle is rolled back
 /// to its savepoint and the others go on.
-async fn commit(pool: &Pool, jobs: &[CycleJob]) -> Result<Vec<Outcome>, DbError> {
+async fn commit(pool: &Pool, backend: Backend, jobs: &[CycleJob]) -> Result<Vec<Outcome>, DbError> {
     let mut client = pool.get().await?;
     let mut tx = client.transaction().await?;
     let touched: Vec<Uuid> = jobs
@@ -74,11 +75,11 @@ async fn commit(pool: &Pool, jobs: &[CycleJob]) -> Result<Vec<Outcome>, DbError>
                 .chain(j.cycle.messages.iter().map(|m| m.partition_id))
         })
         .collect();
-    crate::catalog::enlist_workers(&tx, &touched).await?;
+    crate::catalog::enlist_workers(&tx, backend, &touched).await?;
     let mut outcomes = Vec::with_capacity(jobs.len());
     for job in jobs {
         let savepoint = tx.transaction().await?;
-        let result = run_cycle(&savepoint, &job.cycle).await?;
+        let result = run_cycle(&savepoint, backend, &job.cycle).await?;
         if result.is_ok() {
             savepoint.commit().await?;
         } else {

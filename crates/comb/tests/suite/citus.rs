@@ -2522,6 +2522,86 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
     drop(citus);
 }
 
+/// With a worker stopped, a pop of the whole queue by a group whose name holds `$1`, a quote
+/// and a backslash lists the live worker's candidates one worker at a time and is served:
+/// the per-worker listing binds the group as a parameter, never as text of the statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lost_lists_candidates_of_a_group_named_like_sql_by_parameters() {
+    let (citus, env) = private_cluster("citus_lost_named").await;
+    const GROUP: &str = r"g$1'x\y $2";
+    const PARTITIONS: usize = 8;
+    let names: Vec<String> = (0..PARTITIONS).map(|p| format!("p{p}")).collect();
+    let push_one = |p: &str, n: i64| json!({"queue": "named", "partition": p, "payload": {"n": n}});
+    env.push(json!(
+        names.iter().map(|p| push_one(p, 1)).collect::<Vec<_>>()
+    ))
+    .await;
+    let placed = {
+        let list: Vec<String> = names.iter().map(|p| format!("'{p}'")).collect();
+        citus
+            .coordinator()
+            .psql(
+                &env.db_name,
+                &format!(
+                    "SELECT p.name || ' ' || n.nodeport FROM comb.partitions p
+                     JOIN pg_dist_placement pl
+                       ON pl.shardid = get_shard_id_for_distribution_column('comb.partitions', p.id)
+                     JOIN pg_dist_node n ON n.groupid = pl.groupid
+                     WHERE p.name IN ({})",
+                    list.join(",")
+                ),
+            )
+            .unwrap()
+    };
+    let lost_port = citus.workers()[1].port().to_string();
+    let live: Vec<String> = placed
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, port)| *port != lost_port)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    assert!(
+        !live.is_empty() && live.len() < PARTITIONS,
+        "partitions on both workers: {placed}"
+    );
+    // The group subscribes while the cluster is whole (the subscription is a reference
+    // table's row, written on every node), by a named pop of a live partition.
+    let named = env
+        .http
+        .get(env.url(&format!("/api/v1/pop/queue/named/partition/{}", live[0])))
+        .query(&[("consumerGroup", GROUP), ("batch", "10")]);
+    let (status, _, first) = status_and_retry(named).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["consumerGroup"].as_str(), Some(GROUP), "{first}");
+    assert_eq!(numbers(&first), vec![1]);
+
+    let worker = &citus.workers()[1];
+    tokio::task::block_in_place(|| worker.stop("fast")).expect("the worker stops");
+    let whole = env
+        .http
+        .get(env.url("/api/v1/pop/queue/named"))
+        .query(&[("consumerGroup", GROUP), ("batch", "10")]);
+    let (status, _, pop) = status_and_retry(whole).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a pop of the queue: {pop}\n{}",
+        env.server.log_tail(60)
+    );
+    let p = pop["partition"].as_str().unwrap_or_default().to_string();
+    assert!(live.contains(&p) && p != live[0], "{p}: {pop}");
+    assert_eq!(numbers(&pop), vec![1], "{p}");
+    let log = env.server.log_tail(200);
+    assert!(
+        log.contains("candidates listed per worker: 1 of 2 workers answered")
+            && !log.contains("workers answered, 0 candidates"),
+        "{log}"
+    );
+    tokio::task::block_in_place(|| worker.restart()).expect("the worker restarts");
+    drop(env);
+    drop(citus);
+}
+
 // Partition ids derived from their queue and name
 
 /// The id Comb derives for partition `name` of queue `queue_id` (`catalog::ids`): pinned
