@@ -1,5 +1,5 @@
 """What the tests share: running a client session, plain HTTP for what Queen's client lacks,
-the bearer token both carry, and the client's version."""
+the bearer token both carry, the client's version, and whether the server runs on Citus."""
 
 import asyncio
 import importlib.metadata
@@ -15,6 +15,11 @@ LEGACY = CLIENT_VERSION.startswith("0.")
 # The bearer token every request carries when the server requires tokens (set by
 # `queen_python.rs` to an administrator's); unset against an open server.
 TOKEN = os.environ.get("COMB_TOKEN") or None
+
+# Whether the server under test runs on a Citus cluster (COMB_TEST_BACKEND=citus, as the Rust
+# suite reads it). There the administrative actions that move cursors or requeue answer 501
+# `unsupported_on_cluster` and change nothing (docs/scale-out.md, "Not yet").
+ON_CITUS = os.environ.get("COMB_TEST_BACKEND") == "citus"
 
 
 def session(url, body, token=TOKEN):
@@ -45,3 +50,15 @@ def pop_builder(queen, name, **kw):
         q = getattr(q, key)(value)
     return q
 
+
+
+def assert_unsupported_on_cluster(response):
+    """`response` (an httpx response, or the HTTPStatusError Queen's client raised for it) is
+    the refusal a Citus cluster gives an action it does not run: 501, problem+json, code
+    `unsupported_on_cluster`."""
+    if isinstance(response, Exception):
+        assert isinstance(response, httpx.HTTPStatusError), repr(response)
+        response = response.response
+    assert response.status_code == 501, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["code"] == "unsupported_on_cluster", response.text

@@ -5,6 +5,8 @@ with an encryption key and runs this suite with each installed client version). 
 when set, is the bearer token every client of the suite carries (the server then requires
 tokens). COMB_READ_TOKEN, when set, is a reader's token: only then is `test_refusals.py`
 collected (the answers a client without the right token gets), and it is run alone.
+COMB_TEST_BACKEND=citus says the server runs on a Citus cluster: the tests of the actions
+Comb does not run there assert their refusal (`comb_client.ON_CITUS`).
 """
 
 import importlib.metadata
@@ -13,6 +15,7 @@ import uuid
 
 import pytest
 
+from comb_client import ON_CITUS
 from comb_client import http as http_client
 
 CLIENT_VERSION = importlib.metadata.version("queen-mq")
@@ -23,7 +26,8 @@ collect_ignore = [] if os.environ.get("COMB_READ_TOKEN") else ["test_refusals.py
 
 def pytest_report_header(config):
     tokens = "with a token" if os.environ.get("COMB_TOKEN") else "without a token"
-    return f"queen-mq {CLIENT_VERSION}, server {os.environ.get('COMB_URL')} ({tokens})"
+    backend = "Citus" if ON_CITUS else "PostgreSQL"
+    return f"queen-mq {CLIENT_VERSION}, server {os.environ.get('COMB_URL')} on {backend} ({tokens})"
 
 
 @pytest.fixture

@@ -6,6 +6,10 @@ answer is read for what it says: counts, the message found, lag, a seek that mov
 retried dead letter delivered again, maintenance that holds pushes. `test_every_public_method_is_called`
 keeps the list honest for each client version. One server serves the whole run and pytest runs
 one test at a time, so database-wide figures are compared before and after.
+
+On a Citus cluster (`ON_CITUS`) the actions that move cursors or requeue (clear, delete, retry
+and dead-letter a message, seek, delete a group's cursors) answer 501 `unsupported_on_cluster`:
+their tests assert that answer and that delivery goes on as if nothing had been asked.
 """
 
 import asyncio
@@ -18,7 +22,7 @@ import httpx
 import pytest
 from queen.admin.admin import Admin
 
-from comb_client import LEGACY, pop_builder, session
+from comb_client import LEGACY, ON_CITUS, assert_unsupported_on_cluster, pop_builder, session
 
 # Each public method of `Admin` and the test calling it. 0.15.0 has them all but
 # get_queue_depth; 2.6.0 dropped the maintenance modes and get_postgres_stats, and raises
@@ -105,6 +109,13 @@ def status_of(error):
     return error.response.status_code
 
 
+async def refused(call):
+    """The error `call` (an admin method's coroutine) raised; it must raise."""
+    with pytest.raises(Exception) as error:
+        await call
+    return error.value
+
+
 def test_overview_namespaces_and_tasks_count_what_was_pushed(url, name):
     ns, task = name + "-ns", name + "-task"
 
@@ -181,6 +192,11 @@ def test_clear_queue_passes_what_is_pending(url, name):
             with pytest.raises(NotImplementedError):
                 await q.admin.clear_queue(name)
             return None, None, await pop_builder(q, name, batch=10, partitions=2).pop()
+        if ON_CITUS:
+            # Refused, of one partition or of the queue: every message is still handed out.
+            one = await refused(q.admin.clear_queue(name, "b"))
+            everything = await refused(q.admin.clear_queue(name))
+            return one, everything, await pop_builder(q, name, batch=10, partitions=2).pop()
         one = await q.admin.clear_queue(name, "b")
         rest = await pop_builder(q, name, batch=10, partitions=2).pop()
         await q.ack(rest, True)
@@ -191,6 +207,11 @@ def test_clear_queue_passes_what_is_pending(url, name):
     one, everything, got = session(url, body)
     if not LEGACY:
         assert sorted(numbers(got)) == [0, 1, 2, 10, 11]
+        return
+    if ON_CITUS:
+        assert_unsupported_on_cluster(one)
+        assert_unsupported_on_cluster(everything)
+        assert sorted(numbers(got)) == [0, 1, 2, 10, 11], "nothing was cleared"
         return
     assert one["messagesCleared"] == 2 and one["partition"] == "b"
     assert everything["messagesCleared"] == 2 and everything["partition"] is None
@@ -205,7 +226,10 @@ def test_messages_are_listed_found_and_deleted(url, name):
         everything = await q.admin.list_messages(queue=name, limit=2)
         pid, tx = pushed[2]["partition_id"], pushed[2]["transaction_id"]
         found = await q.admin.get_message(pid, tx)
-        deleted = await q.admin.delete_message(pid, tx)
+        if ON_CITUS:
+            deleted = await refused(q.admin.delete_message(pid, tx))
+        else:
+            deleted = await q.admin.delete_message(pid, tx)
         await q.ack(leased, True)
         rest = await pop_builder(q, name, batch=10).pop()
         with pytest.raises(Exception) as gone:
@@ -219,9 +243,13 @@ def test_messages_are_listed_found_and_deleted(url, name):
     assert len(everything["messages"]) == 2
     assert found["data"] == {"n": 2}
     assert found["consumerGroups"][0]["status"] == "pending"
+    assert status_of(gone) == 404
+    if ON_CITUS:
+        assert_unsupported_on_cluster(deleted)
+        assert numbers(rest) == [1, 2, 3], "the message refused deletion is handed out"
+        return
     assert deleted["deleted"] is True
     assert numbers(rest) == [1, 3], "the deleted message is not handed out"
-    assert status_of(gone) == 404
 
 
 def test_a_retried_dead_letter_is_delivered_again(url, name):
@@ -235,15 +263,25 @@ def test_a_retried_dead_letter_is_delivered_again(url, name):
         dead = await q.admin.list_messages(queue=name, status="dead_letter")
         nothing = await pop_builder(q, name).pop()
         m = got[0]
+        if ON_CITUS:
+            retried = await refused(q.admin.retry_message(m["partitionId"], m["transactionId"]))
+            again = await pop_builder(q, name).pop()
+            still = await q.admin.list_messages(queue=name, status="dead_letter")
+            return dead, nothing, retried, again, still
         retried = await q.admin.retry_message(m["partitionId"], m["transactionId"])
         again = await pop_builder(q, name).pop()
         await q.ack(again, True)
-        return dead, nothing, retried, again
+        return dead, nothing, retried, again, None
 
-    dead, nothing, retried, again = session(url, body)
+    dead, nothing, retried, again, still = session(url, body)
     assert [m["data"] for m in dead["messages"]] == [{"n": 0}]
     assert dead["messages"][0]["status"] == "dead_letter"
     assert nothing == []
+    if ON_CITUS:
+        assert_unsupported_on_cluster(retried)
+        assert again == [], "the refused retry requeued nothing"
+        assert [m["data"] for m in still["messages"]] == [{"n": 0}], "still a dead letter"
+        return
     assert retried["retried"] is True and retried["requeued"] == 1
     assert numbers(again) == [0]
 
@@ -257,6 +295,10 @@ def test_a_message_moved_to_the_dead_letters_is_not_delivered(url, name):
             with pytest.raises(NotImplementedError):
                 await q.admin.move_message_to_dlq(pid, tx)
             return None, None, await pop_builder(q, name, batch=10).pop()
+        if ON_CITUS:
+            moved = await refused(q.admin.move_message_to_dlq(pid, tx))
+            dlq = await q.queue(name).dlq().get()
+            return moved, dlq, await pop_builder(q, name, batch=10).pop()
         moved = await q.admin.move_message_to_dlq(pid, tx)
         dlq = await q.queue(name).dlq().get()
         return moved, dlq, await pop_builder(q, name, batch=10).pop()
@@ -264,6 +306,11 @@ def test_a_message_moved_to_the_dead_letters_is_not_delivered(url, name):
     moved, dlq, got = session(url, body)
     if not LEGACY:
         assert numbers(got) == [0, 1, 2]
+        return
+    if ON_CITUS:
+        assert_unsupported_on_cluster(moved)
+        assert dlq["messages"] == []
+        assert numbers(got) == [0, 1, 2], "the message refused the dead letters is handed out"
         return
     assert moved["success"] is True
     assert [m["data"] for m in dlq["messages"]] == [{"n": 1}]
@@ -426,6 +473,9 @@ async def read(q, name, group):
 
 def test_seek_moves_what_a_group_is_handed(url, name):
     group = name + "-g"
+    if ON_CITUS:
+        seek_is_refused_on_a_cluster(url, name, group)
+        return
 
     async def body(q):
         await q.queue(name).push(items(3))
@@ -453,12 +503,43 @@ def test_seek_moves_what_a_group_is_handed(url, name):
     assert numbers(later) == [20], "only what came after the timestamp"
 
 
+def seek_is_refused_on_a_cluster(url, name, group):
+    """On Citus every seek is refused and the group goes on from where it stood."""
+
+    async def body(q):
+        await q.queue(name).push(items(3))
+        first = await read(q, name, group)
+        to_start = await refused(q.admin.seek_consumer_group(group, name, {"toStart": True}))
+        again = await read(q, name, group)
+        await q.queue(name).push(items(2, 10))
+        to_end = await refused(q.admin.seek_consumer_group(group, name, {"toEnd": True}))
+        rest = await read(q, name, group)
+        back = await refused(
+            q.admin.seek_consumer_group(
+                group, name, {"timestamp": datetime.now(timezone.utc).isoformat()}
+            )
+        )
+        return first, to_start, again, to_end, rest, back, await read(q, name, group)
+
+    first, to_start, again, to_end, rest, back, later = session(url, body)
+    assert numbers(first) == [0, 1, 2]
+    for answer in (to_start, to_end, back):
+        assert_unsupported_on_cluster(answer)
+    assert again == [], "not moved to the start"
+    assert numbers(rest) == [10, 11], "not moved to the end"
+    assert later == []
+
+
 def test_a_group_deleted_for_a_queue_starts_again(url, name):
     group = name + "-g"
 
     async def body(q):
         await q.queue(name).push(items(2))
         await read(q, name, group)
+        if ON_CITUS:
+            deleted = await refused(q.admin.delete_consumer_group_for_queue(group, name, True))
+            kept = await q.admin.get_consumer_group(group)
+            return deleted, kept, await pop_builder(q, name, batch=10).group(group).pop()
         deleted = await q.admin.delete_consumer_group_for_queue(group, name, True)
         with pytest.raises(Exception) as gone:
             await q.admin.get_consumer_group(group)
@@ -466,6 +547,11 @@ def test_a_group_deleted_for_a_queue_starts_again(url, name):
         return deleted, gone.value, again
 
     deleted, gone, again = session(url, body)
+    if ON_CITUS:
+        assert_unsupported_on_cluster(deleted)
+        assert gone["name"] == group, "the group is kept"
+        assert again == [], "the group goes on from where it stood"
+        return
     assert deleted["success"] is True and deleted["deletedPartitions"] == 1
     assert deleted["metadataDeleted"] is True
     assert status_of(gone) == 404

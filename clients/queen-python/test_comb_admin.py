@@ -1,8 +1,9 @@
 """What Queen's client has no method for, through plain HTTP beside it: dead-letter requeue
 (in the original order), purge, and a seek of one partition. The data is made and read back
-with Queen's client."""
+with Queen's client. On a Citus cluster (`ON_CITUS`) the requeue and the seek answer 501
+`unsupported_on_cluster` and change nothing; purge works there as anywhere."""
 
-from comb_client import pop_builder, session
+from comb_client import ON_CITUS, assert_unsupported_on_cluster, pop_builder, session
 
 
 def dead_letter(q, name, group, partition, failing):
@@ -33,6 +34,17 @@ def test_requeued_dead_letters_come_back_in_their_order_to_their_group_only(url,
     assert sorted(m["data"]["n"] for m in dead["messages"]) == [1, 4, 5, 7]
 
     r = http.post("/api/v1/dlq/requeue", json={"queue": name, "consumerGroup": "w"})
+    if ON_CITUS:
+        assert_unsupported_on_cluster(r)
+
+        async def unchanged(q):
+            got = await pop_builder(q, name, batch=10).group("w").pop()
+            return got, await q.queue(name).dlq("w").get()
+
+        got, still = session(url, unchanged)
+        assert got == [], "nothing was requeued"
+        assert sorted(m["data"]["n"] for m in still["messages"]) == [1, 4, 5, 7]
+        return
     assert r.status_code == 200, r.text
     assert r.json()["requeued"] == 4
     assert r.json()["consumerGroups"] == ["w"]
@@ -88,6 +100,14 @@ def test_a_seek_of_one_partition_leaves_the_others(url, http, name):
     r = http.post(
         f"/api/v1/consumer-groups/g/queues/{name}/partitions/a/seek", json={"toStart": True}
     )
+    if ON_CITUS:
+        assert_unsupported_on_cluster(r)
+
+        async def unmoved(q):
+            return await pop_builder(q, name, batch=10, partitions=2).group("g").pop()
+
+        assert session(url, unmoved) == [], "the group was not moved"
+        return
     assert r.status_code == 200, r.text
     assert r.json()["partitionsMoved"] == 1
     assert r.json()["lag"] == 2

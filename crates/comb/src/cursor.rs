@@ -152,6 +152,19 @@ macro_rules! slowest_position {
 }
 pub(crate) use slowest_position;
 
+/// The cursors of queue `$q` (an SQL expression), a `SELECT` of their partition and group
+/// (`partition_id`, `consumer_group`): one read of the queue's cursors, for statements that
+/// read it apart (on Citus into an intermediate result) and then each cursor's state.
+macro_rules! cursors_of_queue {
+    ($q:literal) => {
+        concat!(
+            "SELECT c.partition_id, c.consumer_group FROM comb.cursors c WHERE c.queue_id = ",
+            $q
+        )
+    };
+}
+pub(crate) use cursors_of_queue;
+
 /// The queue of the statement's cursor `u` (`u.partition_id`, `u.consumer_group`) as `c`:
 /// one probe of the cursor's key (`LIMIT` keeps the subquery from becoming a join the
 /// planner could answer by reading every cursor of the queue). No row: no such cursor.

@@ -127,13 +127,17 @@ impl Modes {
         Ok(())
     }
 
-    /// Turns a mode on or off for every server; this one knows at once.
+    /// Turns a mode on or off for every server; this one knows at once. The time of the change
+    /// is taken in `VALUES` and the update copies the row it would have inserted: Citus, where
+    /// `comb.system_modes` is a reference table, refuses any function but an immutable one in
+    /// `DO UPDATE SET` (`now()` there answered every change with 500).
     pub async fn set(&self, pool: &Pool, mode: Mode, enabled: bool) -> Result<ModeState, DbError> {
         let client = pool.get().await?;
         client
             .execute(
-                "INSERT INTO comb.system_modes (mode, enabled) VALUES ($1, $2)
-                 ON CONFLICT (mode) DO UPDATE SET enabled = $2, changed_at = now()",
+                "INSERT INTO comb.system_modes (mode, enabled, changed_at) VALUES ($1, $2, now())
+                 ON CONFLICT (mode) DO UPDATE
+                 SET enabled = excluded.enabled, changed_at = excluded.changed_at",
                 &[&mode.name(), &enabled],
             )
             .await?;

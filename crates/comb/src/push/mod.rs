@@ -205,7 +205,7 @@ impl Pusher {
             if max == 0 {
                 continue;
             }
-            let pending = messages::pending(&self.pool, queue_id).await?;
+            let pending = messages::pending(&self.pool, self.backend(), queue_id).await?;
             if pending + n > max {
                 return Err(Refusal::new(
                     Kind::Full,

@@ -2186,6 +2186,54 @@ async fn administration_listings_count_right_and_unsupported_actions_are_refused
     assert_eq!(admin_ok(&env, "/api/v1/resources/queues").await["total"], 1);
 }
 
+/// The maintenance modes switch on, again, and off on the cluster (`comb.system_modes` is a
+/// reference table there, whose upsert Citus plans only without a function in `DO UPDATE
+/// SET`), each switch answering with the mode as stored, and they hold pushes and pops while
+/// on.
+#[tokio::test]
+async fn maintenance_modes_switch_on_and_off_and_hold_traffic_on_the_cluster() {
+    let env = on_citus("citus_modes").await;
+    env.push(admin_items("mm", "p", 0, 1)).await;
+    for (path, held) in [
+        ("/api/v1/system/maintenance", "push"),
+        ("/api/v1/system/maintenance/pop", "pop"),
+    ] {
+        // On twice: the second switch updates the row the first inserted.
+        for enabled in [true, true, false, true, false] {
+            let (s, body) = env.post(path, &json!({"enabled": enabled})).await;
+            assert_eq!(s, StatusCode::OK, "{path} {enabled}: {body}");
+            assert_eq!(
+                (&body["enabled"], &body["mode"]),
+                (&json!(enabled), &json!(held)),
+                "{body}"
+            );
+            assert!(body["changedAt"].is_string(), "{body}");
+            let (s, stored) = env.get(path).await;
+            assert_eq!(s, StatusCode::OK, "{stored}");
+            assert_eq!(stored["enabled"], enabled, "{stored}");
+            if !enabled {
+                continue;
+            }
+            if held == "push" {
+                let (s, _, body) = env
+                    .post_full(
+                        "/api/v1/push",
+                        &json!({"items": admin_items("mm", "p", 1, 1)}),
+                    )
+                    .await;
+                assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+                assert_eq!(body["code"], "maintenance_mode", "{body}");
+            } else {
+                assert!(env.pop("/api/v1/pop/queue/mm").await.is_none());
+            }
+        }
+    }
+    // Both off: pushes are stored and pops hand them out again.
+    env.push(admin_items("mm", "p", 1, 1)).await;
+    let pop = env.pop("/api/v1/pop/queue/mm?batch=10").await.unwrap();
+    assert_eq!(numbers(&pop), vec![0, 1]);
+}
+
 /// Runs `sql` on the coordinator in the test's database; psql's unaligned output.
 fn on_coordinator(env: &Env, sql: &str) -> String {
     Citus::shared()
