@@ -588,3 +588,207 @@ async fn concurrent_cycles_commit_or_fail_each_on_its_own() {
         "{text}"
     );
 }
+
+/// A cycle of one leased message on a fresh query, its body changed by `change` (a field set
+/// to `null` or removed), as Queen's SDKs may send it.
+async fn cycle_changed(change: impl FnOnce(&mut Value)) -> (Env, StatusCode, Value, Value) {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 1, 1).await;
+    let mut body = cycle(
+        &query,
+        &pop,
+        1,
+        json!([{"type": "upsert", "key": "k", "value": {"acc": 1}}]),
+    );
+    change(&mut body);
+    let (s, done) = env.post("/streams/v1/cycle", &body).await;
+    (env, s, done, pop)
+}
+
+/// Whether the one source message was settled for the query's group.
+async fn source_settled(env: &Env) -> bool {
+    let (_, listed) = env.get("/api/v1/streams/queries").await;
+    listed["queries"][0]["partitions"][0]["lag"] == 0
+}
+
+/// Every field of a cycle Queen takes as `null` (or absent), Comb takes the same way: one
+/// test per field. Each asserts the cycle committed and what the field's default did.
+mod null_fields {
+    use super::*;
+
+    #[tokio::test]
+    async fn state_ops_null_is_no_state_change() {
+        let (env, s, done, pop) = cycle_changed(|b| b["state_ops"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["state_ops_applied"], 0);
+        assert_eq!(done["ack_result"]["count"], 1);
+        let query = done["query_id"].clone();
+        assert_eq!(state(&env, &query, &pop["partitionId"]).await, json!([]));
+        assert_eq!(sink_count(&env), "1");
+    }
+
+    #[tokio::test]
+    async fn state_ops_absent_is_no_state_change() {
+        let (_env, s, done, _) = cycle_changed(|b| {
+            b.as_object_mut().unwrap().remove("state_ops");
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["state_ops_applied"], 0);
+    }
+
+    #[tokio::test]
+    async fn push_items_null_pushes_nothing() {
+        let (env, s, done, _) = cycle_changed(|b| b["push_items"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["push_results"], json!([]));
+        assert_eq!(done["state_ops_applied"], 1);
+        assert_eq!(sink_count(&env), "0");
+    }
+
+    #[tokio::test]
+    async fn ack_null_acks_nothing() {
+        let (env, s, done, pop) = cycle_changed(|b| b["ack"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"], Value::Null);
+        assert_eq!(done["state_ops_applied"], 1);
+        // The message is still under its lease, unsettled.
+        let m = &pop["messages"][0];
+        let acked = env.ack(m, "completed", Some(GROUP), None).await;
+        assert_eq!(acked.0, StatusCode::OK, "{acked:?}");
+    }
+
+    #[tokio::test]
+    async fn release_lease_null_releases_it() {
+        let (_env, s, done, _) = cycle_changed(|b| b["release_lease"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"]["lease_released"], true);
+    }
+
+    #[tokio::test]
+    async fn consumer_group_null_is_queue_mode() {
+        // Without an ack: the lease is the query's group's, not queue mode's.
+        let (env, s, done, pop) = cycle_changed(|b| {
+            b["consumer_group"] = Value::Null;
+            b["ack"] = Value::Null;
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        let query = done["query_id"].clone();
+        assert_eq!(
+            state(&env, &query, &pop["partitionId"]).await[0]["value"],
+            json!({"acc": 1})
+        );
+    }
+
+    #[tokio::test]
+    async fn ack_lease_id_null_checks_the_live_lease() {
+        let (env, s, done, _) = cycle_changed(|b| b["ack"]["leaseId"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"]["count"], 1);
+        assert!(source_settled(&env).await);
+    }
+
+    #[tokio::test]
+    async fn ack_status_null_is_completed() {
+        let (env, s, done, _) = cycle_changed(|b| b["ack"]["status"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"]["count"], 1);
+        assert!(source_settled(&env).await);
+    }
+
+    #[tokio::test]
+    async fn ack_count_null_is_one() {
+        let (env, s, done, _) = cycle_changed(|b| b["ack"]["count"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"]["count"], 1);
+        assert!(source_settled(&env).await);
+    }
+
+    #[tokio::test]
+    async fn state_op_value_null_is_stored_as_null_and_absent_as_an_empty_object() {
+        let (env, s, done, pop) = cycle_changed(|b| {
+            b["state_ops"] = json!([{"type": "upsert", "key": "n", "value": null},
+                                    {"type": "upsert", "key": "o"}]);
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        let rows = state(&env, &done["query_id"], &pop["partitionId"]).await;
+        assert_eq!(
+            (rows[0]["key"].as_str(), &rows[0]["value"]),
+            (Some("n"), &Value::Null),
+            "{rows}"
+        );
+        assert_eq!(
+            (rows[1]["key"].as_str(), &rows[1]["value"]),
+            (Some("o"), &json!({}))
+        );
+    }
+
+    #[tokio::test]
+    async fn push_item_partition_null_is_default() {
+        let (env, s, done, _) =
+            cycle_changed(|b| b["push_items"][0]["partition"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(
+            env.sql(
+                "SELECT p.name FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id \
+                 JOIN comb.queues q ON q.id = p.queue_id WHERE q.name = 'sink'"
+            ),
+            "Default"
+        );
+    }
+
+    #[tokio::test]
+    async fn push_item_transaction_id_and_trace_id_null_are_absent() {
+        let (env, s, done, _) = cycle_changed(|b| {
+            b["push_items"][0]["transactionId"] = Value::Null;
+            b["push_items"][0]["traceId"] = Value::Null;
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["push_results"][0]["status"], "queued", "{done}");
+        assert_eq!(sink_count(&env), "1");
+    }
+
+    #[tokio::test]
+    async fn register_reset_and_sink_queue_null_are_absent() {
+        let env = Env::start().await;
+        let (s, r) = env
+            .post(
+                "/streams/v1/queries",
+                &json!({"name": "q", "source_queue": "src", "sink_queue": null,
+                        "config_hash": "h", "reset": null}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{r}");
+        assert_eq!(
+            (r["fresh"].as_bool(), r["reset"].as_bool()),
+            (Some(true), Some(false))
+        );
+        // A null reset is no consent to drop state.
+        let (s, changed) = env
+            .post(
+                "/streams/v1/queries",
+                &json!({"name": "q", "source_queue": "src", "config_hash": "h2", "reset": null}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CONFLICT, "{changed}");
+    }
+
+    #[tokio::test]
+    async fn state_get_keys_prefix_and_ripeness_null_read_everything() {
+        let (env, s, done, pop) = cycle_changed(|_| {}).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        let (s, got) = env
+            .post(
+                "/streams/v1/state/get",
+                &json!({"query_id": done["query_id"], "partition_id": pop["partitionId"],
+                        "keys": null, "key_prefix": null, "ripe_at_or_before": null}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{got}");
+        assert_eq!(got["rows"][0]["key"], "k", "{got}");
+    }
+}
