@@ -109,6 +109,8 @@ codes! {
     StreamPartitionNotRead "stream_partition_not_read" "The cycle names a partition that is not in the query's source queue.",
     StreamAckMismatch "stream_ack_mismatch" "The cycle's ack names a message that is not among the first unsettled messages of its lease (409).",
     StreamStateTooLarge "stream_state_too_large" "The cycle would make a query's state on one partition larger than the server keeps; nothing was committed.",
+    StreamPartitionLeased "stream_partition_leased" "A cycle without an ack would change state while the query's group holds a lease on the partition; the lease holder's cycle comes first (409).",
+    StreamStateStale "stream_state_stale" "A cycle without an ack deletes keys of which some are gone already: it was computed from state read before another cycle; nothing was committed (409).",
     StateOpInvalid "state_op_invalid" "A cycle's state operation is malformed: an unknown type, or no key.",
     StateValueTooLarge "state_value_too_large" "A state value is larger than the server keeps (413); nothing was committed.",
     AckInvalid "ack_invalid" "A cycle's ack is malformed: no transaction id, partition or count.",

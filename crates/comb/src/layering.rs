@@ -106,6 +106,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("stream_queries", "streams"),
     ("stream_partitions", "streams"),
     ("stream_states", "streams"),
+    ("stream_state_keys", "streams"),
     ("stream_state_now", "streams"),
     ("retention_secs", "queue"),
     ("completed_retention_secs", "queue"),

@@ -37,7 +37,7 @@ pub use completed::JUDGE_SQL;
 pub(crate) use completed::{COMPLETE_FUNCTION, JUDGE_CITUS_FUNCTION, JUDGE_CITUS_SIGNATURE};
 pub use store::{ACK_STATE_SQL, LOOKUP_SQL, PLANS};
 pub(crate) use store::{
-    RunSettled, WriteStatements, queues_of, settle_in, settle_run_in, write_back,
+    RunSettled, WriteStatements, lease_live_in, queues_of, settle_in, settle_run_in, write_back,
 };
 
 /// What the consumer says of a message.

@@ -383,6 +383,38 @@ pub(crate) async fn settle_run_in(
     }))
 }
 
+/// Whether the (partition, group) cursor holds a live lease, its row locked for the rest of
+/// `tx`: claims skip a locked cursor, so no lease begins before `tx` ends. Streams' cycles
+/// without an ack ask this, so that they never change state a lease holder has read.
+pub(crate) async fn lease_live_in(
+    tx: &Transaction<'_>,
+    backend: Backend,
+    partition: Uuid,
+    group: &str,
+) -> Result<bool, DbError> {
+    plans_in(tx, backend).await?;
+    let reads = ReadStatements::prepare(tx, backend).await?;
+    let pids = vec![partition];
+    let groups = vec![group];
+    let counts = vec![0_i64];
+    let one = backend.one_partition(partition);
+    let lock_params: [&(dyn ToSql + Sync); 2] = [&pids, &groups];
+    let state_params = crate::schema::citus::with_partition(&[&pids, &groups, &counts], &one);
+    let (lock, locked) = tokio::join!(
+        tx.query(&reads.lock, &lock_params),
+        tx.query(&reads.state, &state_params),
+    );
+    lock?;
+    let locked = locked?;
+    let mut cursors = locked_cursors(&locked);
+    Ok(cursors
+        .get_mut(&(partition, group.to_string()))
+        .is_some_and(|state| {
+            state.cursor.begin_request();
+            state.cursor.request_lease.is_some()
+        }))
+}
+
 /// The statements that read what acks are judged against.
 struct ReadStatements {
     lookup: Statement,

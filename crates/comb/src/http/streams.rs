@@ -34,9 +34,8 @@ pub(crate) struct RegisterIn {
     pub(crate) sink_queue: Option<String>,
     /// Required: a registration with another hash under the same name is refused, unless `reset`.
     pub(crate) config_hash: Option<String>,
-    /// Start the query afresh: its state is forgotten.
-    #[serde(default)]
-    pub(crate) reset: bool,
+    /// Start the query afresh: its state is forgotten (false when null or absent).
+    pub(crate) reset: Option<bool>,
 }
 
 /// A registered query.
@@ -95,7 +94,7 @@ pub(crate) async fn register(
             source_queue,
             sink_queue,
             config_hash,
-            reset: body.reset,
+            reset: body.reset.unwrap_or(false),
         })
         .await?;
     Ok(axum::Json(RegisterOut {
@@ -118,11 +117,13 @@ pub(crate) struct CycleIn<'a> {
     #[schema(value_type = String, format = Uuid)]
     partition_id: Option<String>,
     consumer_group: Option<String>,
+    /// None when null or absent (Queen's Go SDK sends `null` for an empty list).
     #[serde(default, borrow)]
-    #[schema(value_type = Vec<StateOpIn>)]
-    state_ops: Vec<&'a RawValue>,
+    #[schema(value_type = Option<Vec<StateOpIn>>)]
+    state_ops: Option<Vec<&'a RawValue>>,
+    /// None when null or absent.
     #[serde(default, borrow)]
-    push_items: Vec<PushItem<'a>>,
+    push_items: Option<Vec<PushItem<'a>>>,
     ack: Option<AckIn>,
     /// End the lease after the ack (true by default).
     release_lease: Option<bool>,
@@ -148,9 +149,17 @@ struct StateOpIn<'a> {
     #[serde(rename = "type")]
     kind: Option<String>,
     key: Option<String>,
-    #[serde(borrow)]
+    /// Absent: an empty object; present, `null` included: stored as sent (as Queen does).
+    #[serde(default, borrow, deserialize_with = "present")]
     #[schema(value_type = Option<Value>)]
     value: Option<&'a RawValue>,
+}
+
+/// A field that is present, `null` included (serde's `Option` would read `null` as absent).
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'a RawValue>, D::Error> {
+    <&'a RawValue as Deserialize>::deserialize(d).map(Some)
 }
 
 /// The answer of a committed cycle.
@@ -259,23 +268,25 @@ pub(crate) async fn cycle(
     let group = GroupName::parse(group)?;
     let state_ops = body
         .state_ops
+        .unwrap_or_default()
         .iter()
         .enumerate()
         .map(|(i, raw)| state_op(i, raw))
         .collect::<Result<Vec<_>, _>>()?;
     let ack = body.ack.map(validate_ack).transpose()?;
+    let push_items = body.push_items.unwrap_or_default();
     let max = app.config.max_batch;
-    if state_ops.len() + body.push_items.len() > max {
+    if state_ops.len() + push_items.len() > max {
         return Err(Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             Code::BatchTooLarge,
             format!("a cycle may hold at most {max} state ops and messages together"),
         ));
     }
-    let items = if body.push_items.is_empty() {
+    let items = if push_items.is_empty() {
         Vec::new()
     } else {
-        let items = super::push::validate(body.push_items, max, principal.as_ref())?;
+        let items = super::push::validate(push_items, max, principal.as_ref())?;
         app.modes.admit_push(&app.pool).await?;
         items
     };
@@ -360,9 +371,9 @@ pub(crate) struct StateGetIn {
     pub(crate) query_id: Option<String>,
     #[schema(value_type = String, format = Uuid)]
     pub(crate) partition_id: Option<String>,
-    /// These keys (all when empty).
+    /// These keys (all when empty, null or absent).
     #[serde(default)]
-    pub(crate) keys: Vec<String>,
+    pub(crate) keys: Option<Vec<String>>,
     /// Only keys starting with this.
     pub(crate) key_prefix: Option<String>,
     /// Only keys whose value's `ripe_at` (ms since the epoch) is at or before this.
@@ -412,7 +423,7 @@ pub(crate) async fn state_get(
         .state(&StateQuery {
             query_id,
             partition_id,
-            keys: body.keys,
+            keys: body.keys.unwrap_or_default(),
             key_prefix: body.key_prefix.filter(|p| !p.is_empty()),
             ripe_at_or_before,
         })

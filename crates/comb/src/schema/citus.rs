@@ -210,6 +210,7 @@ pub(crate) const BY_PARTITION: &[&str] = &[
     "comb.traces",
     "comb.stream_partitions",
     "comb.stream_states",
+    "comb.stream_state_keys",
 ];
 
 /// Unique keys that must include the distribution column on Citus (it enforces uniqueness per

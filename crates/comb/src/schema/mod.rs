@@ -106,6 +106,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "partition_ids",
         sql: include_str!("migrations/0017_partition_ids.sql"),
     },
+    Migration {
+        version: 18,
+        name: "stream_state_keys",
+        sql: include_str!("migrations/0018_stream_state_keys.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.

@@ -856,42 +856,76 @@ CREATE TABLE comb.stream_queries (
     registered_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
 );
 
+CREATE TABLE comb.stream_state_keys (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    key text NOT NULL,
+    ver bigint NOT NULL,
+    value jsonb,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+)
+PARTITION BY RANGE (gen);
+
+CREATE TABLE comb.stream_state_keys_1 (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    key text NOT NULL,
+    ver bigint NOT NULL,
+    value jsonb,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE comb.stream_state_keys_2 (
+    partition_id uuid NOT NULL,
+    query_id uuid NOT NULL,
+    gen integer NOT NULL,
+    key text NOT NULL,
+    ver bigint NOT NULL,
+    value jsonb,
+    bytes integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE VIEW comb.stream_state_now AS
+ SELECT q.name AS query,
+    p.partition_id,
+    k.key,
+    k.value,
+    k.written_at AS updated_at
+   FROM ((comb.stream_partitions p
+     JOIN comb.stream_queries q ON ((q.id = p.query_id)))
+     CROSS JOIN LATERAL ( SELECT DISTINCT ON (s.key) s.key,
+            s.value,
+            s.written_at
+           FROM comb.stream_state_keys s
+          WHERE ((s.partition_id = p.partition_id) AND (s.query_id = p.query_id))
+          ORDER BY s.key, s.gen DESC, s.ver DESC) k)
+  WHERE (k.value IS NOT NULL);
+
 CREATE TABLE comb.stream_states (
     partition_id uuid NOT NULL,
     query_id uuid NOT NULL,
     gen integer NOT NULL,
     ver bigint NOT NULL,
-    state jsonb NOT NULL,
-    updated jsonb NOT NULL,
+    state jsonb,
+    updated jsonb,
     keys integer NOT NULL,
     bytes integer NOT NULL,
     written_at timestamp with time zone DEFAULT now() NOT NULL
 )
 PARTITION BY RANGE (gen);
 
-CREATE VIEW comb.stream_state_now AS
- SELECT q.name AS query,
-    p.partition_id,
-    e.key,
-    e.value,
-    to_timestamp((((s.updated ->> e.key))::double precision / (1000)::double precision)) AS updated_at
-   FROM (((comb.stream_partitions p
-     JOIN comb.stream_queries q ON ((q.id = p.query_id)))
-     CROSS JOIN LATERAL ( SELECT v.state,
-            v.updated
-           FROM comb.stream_states v
-          WHERE ((v.partition_id = p.partition_id) AND (v.query_id = p.query_id))
-          ORDER BY v.gen DESC, v.ver DESC
-         LIMIT 1) s)
-     CROSS JOIN LATERAL jsonb_each(s.state) e(key, value));
-
 CREATE TABLE comb.stream_states_1 (
     partition_id uuid NOT NULL,
     query_id uuid NOT NULL,
     gen integer NOT NULL,
     ver bigint NOT NULL,
-    state jsonb NOT NULL,
-    updated jsonb NOT NULL,
+    state jsonb,
+    updated jsonb,
     keys integer NOT NULL,
     bytes integer NOT NULL,
     written_at timestamp with time zone DEFAULT now() NOT NULL
@@ -902,8 +936,8 @@ CREATE TABLE comb.stream_states_2 (
     query_id uuid NOT NULL,
     gen integer NOT NULL,
     ver bigint NOT NULL,
-    state jsonb NOT NULL,
-    updated jsonb NOT NULL,
+    state jsonb,
+    updated jsonb,
     keys integer NOT NULL,
     bytes integer NOT NULL,
     written_at timestamp with time zone DEFAULT now() NOT NULL
@@ -936,6 +970,10 @@ CREATE TABLE comb.traces (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 )
 PARTITION BY RANGE (day);
+
+ALTER TABLE ONLY comb.stream_state_keys ATTACH PARTITION comb.stream_state_keys_1 FOR VALUES FROM (1) TO (2);
+
+ALTER TABLE ONLY comb.stream_state_keys ATTACH PARTITION comb.stream_state_keys_2 FOR VALUES FROM (2) TO (3);
 
 ALTER TABLE ONLY comb.stream_states ATTACH PARTITION comb.stream_states_1 FOR VALUES FROM (1) TO (2);
 
@@ -1027,6 +1065,12 @@ CREATE INDEX stream_partitions_query ON comb.stream_partitions USING btree (quer
 
 CREATE INDEX stream_queries_name ON comb.stream_queries USING btree (name, registered_at DESC);
 
+CREATE INDEX stream_state_keys_latest ON ONLY comb.stream_state_keys USING btree (partition_id, query_id, key, gen DESC, ver DESC);
+
+CREATE INDEX stream_state_keys_1_partition_id_query_id_key_gen_ver_idx ON comb.stream_state_keys_1 USING btree (partition_id, query_id, key, gen DESC, ver DESC);
+
+CREATE INDEX stream_state_keys_2_partition_id_query_id_key_gen_ver_idx ON comb.stream_state_keys_2 USING btree (partition_id, query_id, key, gen DESC, ver DESC);
+
 CREATE INDEX stream_states_latest ON ONLY comb.stream_states USING btree (partition_id, query_id, gen, ver);
 
 CREATE INDEX stream_states_1_partition_id_query_id_gen_ver_idx ON comb.stream_states_1 USING btree (partition_id, query_id, gen, ver);
@@ -1036,6 +1080,10 @@ CREATE INDEX stream_states_2_partition_id_query_id_gen_ver_idx ON comb.stream_st
 CREATE INDEX traces_message ON ONLY comb.traces USING btree (partition_id, transaction_id, created_at);
 
 CREATE INDEX traces_name ON ONLY comb.traces USING btree (name, created_at);
+
+ALTER INDEX comb.stream_state_keys_latest ATTACH PARTITION comb.stream_state_keys_1_partition_id_query_id_key_gen_ver_idx;
+
+ALTER INDEX comb.stream_state_keys_latest ATTACH PARTITION comb.stream_state_keys_2_partition_id_query_id_key_gen_ver_idx;
 
 ALTER INDEX comb.stream_states_latest ATTACH PARTITION comb.stream_states_1_partition_id_query_id_gen_ver_idx;
 

@@ -3,14 +3,14 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use deadpool_postgres::GenericClient;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 
-use super::{CycleJob, Outcome, Registration, StateMaps, run_cycle};
+use super::{CycleJob, Outcome, Registration, run_cycle};
 use crate::backend::Backend;
 use crate::db::DbError;
 use crate::fusion::{Fuser, Runner};
@@ -128,22 +128,51 @@ const LOCK_PAIR_SQL: &str = "
 SELECT 1 FROM comb.stream_partitions WHERE partition_id = $1 AND query_id = $2
 FOR NO KEY UPDATE";
 
-/// The newest state version of a pair: one descent of the index, newest generation first
-/// (ordered by (gen, ver) as the index is: by `ver` alone every version would be read).
-const NEWEST_STATE_SQL: &str = "
-SELECT ver, state, updated FROM comb.stream_states
+/// The newest version of a pair: its number and size (one descent of the index, newest
+/// generation first: ordered by (gen, ver) as the index is).
+const PAIR_SQL: &str = "
+SELECT ver, keys, bytes FROM comb.stream_states
 WHERE partition_id = $1 AND query_id = $2
 ORDER BY gen DESC, ver DESC LIMIT 1";
 
-/// A new version, into the newest generation (read inside the statement, as cursor state
-/// writers do).
-const INSERT_STATE_SQL: &str = concat!(
+/// The newest version of each named key (deleted ones too, with a NULL value): one descent
+/// of the index per key, however many keys the pair holds.
+const KEYS_NOW_SQL: &str = "
+SELECT k.key, v.value, v.bytes, v.written_at
+FROM unnest($3::text[]) AS k(key)
+CROSS JOIN LATERAL (
+    SELECT s.value, s.bytes, s.written_at FROM comb.stream_state_keys s
+    WHERE s.partition_id = $1 AND s.query_id = $2 AND s.key = k.key
+    ORDER BY s.gen DESC, s.ver DESC LIMIT 1
+) v";
+
+/// Every key of a pair there is now, with its value and when it was written.
+const ALL_KEYS_SQL: &str = "
+SELECT key, value, bytes, written_at FROM (
+    SELECT DISTINCT ON (s.key) s.key, s.value, s.bytes, s.written_at
+    FROM comb.stream_state_keys s
+    WHERE s.partition_id = $1 AND s.query_id = $2
+    ORDER BY s.key, s.gen DESC, s.ver DESC
+) k WHERE value IS NOT NULL";
+
+/// A new version of a pair: its number and size, into the newest generation (read inside
+/// the statement, as cursor state writers do).
+const INSERT_PAIR_SQL: &str = concat!(
     "
-INSERT INTO comb.stream_states (partition_id, query_id, gen, ver, state, updated, keys, bytes)
+INSERT INTO comb.stream_states (partition_id, query_id, gen, ver, keys, bytes)
 SELECT $1::uuid, $2::uuid, ",
     crate::cursor::newest_gen!(),
-    ", $3::bigint, $4::jsonb,
-       $5::jsonb, $6::integer, $7::integer"
+    ", $3::bigint, $4::integer, $5::integer"
+);
+
+/// The keys a version changed, each a row of its own (a NULL value: deleted).
+const INSERT_KEYS_SQL: &str = concat!(
+    "
+INSERT INTO comb.stream_state_keys (partition_id, query_id, gen, key, ver, value, bytes)
+SELECT $1::uuid, $2::uuid, ",
+    crate::cursor::newest_gen!(),
+    ", k, $3::bigint, v, b
+FROM unnest($4::text[], $5::jsonb[], $6::integer[]) AS u(k, v, b)"
 );
 
 /// Every current query (the newest registration of each name) with its partitions, the size
@@ -244,52 +273,92 @@ pub(super) async fn lock_pair<C: GenericClient>(
     Ok(())
 }
 
-/// The newest state of a pair: its version, values and write times (`None`: no state yet).
-pub(super) async fn newest_state<C: GenericClient>(
+/// The newest version of a pair: its number, keys and bytes (`None`: no state yet).
+pub(super) async fn pair<C: GenericClient>(
     client: &C,
     partition: Uuid,
     query: Uuid,
-) -> Result<Option<StateMaps>, DbError> {
-    let statement = client.prepare_cached(NEWEST_STATE_SQL).await?;
+) -> Result<Option<(i64, i64, i64)>, DbError> {
+    let statement = client.prepare_cached(PAIR_SQL).await?;
     Ok(client
         .query_opt(&statement, &[&partition, &query])
         .await?
         .map(|r| {
-            let object = |v: Value| match v {
-                Value::Object(m) => m,
-                _ => Map::new(),
-            };
             (
                 r.get("ver"),
-                object(r.get("state")),
-                object(r.get("updated")),
+                i64::from(r.get::<_, i32>("keys")),
+                i64::from(r.get::<_, i32>("bytes")),
             )
         }))
 }
 
-/// Inserts version `ver` of a pair's state.
-pub(super) async fn insert_state<C: GenericClient>(
+/// The keys of a pair there are now: all of them, or those of `only`.
+pub(super) async fn keys_now<C: GenericClient>(
+    client: &C,
+    partition: Uuid,
+    query: Uuid,
+    only: Option<&[String]>,
+) -> Result<Vec<KeyNow>, DbError> {
+    let rows = match only {
+        Some(keys) => {
+            let statement = client.prepare_cached(KEYS_NOW_SQL).await?;
+            client
+                .query(&statement, &[&partition, &query, &keys])
+                .await?
+        }
+        None => {
+            let statement = client.prepare_cached(ALL_KEYS_SQL).await?;
+            client.query(&statement, &[&partition, &query]).await?
+        }
+    };
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let value: Option<Value> = r.get("value");
+            Some(KeyNow {
+                key: r.get("key"),
+                value: value?,
+                bytes: i64::from(r.get::<_, i32>("bytes")),
+                written_at: r.get("written_at"),
+            })
+        })
+        .collect())
+}
+
+/// One key of a pair as it is now.
+pub(super) struct KeyNow {
+    pub(super) key: String,
+    pub(super) value: Value,
+    pub(super) bytes: i64,
+    pub(super) written_at: DateTime<Utc>,
+}
+
+/// Inserts version `ver` of a pair: its size, and the keys it changed.
+pub(super) async fn insert_version<C: GenericClient>(
     tx: &C,
     partition: Uuid,
     query: Uuid,
-    ver: i64,
-    state: &Value,
-    updated: &Value,
-    bytes: usize,
+    merged: &super::Merged<'_>,
 ) -> Result<(), DbError> {
-    let keys = state.as_object().map_or(0, Map::len) as i32;
-    let statement = tx.prepare_cached(INSERT_STATE_SQL).await?;
+    let pair = tx.prepare_cached(INSERT_PAIR_SQL).await?;
+    let keys = tx.prepare_cached(INSERT_KEYS_SQL).await?;
+    let names: Vec<&str> = merged.changes.iter().map(|c| c.key.as_str()).collect();
+    let values: Vec<Option<&Value>> = merged.changes.iter().map(|c| c.value).collect();
+    let bytes: Vec<i32> = merged.changes.iter().map(|c| c.bytes as i32).collect();
     tx.execute(
-        &statement,
+        &pair,
         &[
             &partition,
             &query,
-            &ver,
-            state,
-            updated,
-            &keys,
-            &(bytes as i32),
+            &merged.ver,
+            &(merged.keys as i32),
+            &(merged.bytes as i32),
         ],
+    )
+    .await?;
+    tx.execute(
+        &keys,
+        &[&partition, &query, &merged.ver, &names, &values, &bytes],
     )
     .await?;
     Ok(())
@@ -337,11 +406,4 @@ pub(super) async fn list<C: GenericClient>(client: &C) -> Result<Value, DbError>
             }));
     }
     Ok(Value::Array(queries))
-}
-
-/// Now, in ms since the epoch: when a state key was written.
-pub(super) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

@@ -86,6 +86,7 @@ async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_
         "comb.traces",
         "comb.stream_partitions",
         "comb.stream_states",
+        "comb.stream_state_keys",
     ] {
         let r = of(t);
         assert_eq!(
@@ -124,7 +125,8 @@ async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_
             &db,
             "SELECT count(*) FROM pg_inherits i
              WHERE i.inhparent IN ('comb.messages'::regclass, 'comb.cursor_states'::regclass,
-                                   'comb.stream_states'::regclass)
+                                   'comb.stream_states'::regclass,
+                                   'comb.stream_state_keys'::regclass)
                AND NOT EXISTS (SELECT 1 FROM pg_dist_partition d
                                WHERE d.logicalrelid = i.inhrelid)",
         )

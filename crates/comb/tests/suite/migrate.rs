@@ -27,7 +27,10 @@ fn migrate_applies_every_version_once() {
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM comb.migrations",
         )
         .unwrap();
-    assert_eq!(versions.trim(), "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17");
+    assert_eq!(
+        versions.trim(),
+        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18"
+    );
     // Running it again changes nothing.
     let out = comb(&["migrate"], &url);
     assert!(out.status.success());
@@ -35,7 +38,7 @@ fn migrate_applies_every_version_once() {
         pg.psql(&db, "SELECT count(*) FROM comb.migrations")
             .unwrap()
             .trim(),
-        "17"
+        "18"
     );
     assert_eq!(
         pg.psql(&db, "SELECT count(*) FROM comb.segments")

@@ -368,6 +368,16 @@ async fn bad_cycles_are_refused_with_their_code_and_commit_nothing() {
             "state_value_too_large",
         ),
         (
+            "a state op that is not an object (a malformed window's state)",
+            {
+                let mut b = good.clone();
+                b["state_ops"] = json!(["window:0"]);
+                b
+            },
+            StatusCode::BAD_REQUEST,
+            "state_op_invalid",
+        ),
+        (
             "an ack of more than was handed out",
             {
                 let mut b = good.clone();
@@ -484,6 +494,21 @@ async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() 
     let query = register(&env, "h", false).await.1["query_id"].clone();
     let pop = leased(&env, 1, 1).await;
     let partition = pop["partitionId"].clone();
+    // Cycles without an ack change state between leases.
+    let (s, acked) = env
+        .ack(&pop["messages"][0], "completed", Some(GROUP), None)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{acked}");
+    // A key deleted is not carried forward.
+    let gone = json!({"query_id": query, "partition_id": partition, "consumer_group": GROUP,
+                      "state_ops": [{"type": "upsert", "key": "gone", "value": 1}]});
+    assert_eq!(env.post("/streams/v1/cycle", &gone).await.0, StatusCode::OK);
+    let mut delete = gone.clone();
+    delete["state_ops"] = json!([{"type": "delete", "key": "gone"}]);
+    assert_eq!(
+        env.post("/streams/v1/cycle", &delete).await.0,
+        StatusCode::OK
+    );
     let set = |n: i64| {
         json!({"query_id": query, "partition_id": partition, "consumer_group": GROUP,
                "state_ops": [{"type": "upsert", "key": "k", "value": n}]})
@@ -492,7 +517,15 @@ async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() 
         let (s, body) = env.post("/streams/v1/cycle", &set(n)).await;
         assert_eq!(s, StatusCode::OK, "{body}");
     }
-    assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "20");
+    // Each version wrote the one key it changed (counted in one snapshot: a rotation may
+    // carry and drop both tables' old generation meanwhile).
+    assert_eq!(
+        env.sql(
+            "SELECT (SELECT count(*) FROM comb.stream_state_keys WHERE ver > 2) \
+                  = (SELECT count(*) FROM comb.stream_states WHERE ver > 2)"
+        ),
+        "t"
+    );
     let first_gen = env.sql("SELECT max(gen) FROM comb.cursor_gens");
     // Two rotations later, only the newest version is left, carried forward.
     crate::common::eventually(crate::common::PATIENCE, "two generations rotated", || {
@@ -505,6 +538,11 @@ async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() 
     })
     .await;
     assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "1");
+    assert_eq!(
+        env.sql("SELECT string_agg(key, ',') FROM comb.stream_state_keys"),
+        "k",
+        "the newest version of the key there is; the deleted one left behind"
+    );
     assert_eq!(
         state(&env, &query, &partition).await[0]["value"],
         19,
@@ -528,7 +566,9 @@ async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() 
                 .sql("SELECT max(gen) FROM comb.cursor_gens")
                 .parse()
                 .unwrap();
-            now >= gen_now + 2 && env.sql("SELECT count(*) FROM comb.stream_states") == "0"
+            now >= gen_now + 2
+                && env.sql("SELECT count(*) FROM comb.stream_states") == "0"
+                && env.sql("SELECT count(*) FROM comb.stream_state_keys") == "0"
         },
     )
     .await;
@@ -587,4 +627,381 @@ async fn concurrent_cycles_commit_or_fail_each_on_its_own() {
         text.contains("comb_fused_wait_seconds_count{kind=\"cycle\"} 12"),
         "{text}"
     );
+}
+
+/// A cycle of one leased message on a fresh query, its body changed by `change` (a field set
+/// to `null` or removed), as Queen's SDKs may send it.
+async fn cycle_changed(change: impl FnOnce(&mut Value)) -> (Env, StatusCode, Value, Value) {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 1, 1).await;
+    let mut body = cycle(
+        &query,
+        &pop,
+        1,
+        json!([{"type": "upsert", "key": "k", "value": {"acc": 1}}]),
+    );
+    change(&mut body);
+    let (s, done) = env.post("/streams/v1/cycle", &body).await;
+    (env, s, done, pop)
+}
+
+/// Whether the one source message was settled for the query's group: its lease released, an
+/// unsettled message would be handed out again at once.
+async fn source_settled(env: &Env) -> bool {
+    env.pop(&format!(
+        "/api/v1/pop/queue/src?consumerGroup={GROUP}&wait=false"
+    ))
+    .await
+    .is_none()
+}
+
+/// Every field of a cycle Queen takes as `null` (or absent), Comb takes the same way: one
+/// test per field. Each asserts the cycle committed and what the field's default did.
+mod null_fields {
+    use super::*;
+
+    #[tokio::test]
+    async fn state_ops_null_is_no_state_change() {
+        let (env, s, done, pop) = cycle_changed(|b| b["state_ops"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["state_ops_applied"], 0);
+        assert_eq!(done["ack_result"]["count"], 1);
+        let query = done["query_id"].clone();
+        assert_eq!(state(&env, &query, &pop["partitionId"]).await, json!([]));
+        assert_eq!(sink_count(&env), "1");
+    }
+
+    #[tokio::test]
+    async fn state_ops_absent_is_no_state_change() {
+        let (_env, s, done, _) = cycle_changed(|b| {
+            b.as_object_mut().unwrap().remove("state_ops");
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["state_ops_applied"], 0);
+    }
+
+    #[tokio::test]
+    async fn push_items_null_pushes_nothing() {
+        let (env, s, done, _) = cycle_changed(|b| b["push_items"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["push_results"], json!([]));
+        assert_eq!(done["state_ops_applied"], 1);
+        assert_eq!(sink_count(&env), "0");
+    }
+
+    #[tokio::test]
+    async fn ack_null_acks_nothing() {
+        // Without state ops: a cycle without an ack changes no state under a lease.
+        let (env, s, done, pop) = cycle_changed(|b| {
+            b["ack"] = Value::Null;
+            b["state_ops"] = json!([]);
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"], Value::Null);
+        assert_eq!(sink_count(&env), "1");
+        // The message is still under its lease, unsettled.
+        let m = &pop["messages"][0];
+        let acked = env.ack(m, "completed", Some(GROUP), None).await;
+        assert_eq!(acked.0, StatusCode::OK, "{acked:?}");
+    }
+
+    #[tokio::test]
+    async fn release_lease_null_releases_it() {
+        let (_env, s, done, _) = cycle_changed(|b| b["release_lease"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"]["lease_released"], true);
+    }
+
+    #[tokio::test]
+    async fn consumer_group_null_is_queue_mode() {
+        // Without an ack: the lease is the query's group's, not queue mode's.
+        let (env, s, done, pop) = cycle_changed(|b| {
+            b["consumer_group"] = Value::Null;
+            b["ack"] = Value::Null;
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        let query = done["query_id"].clone();
+        assert_eq!(
+            state(&env, &query, &pop["partitionId"]).await[0]["value"],
+            json!({"acc": 1})
+        );
+    }
+
+    #[tokio::test]
+    async fn ack_lease_id_null_checks_the_live_lease() {
+        let (env, s, done, _) = cycle_changed(|b| b["ack"]["leaseId"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"]["count"], 1);
+        assert!(source_settled(&env).await);
+    }
+
+    #[tokio::test]
+    async fn ack_status_null_is_completed() {
+        let (env, s, done, _) = cycle_changed(|b| b["ack"]["status"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"]["count"], 1);
+        assert!(source_settled(&env).await);
+    }
+
+    #[tokio::test]
+    async fn ack_count_null_is_one() {
+        let (env, s, done, _) = cycle_changed(|b| b["ack"]["count"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["ack_result"]["count"], 1);
+        assert!(source_settled(&env).await);
+    }
+
+    #[tokio::test]
+    async fn state_op_value_null_is_stored_as_null_and_absent_as_an_empty_object() {
+        let (env, s, done, pop) = cycle_changed(|b| {
+            b["state_ops"] = json!([{"type": "upsert", "key": "n", "value": null},
+                                    {"type": "upsert", "key": "o"}]);
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        let rows = state(&env, &done["query_id"], &pop["partitionId"]).await;
+        assert_eq!(
+            (rows[0]["key"].as_str(), &rows[0]["value"]),
+            (Some("n"), &Value::Null),
+            "{rows}"
+        );
+        assert_eq!(
+            (rows[1]["key"].as_str(), &rows[1]["value"]),
+            (Some("o"), &json!({}))
+        );
+    }
+
+    #[tokio::test]
+    async fn push_item_partition_null_is_default() {
+        let (env, s, done, _) =
+            cycle_changed(|b| b["push_items"][0]["partition"] = Value::Null).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(
+            env.sql(
+                "SELECT p.name FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id \
+                 JOIN comb.queues q ON q.id = p.queue_id WHERE q.name = 'sink'"
+            ),
+            "Default"
+        );
+    }
+
+    #[tokio::test]
+    async fn push_item_transaction_id_and_trace_id_null_are_absent() {
+        let (env, s, done, _) = cycle_changed(|b| {
+            b["push_items"][0]["transactionId"] = Value::Null;
+            b["push_items"][0]["traceId"] = Value::Null;
+        })
+        .await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        assert_eq!(done["push_results"][0]["status"], "queued", "{done}");
+        assert_eq!(sink_count(&env), "1");
+    }
+
+    #[tokio::test]
+    async fn register_reset_and_sink_queue_null_are_absent() {
+        let env = Env::start().await;
+        let (s, r) = env
+            .post(
+                "/streams/v1/queries",
+                &json!({"name": "q", "source_queue": "src", "sink_queue": null,
+                        "config_hash": "h", "reset": null}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{r}");
+        assert_eq!(
+            (r["fresh"].as_bool(), r["reset"].as_bool()),
+            (Some(true), Some(false))
+        );
+        // A null reset is no consent to drop state.
+        let (s, changed) = env
+            .post(
+                "/streams/v1/queries",
+                &json!({"name": "q", "source_queue": "src", "config_hash": "h2", "reset": null}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CONFLICT, "{changed}");
+    }
+
+    #[tokio::test]
+    async fn state_get_keys_prefix_and_ripeness_null_read_everything() {
+        let (env, s, done, pop) = cycle_changed(|_| {}).await;
+        assert_eq!(s, StatusCode::OK, "{done}");
+        let (s, got) = env
+            .post(
+                "/streams/v1/state/get",
+                &json!({"query_id": done["query_id"], "partition_id": pop["partitionId"],
+                        "keys": null, "key_prefix": null, "ripe_at_or_before": null}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{got}");
+        assert_eq!(got["rows"][0]["key"], "k", "{got}");
+    }
+}
+
+/// A flush cycle (no ack, as the SDK's idle-flush timer sends it) of the window `key`: its
+/// delete and its emission.
+fn flush(query: &Value, partition: &Value, key: &str, emitted: Value) -> Value {
+    json!({
+        "query_id": query, "partition_id": partition, "consumer_group": GROUP,
+        "state_ops": [{"type": "delete", "key": key}],
+        "push_items": [{"queue": "sink", "partition": "p", "payload": emitted}],
+        "ack": null,
+    })
+}
+
+/// The double count the SDK's idle flush made: its timer runs beside the cycle loop, so a
+/// flush could delete (and emit) a window between the loop's read of the state and its cycle,
+/// which then wrote the window back with its old contents and the new event, to be emitted a
+/// second time. Queen applies both as sent. Comb refuses a cycle without an ack while the
+/// group holds a lease on the partition (the holder has read the state), so each event is in
+/// one emission.
+#[tokio::test]
+async fn a_flush_between_a_leased_read_and_its_cycle_is_refused_and_every_event_counts_once() {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let w = "tumble\u{1f}k\u{1f}0";
+    // Event 1 in window w.
+    let first = leased(&env, 1, 1).await;
+    let partition = first["partitionId"].clone();
+    let ops = json!([{"type": "upsert", "key": w, "value": {"acc": {"count": 1, "sum": 1}, "windowEnd": 0}}]);
+    let mut body = cycle(&query, &first, 1, ops);
+    body["push_items"] = json!([]);
+    let (s, done) = env.post("/streams/v1/cycle", &body).await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    // Event 2 leased; the loop reads the state (count 1)…
+    env.push(
+        json!([{"queue": "src", "partition": "p", "payload": {"n": 2}, "transactionId": "m2"}]),
+    )
+    .await;
+    let second = env
+        .pop(&format!(
+            "/api/v1/pop/queue/src?consumerGroup={GROUP}&batch=10"
+        ))
+        .await
+        .expect("event 2");
+    let read = state(&env, &query, &partition).await;
+    assert_eq!(read[0]["value"]["acc"]["count"], 1);
+    // …the flush timer fires: refused while the lease is held.
+    let flushed = flush(&query, &partition, w, json!({"count": 1, "sum": 1}));
+    let (s, refused) = env.post("/streams/v1/cycle", &flushed).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["code"], "stream_partition_leased");
+    assert_eq!(sink_count(&env), "0", "nothing emitted");
+    // The loop's cycle commits what it read plus event 2.
+    let ops = json!([{"type": "upsert", "key": w, "value": {"acc": {"count": 2, "sum": 3}, "windowEnd": 0}}]);
+    let mut body = json!({
+        "query_id": query, "partition_id": partition, "consumer_group": GROUP,
+        "state_ops": ops,
+        "ack": {"transactionId": "m2", "leaseId": second["messages"][0]["leaseId"], "count": 1},
+    });
+    let (s, done) = env.post("/streams/v1/cycle", &body).await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    // The next flush emits the window once, with both events.
+    let flushed = flush(&query, &partition, w, json!({"count": 2, "sum": 3}));
+    let (s, done) = env.post("/streams/v1/cycle", &flushed).await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    assert_eq!(done["state_ops_applied"], 1);
+    assert_eq!(sink_count(&env), "1");
+    assert_eq!(state(&env, &query, &partition).await, json!([]));
+    // Its answer lost, the SDK sends it again: nothing is applied twice.
+    let (s, again) = env.post("/streams/v1/cycle", &flushed).await;
+    assert_eq!(s, StatusCode::OK, "{again}");
+    assert_eq!(again["state_ops_applied"], 0);
+    assert_eq!(again["push_results"], json!([]));
+    assert_eq!(sink_count(&env), "1", "emitted once");
+    // The loop's cycle, replayed, cannot bring the deleted window back: its lease ended.
+    body["ack"]["count"] = json!(1);
+    let (s, replay) = env.post("/streams/v1/cycle", &body).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{replay}");
+    assert_eq!(state(&env, &query, &partition).await, json!([]));
+}
+
+/// A flush computed from older state (some of its windows emitted by another cycle since) is
+/// refused whole: it would emit them again.
+#[tokio::test]
+async fn a_stale_flush_is_refused_whole() {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 1, 1).await;
+    let partition = pop["partitionId"].clone();
+    let ops = json!([{"type": "upsert", "key": "a", "value": 1},
+                     {"type": "upsert", "key": "b", "value": 2}]);
+    let (s, done) = env
+        .post("/streams/v1/cycle", &cycle(&query, &pop, 1, ops))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    let (s, done) = env
+        .post(
+            "/streams/v1/cycle",
+            &flush(&query, &partition, "a", json!({"a": 1})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    let mut stale = flush(&query, &partition, "a", json!({"a": 1}));
+    stale["state_ops"] = json!([{"type": "delete", "key": "a"}, {"type": "delete", "key": "b"}]);
+    let (s, refused) = env.post("/streams/v1/cycle", &stale).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["code"], "stream_state_stale");
+    let rows = state(&env, &query, &partition).await;
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "b stays: {rows}");
+    assert_eq!(sink_count(&env), "2");
+}
+
+/// What a cycle writes with a small and a large state: WAL bytes and time per cycle of ten
+/// changed keys, over 10 and over 10,000 keys (`docs/streams.md`). A measurement, not a test:
+/// `cargo test -p comb --test suite streams::cycle_cost -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore]
+async fn cycle_cost() {
+    let env = Env::start().await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 1, 1).await;
+    let partition = pop["partitionId"].clone();
+    env.ack(&pop["messages"][0], "completed", Some(GROUP), None)
+        .await;
+    let ops = |from: usize, n: usize, v: usize| -> Value {
+        (from..from + n)
+            .map(|i| {
+                json!({"type": "upsert", "key": format!("window\u{1f}k{i}"),
+                            "value": {"acc": {"count": v, "sum": v * 3}, "windowEnd": v}})
+            })
+            .collect()
+    };
+    let cycle = |ops: Value| {
+        json!({"query_id": query, "partition_id": partition, "consumer_group": GROUP,
+               "state_ops": ops})
+    };
+    let mut size = 0;
+    for keys in [10, 10_000] {
+        while size < keys {
+            let n = (keys - size).min(1000);
+            let (s, b) = env.post("/streams/v1/cycle", &cycle(ops(size, n, 0))).await;
+            assert_eq!(s, StatusCode::OK, "{b}");
+            size += n;
+        }
+        let lsn = || env.sql("SELECT pg_current_wal_lsn()");
+        let rounds = 200;
+        let (before, started) = (lsn(), std::time::Instant::now());
+        for r in 0..rounds {
+            let (s, b) = env
+                .post("/streams/v1/cycle", &cycle(ops(0, 10, r + 1)))
+                .await;
+            assert_eq!(s, StatusCode::OK, "{b}");
+        }
+        let took = started.elapsed();
+        let wal = env.sql(&format!(
+            "SELECT pg_wal_lsn_diff('{}', '{before}')::bigint",
+            lsn()
+        ));
+        let wal: i64 = wal.parse().unwrap();
+        println!(
+            "state of {keys} keys, 10 changed per cycle: {} WAL bytes and {:?} per cycle",
+            wal / rounds as i64,
+            took / rounds as u32
+        );
+    }
 }
