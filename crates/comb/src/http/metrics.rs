@@ -88,7 +88,7 @@ pub(crate) async fn metrics(AxState(app): AxState<State>) -> impl IntoResponse {
         .collect();
     out.gauge_labelled(
         "comb_registry_entries",
-        "Entries of this server's in-memory registries keyed by names clients send: each holds only what exists in the database or what a waiting pop uses, under a cap (see ARCHITECTURE.md, \"Bounded memory\").",
+        "Entries of this server's in-memory registries keyed by names clients send: each holds only what exists in the database or what a waiting pop uses, under a cap (see docs/bounded-memory.md).",
         &entries,
     );
     // The pool refuses at once while the database is known to be down; the timeout covers
