@@ -325,3 +325,84 @@ def test_a_runner_killed_between_cycles_resumes_without_losing_or_counting_twice
     assert total(out, "count") == 40
     assert total(out, "sum") == sum(range(1, 41))
     assert extra == []
+
+
+def windows_of(events, size_ms, slide_ms):
+    """The windows `events` ((ts, amount) pairs) fall in, window start -> (count, sum): every
+    window of `size_ms` starting at a multiple of `slide_ms` that holds the event."""
+    out = {}
+    for ts, amount in events:
+        start = ts - ts % slide_ms
+        while start > ts - size_ms:
+            count, total_ = out.get(start, (0, 0))
+            out[start] = (count + 1, total_ + amount)
+            start -= slide_ms
+    return out
+
+
+def test_every_window_is_emitted_once_with_its_exact_count_and_sum_under_idle_flush_and_late_events(
+    url, name
+):
+    """Event times from the payload, so the windows are known in advance: a 2 s tumbling
+    window and a 4 s window sliding by 2 s, each with an idle flush of 800 ms closing ripe
+    windows beside the runner's leased cycles while events keep arriving 1.1 s apart; then a
+    closer far ahead (counted nowhere: its own window stays open) and an event far behind the
+    watermark, which both drop. Every emitted window is compared with the expected one: each
+    once, with its count and its sum."""
+    src, query = name, name + "-q"
+    kinds = {"tumbling": (2000, 2000), "sliding": (4000, 2000)}
+
+    async def body(q):
+        await q.queue(src).create()
+        runners = []
+        for kind, (size, slide) in kinds.items():
+            await q.queue(src + "-" + kind).create()
+            window = (
+                Stream.from_(q.queue(src)).window_tumbling(
+                    seconds=size / 1000, idle_flush_ms=800, event_time=lambda m: m["data"]["ts"]
+                )
+                if kind == "tumbling"
+                else Stream.from_(q.queue(src)).window_sliding(
+                    size=size / 1000,
+                    slide=slide / 1000,
+                    idle_flush_ms=800,
+                    event_time=lambda m: m["data"]["ts"],
+                )
+            )
+            runners.append(
+                await run(
+                    window.aggregate({"count": counted, "sum": lambda m: m.get("amount", 0)})
+                    .map(lambda agg, ctx: {"start": ctx["windowStart"], **agg})
+                    .to(q.queue(src + "-" + kind)),
+                    url, query + "-" + kind, batch_size=20,
+                )
+            )
+        events = []
+        base = int(time.time() * 1000)
+        for amount in range(1, 9):
+            ts = base + (amount - 1) * 1100
+            events.append((ts, amount))
+            await q.queue(src).partition("p").push([{"data": {"ts": ts, "amount": amount}}])
+            await asyncio.sleep(1.1)
+        # Ahead: closes every window of the events. Far behind the watermark: late, dropped.
+        await q.queue(src).partition("p").push([{"data": {"ts": base + 60_000, "closer": True}}])
+        await q.queue(src).partition("p").push([{"data": {"ts": base - 10_000, "amount": 100}}])
+        emitted = {}
+        for kind, (size, slide) in kinds.items():
+            want = windows_of(events, size, slide)
+            out, group = await drain(
+                q, src + "-" + kind, lambda o: total(o, "count") >= sum(c for c, _ in want.values())
+            )
+            out.extend(await more(q, src + "-" + kind, group, 2.0))
+            emitted[kind] = [(m["data"]["start"], m["data"]["count"], m["data"]["sum"]) for m in out]
+        for r in runners:
+            await r.stop()
+        return events, emitted
+
+    events, emitted = session(url, body)
+    for kind, (size, slide) in kinds.items():
+        want = windows_of(events, size, slide)
+        got = emitted[kind]
+        starts = [start for start, _, _ in got]
+        assert len(starts) == len(set(starts)), f"{kind}: a window emitted twice: {got}"
+        assert {s: (c, t) for s, c, t in got} == want, f"{kind}: {got} against {want}"

@@ -343,7 +343,7 @@ impl Streams {
     /// Every registered query with its partitions and the size of their state.
     pub(crate) async fn list(&self) -> Result<Vec<QueryListed>, Refusal> {
         let client = self.pool.get().await.map_err(DbError::from)?;
-        let listed = store::list(&client).await?;
+        let listed = store::list(&client, self.pusher.backend()).await?;
         serde_json::from_value(listed).map_err(|e| Refusal {
             cause: Some(format!("stream queries as listed: {e}")),
             ..Refusal::new(

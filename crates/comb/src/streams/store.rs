@@ -11,7 +11,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 
 use super::{CycleJob, Outcome, Registration, run_cycle};
-use crate::backend::Backend;
+use crate::backend::{Backend, Forms};
 use crate::db::DbError;
 use crate::fusion::{Fuser, Runner};
 use crate::metrics::Stage;
@@ -200,6 +200,45 @@ LEFT JOIN LATERAL (
 ORDER BY q.name, partition_name"
 );
 
+/// [`LIST_SQL`] on Citus, which plans no join of a reference table's subquery to the
+/// distributed pairs with per-row subqueries of other shards ("complex joins are only
+/// supported when all distributed tables are co-located and joined on their distribution
+/// columns"). The queries and the pairs (each with its partition's name and newest state
+/// version, read beside it on its worker: everything joined by partition) are read first,
+/// as results kept on the coordinator; the groups' lag is then read by a function call per
+/// pair there, a router statement on the pair's worker. Same rows as [`LIST_SQL`].
+const LIST_CITUS_SQL: &str = concat!(
+    "
+WITH q AS MATERIALIZED (
+    SELECT DISTINCT ON (name) id, name, source_queue, sink_queue, config_hash, registered_at
+    FROM comb.stream_queries ORDER BY name, registered_at DESC
+),
+pairs AS MATERIALIZED (
+    SELECT DISTINCT ON (sp.partition_id, sp.query_id)
+           sp.partition_id, sp.query_id, ",
+    crate::catalog::partition_name!("sp.partition_id"),
+    " AS partition_name,
+           v.ver, v.keys, v.bytes, v.written_at
+    FROM comb.stream_partitions sp
+    LEFT JOIN comb.stream_states v
+           ON v.partition_id = sp.partition_id AND v.query_id = sp.query_id
+    ORDER BY sp.partition_id, sp.query_id, v.gen DESC, v.ver DESC
+)
+SELECT q.id, q.name, q.source_queue, q.sink_queue, q.config_hash, q.registered_at,
+       sp.partition_id, sp.partition_name, sp.ver, sp.keys, sp.bytes, sp.written_at,
+       (SELECT l.lag FROM ",
+    crate::cursor::lag_of!("sp.partition_id", "'streams.' || q.name"),
+    " l) AS lag
+FROM q LEFT JOIN pairs sp ON sp.query_id = q.id
+ORDER BY q.name, sp.partition_name"
+);
+
+/// The listing in the form each storage runs.
+const LIST: Forms = Forms {
+    postgres: LIST_SQL,
+    citus: LIST_CITUS_SQL,
+};
+
 /// A registered query as its name's newest row has it.
 pub(super) struct Current {
     pub(super) id: Uuid,
@@ -366,7 +405,7 @@ pub(super) async fn insert_version<C: GenericClient>(
 
 /// The administration listing of queries, in Queen's shape: an array of queries, each with
 /// its partitions (times in UTC to the millisecond, as every answer gives them).
-pub(super) async fn list<C: GenericClient>(client: &C) -> Result<Value, DbError> {
+pub(super) async fn list<C: GenericClient>(client: &C, backend: Backend) -> Result<Value, DbError> {
     let time = |t: Option<DateTime<Utc>>| {
         t.map_or(Value::Null, |t| {
             Value::from(t.to_rfc3339_opts(SecondsFormat::Millis, true))
@@ -374,7 +413,7 @@ pub(super) async fn list<C: GenericClient>(client: &C) -> Result<Value, DbError>
     };
     let mut queries: Vec<Value> = Vec::new();
     let mut last: Option<Uuid> = None;
-    for r in client.query(LIST_SQL, &[]).await? {
+    for r in client.query(backend.sql(&LIST), &[]).await? {
         let id: Uuid = r.get("id");
         if last != Some(id) {
             last = Some(id);
