@@ -71,13 +71,17 @@ pub(crate) struct StateByValues {
     pub vars: String,
     /// Reads the newest generation into its variable (a reference table, read apart).
     pub newest_gen: String,
-    /// The insert's `SELECT`, the newest generation taken from its variable.
+    /// The insert's `SELECT`, as given: its statement written with the newest generation
+    /// taken from its variable (`{prefix}_newest_gen`), a fragment in place of
+    /// [`newest_gen!`].
     pub select: String,
     /// The insert of the variables.
     pub insert: String,
 }
 
 impl StateByValues {
+    /// The pieces for the insert of the new state by the variables of `prefix`, `select`
+    /// being the insert's `SELECT` written with `{prefix}_newest_gen` for its generation.
     pub(crate) fn of(select: &str, prefix: &str) -> StateByValues {
         let head = insert_state!();
         let columns: Vec<&str> = head
@@ -93,13 +97,13 @@ impl StateByValues {
             "    {prefix}_newest_gen {};\n",
             column_type("gen")
         ));
-        assert!(select.contains(newest_gen!()), "{select}");
+        debug_assert!(select.contains(&format!("{prefix}_newest_gen")), "{select}");
         let vars: Vec<String> = columns.iter().map(|c| format!("{prefix}_{c}")).collect();
         let vars = vars.join(", ");
         StateByValues {
             declare,
             newest_gen: format!("SELECT {} INTO {prefix}_newest_gen", newest_gen!()),
-            select: select.replace(newest_gen!(), &format!("{prefix}_newest_gen")),
+            select: select.to_string(),
             insert: format!("{head}\nVALUES ({vars})"),
             vars,
         }

@@ -806,13 +806,6 @@ fn a_cycle_is_found() {
 /// The seam's own file: the one place that names the storage's kinds.
 const SEAM: &str = "backend";
 
-/// Files whose statements are still cut from another statement's text at run time: the rule
-/// is not enforced for them yet. The claim's Citus forms and its delegated function's body
-/// (`pop::claim`), and the delegated functions' inserts from variables
-/// (`cursor::StateByValues`, used by `pop::claim`, `ack::completed`, `lease`). The test fails
-/// once one of them is clean, so that it leaves this list.
-const PENDING_REWRITES: &[&str] = &["cursor.rs", "pop/claim.rs"];
-
 /// Whether a string literal reads as SQL: a statement's keyword, a table of schema `comb`, or
 /// a parameter (`$1`).
 fn reads_as_sql(text: &str) -> bool {
@@ -933,17 +926,8 @@ fn statements_are_not_rewritten_at_run_time_and_only_the_seam_knows_the_storage(
     let mut wrong = Vec::new();
     for (file, text) in &all {
         let rel = file.strip_prefix(src()).unwrap().display().to_string();
-        let rewrites = sql_rewrites(text, &fragments);
-        if PENDING_REWRITES.contains(&rel.as_str()) {
-            if rewrites.is_empty() {
-                wrong.push(format!(
-                    "{rel}: rewrites no SQL any more; take it off PENDING_REWRITES"
-                ));
-            }
-        } else {
-            for at in rewrites {
-                wrong.push(format!("{rel}: SQL text rewritten at run time, {at}"));
-            }
+        for at in sql_rewrites(text, &fragments) {
+            wrong.push(format!("{rel}: SQL text rewritten at run time, {at}"));
         }
         if module_path(file).first().map(String::as_str) != Some(SEAM) {
             for p in storage_asked(text) {

@@ -32,6 +32,11 @@ use crate::db::DbError;
 /// positions are the merge as they are (sorted, and distinct: positions are unique).
 macro_rules! judge_sql {
     (state: $state:expr; messages: $messages:literal; partition: $partition:literal) => {
+        judge_sql!(state: $state; messages: $messages; partition: $partition;
+            gen: crate::cursor::newest_gen!())
+    };
+    (state: $state:expr; messages: $messages:literal; partition: $partition:literal;
+     gen: $gen:expr) => {
         concat!(
             "
 WITH i AS (
@@ -87,7 +92,7 @@ written AS (
             crate::cursor::insert_state!(),
             "
     SELECT m.partition_id, m.consumer_group, ",
-            crate::cursor::newest_gen!(),
+            $gen,
             ", m.ver + 1,
            m.next_pos,
            greatest(m.cursor_seg, (SELECT max(a.seg) FROM unnest(m.acked, m.acked_seg)
@@ -120,11 +125,13 @@ pub const JUDGE_SQL: &str = judge_sql!(
 /// [`JUDGE_SQL`] on Citus, for the cursors of one partition (`$5`), named to every
 /// distributed table so that Citus runs it on that partition's worker as one task. The
 /// cursor's state is read by a subquery: `comb.cursor_state`, run on the worker, would be a
-/// distributed query from a shard, which Citus refuses.
+/// distributed query from a shard, which Citus refuses. Run only as the body of
+/// [`JUDGE_CITUS_FUNCTION`], its newest generation is that function's variable.
 pub const JUDGE_CITUS_SQL: &str = judge_sql!(
     state: crate::cursor::state_in_partition!("c.partition_id", "c.consumer_group", one "$5");
     messages: "c.partition_id AND m.partition_id = $5";
-    partition: "w.partition_id AND p.id = $5"
+    partition: "w.partition_id AND p.id = $5";
+    gen: "judge_newest_gen"
 );
 
 /// The acks of one partition on Citus as one function of it (`a_partition`), made by `comb

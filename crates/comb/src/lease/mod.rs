@@ -40,12 +40,15 @@ WHERE $2::uuid IS NULL OR s.partition_id = $2"
 /// the state read from `$state`, the queue's options by `$options`.
 macro_rules! extend_sql {
     (state: $($state:expr),+; options: $($options:expr),+) => {
+        extend_sql!(state: $($state),+; options: $($options),+; gen: cursor::newest_gen!())
+    };
+    (state: $($state:expr),+; options: $($options:expr),+; gen: $gen:expr) => {
         concat!(
             "\n",
             cursor::insert_state!(),
             "
 SELECT s.partition_id, s.consumer_group, ",
-            cursor::newest_gen!(),
+            $gen,
             ", s.ver + 1,
        s.cursor_pos, s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
        now() + make_interval(secs => coalesce($4::float8,
@@ -71,9 +74,11 @@ const EXTEND_SQL: &str = extend_sql!(
 /// [`EXTEND_SQL`] on Citus, as the body of [`EXTEND_CITUS_FUNCTION`]: the state read by a
 /// subquery rather than `comb.cursor_state` (a function reading a distributed table, which
 /// would run on the coordinator), the partition named to every distributed table.
+/// The newest generation is taken from the function's variable (`extend_newest_gen`).
 const EXTEND_CITUS_SQL: &str = extend_sql!(
     state: cursor::state_in_partition!("$1", "$2");
-    options: crate::catalog::options_of_partition!("s.partition_id AND p.id = $1")
+    options: crate::catalog::options_of_partition!("s.partition_id AND p.id = $1");
+    gen: "extend_newest_gen"
 );
 
 /// The extension of a lease on one cursor on Citus as one function of its partition

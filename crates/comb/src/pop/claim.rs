@@ -107,49 +107,58 @@ pub(crate) struct Delivered {
 }
 
 /// Options of the queue a claim reads, with the server's defaults filled in.
-const QUEUE_OPTIONS: &str = concat!(
-    "
-    SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
+macro_rules! queue_options {
+    () => {
+        concat!(
+            "SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
            coalesce((options->>'delayedProcessing')::float8, 0) AS delay_secs,
            coalesce((options->>'windowBuffer')::float8, 0) AS window_secs,
            ",
-    crate::queue::retention_secs!("options"),
-    " AS retention_secs
+            crate::queue::retention_secs!("options"),
+            " AS retention_secs
     FROM ",
-    crate::catalog::queue_by_id!("$1")
-);
+            crate::catalog::queue_by_id!("$1")
+        )
+    };
+}
 
-/// First half of a claim: the group's cursors of the queue with messages to hand out and no
-/// lease, locked with `SKIP LOCKED` so concurrent claims never wait on each other; and the
-/// cursors whose lease ended unsettled (not locked: `lease::expire_leases` locks them). One row
-/// per cursor: its partition (`partition_id`), whether the walk had wrapped around
-/// (`wrapped`), and what it is (`kind`) — 0 locked to claim, 1 lease ended, 2 free but passed
-/// over (locked by another claim, or beyond what was wanted).
-///
-/// Fairness is round robin: cursors are walked in partition order starting after the
-/// partition the previous claim of this server took (`$6`), wrapping around, so every
-/// partition with pending messages is served within one turn of the walk. The walk is lazy:
-/// a claim reads the state of a few more cursors than it wants, not of every partition of the
-/// queue, unless few partitions have messages.
-pub static CANDIDATES_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "
-WITH q AS ({QUEUE_OPTIONS}),
+/// First half of a claim (see [`CANDIDATES`]): the walk's partitions filtered by `$walk`, the
+/// cursor's state read by `$state`, the next messages by `$messages`, the locked cursors
+/// joined on `$cand`, the queue's options checked by `$claimable`.
+macro_rules! candidates_sql {
+    (walk: $walk:expr; state: $state:expr; messages: $messages:literal; cand: $cand:expr;
+     claimable: $claimable:expr) => {
+        concat!(
+            "
+WITH q AS (
+    ",
+            queue_options!(),
+            "),
 walk AS (
-    (SELECT c.partition_id, false AS wrapped FROM {cursors}
+    (SELECT c.partition_id, false AS wrapped FROM ",
+            crate::cursor::cursors!(),
+            "
      WHERE c.queue_id = $1 AND c.consumer_group = $2
-       AND ($3::uuid IS NULL OR c.partition_id = $3) AND c.partition_id > $6
+       AND ",
+            $walk,
+            " AND c.partition_id > $6
      ORDER BY c.partition_id)
     UNION ALL
-    (SELECT c.partition_id, true FROM {cursors}
+    (SELECT c.partition_id, true FROM ",
+            crate::cursor::cursors!(),
+            "
      WHERE c.queue_id = $1 AND c.consumer_group = $2
-       AND ($3::uuid IS NULL OR c.partition_id = $3) AND c.partition_id <= $6
+       AND ",
+            $walk,
+            " AND c.partition_id <= $6
      ORDER BY c.partition_id)
 ),
 cs AS (
     SELECT w.wrapped, s.*
     FROM walk w
-    CROSS JOIN LATERAL {walk_state} s
+    CROSS JOIN LATERAL ",
+            $state,
+            " s
 ),
 -- Cursors to claim (free, with messages to hand out) and cursors whose lease ended, in walk
 -- order; the walk stops a few beyond what is wanted ($7). This server's claims of one group
@@ -164,23 +173,28 @@ seen AS (
        OR (f.lease_id IS NULL AND f.available_at <= now()
            -- Not EXISTS: the planner drops an EXISTS's ORDER BY and may then walk the
            -- partition in any order; in position order it reads one index entry.
-           AND (SELECT m.pos FROM {next_messages}
+           AND (SELECT m.pos FROM ",
+            crate::messages::partition_messages!($messages),
+            "
                   AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
                 ORDER BY m.pos LIMIT 1) IS NOT NULL
            -- windowBuffer, retentionSeconds and delayedProcessing, checked by a function
            -- called only for queues that set one: inline, their plan nodes would be
            -- initialised by every walk of every queue.
            AND ((SELECT window_secs + retention_secs + delay_secs FROM q) = 0
-                OR comb.claimable_now(f.partition_id, f.cursor_pos, f.cursor_seg,
-                                      (SELECT window_secs FROM q),
-                                      (SELECT retention_secs FROM q),
-                                      (SELECT delay_secs FROM q))))
+                OR ",
+            $claimable,
+            "))
     LIMIT $4::bigint + $7::bigint
 ),
 cand AS (
     SELECT c.partition_id
     FROM seen e
-    JOIN {cursors} ON c.partition_id = e.partition_id AND c.consumer_group = $2
+    JOIN ",
+            crate::cursor::cursors!(),
+            " ON c.partition_id = e.partition_id AND c.consumer_group = $2",
+            $cand,
+            "
     WHERE NOT e.expired
     ORDER BY e.wrapped, e.partition_id
     LIMIT $4
@@ -191,81 +205,38 @@ UNION ALL
 SELECT partition_id, wrapped, 1::int2 FROM seen WHERE expired
 UNION ALL
 SELECT e.partition_id, e.wrapped, 2::int2 FROM seen e
-WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = e.partition_id)",
-        cursors = crate::cursor::cursors!(),
-        walk_state = WALK_STATE,
-        next_messages = crate::messages::partition_messages!("f.partition_id"),
-    )
-});
-
-/// The latest state of the walk's cursor `w`.
-const WALK_STATE: &str = crate::cursor::state_of!("w.partition_id", "$2");
-
-/// The latest state of the claim's cursor `c`.
-const CLAIM_STATE: &str = crate::cursor::state_of!("c.partition_id", "$2");
-
-/// Second half of a claim, run once the cursors are locked (so its snapshot sees every
-/// version written before): read the latest state again, read the next `batch` unsettled
-/// messages of each partition once, and write the cursor's next version with the lease (or,
-/// with auto-ack, with the position moved past what was handed out). Per-partition figures
-/// (name, lease) are joined to the messages once per partition, and rows come back in no
-/// particular order ([`claims_from_rows`] groups them): sorting the handed-out payloads
-/// again, and looking up a partition's name for each of them, cost a third of the
-/// statement.
-pub static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(false, false));
-
-/// [`CLAIM_SQL`] for a pop whose partitions share one lease (`$7`, a uuid) and whose `batch`
-/// caps the messages over all of them (`$8`): the next messages of every partition are
-/// ranked in the walk's order of the partitions (`$3`), then by position, and only the first
-/// `$8` are handed out, so each partition still hands out a prefix of what it holds. A
-/// partition left without messages by the cap is not leased (its lock ends with the claim).
-pub static SHARED_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(true, false));
-
-/// [`CLAIM_SQL`] for claims that open payloads before they commit (queues that seal them):
-/// the same statement without the refusal of sealed payloads.
-static OPENING_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(false, true));
-
-/// [`SHARED_CLAIM_SQL`] for claims that open payloads before they commit.
-static OPENING_SHARED_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| claim_sql(true, true));
-
-/// The SQLSTATE of `comb.refuse_sealed_payload()` (schema version 15).
-const SEALED_IN_CLAIM: &str = "CB001";
-
-/// Builds the claim statement. A claim whose COMMIT is pipelined behind it (`opening` false)
-/// cannot look at what it read before it commits, so a sealed payload makes it fail (and
-/// roll back) instead: the claim is then made again by one that opens payloads first.
-fn claim_sql(shared: bool, opening: bool) -> String {
-    let refuse_sealed = if opening {
-        ""
-    } else {
-        ",
-       CASE WHEN substr(m.payload, 1, 1) = '\\x00'::bytea THEN comb.refuse_sealed_payload() END"
-    };
-    let (picked, capped, lease) = if shared {
-        (
-            "picked",
-            "msgs AS MATERIALIZED (
-    SELECT * FROM (
-        SELECT p.*, row_number() OVER (
-                   ORDER BY array_position($3::uuid[], p.partition_id), p.pos) AS rank
-        FROM picked p) r
-    WHERE rank <= $8
-),",
-            "$7::uuid",
+WHERE NOT e.expired AND NOT EXISTS (SELECT 1 FROM cand c WHERE c.partition_id = e.partition_id)"
         )
-    } else {
-        ("msgs", "", "gen_random_uuid()")
     };
-    format!(
-        "
-WITH q AS ({QUEUE_OPTIONS}),
+}
+
+/// What a claim reads before it writes (see [`CLAIM`]): the queue's options (`$options`), the
+/// cursors' states (`$state`, of the partitions `$from`, named `$name`), the next messages of
+/// each (`$messages`, bounded by `$bound`) as `$picked`, capped by `$capped`, and the span of
+/// each partition's messages handed out.
+macro_rules! claim_reads {
+    (options: $options:expr; from: $from:expr; name: $name:literal; state: $state:expr;
+     picked: $picked:literal; messages: $messages:literal; bound: $bound:expr;
+     capped: $capped:expr) => {
+        concat!(
+            "WITH q AS (",
+            $options,
+            "),
 st AS MATERIALIZED (
-    SELECT s.*, {name} AS name
-    FROM unnest($3::uuid[]) AS c(partition_id)
-    CROSS JOIN LATERAL {state} s
+    SELECT s.*, ",
+            crate::catalog::partition_name!($name),
+            " AS name
+    FROM ",
+            $from,
+            "
+    CROSS JOIN LATERAL ",
+            $state,
+            " s
     WHERE s.lease_id IS NULL AND s.available_at <= now()
 ),
-{picked} AS MATERIALIZED (
+",
+            $picked,
+            " AS MATERIALIZED (
     SELECT st.partition_id, m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload,
            m.created_at, m.producer_sub,
            1 + coalesce(st.attempt_cnt[array_position(st.attempt_pos, m.pos)], 0) AS attempt
@@ -274,38 +245,73 @@ st AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at,
                m.producer_sub
-        FROM {messages}
+        FROM ",
+            crate::messages::partition_messages!($messages),
+            "
           AND m.pos > st.cursor_pos AND m.seg >= st.cursor_seg
           AND m.pos <> ALL (st.settled)
           AND (q.delay_secs = 0 OR m.created_at <= now() - make_interval(secs => q.delay_secs))
           AND (q.retention_secs = 0
-               OR m.created_at > now() - make_interval(secs => q.retention_secs))
+               OR m.created_at > now() - make_interval(secs => q.retention_secs))",
+            $bound,
+            "
         ORDER BY m.pos
         LIMIT $4
     ) m
 ),
-{capped}
+",
+            $capped,
+            "
 span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
     FROM msgs GROUP BY partition_id
-),
-claimed AS (
-    {insert_state}
-    SELECT st.partition_id, $2, {newest_gen}, st.ver + 1,
+)"
+        )
+    };
+}
+
+/// The `SELECT` of a claim's new cursor states: the generation `$gen`, the lease `$lease`.
+macro_rules! claim_state {
+    (gen: $gen:expr; lease: $lease:literal) => {
+        concat!(
+            "SELECT st.partition_id, $2, ",
+            $gen,
+            ", st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
            ARRAY(SELECT a FROM unnest(st.attempt_pos) a WHERE a > span.cut),
            ARRAY(SELECT n FROM unnest(st.attempt_pos, st.attempt_cnt) AS x(a, n)
                  WHERE a > span.cut),
-           CASE WHEN $6 THEN NULL ELSE {lease} END,
+           CASE WHEN $6 THEN NULL ELSE ",
+            $lease,
+            " END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp()
     FROM st
     JOIN span ON span.partition_id = st.partition_id
-    CROSS JOIN q
+    CROSS JOIN q"
+        )
+    };
+}
+
+/// A claim statement: [`claim_reads!`], the insert of [`claim_state!`], the messages handed
+/// out with their partition's lease, and `$refuse` (the refusal of sealed payloads, or not).
+macro_rules! claim_sql {
+    (reads: $reads:expr; lease: $lease:literal; refuse: $refuse:expr) => {
+        concat!(
+            "\n",
+            $reads,
+            ",
+claimed AS (
+    ",
+            crate::cursor::insert_state!(),
+            "
+    ",
+            claim_state!(gen: crate::cursor::newest_gen!(); lease: $lease),
+            "
     RETURNING partition_id, lease_id, lease_expires_at
 ),
 leased AS MATERIALIZED (
@@ -315,116 +321,259 @@ leased AS MATERIALIZED (
 )
 SELECT l.partition_id, l.name, l.lease_id, l.lease_expires_at,
        m.pos, m.message_id, m.transaction_id, m.trace_id, m.payload, m.created_at, m.attempt,
-       m.producer_sub{refuse_sealed}
+       m.producer_sub",
+            $refuse,
+            "
 FROM msgs m
-JOIN leased l ON l.partition_id = m.partition_id",
-        insert_state = crate::cursor::insert_state!(),
-        newest_gen = crate::cursor::newest_gen!(),
-        name = crate::catalog::partition_name!("c.partition_id"),
-        state = CLAIM_STATE,
-        messages = crate::messages::partition_messages!("st.partition_id"),
-    )
+JOIN leased l ON l.partition_id = m.partition_id"
+        )
+    };
 }
+
+/// The refusal of a sealed payload, in a claim that does not open payloads before it commits.
+macro_rules! refuse_sealed {
+    () => {
+        ",
+       CASE WHEN substr(m.payload, 1, 1) = '\\x00'::bytea THEN comb.refuse_sealed_payload() END"
+    };
+}
+
+/// The cap of a shared claim's messages over all its partitions.
+macro_rules! shared_cap {
+    () => {
+        "msgs AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT p.*, row_number() OVER (
+                   ORDER BY array_position($3::uuid[], p.partition_id), p.pos) AS rank
+        FROM picked p) r
+    WHERE rank <= $8
+),"
+    };
+}
+
+/// The partitions a claim names: every one of `$3` on PostgreSQL; on Citus the one in `$9`.
+macro_rules! claim_partitions {
+    (postgres) => {
+        "unnest($3::uuid[]) AS c(partition_id)"
+    };
+    (citus) => {
+        "(SELECT $9::uuid WHERE $9::uuid = ANY($3::uuid[])) AS c(partition_id)"
+    };
+}
+
+/// [`claim_reads!`] of the four claims, by form (`postgres`, `citus`), options (`$options`),
+/// bound of the messages (`$bound`) and sharing (`plain`, `shared`).
+macro_rules! reads_of {
+    (postgres, $options:expr, $bound:expr, plain) => {
+        claim_reads!(options: $options; from: claim_partitions!(postgres);
+            name: "c.partition_id"; state: crate::cursor::state_of!("c.partition_id", "$2");
+            picked: "msgs"; messages: "st.partition_id"; bound: $bound; capped: "")
+    };
+    (postgres, $options:expr, $bound:expr, shared) => {
+        claim_reads!(options: $options; from: claim_partitions!(postgres);
+            name: "c.partition_id"; state: crate::cursor::state_of!("c.partition_id", "$2");
+            picked: "picked"; messages: "st.partition_id"; bound: $bound; capped: shared_cap!())
+    };
+    (citus, $options:expr, $bound:expr, plain) => {
+        claim_reads!(options: $options; from: claim_partitions!(citus);
+            name: "c.partition_id AND p.id = $9";
+            state: crate::cursor::state_in_partition!("c.partition_id", "$2", one "$9");
+            picked: "msgs"; messages: "st.partition_id AND m.partition_id = $9"; bound: $bound;
+            capped: "")
+    };
+    (citus, $options:expr, $bound:expr, shared) => {
+        claim_reads!(options: $options; from: claim_partitions!(citus);
+            name: "c.partition_id AND p.id = $9";
+            state: crate::cursor::state_in_partition!("c.partition_id", "$2", one "$9");
+            picked: "picked"; messages: "st.partition_id AND m.partition_id = $9"; bound: $bound;
+            capped: shared_cap!())
+    };
+}
+
+/// First half of a claim: the group's cursors of the queue with messages to hand out and no
+/// lease, locked with `SKIP LOCKED` so concurrent claims never wait on each other; and the
+/// cursors whose lease ended unsettled (not locked: `lease::expire_leases` locks them). One row
+/// per cursor: its partition (`partition_id`), whether the walk had wrapped around
+/// (`wrapped`), and what it is (`kind`) — 0 locked to claim, 1 lease ended, 2 free but passed
+/// over (locked by another claim, or beyond what was wanted).
+///
+/// Fairness is round robin: cursors are walked in partition order starting after the
+/// partition the previous claim of this server took (`$6`), wrapping around, so every
+/// partition with pending messages is served within one turn of the walk. The walk is lazy:
+/// a claim reads the state of a few more cursors than it wants, not of every partition of the
+/// queue, unless few partitions have messages.
+pub const CANDIDATES_SQL: &str = candidates_sql!(
+    walk: "($3::uuid IS NULL OR c.partition_id = $3)";
+    state: crate::cursor::state_of!("w.partition_id", "$2");
+    messages: "f.partition_id";
+    cand: "";
+    claimable: "comb.claimable_now(f.partition_id, f.cursor_pos, f.cursor_seg,
+                                      (SELECT window_secs FROM q),
+                                      (SELECT retention_secs FROM q),
+                                      (SELECT delay_secs FROM q))"
+);
 
 /// [`CANDIDATES_SQL`] for a Citus cluster, where every walk names one partition (`$3`): each
 /// distributed table is filtered by it in so many words, so Citus plans the statement with
 /// one task on the worker holding the partition (a router statement) and lets it lock rows,
-/// which it refuses across shards.
-pub static CANDIDATES_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
-    let sql = CANDIDATES_SQL
-        .replace(
-            "($3::uuid IS NULL OR c.partition_id = $3)",
-            "c.partition_id = $3",
-        )
-        .replace(
-            "WHERE m.partition_id = f.partition_id",
-            "WHERE m.partition_id = f.partition_id AND m.partition_id = $3",
-        )
-        .replace(
-            "ON c.partition_id = e.partition_id AND c.consumer_group = $2",
-            "ON c.partition_id = e.partition_id AND c.consumer_group = $2 AND c.partition_id = $3",
-        )
-        .replace(
-            &format!("CROSS JOIN LATERAL {WALK_STATE} s"),
-            &format!("CROSS JOIN LATERAL {} s", citus_state("w", "$3")),
-        );
-    // `comb.claimable_now` written out: run on the worker, the function's own queries would
-    // be distributed queries from a shard, which Citus refuses.
-    let start = sql.find("comb.claimable_now(").expect("the call");
-    let end = start
-        + sql[start..]
-            .find("(SELECT delay_secs FROM q))")
-            .expect("its last argument")
-        + "(SELECT delay_secs FROM q))".len();
-    let sql = format!("{}{CLAIMABLE_CITUS}{}", &sql[..start], &sql[end..]);
-    debug_assert!(sql.matches("$3").count() >= 5, "{sql}");
-    sql
-});
+/// which it refuses across shards. The cursor's state is read by a subquery
+/// ([`crate::cursor::latest_state`]), and `comb.claimable_now` written out
+/// ([`claimable_citus!`]): run on the worker, a function's own queries would be distributed
+/// queries from a shard, which Citus refuses.
+pub const CANDIDATES_CITUS_SQL: &str = candidates_sql!(
+    walk: "c.partition_id = $3";
+    state: crate::cursor::state_in_partition!("w.partition_id", "$2", one "$3");
+    messages: "f.partition_id AND m.partition_id = $3";
+    cand: " AND c.partition_id = $3";
+    claimable: claimable_citus!()
+);
 
-/// A cursor's latest state (`comb.cursor_state`) of group `$2` written out for a router
-/// statement on Citus ([`crate::cursor::latest_state`]). `of` is the alias whose
-/// `partition_id` names the partition, `one` the parameter holding it.
-fn citus_state(of: &str, one: &str) -> String {
-    crate::cursor::latest_state(&format!("{of}.partition_id"), "$2", Some(one))
-}
+/// The claim's first half, by storage.
+const CANDIDATES: Forms = Forms {
+    postgres: CANDIDATES_SQL,
+    citus: CANDIDATES_CITUS_SQL,
+};
 
 /// `comb.claimable_now(f.partition_id, …)` of the walk for one partition (`$3`), as an
 /// expression of the statement: the partition's head time (`comb.partition_head`) against
 /// `windowBuffer` and `retentionSeconds`, its next message's time against
 /// `delayedProcessing`.
-const CLAIMABLE_CITUS: &str = concat!(
-    "(
+macro_rules! claimable_citus {
+    () => {
+        concat!(
+            "(
     ((SELECT window_secs FROM q) = 0
      OR (",
-    crate::messages::head_at_written_out!("$3"),
-    "
+            crate::messages::head_at_written_out!("$3"),
+            "
          <= now() - make_interval(secs => (SELECT window_secs FROM q))) IS TRUE)
     AND ((SELECT retention_secs FROM q) = 0
      OR (",
-    crate::messages::head_at_written_out!("$3"),
-    "
+            crate::messages::head_at_written_out!("$3"),
+            "
          > now() - make_interval(secs => (SELECT retention_secs FROM q))) IS TRUE)
     AND ((SELECT delay_secs FROM q) = 0
      OR ((SELECT m.created_at FROM ",
-    crate::messages::partition_messages!("$3"),
-    " AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
+            crate::messages::partition_messages!("$3"),
+            " AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg
           ORDER BY m.pos LIMIT 1)
          <= now() - make_interval(secs => (SELECT delay_secs FROM q))) IS TRUE))"
+        )
+    };
+}
+use claimable_citus;
+
+/// Second half of a claim, run once the cursors are locked (so its snapshot sees every
+/// version written before): read the latest state again, read the next `batch` unsettled
+/// messages of each partition once, and write the cursor's next version with the lease (or,
+/// with auto-ack, with the position moved past what was handed out). Per-partition figures
+/// (name, lease) are joined to the messages once per partition, and rows come back in no
+/// particular order ([`claims_from_rows`] groups them): sorting the handed-out payloads
+/// again, and looking up a partition's name for each of them, cost a third of the
+/// statement.
+///
+/// A claim whose COMMIT is pipelined behind it (not `OPENING_…`) cannot look at what it read
+/// before it commits, so a sealed payload makes it fail (and roll back) instead: the claim is
+/// then made again by one that opens payloads first.
+pub const CLAIM_SQL: &str = claim_sql!(
+    reads: reads_of!(postgres, concat!("\n    ", queue_options!()), "", plain);
+    lease: "gen_random_uuid()";
+    refuse: refuse_sealed!()
 );
 
-/// [`CLAIM_SQL`] (or [`SHARED_CLAIM_SQL`]) for a Citus cluster: one partition (`one`, a
-/// parameter holding the only element of `$3`), named to every distributed table, for the
-/// reason of [`CANDIDATES_CITUS_SQL`].
-fn claim_citus_sql(sql: &str, one: &str) -> String {
-    sql.replace(
-        &format!("CROSS JOIN LATERAL {CLAIM_STATE} s"),
-        &format!("CROSS JOIN LATERAL {} s", citus_state("c", one)),
-    )
-    .replace(
-        "WHERE p.id = c.partition_id)",
-        &format!("WHERE p.id = c.partition_id AND p.id = {one})"),
-    )
-    .replace(
-        "WHERE m.partition_id = st.partition_id",
-        &format!("WHERE m.partition_id = st.partition_id AND m.partition_id = {one}"),
-    )
-    .replace(
-        "FROM unnest($3::uuid[]) AS c(partition_id)",
-        &format!(
-            "FROM (SELECT {one}::uuid WHERE {one}::uuid = ANY($3::uuid[])) AS c(partition_id)"
-        ),
-    )
+/// [`CLAIM_SQL`] for a pop whose partitions share one lease (`$7`, a uuid) and whose `batch`
+/// caps the messages over all of them (`$8`): the next messages of every partition are
+/// ranked in the walk's order of the partitions (`$3`), then by position, and only the first
+/// `$8` are handed out, so each partition still hands out a prefix of what it holds. A
+/// partition left without messages by the cap is not leased (its lock ends with the claim).
+pub const SHARED_CLAIM_SQL: &str = claim_sql!(
+    reads: reads_of!(postgres, concat!("\n    ", queue_options!()), "", shared);
+    lease: "$7::uuid";
+    refuse: refuse_sealed!()
+);
+
+/// [`CLAIM_SQL`] for claims that open payloads before they commit (queues that seal them):
+/// the same statement without the refusal of sealed payloads.
+const OPENING_CLAIM_SQL: &str = claim_sql!(
+    reads: reads_of!(postgres, concat!("\n    ", queue_options!()), "", plain);
+    lease: "gen_random_uuid()";
+    refuse: ""
+);
+
+/// [`SHARED_CLAIM_SQL`] for claims that open payloads before they commit.
+const OPENING_SHARED_CLAIM_SQL: &str = claim_sql!(
+    reads: reads_of!(postgres, concat!("\n    ", queue_options!()), "", shared);
+    lease: "$7::uuid";
+    refuse: ""
+);
+
+/// The claims, by storage: on Citus the call of the claim function
+/// ([`CLAIM_CITUS_FUNCTION`]), which picks the kind of claim by its arguments.
+const CLAIM: Forms = Forms {
+    postgres: CLAIM_SQL,
+    citus: CLAIM_CITUS_CALL,
+};
+const SHARED_CLAIM: Forms = Forms {
+    postgres: SHARED_CLAIM_SQL,
+    citus: CLAIM_CITUS_CALL,
+};
+const OPENING_CLAIM: Forms = Forms {
+    postgres: OPENING_CLAIM_SQL,
+    citus: CLAIM_CITUS_CALL,
+};
+const OPENING_SHARED_CLAIM: Forms = Forms {
+    postgres: OPENING_SHARED_CLAIM_SQL,
+    citus: CLAIM_CITUS_CALL,
+};
+
+/// The SQLSTATE of `comb.refuse_sealed_payload()` (schema version 15).
+const SEALED_IN_CLAIM: &str = "CB001";
+
+/// The claims' Citus forms ([`CLAIM_SQL`] and the others for one partition, `$9`, the only
+/// element of `$3`, named to every distributed table for the reason of
+/// [`CANDIDATES_CITUS_SQL`]): what the bodies of [`CLAIM_CITUS_FUNCTION`] run, pinned with
+/// the claims (its partition is the ninth argument for all four; the plain claims leave the
+/// seventh and eighth unused).
+#[cfg(test)]
+const CLAIM_CITUS_SQL: &str = claim_sql!(
+    reads: reads_of!(citus, concat!("\n    ", queue_options!()), "", plain);
+    lease: "gen_random_uuid()";
+    refuse: refuse_sealed!()
+);
+#[cfg(test)]
+const SHARED_CLAIM_CITUS_SQL: &str = claim_sql!(
+    reads: reads_of!(citus, concat!("\n    ", queue_options!()), "", shared);
+    lease: "$7::uuid";
+    refuse: refuse_sealed!()
+);
+#[cfg(test)]
+const OPENING_CLAIM_CITUS_SQL: &str = claim_sql!(
+    reads: reads_of!(citus, concat!("\n    ", queue_options!()), "", plain);
+    lease: "gen_random_uuid()";
+    refuse: ""
+);
+#[cfg(test)]
+const OPENING_SHARED_CLAIM_CITUS_SQL: &str = claim_sql!(
+    reads: reads_of!(citus, concat!("\n    ", queue_options!()), "", shared);
+    lease: "$7::uuid";
+    refuse: ""
+);
+
+/// The queue's options in [`CLAIM_CITUS_FUNCTION`]: read first, into its variables.
+macro_rules! delegated_options {
+    () => {
+        "SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, \
+         claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs"
+    };
 }
 
-/// The claims' Citus forms, the bodies of [`CLAIM_CITUS_FUNCTION`]: its partition is the
-/// ninth argument for all four (the plain claims leave the seventh and eighth unused).
-pub static CLAIM_CITUS_SQL: LazyLock<String> = LazyLock::new(|| claim_citus_sql(&CLAIM_SQL, "$9"));
-static SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
-    LazyLock::new(|| claim_citus_sql(&SHARED_CLAIM_SQL, "$9"));
-static OPENING_CLAIM_CITUS_SQL: LazyLock<String> =
-    LazyLock::new(|| claim_citus_sql(&OPENING_CLAIM_SQL, "$9"));
-static OPENING_SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
-    LazyLock::new(|| claim_citus_sql(&OPENING_SHARED_CLAIM_SQL, "$9"));
+/// The bound of the messages [`CLAIM_CITUS_FUNCTION`] hands out: the new state's
+/// `lease_upto` (see [`delegated_claim`]).
+macro_rules! delegated_bound {
+    () => {
+        "\n          AND m.pos <= claim_lease_upto"
+    };
+}
 
 /// The claim of one partition on Citus as one function, `comb.claim_partition`, distributed by
 /// its partition (`a_partition`, co-located with `comb.partitions`) with `force_delegation`:
@@ -434,12 +583,12 @@ static OPENING_SHARED_CLAIM_CITUS_SQL: LazyLock<String> =
 /// planned apart and their intermediate results passed through the coordinator, which also
 /// made the claim commit in two phases; delegated, the transaction touches one worker over one
 /// connection and commits in one phase. The body is the Citus form of the statement the plain
-/// claim sends (one of four, by `shared` and `opening`), cut in three router statements by
-/// [`delegated_claim`], so the semantics stay those of [`claim_sql`]. Made by `comb migrate`
-/// on Citus ([`crate::schema::citus::delegate`]); the opening forms return a last column of
-/// NULL where the others refuse sealed payloads.
+/// claim sends (one of four, by `shared` and `opening`), in three router statements
+/// ([`delegated_claim`]) made of the same fragments as [`CLAIM_SQL`], so the semantics stay
+/// those of the claims. Made by `comb migrate` on Citus ([`crate::schema::citus::delegate`]);
+/// the opening forms return a last column of NULL where the others refuse sealed payloads.
 pub(crate) static CLAIM_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
-    let (declare, _) = delegated_claim(&CLAIM_CITUS_SQL, false);
+    let state = crate::cursor::StateByValues::of(CLAIM_CITUS_STATE, "claim");
     crate::schema::citus::function_of_partition(
         "claim_partition",
         "a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, \
@@ -451,7 +600,7 @@ pub(crate) static CLAIM_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
         &format!(
             "
 DECLARE
-{declare}BEGIN
+{}BEGIN
     IF a_shared AND a_opening THEN
 {}
     ELSIF a_shared THEN
@@ -462,16 +611,57 @@ DECLARE
 {}
     END IF;
 END;",
-            delegated_claim(&OPENING_SHARED_CLAIM_CITUS_SQL, true).1,
-            delegated_claim(&SHARED_CLAIM_CITUS_SQL, false).1,
-            delegated_claim(&OPENING_CLAIM_CITUS_SQL, true).1,
-            delegated_claim(&CLAIM_CITUS_SQL, false).1,
+            delegated_declare(&state),
+            delegated_claim(
+                &state,
+                reads_of!(citus, delegated_options!(), "", shared),
+                reads_of!(citus, delegated_options!(), delegated_bound!(), shared),
+                CLAIM_CITUS_SHARED_STATE,
+                ",\n       NULL::boolean",
+            ),
+            delegated_claim(
+                &state,
+                reads_of!(citus, delegated_options!(), "", shared),
+                reads_of!(citus, delegated_options!(), delegated_bound!(), shared),
+                CLAIM_CITUS_SHARED_STATE,
+                refuse_sealed!(),
+            ),
+            delegated_claim(
+                &state,
+                reads_of!(citus, delegated_options!(), "", plain),
+                reads_of!(citus, delegated_options!(), delegated_bound!(), plain),
+                CLAIM_CITUS_STATE,
+                ",\n       NULL::boolean",
+            ),
+            delegated_claim(
+                &state,
+                reads_of!(citus, delegated_options!(), "", plain),
+                reads_of!(citus, delegated_options!(), delegated_bound!(), plain),
+                CLAIM_CITUS_STATE,
+                refuse_sealed!(),
+            ),
         ),
     )
 });
 
-/// A claim statement of Citus form ([`claim_citus_sql`]) as the statements of
-/// [`CLAIM_CITUS_FUNCTION`]'s body, and the declarations of the variables they share.
+/// The new state of [`CLAIM_CITUS_FUNCTION`]'s claims, their generation its variable.
+const CLAIM_CITUS_STATE: &str = claim_state!(gen: "claim_newest_gen"; lease: "gen_random_uuid()");
+const CLAIM_CITUS_SHARED_STATE: &str = claim_state!(gen: "claim_newest_gen"; lease: "$7::uuid");
+
+/// The declarations of [`CLAIM_CITUS_FUNCTION`]'s variables: the new state's and the queue's
+/// options.
+fn delegated_declare(state: &crate::cursor::StateByValues) -> String {
+    let mut declare = state.declare.clone();
+    for o in ["lease_secs", "delay_secs", "window_secs", "retention_secs"] {
+        declare.push_str(&format!("    claim_q_{o} float8;\n"));
+    }
+    declare
+}
+
+/// A claim of Citus form as the statements of [`CLAIM_CITUS_FUNCTION`]'s body: `reads` (the
+/// claim's reads, the queue's options from the variables), `bounded` (the same, the messages
+/// bounded by the new state's `lease_upto`), the new state `select` and the last column
+/// `refused`.
 ///
 /// Why several: run on the worker as one statement, its data-modifying CTE (the insert of the
 /// new state) keeps Citus from planning it as one router statement, so Citus plans each CTE
@@ -485,40 +675,15 @@ END;",
 /// the claim replaces) and bounded by the new state's `lease_upto`, so that a message pushed
 /// meanwhile is not handed out unleased, (3) the new state inserted from the variables. The
 /// claim's walk holds the cursor's lock, so no other claim moves it between them.
-fn delegated_claim(sql: &str, opening: bool) -> (String, String) {
-    let at = sql.find("claimed AS (").expect("the claim's insert");
-    let reads = sql[..at].trim_end().trim_end_matches(',');
-    let q_from = reads.find("WITH q AS (").expect("the options") + "WITH q AS (".len();
-    let q_to = reads.find("),\nst AS").expect("the options' end");
-    let options = reads[q_from..q_to].trim();
-    let reads = format!(
-        "WITH q AS (SELECT claim_q_lease_secs AS lease_secs, claim_q_delay_secs AS delay_secs, \
-         claim_q_window_secs AS window_secs, claim_q_retention_secs AS retention_secs){}",
-        &reads[q_to + 1..]
-    );
-    let rest = &sql[at + "claimed AS (".len()..];
-    let insert = &rest[..rest.find("RETURNING").expect("its RETURNING")];
-    let select = insert[insert.find("SELECT ").expect("the insert's SELECT")..].trim();
-    let state = crate::cursor::StateByValues::of(select, "claim");
-    let mut declare = state.declare;
-    for o in ["lease_secs", "delay_secs", "window_secs", "retention_secs"] {
-        declare.push_str(&format!("    claim_q_{o} float8;\n"));
-    }
-    let bound = "        ORDER BY m.pos\n        LIMIT $4";
-    debug_assert_eq!(reads.matches(bound).count(), 1, "{reads}");
-    let bounded = reads.replacen(
-        bound,
-        &format!("          AND m.pos <= claim_lease_upto\n{bound}"),
-        1,
-    );
-    let refused = if opening {
-        ",\n       NULL::boolean"
-    } else {
-        ",\n       CASE WHEN substr(m.payload, 1, 1) = '\\x00'::bytea THEN comb.refuse_sealed_payload() END"
-    };
-    let (newest_gen, select, vars, insert) =
-        (state.newest_gen, state.select, state.vars, state.insert);
-    let body = format!(
+fn delegated_claim(
+    state: &crate::cursor::StateByValues,
+    reads: &str,
+    bounded: &str,
+    select: &str,
+    refused: &str,
+) -> String {
+    let (newest_gen, vars, insert) = (&state.newest_gen, &state.vars, &state.insert);
+    format!(
         "SELECT lease_secs, delay_secs, window_secs, retention_secs
 FROM ({options}) o
 INTO claim_q_lease_secs, claim_q_delay_secs, claim_q_window_secs, claim_q_retention_secs;
@@ -540,9 +705,9 @@ SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
 FROM msgs m
 JOIN st ON st.partition_id = m.partition_id
 ORDER BY m.pos;
-{insert};"
-    );
-    (declare, body)
+{insert};",
+        options = queue_options!(),
+    )
 }
 
 /// [`CLAIM_CITUS_FUNCTION`]'s signature and distribution argument, for
@@ -1025,13 +1190,7 @@ async fn claim_once(
     walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
     let (rovers, default_lease_seconds) = (&ctx.rovers, ctx.default_lease_seconds);
-    let candidates = client
-        .prepare_cached(if ctx.backend.rows_lock_in_one_shard_only() {
-            &CANDIDATES_CITUS_SQL
-        } else {
-            &CANDIDATES_SQL
-        })
-        .await?;
+    let candidates = client.prepare_cached(ctx.backend.sql(&CANDIDATES)).await?;
     let stmt = client
         .prepare_cached(claim_sql_for(ctx.backend, &shared, shape.sealed))
         .await?;
@@ -1129,20 +1288,15 @@ async fn claim_once(
     })
 }
 
-/// The claim statement for a pop of this kind (see [`claim_sql`]); on a Citus cluster the
+/// The claim statement for a pop of this kind (see [`CLAIM_SQL`]); on a Citus cluster the
 /// call of the claim function, which picks the kind by its arguments.
 fn claim_sql_for(backend: Backend, shared: &Shared, opening: bool) -> &'static str {
-    match (
-        shared.cap.is_some(),
-        opening,
-        !backend.statements_span_partitions(),
-    ) {
-        (false, false, false) => &CLAIM_SQL,
-        (true, false, false) => &SHARED_CLAIM_SQL,
-        (false, true, false) => &OPENING_CLAIM_SQL,
-        (true, true, false) => &OPENING_SHARED_CLAIM_SQL,
-        (_, _, true) => CLAIM_CITUS_CALL,
-    }
+    backend.sql(match (shared.cap.is_some(), opening) {
+        (false, false) => &CLAIM,
+        (true, false) => &SHARED_CLAIM,
+        (false, true) => &OPENING_CLAIM,
+        (true, true) => &OPENING_SHARED_CLAIM,
+    })
 }
 
 /// Locks cursors of a group again, by partition (see [`claim_once`]).

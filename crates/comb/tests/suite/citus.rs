@@ -420,7 +420,7 @@ async fn a_claims_walk_and_its_claim_are_one_task_each() {
     let (queue, partition, group) = (f[0], f[1], f[2]);
     let walk = citus_plan(
         &env.db_name,
-        &comb::pop::CANDIDATES_CITUS_SQL,
+        comb::pop::CANDIDATES_CITUS_SQL,
         &format!(
             "'{queue}', '{group}', '{partition}', 1, 30, \
              '00000000-0000-0000-0000-000000000000', 2"

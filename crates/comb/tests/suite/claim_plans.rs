@@ -106,7 +106,7 @@ async fn claim_plan(statement: &str, args: impl Fn(&str, &str, &str) -> String) 
 
 #[tokio::test]
 async fn the_candidate_walk_planned_on_young_tables_reads_by_index() {
-    let plan = claim_plan(&pop::CANDIDATES_SQL, |queue, _, group| {
+    let plan = claim_plan(pop::CANDIDATES_SQL, |queue, _, group| {
         format!("'{queue}', '{group}', NULL, 1, 30, '00000000-0000-0000-0000-000000000000', 2")
     })
     .await;
@@ -158,7 +158,7 @@ fn actual(line: &str, key: &str) -> u32 {
 
 #[tokio::test]
 async fn the_claim_planned_on_young_tables_reads_by_index() {
-    let plan = claim_plan(&pop::CLAIM_SQL, |queue, partition, group| {
+    let plan = claim_plan(pop::CLAIM_SQL, |queue, partition, group| {
         format!("'{queue}', '{group}', ARRAY['{partition}']::uuid[], 10, 30, false")
     })
     .await;
@@ -322,7 +322,7 @@ async fn claims_and_acks_run_on_connections_started_with_the_consumer_settings()
             .collect()
     };
     let consumer = [
-        ("the claim's walk", pop::CANDIDATES_SQL.as_str()),
+        ("the claim's walk", pop::CANDIDATES_SQL),
         ("the cursor lock", ack::LOCK_SQL),
         ("the state read", ack::ACK_STATE_SQL),
         ("the completing acks' judgement", ack::JUDGE_SQL),
