@@ -15,28 +15,10 @@ use uuid::Uuid;
 use super::{AckItem, AckOutcome, AckStatus};
 use crate::db::DbError;
 
-/// Judges and writes the cursors of completing acks, one row per item (`$1` partition, `$2`
-/// group, `$3` transaction id, `$4` lease id or NULL), and returns each cursor it moved with
-/// whether its lease ended and its partition's and queue's names. The cursors must be locked
-/// by an earlier statement of the transaction, whose snapshot this one then follows.
-///
-/// A cursor is judged when its lease is live, every item names that lease or none, and
-/// every acked message lies in the lease's range above the position, not settled yet. Its
-/// acked positions join the settled ones; the position moves over the run that follows it
-/// (and the segment to the last settled message's), attempts at or below it are forgotten,
-/// and the lease ends once the position reaches the lease's last message.
-///
-/// Every sort here is a sort per cursor, and a fan-out ack judges many cursors of ~50
-/// messages each: the acked messages are sorted once (a subquery feeding both arrays), the
-/// items' leases are compared without sorting them, and with nothing settled the acked
-/// positions are the merge as they are (sorted, and distinct: positions are unique).
-macro_rules! judge_sql {
-    (state: $state:expr; messages: $messages:literal; partition: $partition:literal) => {
-        judge_sql!(state: $state; messages: $messages; partition: $partition;
-            gen: crate::cursor::newest_gen!())
-    };
-    (state: $state:expr; messages: $messages:literal; partition: $partition:literal;
-     gen: $gen:expr) => {
+/// The judgement's reads, up to the cursors' next positions (`moved`): the cursors of the
+/// items, their state read by `$state`, their acked messages named by `$messages`.
+macro_rules! judge_reads {
+    (state: $state:expr; messages: $messages:literal) => {
         concat!(
             "
 WITH i AS (
@@ -86,12 +68,17 @@ moved AS (
         FROM unnest(j.merged) WITH ORDINALITY AS x(p, k)
         WHERE x.p = j.cursor_pos + x.k
     ) r
-),
-written AS (
-    ",
-            crate::cursor::insert_state!(),
-            "
-    SELECT m.partition_id, m.consumer_group, ",
+)"
+        )
+    };
+}
+
+/// The next version of each moved cursor, as the judgement's insert selects it, into
+/// generation `$gen`.
+macro_rules! judge_select {
+    (gen: $gen:expr) => {
+        concat!(
+            "SELECT m.partition_id, m.consumer_group, ",
             $gen,
             ", m.ver + 1,
            m.next_pos,
@@ -104,7 +91,44 @@ written AS (
            CASE WHEN m.next_pos >= m.lease_upto THEN NULL ELSE m.lease_id END,
            CASE WHEN m.next_pos >= m.lease_upto THEN NULL ELSE m.lease_expires_at END,
            m.lease_upto, m.available_at, m.last_claimed_at
-    FROM moved m
+    FROM moved m"
+        )
+    };
+}
+
+/// Judges and writes the cursors of completing acks, one row per item (`$1` partition, `$2`
+/// group, `$3` transaction id, `$4` lease id or NULL), and returns each cursor it moved with
+/// whether its lease ended and its partition's and queue's names. The cursors must be locked
+/// by an earlier statement of the transaction, whose snapshot this one then follows.
+///
+/// A cursor is judged when its lease is live, every item names that lease or none, and
+/// every acked message lies in the lease's range above the position, not settled yet. Its
+/// acked positions join the settled ones; the position moves over the run that follows it
+/// (and the segment to the last settled message's), attempts at or below it are forgotten,
+/// and the lease ends once the position reaches the lease's last message.
+///
+/// Every sort here is a sort per cursor, and a fan-out ack judges many cursors of ~50
+/// messages each: the acked messages are sorted once (a subquery feeding both arrays), the
+/// items' leases are compared without sorting them, and with nothing settled the acked
+/// positions are the merge as they are (sorted, and distinct: positions are unique).
+macro_rules! judge_sql {
+    (state: $state:expr; messages: $messages:literal; partition: $partition:literal) => {
+        judge_sql!(state: $state; messages: $messages; partition: $partition;
+            gen: crate::cursor::newest_gen!())
+    };
+    (state: $state:expr; messages: $messages:literal; partition: $partition:literal;
+     gen: $gen:expr) => {
+        concat!(
+            "",
+            judge_reads!(state: $state; messages: $messages),
+            ",
+written AS (
+    ",
+            crate::cursor::insert_state!(),
+            "
+    ",
+            judge_select!(gen: $gen),
+            "
     RETURNING partition_id, consumer_group, lease_id IS NULL AS released
 )
 SELECT w.partition_id, w.consumer_group, w.released, p.name AS partition, q.name AS queue
@@ -122,42 +146,29 @@ pub const JUDGE_SQL: &str = judge_sql!(
     partition: "w.partition_id"
 );
 
-/// [`JUDGE_SQL`] on Citus, for the cursors of one partition (`$5`), named to every
-/// distributed table so that Citus runs it on that partition's worker as one task. The
-/// cursor's state is read by a subquery: `comb.cursor_state`, run on the worker, would be a
-/// distributed query from a shard, which Citus refuses. Run only as the body of
-/// [`JUDGE_CITUS_FUNCTION`], its newest generation is that function's variable.
-pub const JUDGE_CITUS_SQL: &str = judge_sql!(
-    state: crate::cursor::state_in_partition!("c.partition_id", "c.consumer_group", one "$5");
-    messages: "c.partition_id AND m.partition_id = $5";
-    partition: "w.partition_id AND p.id = $5";
-    gen: "judge_newest_gen"
-);
-
 /// The acks of one partition on Citus as one function of it (`a_partition`), made by `comb
 /// migrate` ([`crate::schema::citus::delegate`]) and called alone, outside a transaction
 /// block: Citus sends the call to the partition's worker, which runs it as a transaction of
 /// its own and commits it there in one phase. Its statements, each a router statement of
 /// the worker's shards: the cursors' lock (in the order of [`crate::cursor::LOCK_SQL`]), the
-/// partition's and queue's names, the newest generation, then [`JUDGE_CITUS_SQL`]'s
-/// judgement read (everything before its insert) and, for each cursor it moved, the insert
+/// partition's and queue's names, the newest generation, then the judgement's reads
+/// ([`judge_reads!`], for the cursors of one partition, `$5`, named to every distributed
+/// table; the state read by a subquery: `comb.cursor_state` run on the worker would be a
+/// distributed query from a shard) and, for each cursor it moved, the insert
 /// of the new version from variables ([`crate::cursor::StateByValues`]). Sent from the
 /// coordinator as two statements, the insert (a data-modifying CTE, which Citus never routes
 /// whole) was a step of its own, with intermediate results through the coordinator, and the
 /// ack committed in two phases; run whole on the worker, the same steps sent their results
 /// to every node and the worker committed them in two phases. (Not `force_delegation`: the
 /// call is a transaction of its own.)
-pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| {
-        let sql = JUDGE_CITUS_SQL;
-        let at = sql.find("written AS (").expect("the judgement's insert");
-        let reads = sql[..at].trim_end().trim_end_matches(',');
-        let rest = &sql[at..];
-        let from = rest
-            .find("SELECT m.partition_id")
-            .expect("the insert's SELECT");
-        let to = rest.find("RETURNING").expect("its RETURNING");
-        let state = crate::cursor::StateByValues::of(rest[from..to].trim(), "judge");
+pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> = std::sync::LazyLock::new(
+    || {
+        let reads = judge_reads!(
+            state: crate::cursor::state_in_partition!("c.partition_id", "c.consumer_group", one "$5");
+            messages: "c.partition_id AND m.partition_id = $5"
+        );
+        let state =
+            crate::cursor::StateByValues::of(judge_select!(gen: "judge_newest_gen"), "judge");
         crate::schema::citus::function_of_partition(
             "judge_acks",
             "a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[], \
@@ -197,7 +208,8 @@ END;",
                 insert = state.insert,
             ),
         )
-    });
+    },
+);
 
 /// [`JUDGE_CITUS_FUNCTION`]'s signature, distribution argument and delegation (not forced).
 pub(crate) const JUDGE_CITUS_SIGNATURE: (&str, &str, bool) = (
@@ -206,7 +218,7 @@ pub(crate) const JUDGE_CITUS_SIGNATURE: (&str, &str, bool) = (
     false,
 );
 
-/// The call of [`JUDGE_CITUS_FUNCTION`], with [`JUDGE_CITUS_SQL`]'s parameters: the
+/// The call of [`JUDGE_CITUS_FUNCTION`], with [`JUDGE_SQL`]'s parameters and the partition: the
 /// judgement of one partition's acks on Citus.
 pub(crate) const JUDGE_CITUS_CALL: &str = "SELECT * FROM comb.judge_acks($1::uuid[], \
      $2::text[], $3::text[], $4::uuid[], $5::uuid)";
@@ -340,7 +352,7 @@ pub(crate) async fn settle(
         .collect();
     let leases: Vec<Option<Uuid>> = chosen.iter().map(|&k| items[k].lease_id).collect();
     let judge_params: [&(dyn ToSql + Sync); 5] = [&pids, &groups, &txids, &leases, &partition];
-    // Only the Citus form ([`JUDGE_CITUS_SQL`]) names its partition.
+    // Only the Citus form ([`JUDGE_CITUS_FUNCTION`]) names its partition.
     let judge_params = if partition.is_some() {
         &judge_params[..]
     } else {

@@ -36,18 +36,13 @@ FROM (",
 WHERE $2::uuid IS NULL OR s.partition_id = $2"
 );
 
-/// Appends the version with the new end, if the lease is still the cursor's and still live:
-/// the state read from `$state`, the queue's options by `$options`.
-macro_rules! extend_sql {
-    (state: $($state:expr),+; options: $($options:expr),+) => {
-        extend_sql!(state: $($state),+; options: $($options),+; gen: cursor::newest_gen!())
-    };
+/// The next version with the new end, as the extension's insert selects it: the state read
+/// from `$state`, the queue's options by `$options`, into generation `$gen`; nothing unless
+/// the lease is still the cursor's and still live.
+macro_rules! extend_select {
     (state: $($state:expr),+; options: $($options:expr),+; gen: $gen:expr) => {
         concat!(
-            "\n",
-            cursor::insert_state!(),
-            "
-SELECT s.partition_id, s.consumer_group, ",
+            "SELECT s.partition_id, s.consumer_group, ",
             $gen,
             ", s.ver + 1,
        s.cursor_pos, s.cursor_seg, s.settled, s.attempt_pos, s.attempt_cnt, s.lease_id,
@@ -59,8 +54,22 @@ SELECT s.partition_id, s.consumer_group, ",
 FROM ",
             $($state),+,
             " s
-WHERE s.lease_id = $3 AND s.lease_expires_at > now()
-RETURNING lease_expires_at"
+WHERE s.lease_id = $3 AND s.lease_expires_at > now()"
+        )
+    };
+}
+
+/// Appends the version with the new end, if the lease is still the cursor's and still live:
+/// the state read from `$state`, the queue's options by `$options`.
+macro_rules! extend_sql {
+    (state: $($state:expr),+; options: $($options:expr),+) => {
+        concat!(
+            "\n",
+            cursor::insert_state!(),
+            "\n",
+            extend_select!(state: $($state),+; options: $($options),+;
+                gen: cursor::newest_gen!()),
+            "\nRETURNING lease_expires_at"
         )
     };
 }
@@ -69,16 +78,6 @@ RETURNING lease_expires_at"
 const EXTEND_SQL: &str = extend_sql!(
     state: cursor::state_of!("$1", "$2");
     options: crate::catalog::options_of_partition!("s.partition_id")
-);
-
-/// [`EXTEND_SQL`] on Citus, as the body of [`EXTEND_CITUS_FUNCTION`]: the state read by a
-/// subquery rather than `comb.cursor_state` (a function reading a distributed table, which
-/// would run on the coordinator), the partition named to every distributed table.
-/// The newest generation is taken from the function's variable (`extend_newest_gen`).
-const EXTEND_CITUS_SQL: &str = extend_sql!(
-    state: cursor::state_in_partition!("$1", "$2");
-    options: crate::catalog::options_of_partition!("s.partition_id AND p.id = $1");
-    gen: "extend_newest_gen"
 );
 
 /// The extension of a lease on one cursor on Citus as one function of its partition
@@ -91,16 +90,15 @@ const EXTEND_CITUS_SQL: &str = extend_sql!(
 /// extension committed in two phases; as one `INSERT … SELECT` on the worker, its steps' results
 /// went to every node and the worker committed in two phases.
 pub(crate) static EXTEND_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
-    let lock = cursor::LOCK_ONE_SQL
-        .trim()
-        .strip_prefix("SELECT ")
-        .expect("a SELECT");
-    let sql = EXTEND_CITUS_SQL
-        .strip_suffix("\nRETURNING lease_expires_at")
-        .expect("the extension's RETURNING");
-    let select = &sql[sql
-        .find("SELECT s.partition_id")
-        .expect("the insert's SELECT")..];
+    let lock = cursor::lock_one!("$1", "$2");
+    // The state read by a subquery rather than `comb.cursor_state` (a function reading a
+    // distributed table, which would run on the coordinator), the partition named to every
+    // distributed table, the newest generation the function's variable.
+    let select = extend_select!(
+        state: cursor::state_in_partition!("$1", "$2");
+        options: crate::catalog::options_of_partition!("s.partition_id AND p.id = $1");
+        gen: "extend_newest_gen"
+    );
     let state = cursor::StateByValues::of(select, "extend");
     crate::schema::citus::function_of_partition(
         "extend_lease",
