@@ -34,15 +34,17 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         config.consumer_pool_size(),
         backend.plans_for_each_execution(),
     )?;
-    if backend.distributes_schema() && config.citus_route == "direct" {
+    let router = if backend.distributes_schema() && config.citus_route == "direct" {
         let size = config.citus_worker_pool_size;
-        db::route::direct(
+        db::route::Router::direct(
             &pools,
             &config.database.database_url,
             size.unwrap_or(config.general_pool_size()),
             size.unwrap_or(config.consumer_pool_size()),
-        );
-    }
+        )
+    } else {
+        db::route::Router::through_pools()
+    };
     let pool = pools.general.clone();
     let metrics = Arc::new(Metrics::default());
     tokio::spawn(maintenance::run(
@@ -81,12 +83,14 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         wake.clone(),
         metrics.clone(),
         keys.clone(),
+        router.clone(),
         config.push_workers,
         config.fuse_max_items,
     ));
     let acker = Arc::new(Acker::start(
         pools.consumer.clone(),
         backend,
+        router.clone(),
         metrics.clone(),
         wake.clone(),
         config.ack_workers,
@@ -99,6 +103,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         wake.clone(),
         metrics.clone(),
         keys.clone(),
+        router.clone(),
         config.pop_workers,
         default_lease,
         pop::Waits {
@@ -118,6 +123,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
     );
     let app = Arc::new(App {
         backend,
+        router,
         pusher,
         popper,
         acker,

@@ -164,6 +164,8 @@ pub(crate) struct Acker {
 /// several shards goes to the shared fuser, as one transaction, as it asks.
 struct PerShard {
     placement: crate::schema::citus::Placement,
+    /// Where a shard's acks go: its worker on the direct route.
+    router: crate::db::route::Router,
     fusers: std::sync::Mutex<std::collections::HashMap<i64, Fuser<AckJob>>>,
     pool: Pool,
     stage: Arc<crate::metrics::Stage>,
@@ -176,17 +178,26 @@ impl Acker {
     pub(crate) fn start(
         pool: Pool,
         backend: crate::backend::Backend,
+        router: crate::db::route::Router,
         metrics: Arc<Metrics>,
         wake: Arc<Wake>,
         workers: usize,
         max_items: usize,
     ) -> Acker {
         let stage = metrics.fusion.ack.clone();
-        let fuser = store::start(pool.clone(), backend, workers, max_items, stage.clone());
+        let fuser = store::start(
+            pool.clone(),
+            backend,
+            router.clone(),
+            workers,
+            max_items,
+            stage.clone(),
+        );
         Acker {
             fuser,
             per_shard: PerShard {
                 placement: Default::default(),
+                router,
                 fusers: Default::default(),
                 pool,
                 stage,
@@ -224,6 +235,7 @@ impl Acker {
                 store::start(
                     n.pool.clone(),
                     self.backend,
+                    n.router.clone(),
                     n.workers,
                     n.max_items,
                     n.stage.clone(),

@@ -124,15 +124,16 @@ pub(crate) async fn queues_of(pool: &Pool, partitions: &[Uuid]) -> Result<Vec<St
 pub(crate) fn start(
     pool: Pool,
     backend: Backend,
+    router: db::route::Router,
     workers: usize,
     max_items: usize,
     stage: Arc<Stage>,
 ) -> Fuser<AckJob> {
     let run: Runner<AckJob> = Arc::new(move |jobs| {
-        let pool = pool.clone();
+        let (pool, router) = (pool.clone(), router.clone());
         Box::pin(async move {
             let items: Vec<&AckItem> = jobs.iter().flat_map(|j| j.items.iter()).collect();
-            let result = settle(&pool, backend, &items).await;
+            let result = settle(&pool, backend, &router, &items).await;
             fusion::reply_all(jobs, result, |j| (j.items.len(), j.reply));
         })
     });
@@ -150,10 +151,11 @@ pub const PLANS: &str = db::consumer_plans!();
 async fn settle(
     pool: &Pool,
     backend: Backend,
+    router: &db::route::Router,
     items: &[&AckItem],
 ) -> Result<Vec<AckOutcome>, DbError> {
     let only = db::route::only(items, |i| i.partition_id);
-    let client = db::route::consumer(pool, only).await.get().await?;
+    let client = router.consumer(pool, only).await.get().await?;
     // Each path prepares its statements before its pipeline: a statement still being
     // prepared when COMMIT is sent would run after it, outside the transaction.
     let chosen = completed::completing(items);

@@ -18,7 +18,7 @@
 //! ([`Placement`](crate::schema::citus::Placement)).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use deadpool_postgres::Pool;
 use uuid::Uuid;
@@ -28,8 +28,13 @@ use crate::schema::citus::Placement;
 
 pub(crate) use crate::schema::citus::Node;
 
-/// The direct route of this server, when `--citus-route direct` on a Citus coordinator.
-static ROUTE: OnceLock<Route> = OnceLock::new();
+/// Where a partition's hot-path statements go: read once at start (`--citus-route`) and
+/// handed to the use cases as a value. Without the direct route (plain PostgreSQL, or Citus
+/// through its coordinator) every statement goes to the pool it was given.
+#[derive(Clone, Default)]
+pub(crate) struct Router {
+    direct: Option<Arc<Route>>,
+}
 
 /// The coordinator's pools, the placement of partitions and a pair of pools per worker
 /// (opened on first use: a worker added while serving gets its pools when a partition is
@@ -43,77 +48,93 @@ struct Route {
     workers: Mutex<HashMap<Node, Pools>>,
 }
 
-/// Turns the direct route on (once, at start, on Citus only): partitions' hot-path
-/// statements go to their workers, each with at most `general` + `consumer` connections from
-/// this server, with `database_url`'s database, credentials and TLS settings.
-pub(crate) fn direct(coordinator: &Pools, database_url: &str, general: usize, consumer: usize) {
-    let _ = ROUTE.set(Route {
-        coordinator: coordinator.general.clone(),
-        database_url: database_url.to_string(),
-        sizes: (general, consumer),
-        placement: Placement::default(),
-        workers: Mutex::default(),
-    });
-}
-
-/// The pools of worker `node`, when the direct route is on (opened on first use).
-pub(crate) fn worker(node: &Node) -> Option<Pools> {
-    let route = ROUTE.get()?;
-    let mut workers = route.workers.lock().unwrap();
-    if let Some(pools) = workers.get(node) {
-        return Some(pools.clone());
+impl Router {
+    /// Every statement through the pool it is given (the coordinator's, on Citus).
+    pub(crate) fn through_pools() -> Router {
+        Router::default()
     }
-    let (general, consumer) = route.sizes;
-    match Pools::at(&route.database_url, node, general, consumer) {
-        Ok(pools) => {
-            tracing::info!(worker = %format!("{}:{}", node.0, node.1), "direct route to a Citus worker");
-            workers.insert(node.clone(), pools.clone());
-            Some(pools)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "no pools for a Citus worker; its partitions go through the coordinator");
-            None
+
+    /// The direct route (at start, on Citus only): partitions' hot-path statements go to
+    /// their workers, each with at most `general` + `consumer` connections from this server,
+    /// with `database_url`'s database, credentials and TLS settings.
+    pub(crate) fn direct(
+        coordinator: &Pools,
+        database_url: &str,
+        general: usize,
+        consumer: usize,
+    ) -> Router {
+        Router {
+            direct: Some(Arc::new(Route {
+                coordinator: coordinator.general.clone(),
+                database_url: database_url.to_string(),
+                sizes: (general, consumer),
+                placement: Placement::default(),
+                workers: Mutex::default(),
+            })),
         }
     }
-}
 
-/// The pools of the worker holding `partition`, when the direct route is on and the worker
-/// is known (its placement cached, or read now from the coordinator). `None`: use the
-/// coordinator's pools, as without the route. A placement that cannot be read (the
-/// coordinator unreachable) is `None` too: the request then meets the coordinator's outage
-/// and answers it as always.
-pub(crate) async fn of_partition(partition: Uuid) -> Option<Pools> {
-    let route = ROUTE.get()?;
-    let node = match route.placement.node(partition) {
-        Some(node) => node,
-        None => {
-            let client = route.coordinator.get().await.ok()?;
-            route.placement.look_up(&client, &[partition]).await.ok()?;
-            route.placement.node(partition)?
+    /// The pools of worker `node`, when the direct route is on (opened on first use).
+    pub(crate) fn worker(&self, node: &Node) -> Option<Pools> {
+        let route = self.direct.as_ref()?;
+        let mut workers = route.workers.lock().unwrap();
+        if let Some(pools) = workers.get(node) {
+            return Some(pools.clone());
         }
-    };
-    worker(&node?)
-}
-
-/// The consumer pool for `partition`'s claim or acks: its worker's on the direct route,
-/// else `pool` (the coordinator's).
-pub(crate) async fn consumer(pool: &Pool, partition: Option<Uuid>) -> Pool {
-    match partition {
-        Some(p) => of_partition(p)
-            .await
-            .map_or_else(|| pool.clone(), |w| w.consumer),
-        None => pool.clone(),
+        let (general, consumer) = route.sizes;
+        match Pools::at(&route.database_url, node, general, consumer) {
+            Ok(pools) => {
+                tracing::info!(worker = %format!("{}:{}", node.0, node.1), "direct route to a Citus worker");
+                workers.insert(node.clone(), pools.clone());
+                Some(pools)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no pools for a Citus worker; its partitions go through the coordinator");
+                None
+            }
+        }
     }
-}
 
-/// The general pool for `partition`'s statements (a lease's extension): its worker's on the
-/// direct route, else `pool` (the coordinator's).
-pub(crate) async fn general(pool: &Pool, partition: Option<Uuid>) -> Pool {
-    match partition {
-        Some(p) => of_partition(p)
-            .await
-            .map_or_else(|| pool.clone(), |w| w.general),
-        None => pool.clone(),
+    /// The pools of the worker holding `partition`, when the direct route is on and the
+    /// worker is known (its placement cached, or read now from the coordinator). `None`: use
+    /// the coordinator's pools, as without the route. A placement that cannot be read (the
+    /// coordinator unreachable) is `None` too: the request then meets the coordinator's
+    /// outage and answers it as always.
+    async fn of_partition(&self, partition: Uuid) -> Option<Pools> {
+        let route = self.direct.as_ref()?;
+        let node = match route.placement.node(partition) {
+            Some(node) => node,
+            None => {
+                let client = route.coordinator.get().await.ok()?;
+                route.placement.look_up(&client, &[partition]).await.ok()?;
+                route.placement.node(partition)?
+            }
+        };
+        self.worker(&node?)
+    }
+
+    /// The consumer pool for `partition`'s claim or acks: its worker's on the direct route,
+    /// else `pool` (the coordinator's).
+    pub(crate) async fn consumer(&self, pool: &Pool, partition: Option<Uuid>) -> Pool {
+        match partition {
+            Some(p) => self
+                .of_partition(p)
+                .await
+                .map_or_else(|| pool.clone(), |w| w.consumer),
+            None => pool.clone(),
+        }
+    }
+
+    /// The general pool for `partition`'s statements (a lease's extension): its worker's on
+    /// the direct route, else `pool` (the coordinator's).
+    pub(crate) async fn general(&self, pool: &Pool, partition: Option<Uuid>) -> Pool {
+        match partition {
+            Some(p) => self
+                .of_partition(p)
+                .await
+                .map_or_else(|| pool.clone(), |w| w.general),
+            None => pool.clone(),
+        }
     }
 }
 

@@ -80,6 +80,7 @@ pub(crate) async fn extend(
     let expires = match crate::lease::extend(
         &app.pool,
         app.backend,
+        &app.router,
         lease,
         body.seconds.map(f64::from),
         body.partition_id,

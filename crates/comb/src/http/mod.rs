@@ -57,6 +57,8 @@ pub(crate) struct App {
     pub(crate) config: ServeConfig,
     /// The storage the use cases run on, read once at start.
     pub(crate) backend: crate::backend::Backend,
+    /// Where a partition's hot-path statements go (`--citus-route`), read once at start.
+    pub(crate) router: crate::db::route::Router,
     /// The general pool (`pools.general`), what handlers draw from.
     pub(crate) pool: Pool,
     /// Both request pools, for their figures.

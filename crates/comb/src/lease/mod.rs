@@ -158,15 +158,13 @@ pub(crate) enum Extended {
 pub(crate) async fn extend(
     pool: &Pool,
     backend: Backend,
+    router: &crate::db::route::Router,
     lease: Uuid,
     seconds: Option<f64>,
     partition: Option<Uuid>,
     principal: Option<&Principal>,
 ) -> Result<Extended, DbError> {
-    let mut client = crate::db::route::general(pool, partition)
-        .await
-        .get()
-        .await?;
+    let mut client = router.general(pool, partition).await.get().await?;
     if !backend.finds_leases_by_id() {
         return extend_on_citus(&client, lease, seconds, partition, principal).await;
     }

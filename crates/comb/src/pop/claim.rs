@@ -774,6 +774,7 @@ const LANES_PER_WORKER: usize = 4;
 pub(crate) fn start(
     pool: Pool,
     backend: Backend,
+    router: db::route::Router,
     to_workers: Option<Arc<db::Connector>>,
     workers: usize,
     default_lease_seconds: f64,
@@ -783,6 +784,7 @@ pub(crate) fn start(
 ) -> Fuser<PopJob> {
     let ctx = Arc::new(Context {
         backend,
+        router,
         to_workers,
         rovers: Rovers::default(),
         default_lease_seconds,
@@ -803,6 +805,8 @@ pub(crate) fn start(
 struct Context {
     /// The storage claims run on.
     backend: Backend,
+    /// Where a named partition's claim goes: its worker on the direct route.
+    router: db::route::Router,
     /// Connects to a Citus worker (the database URL's settings at its host), for the listing
     /// of candidates one worker at a time ([`super::by_worker`]).
     to_workers: Option<Arc<db::Connector>>,
@@ -839,7 +843,7 @@ async fn run_batch(pool: Pool, running: Arc<Semaphore>, ctx: Arc<Context>, jobs:
             }
             let _turn = running.acquire().await.expect("never closed");
             let mut walk_done = Some(walk_done);
-            let pool = crate::db::route::consumer(&pool, shape.partition_id).await;
+            let pool = ctx.router.consumer(&pool, shape.partition_id).await;
             let client = match pool.get().await {
                 Ok(client) => client,
                 Err(e) => return answer(jobs, Err(DbError::from(e))),
@@ -1130,7 +1134,7 @@ async fn claim_named(
         partition_id: Some(partition_id),
         ..shape.clone()
     };
-    let pool = crate::db::route::consumer(pool, Some(partition_id)).await;
+    let pool = ctx.router.consumer(pool, Some(partition_id)).await;
     let client = pool.get().await?;
     let one = Claiming {
         ctx,

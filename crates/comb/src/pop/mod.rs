@@ -99,6 +99,7 @@ impl Popper {
         wake: Arc<Wake>,
         metrics: Arc<Metrics>,
         keys: Arc<crate::encryption::Keys>,
+        router: crate::db::route::Router,
         workers: usize,
         default_lease_seconds: f64,
         waits: Waits,
@@ -112,6 +113,7 @@ impl Popper {
         let fuser = claim::start(
             pools.consumer.clone(),
             catalog.backend(),
+            router,
             to_workers,
             workers,
             default_lease_seconds,

@@ -78,6 +78,8 @@ pub(crate) struct Pusher {
 /// PostgreSQL none of this is used.
 struct PerShard {
     placement: crate::schema::citus::Placement,
+    /// Where a shard's batch goes: its worker on the direct route.
+    router: crate::db::route::Router,
     /// Keyed by shard and, on the direct route ([`crate::db::route`]), the worker its
     /// batches are sent to: a shard found on another worker (moved by a rebalance) gets a
     /// fuser of that worker.
@@ -94,12 +96,14 @@ type ShardKey = (i64, Option<crate::db::route::Node>);
 
 impl Pusher {
     /// Starts the push workers and returns the handle in front of them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         pool: Pool,
         catalog: Arc<Catalog>,
         wake: Arc<Wake>,
         metrics: Arc<Metrics>,
         keys: Arc<Keys>,
+        router: crate::db::route::Router,
         workers: usize,
         max_items: usize,
     ) -> Pusher {
@@ -121,6 +125,7 @@ impl Pusher {
             keys,
             per_shard: PerShard {
                 placement: Default::default(),
+                router,
                 fusers: Mutex::default(),
                 wake,
                 stage,
@@ -389,7 +394,7 @@ impl Pusher {
         // On the direct route, the batch goes to the shard's worker (the partitions' worker
         // as read with their shard); else through the coordinator.
         let node = ids.first().and_then(|id| placement.node(*id)).flatten();
-        let worker = node.as_ref().and_then(crate::db::route::worker);
+        let worker = node.as_ref().and_then(|n| self.per_shard.router.worker(n));
         let (node, pool) = match worker {
             Some(w) => (node, w.general),
             None => (None, self.pool.clone()),
