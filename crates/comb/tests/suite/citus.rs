@@ -2383,23 +2383,7 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
     ))
     .await;
     // Which worker holds each partition.
-    let placed = {
-        let list: Vec<String> = names.iter().map(|p| format!("'{p}'")).collect();
-        citus
-            .coordinator()
-            .psql(
-                &env.db_name,
-                &format!(
-                    "SELECT p.name || ' ' || n.nodeport FROM comb.partitions p
-                     JOIN pg_dist_placement pl
-                       ON pl.shardid = get_shard_id_for_distribution_column('comb.partitions', p.id)
-                     JOIN pg_dist_node n ON n.groupid = pl.groupid
-                     WHERE p.name IN ({})",
-                    list.join(",")
-                ),
-            )
-            .unwrap()
-    };
+    let placed = placements(&citus, &env.db_name, &names);
     let lost_port = citus.workers()[1].port().to_string();
     let (mut held, mut live): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
     for line in placed.lines() {
@@ -2572,6 +2556,25 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
     drop(citus);
 }
 
+/// Which worker holds each of the partitions `names`: a line `name port` each.
+fn placements(citus: &Citus, db: &str, names: &[String]) -> String {
+    let list: Vec<String> = names.iter().map(|p| format!("'{p}'")).collect();
+    citus
+        .coordinator()
+        .psql(
+            db,
+            &format!(
+                "SELECT p.name || ' ' || n.nodeport FROM comb.partitions p
+                 JOIN pg_dist_placement pl
+                   ON pl.shardid = get_shard_id_for_distribution_column('comb.partitions', p.id)
+                 JOIN pg_dist_node n ON n.groupid = pl.groupid
+                 WHERE p.name IN ({})",
+                list.join(",")
+            ),
+        )
+        .unwrap()
+}
+
 /// With a worker stopped, a pop of the whole queue by a group whose name holds `$1`, a quote
 /// and a backslash lists the live worker's candidates one worker at a time and is served:
 /// the per-worker listing binds the group as a parameter, never as text of the statement.
@@ -2588,23 +2591,7 @@ async fn a_worker_lost_lists_candidates_of_a_group_named_like_sql_by_parameters(
         names.iter().map(|p| push_one(p, 1)).collect::<Vec<_>>()
     ))
     .await;
-    let placed = {
-        let list: Vec<String> = names.iter().map(|p| format!("'{p}'")).collect();
-        citus
-            .coordinator()
-            .psql(
-                &env.db_name,
-                &format!(
-                    "SELECT p.name || ' ' || n.nodeport FROM comb.partitions p
-                     JOIN pg_dist_placement pl
-                       ON pl.shardid = get_shard_id_for_distribution_column('comb.partitions', p.id)
-                     JOIN pg_dist_node n ON n.groupid = pl.groupid
-                     WHERE p.name IN ({})",
-                    list.join(",")
-                ),
-            )
-            .unwrap()
-    };
+    let placed = placements(&citus, &env.db_name, &names);
     let lost_port = citus.workers()[1].port().to_string();
     let live: Vec<String> = placed
         .lines()
