@@ -967,21 +967,7 @@ async fn failed_and_mixed_acks_and_a_lease_expiry_of_one_partition_commit_in_one
 
 /// The worker port holding each of `partitions` (names of queue `q`), in their order.
 fn workers_of(db: &str, partitions: &[String]) -> Vec<String> {
-    let names: Vec<String> = partitions.iter().map(|p| format!("'{p}'")).collect();
-    let rows = Citus::shared()
-        .coordinator()
-        .psql(
-            db,
-            &format!(
-                "SELECT p.name || ' ' || n.nodeport FROM comb.partitions p
-                 JOIN pg_dist_placement pl
-                   ON pl.shardid = get_shard_id_for_distribution_column('comb.partitions', p.id)
-                 JOIN pg_dist_node n ON n.groupid = pl.groupid
-                 WHERE p.name IN ({})",
-                names.join(",")
-            ),
-        )
-        .unwrap();
+    let rows = placements(Citus::shared(), db, partitions);
     let of: std::collections::HashMap<&str, &str> =
         rows.lines().filter_map(|l| l.split_once(' ')).collect();
     partitions
