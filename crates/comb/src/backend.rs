@@ -136,6 +136,13 @@ impl Backend {
         self.citus()
     }
 
+    /// Whether work over several partitions that needs no atomicity across them (a batch of
+    /// acks) commits a transaction per partition: on Citus one over partitions of several
+    /// workers would commit in two phases across them.
+    pub(crate) fn commits_each_partition_alone(self) -> bool {
+        self.citus()
+    }
+
     /// Whether a transaction writing partitions on several workers must enlist each worker
     /// as modified before anything else (`catalog::enlist_workers`): Citus counts delegated
     /// calls as reads when it decides on two-phase commit.

@@ -113,12 +113,13 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_HANDOFF", default_value = "on", value_parser = ["on", "off"])]
     pub handoff: String,
 
-    /// On a Citus coordinator, where a partition's hot-path statements (push, claim of a
-    /// named partition, acks, lease extension) go: `direct` to the worker holding the
-    /// partition's shard, over pools of their own; `coordinator` through the coordinator,
-    /// which routes them (the default until `direct` measures better on the cluster's
-    /// per-node CPU). See `docs/scale-out.md`. Ignored without Citus.
-    #[arg(long, env = "COMB_CITUS_ROUTE", default_value = "coordinator", value_parser = ["direct", "coordinator"])]
+    /// On a Citus coordinator, where the data path's statements go: `direct` (the default)
+    /// to the worker holding each partition's shard, over pools of their own (pushes, pops
+    /// named and over a whole queue, acks, lease extension, transactions within one worker);
+    /// `coordinator` through the coordinator, which routes them: for clusters whose workers
+    /// this server cannot reach (managed services that keep the workers' addresses private).
+    /// See `docs/scale-out.md`. Ignored without Citus.
+    #[arg(long, env = "COMB_CITUS_ROUTE", default_value = "direct", value_parser = ["direct", "coordinator"])]
     pub citus_route: String,
 
     /// With `--citus-route direct`, connections to each worker, per pool (the general pool's

@@ -113,7 +113,13 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
             handoff: config.handoff == "on",
         },
     );
-    let transactions = Transactions::new(pool.clone(), pusher.clone(), acker.clone(), wake.clone());
+    let transactions = Transactions::new(
+        pool.clone(),
+        router.clone(),
+        pusher.clone(),
+        acker.clone(),
+        wake.clone(),
+    );
     let streams = crate::streams::Streams::new(
         pool.clone(),
         pusher.clone(),

@@ -28,6 +28,8 @@ pub(crate) struct Committed {
 /// The handle of the transaction use case.
 pub(crate) struct Transactions {
     pool: Pool,
+    /// On Citus's direct route, a transaction whose partitions one worker holds runs there.
+    router: crate::db::route::Router,
     pusher: Arc<Pusher>,
     acker: Arc<Acker>,
     wake: Arc<Wake>,
@@ -37,12 +39,14 @@ impl Transactions {
     /// A handle running transactions on `pool`, pushing and acking as the other routes do.
     pub(crate) fn new(
         pool: Pool,
+        router: crate::db::route::Router,
         pusher: Arc<Pusher>,
         acker: Arc<Acker>,
         wake: Arc<Wake>,
     ) -> Transactions {
         Transactions {
             pool,
+            router,
             pusher,
             acker,
             wake,
@@ -64,13 +68,14 @@ impl Transactions {
             self.pusher.check_capacity(&items).await?;
             self.pusher.resolve(items, body, producer_sub).await?
         };
-        let mut client = self.pool.get().await.map_err(DbError::from)?;
-        let tx = client.transaction().await.map_err(DbError::from)?;
         let touched: Vec<Uuid> = acks
             .iter()
             .map(|a| a.partition_id)
             .chain(messages.iter().map(|m| m.partition_id))
             .collect();
+        let pool = self.router.general_of_all(&self.pool, &touched).await;
+        let mut client = pool.get().await.map_err(DbError::from)?;
+        let tx = client.transaction().await.map_err(DbError::from)?;
         crate::catalog::enlist_workers(&tx, self.pusher.backend(), &touched).await?;
         let ack_refs: Vec<&AckItem> = acks.iter().collect();
         let outcomes = if acks.is_empty() {

@@ -154,39 +154,45 @@ async fn settle(
     router: &db::route::Router,
     items: &[&AckItem],
 ) -> Result<Vec<AckOutcome>, DbError> {
-    let only = db::route::only(items, |i| i.partition_id);
-    let client = router.consumer(pool, only).await.get().await?;
-    // Each path prepares its statements before its pipeline: a statement still being
-    // prepared when COMMIT is sent would run after it, outside the transaction.
     let chosen = completed::completing(items);
-    let mut outcomes: Vec<Option<AckOutcome>> = if chosen.is_empty() {
-        (0..items.len()).map(|_| None).collect()
-    } else if !backend.runs_data_path_functions() {
-        // On Citus, a transaction per partition, each one call run on its partition's worker.
-        let judge = client.prepare_cached(completed::JUDGE_CITUS_CALL).await?;
+    let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
+    if !chosen.is_empty() && !backend.runs_data_path_functions() {
+        settle_on_workers(pool, router, items, &chosen, &mut outcomes).await?;
+    }
+    let mut client = None;
+    if !chosen.is_empty() && backend.runs_data_path_functions() {
+        let only = db::route::only(items, |i| i.partition_id);
+        let c = router.consumer(pool, only).await.get().await?;
+        // Each path prepares its statements before its pipeline: a statement still being
+        // prepared when COMMIT is sent would run after it, outside the transaction.
+        let judge = c.prepare_cached(completed::COMPLETE_CALL).await?;
+        outcomes = completed::settle(&c, &judge, items, &chosen, None).await?;
+        client = Some(c);
+    }
+    let rest: Vec<usize> = (0..items.len())
+        .filter(|&k| outcomes[k].is_none())
+        .collect();
+    // On Citus, a transaction per partition, on its worker: one over several would commit
+    // in two phases across their workers.
+    let mut rests: Vec<Vec<usize>> = Vec::new();
+    if backend.commits_each_partition_alone() {
         let mut by_partition: HashMap<Uuid, Vec<usize>> = HashMap::new();
-        for &k in &chosen {
+        for k in rest {
             by_partition
                 .entry(items[k].partition_id)
                 .or_default()
                 .push(k);
         }
-        let mut outcomes: Vec<Option<AckOutcome>> = (0..items.len()).map(|_| None).collect();
-        for (partition, ks) in by_partition {
-            let mut part = completed::settle(&client, &judge, items, &ks, Some(partition)).await?;
-            for k in ks {
-                outcomes[k] = part[k].take();
-            }
-        }
-        outcomes
-    } else {
-        let judge = client.prepare_cached(completed::COMPLETE_CALL).await?;
-        completed::settle(&client, &judge, items, &chosen, None).await?
-    };
-    let rest: Vec<usize> = (0..items.len())
-        .filter(|&k| outcomes[k].is_none())
-        .collect();
-    if !rest.is_empty() {
+        rests.extend(by_partition.into_values());
+    } else if !rest.is_empty() {
+        rests.push(rest);
+    }
+    for rest in rests {
+        let only = db::route::only(&rest, |&k| items[k].partition_id);
+        let client = match client.take() {
+            Some(client) => client,
+            None => router.consumer(pool, only).await.get().await?,
+        };
         let reads = ReadStatements::prepare(&client, backend).await?;
         let writes = WriteStatements::prepare(&client, backend).await?;
         let others: Vec<&AckItem> = rest.iter().map(|&k| items[k]).collect();
@@ -199,6 +205,51 @@ async fn settle(
         .into_iter()
         .map(|o| o.expect("every item judged"))
         .collect())
+}
+
+/// On Citus, the acks SQL can judge ([`completed`]) as a transaction per partition, each one
+/// call run on its partition's worker: the calls of each worker pipelined on one connection
+/// of its own (on the direct route; else all through the coordinator's), the workers at
+/// once. An outcome per judged item goes into `outcomes`.
+async fn settle_on_workers(
+    pool: &Pool,
+    router: &db::route::Router,
+    items: &[&AckItem],
+    chosen: &[usize],
+    outcomes: &mut [Option<AckOutcome>],
+) -> Result<(), DbError> {
+    let mut by_partition: HashMap<Uuid, Vec<usize>> = HashMap::new();
+    for &k in chosen {
+        by_partition
+            .entry(items[k].partition_id)
+            .or_default()
+            .push(k);
+    }
+    let groups = router
+        .consumers_of_each(pool, by_partition.keys().copied())
+        .await;
+    let by_partition = &by_partition;
+    let per_worker = groups.into_iter().map(|(pool, partitions)| async move {
+        let client = pool.get().await?;
+        let judge = client.prepare_cached(completed::JUDGE_CITUS_CALL).await?;
+        let calls = partitions.iter().map(|&p| {
+            let (client, judge) = (&client, &judge);
+            async move {
+                let ks = &by_partition[&p];
+                let part = completed::settle(client, judge, items, ks, Some(p)).await?;
+                Ok::<_, DbError>((ks, part))
+            }
+        });
+        futures_util::future::try_join_all(calls).await
+    });
+    for worker in futures_util::future::join_all(per_worker).await {
+        for (ks, mut part) in worker? {
+            for &k in ks {
+                outcomes[k] = part[k].take();
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Applies acks in one transaction of their own, in two round trips: BEGIN with the reads,

@@ -74,6 +74,11 @@ impl Router {
         }
     }
 
+    /// Whether partitions' hot-path statements go to their workers.
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
     /// The pools of worker `node`, when the direct route is on (opened on first use).
     pub(crate) fn worker(&self, node: &Node) -> Option<Pools> {
         let route = self.direct.as_ref()?;
@@ -102,15 +107,67 @@ impl Router {
     /// outage and answers it as always.
     async fn of_partition(&self, partition: Uuid) -> Option<Pools> {
         let route = self.direct.as_ref()?;
-        let node = match route.placement.node(partition) {
+        self.worker(&self.node_of(route, partition).await?)
+    }
+
+    /// The worker holding `partition`, cached or read now from the coordinator.
+    async fn node_of(&self, route: &Route, partition: Uuid) -> Option<Node> {
+        match route.placement.node(partition) {
             Some(node) => node,
             None => {
                 let client = route.coordinator.get().await.ok()?;
                 route.placement.look_up(&client, &[partition]).await.ok()?;
                 route.placement.node(partition)?
             }
+        }
+    }
+
+    /// `partitions` grouped by the worker holding them, each group with its worker's consumer
+    /// pool (on the direct route), or all in one group with `pool`: what a batch of acks over
+    /// several partitions sends to each worker.
+    pub(crate) async fn consumers_of_each(
+        &self,
+        pool: &Pool,
+        partitions: impl IntoIterator<Item = Uuid>,
+    ) -> Vec<(Pool, Vec<Uuid>)> {
+        let mut groups: Vec<(Option<Node>, Pool, Vec<Uuid>)> = Vec::new();
+        for p in partitions {
+            let node = match &self.direct {
+                Some(route) => self.node_of(route, p).await,
+                None => None,
+            };
+            match groups.iter_mut().find(|(n, _, _)| *n == node) {
+                Some((_, _, ps)) => ps.push(p),
+                None => {
+                    let pool = node
+                        .as_ref()
+                        .and_then(|n| self.worker(n))
+                        .map_or_else(|| pool.clone(), |w| w.consumer);
+                    groups.push((node, pool, vec![p]));
+                }
+            }
+        }
+        groups.into_iter().map(|(_, pool, ps)| (pool, ps)).collect()
+    }
+
+    /// The general pool for a transaction over `partitions`: on the direct route, the worker's
+    /// when one worker holds them all (the transaction then commits on that node alone),
+    /// else `pool` (the coordinator's, which commits over several workers in two phases).
+    pub(crate) async fn general_of_all(&self, pool: &Pool, partitions: &[Uuid]) -> Pool {
+        let Some(route) = &self.direct else {
+            return pool.clone();
         };
-        self.worker(&node?)
+        let mut node = None;
+        for &p in partitions {
+            let Some(n) = self.node_of(route, p).await else {
+                return pool.clone();
+            };
+            if node.get_or_insert_with(|| n.clone()) != &n {
+                return pool.clone();
+            }
+        }
+        node.and_then(|n| self.worker(&n))
+            .map_or_else(|| pool.clone(), |w| w.general)
     }
 
     /// The consumer pool for `partition`'s claim or acks: its worker's on the direct route,

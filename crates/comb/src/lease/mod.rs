@@ -164,10 +164,10 @@ pub(crate) async fn extend(
     partition: Option<Uuid>,
     principal: Option<&Principal>,
 ) -> Result<Extended, DbError> {
-    let mut client = router.general(pool, partition).await.get().await?;
     if !backend.finds_leases_by_id() {
-        return extend_on_citus(&client, lease, seconds, partition, principal).await;
+        return extend_on_citus(pool, router, lease, seconds, partition, principal).await;
     }
+    let mut client = router.general(pool, partition).await.get().await?;
     let tx = client.transaction().await?;
     let mut found = tx.query(FIND_SQL, &[&lease, &partition]).await?;
     if let Some(p) = principal
@@ -226,7 +226,8 @@ fn sort_cursors(found: &mut [tokio_postgres::Row]) {
 /// forgotten) is looked up over every shard, counted in
 /// [`crate::metrics::LEASE_LOOKUPS_ALL_SHARDS`].
 async fn extend_on_citus(
-    client: &deadpool_postgres::Client,
+    pool: &Pool,
+    router: &crate::db::route::Router,
     lease: Uuid,
     seconds: Option<f64>,
     partition: Option<Uuid>,
@@ -238,7 +239,11 @@ async fn extend_on_citus(
             if partition.is_none() {
                 crate::metrics::LEASE_LOOKUPS_ALL_SHARDS.add(1);
             }
-            client
+            router
+                .general(pool, partition)
+                .await
+                .get()
+                .await?
                 .query(FIND_SQL, &[&lease, &partition])
                 .await?
                 .iter()
@@ -256,9 +261,11 @@ async fn extend_on_citus(
         return Ok(Extended::OutOfScope);
     }
     found.sort_by(|a, b| (a.partition, &a.group).cmp(&(b.partition, &b.group)));
-    let extend = client.prepare_cached(EXTEND_CITUS_CALL).await?;
     let mut latest: Option<DateTime<Utc>> = None;
     for c in &found {
+        // Each on its partition's worker, on the direct route.
+        let client = router.general(pool, Some(c.partition)).await.get().await?;
+        let extend = client.prepare_cached(EXTEND_CITUS_CALL).await?;
         let group: &str = &c.group;
         if let Some(row) = client
             .query_opt(&extend, &[&c.partition, &group, &lease, &seconds])

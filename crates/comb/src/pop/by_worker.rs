@@ -1,24 +1,35 @@
-//! The candidate listing of a pop over a whole queue on Citus when a worker cannot be
-//! reached.
+//! The candidate listing of a pop over a whole queue on Citus, one worker at a time.
 //!
-//! The listing ([`super::claim::CANDIDATES_LIST_CITUS_SQL`]) reads every shard at once, so
-//! one worker down fails it, and with it every queue-wide pop, also of queues whose
-//! partitions are all on live workers. When Citus answers it with a connection error
-//! (SQLSTATE class 08: the coordinator could not reach a worker; the coordinator's own
-//! connection is fine), the listing is asked again one worker at a time: this server
-//! connects to each worker the coordinator's metadata names (the database URL's database,
-//! credentials and TLS settings at the worker's host and port) and runs the listing there
-//! over that worker's own shards, its parameters bound as parameters. The shards' tables are
+//! The coordinator's listing ([`super::claim::CANDIDATES_LIST_CITUS_SQL`]) reads every shard
+//! at once: its cost grows with the worker count, it runs on the coordinator, and one worker
+//! down fails it. Two ways round it, both running the same listing over one worker's own
+//! shards, on that worker, with the parameters bound as parameters. The shards' tables are
 //! named by identifiers the coordinator's catalog gave, quoted (`format('%I.%I', …)`), never
-//! by anything a client sent. Workers that cannot be reached are skipped. The candidates
-//! then go through the same named-partition claims, router statements on their live
-//! workers. Nothing here runs while every worker answers.
+//! by anything a client sent.
 //!
-//! Cost, while a worker is down: each queue-wide claim pays the failed listing, one read of
-//! the coordinator's shard metadata, and per worker one connection and one statement.
+//! - **On the direct route** ([`list_direct`]), every queue-wide listing asks one worker:
+//!   the next in turn. Only when it has fewer candidates than the pop wants are the others
+//!   asked, at once. With a backlog spread over the workers, a pop costs one statement on
+//!   one worker whatever their count; an empty queue costs one statement per worker (pops
+//!   that wait are woken by pushes with the partitions to claim, see `wake`). Where each
+//!   worker's shards are ([`Layout`]) is read from the coordinator once a minute.
+//! - **On the coordinator route, when a worker cannot be reached** ([`list`]): the
+//!   coordinator answers its listing with a connection error (SQLSTATE class 08), and the
+//!   listing is asked again one worker at a time, over connections of this server's own.
+//!   Workers that cannot be reached are skipped. Cost, while a worker is down: each
+//!   queue-wide claim pays the failed listing, one read of the coordinator's shard metadata,
+//!   and per worker one connection and one statement.
+//!
+//! Either way the candidates then go through the named-partition claims, router statements
+//! on their live workers.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+use crate::db::route::{Node, Router};
 use crate::db::{Connector, DbError};
 
 /// Placements of the listing's three tables, one row per shard index and its worker: the
@@ -42,9 +53,6 @@ JOIN pg_dist_placement pl ON pl.shardid = c.shardid
 JOIN pg_dist_node n ON n.groupid = pl.groupid AND n.isactive
 WHERE c.logicalrelid = ($1::text[])[1]::regclass
 ORDER BY n.nodename, n.nodeport, c.shardid";
-
-/// A worker as the coordinator's metadata names it: host and port.
-type Node = (String, i32);
 
 /// One shard of each of the listing's tables (cursors, their states, messages), quoted.
 type Shards = [String; 3];
@@ -98,32 +106,11 @@ pub(super) async fn list(
     rover: Uuid,
     limit: i64,
 ) -> Result<Option<Vec<Uuid>>, DbError> {
-    let tables = vec![
-        crate::cursor::CURSORS,
-        crate::cursor::STATES,
-        crate::messages::MESSAGES,
-    ];
-    let placements = client.query(PLACEMENTS_SQL, &[&tables]).await?;
-    let mut by_node: Vec<(Node, Vec<Shards>)> = Vec::new();
-    for row in &placements {
-        let node: Node = (row.get("nodename"), row.get("nodeport"));
-        let shards = [row.get("c"), row.get("s"), row.get("m")];
-        match by_node.last_mut() {
-            Some((n, all)) if *n == node => all.push(shards),
-            _ => by_node.push((node, vec![shards])),
-        }
-    }
+    let by_node = shards_by_node(client).await?;
     let mut found: Vec<Uuid> = Vec::new();
     let (total, mut answered) = (by_node.len(), 0);
     for ((host, port), shards) in by_node {
-        let Ok(port16) = u16::try_from(port) else {
-            continue;
-        };
-        match on_worker(
-            workers, &host, port16, &shards, queue_id, group, rover, limit,
-        )
-        .await
-        {
+        match on_worker(workers, &host, port, &shards, queue_id, group, rover, limit).await {
             Ok(ids) => {
                 answered += 1;
                 found.extend(ids);
@@ -140,10 +127,182 @@ pub(super) async fn list(
     if answered == 0 {
         return Ok(None);
     }
-    // The listing's order: after the rover first, then from the start.
+    Ok(Some(in_walk_order(found, rover, limit)))
+}
+
+/// Candidates of several workers in the listing's order (after the rover first, then from
+/// the start), at most `limit`.
+fn in_walk_order(mut found: Vec<Uuid>, rover: Uuid, limit: i64) -> Vec<Uuid> {
     found.sort_by_key(|id| (*id <= rover, *id));
     found.truncate(limit.max(0) as usize);
-    Ok(Some(found))
+    found
+}
+
+/// The shards of the listing's tables on each worker, from the coordinator's metadata
+/// ([`PLACEMENTS_SQL`]), in the workers' order.
+async fn shards_by_node(
+    client: &tokio_postgres::Client,
+) -> Result<Vec<(Node, Vec<Shards>)>, DbError> {
+    let tables = vec![
+        crate::cursor::CURSORS,
+        crate::cursor::STATES,
+        crate::messages::MESSAGES,
+    ];
+    let placements = client.query(PLACEMENTS_SQL, &[&tables]).await?;
+    let mut by_node: Vec<(Node, Vec<Shards>)> = Vec::new();
+    for row in &placements {
+        let Ok(port) = u16::try_from(row.get::<_, i32>("nodeport")) else {
+            continue;
+        };
+        let node: Node = (row.get("nodename"), port);
+        let shards = [row.get("c"), row.get("s"), row.get("m")];
+        match by_node.last_mut() {
+            Some((n, all)) if *n == node => all.push(shards),
+            _ => by_node.push((node, vec![shards])),
+        }
+    }
+    Ok(by_node)
+}
+
+/// Where the listing's shards are, by worker, as last read from the coordinator, and whose
+/// turn it is to be asked first.
+#[derive(Default)]
+pub(super) struct Layout {
+    read: Mutex<Option<(Instant, Arc<Vec<(Node, Vec<Shards>)>>)>>,
+    turn: AtomicUsize,
+    /// Workers that could not be reached, and when: asked last for [`Layout::RESTING`], so
+    /// that a worker down does not cost every other pop a failed connection first.
+    unreachable: Mutex<std::collections::HashMap<Node, Instant>>,
+}
+
+impl Layout {
+    /// How long a read of the shards' places is used: a shard moved meanwhile (a rebalance)
+    /// is found sooner, by its table missing on the worker ([`list_direct`]).
+    const TTL: Duration = Duration::from_secs(60);
+
+    async fn workers(
+        &self,
+        coordinator: &tokio_postgres::Client,
+    ) -> Result<Arc<Vec<(Node, Vec<Shards>)>>, DbError> {
+        if let Some((at, read)) = &*self.read.lock().unwrap()
+            && at.elapsed() < Self::TTL
+        {
+            return Ok(read.clone());
+        }
+        let read = Arc::new(shards_by_node(coordinator).await?);
+        *self.read.lock().unwrap() = Some((Instant::now(), read.clone()));
+        Ok(read)
+    }
+
+    /// How long a worker that could not be reached is asked last.
+    const RESTING: Duration = Duration::from_secs(5);
+
+    fn forget(&self) {
+        *self.read.lock().unwrap() = None;
+    }
+
+    /// The workers' indexes in the order to ask them: from the next in turn, those that
+    /// could not be reached lately last.
+    fn order(&self, workers: &[(Node, Vec<Shards>)]) -> Vec<usize> {
+        let first = self.turn.fetch_add(1, Ordering::Relaxed);
+        let mut order: Vec<usize> = (0..workers.len())
+            .map(|i| (first + i) % workers.len())
+            .collect();
+        let mut unreachable = self.unreachable.lock().unwrap();
+        unreachable.retain(|_, at| at.elapsed() < Self::RESTING);
+        order.sort_by_key(|&k| unreachable.contains_key(&workers[k].0));
+        order
+    }
+
+    fn unreachable(&self, node: &Node) {
+        self.unreachable
+            .lock()
+            .unwrap()
+            .insert(node.clone(), Instant::now());
+    }
+}
+
+/// On the direct route, the candidates of the listing (parameters: queue, group, rover,
+/// limit) asked of one worker, the next in turn, and of the others at once only when it
+/// has fewer than `wanted`; in the listing's order, at most `limit`. `None`: the route is
+/// not direct, or a worker no longer holds a shard it was said to (the layout is read again
+/// next time): the caller lists through the coordinator. A worker that cannot be reached is
+/// skipped; when none answers, the last error is the answer.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn list_direct(
+    coordinator: &tokio_postgres::Client,
+    router: &Router,
+    layout: &Layout,
+    queue_id: Uuid,
+    group: &str,
+    rover: Uuid,
+    wanted: usize,
+    limit: i64,
+) -> Result<Option<Vec<Uuid>>, DbError> {
+    if !router.is_direct() {
+        return Ok(None);
+    }
+    let workers = layout.workers(coordinator).await?;
+    if workers.is_empty() {
+        return Ok(None);
+    }
+    let order = layout.order(&workers);
+    let ask = |k: usize| {
+        let (node, shards) = &workers[k];
+        async move {
+            let asked = async {
+                let pools = router.worker(node).ok_or_else(|| {
+                    DbError::Unavailable(format!("no pools for worker {}:{}", node.0, node.1))
+                })?;
+                let client = pools.consumer.get().await?;
+                let listing = client.prepare_cached(&worker_listing(shards)).await?;
+                let rows = client
+                    .query(&listing, &[&queue_id, &group, &rover, &limit])
+                    .await?;
+                Ok::<Vec<Uuid>, DbError>(rows.iter().map(|r| r.get("partition_id")).collect())
+            };
+            let answer = asked.await;
+            if matches!(answer, Err(DbError::Unavailable(_))) {
+                layout.unreachable(node);
+            }
+            answer
+        }
+    };
+    let mut answers = vec![ask(order[0]).await];
+    let short = match &answers[0] {
+        Ok(ids) => ids.len() < wanted,
+        Err(_) => true,
+    };
+    if short && order.len() > 1 {
+        let others = order[1..].iter().map(|&k| ask(k));
+        answers.extend(futures_util::future::join_all(others).await);
+    }
+    let mut found = Vec::new();
+    let mut failed = None;
+    for answer in answers {
+        match answer {
+            Ok(ids) => found.push(ids),
+            Err(DbError::Postgres(e)) if shard_gone(&e) => {
+                layout.forget();
+                return Ok(None);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a worker's candidates could not be listed");
+                failed = Some(e);
+            }
+        }
+    }
+    if found.is_empty()
+        && let Some(e) = failed
+    {
+        return Err(e);
+    }
+    Ok(Some(in_walk_order(found.concat(), rover, limit)))
+}
+
+/// Whether `e` says a table the listing named is not on the worker: its shard moved.
+fn shard_gone(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE)
 }
 
 /// Runs the listing of `shards` on the worker at `host:port`, over a connection of its own.

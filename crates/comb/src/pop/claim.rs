@@ -786,6 +786,7 @@ pub(crate) fn start(
         backend,
         router,
         to_workers,
+        layout: super::by_worker::Layout::default(),
         rovers: Rovers::default(),
         default_lease_seconds,
         metrics,
@@ -810,6 +811,9 @@ struct Context {
     /// Connects to a Citus worker (the database URL's settings at its host), for the listing
     /// of candidates one worker at a time ([`super::by_worker`]).
     to_workers: Option<Arc<db::Connector>>,
+    /// Where the listing's shards are, for the listing one worker at a time on the direct
+    /// route ([`super::by_worker::list_direct`]).
+    layout: super::by_worker::Layout,
     rovers: Rovers,
     default_lease_seconds: f64,
     metrics: Arc<Metrics>,
@@ -1030,14 +1034,29 @@ impl Claiming<'_> {
         let rover = self.ctx.rovers.get(self.shape.queue_id, &self.shape.group);
         let limit = (partitions as i64) + LOOKAHEAD;
         let (queue_id, group) = (self.shape.queue_id, &self.shape.group);
-        let listed: Vec<Uuid> = match client
-            .query(
-                CANDIDATES_LIST_CITUS_SQL.as_str(),
-                &[&queue_id, group, &rover, &limit],
-            )
-            .await
-        {
-            Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
+        let direct = super::by_worker::list_direct(
+            client,
+            &self.ctx.router,
+            &self.ctx.layout,
+            queue_id,
+            group,
+            rover,
+            partitions,
+            limit,
+        )
+        .await?;
+        let through_coordinator = match direct {
+            Some(listed) => Ok(listed),
+            None => client
+                .query(
+                    CANDIDATES_LIST_CITUS_SQL.as_str(),
+                    &[&queue_id, group, &rover, &limit],
+                )
+                .await
+                .map(|rows| rows.iter().map(|r| r.get("partition_id")).collect()),
+        };
+        let listed: Vec<Uuid> = match through_coordinator {
+            Ok(listed) => listed,
             // A worker down: the live workers' candidates (see `by_worker`).
             Err(e) if super::by_worker::worker_unreachable(&e) => {
                 let Some(workers) = &self.ctx.to_workers else {

@@ -1137,6 +1137,132 @@ async fn the_direct_route_runs_a_partitions_hot_path_on_its_worker_not_the_coord
     );
 }
 
+/// On the direct route (the default), the rest of the data path runs on the workers too:
+/// pops of the whole queue (their listing asks one worker at a time, over its own shards),
+/// a batch of acks over partitions of both workers, a lease extended by its id alone, and a
+/// transaction whose partitions one worker holds. The coordinator runs no statement over
+/// several shards and opens no connection to a worker for any of them, and no node commits
+/// in two phases.
+#[tokio::test]
+async fn the_direct_route_runs_queue_wide_pops_acks_extensions_and_transactions_on_workers() {
+    let env = on_citus_quiet("citus_direct_all").await;
+    let db = env.db_name.clone();
+    let names = partitions_over_both_workers(&env).await;
+    let placed = workers_of(&db, &names);
+    // Warm: every partition's id and worker learned by a named pop (its message acked), and
+    // the listing's layout read by one pop of the queue that finds nothing.
+    for p in &names {
+        let pop = env.pop(&format!("/api/v1/pop/queue/q/partition/{p}")).await;
+        env.ack_all(&pop.expect("the first message"), "completed", None)
+            .await;
+    }
+    assert!(env.pop("/api/v1/pop/queue/q").await.is_none());
+    for (n, p) in names.iter().enumerate() {
+        env.push(json!([{"queue": "q", "partition": p, "payload": {"n": n + 1}}]))
+            .await;
+    }
+    let before = counters_per_node(&db);
+    let two_phase = two_phase_commits(&db);
+
+    // Pops of the whole queue until partitions of both workers were handed out.
+    let mut pops = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < 2 {
+        let pop = env.pop("/api/v1/pop/queue/q").await.expect("work left");
+        let p = pop["partition"].as_str().unwrap().to_string();
+        let k = names.iter().position(|n| *n == p).unwrap();
+        seen.insert(placed[k].clone());
+        pops.push(pop);
+        assert!(
+            pops.len() < names.len(),
+            "pops of one worker only: {seen:?}"
+        );
+    }
+    // The first lease extended by its id alone, as Queen's clients send it.
+    let lease = pops[0]["leaseId"].as_str().unwrap().to_string();
+    let (status, body) = env
+        .post(
+            &format!("/api/v1/lease/{lease}/extend"),
+            &json!({"seconds": 30}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // All but the last acked in one request, over both workers' partitions.
+    let (last, acked) = pops.split_last().unwrap();
+    let acks: Vec<Value> = acked
+        .iter()
+        .map(|pop| {
+            let m = one(pop);
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                   "leaseId": m["leaseId"], "status": "completed"})
+        })
+        .collect();
+    let (status, body) = env
+        .post("/api/v1/ack/batch", &json!({"acknowledgments": acks}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body.as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["success"] == true),
+        "{body}"
+    );
+    // The last acked in a transaction that pushes to another partition of its worker.
+    let m = one(last);
+    let from = last["partition"].as_str().unwrap();
+    let k = names.iter().position(|n| n == from).unwrap();
+    let to = names
+        .iter()
+        .zip(&placed)
+        .find(|(n, w)| *n != from && **w == placed[k])
+        .map(|(n, _)| n.clone())
+        .expect("another partition of the worker");
+    let (status, body) = env
+        .post(
+            "/api/v1/transaction",
+            &json!({"operations": [
+                {"type": "ack", "transactionId": m["transactionId"],
+                 "partitionId": m["partitionId"], "leaseId": m["leaseId"],
+                 "status": "completed"},
+                {"type": "push", "items": [{"queue": "q", "partition": to, "payload": {"n": 99}}]},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["success"], true, "{body}");
+
+    let after = counters_per_node(&db);
+    let ([multi, _, connections], [multi_after, _, connections_after]) = (before[0].1, after[0].1);
+    assert_eq!(
+        (multi_after, connections_after),
+        (multi, connections),
+        "the coordinator ran statements of the data path: {before:?} {after:?}"
+    );
+    assert_eq!(
+        two_phase_commits(&db) - two_phase,
+        0,
+        "the data path committed in two phases on some node"
+    );
+    // Everything acked stays acked; the transaction's push is there.
+    let mut left = Vec::new();
+    while let Some(pop) = env.pop("/api/v1/pop/queue/q?batch=10").await {
+        left.extend(numbers(&pop));
+        env.ack_all(&pop, "completed", None).await;
+    }
+    let handed: Vec<i64> = pops.iter().flat_map(numbers).collect();
+    assert!(left.contains(&99), "{left:?}");
+    assert!(
+        handed.iter().all(|n| !left.contains(n)),
+        "acked messages came back: {handed:?} {left:?}"
+    );
+    assert_eq!(
+        left.len() + handed.len(),
+        names.len() + 1,
+        "{left:?} {handed:?}"
+    );
+}
+
 /// A push sent to its partition's worker still wakes the pops waiting for it, on this server
 /// and on another: wake-ups do not depend on where the push ran (this server wakes its own
 /// pops in process, and sends its `NOTIFY` on a coordinator connection, where the other
@@ -2301,6 +2427,10 @@ async fn the_per_minute_statistics_are_written_on_the_cluster() {
 
 // A worker lost
 
+/// Through the coordinator, whose listing over every shard fails while a worker is down (the
+/// direct route lists one worker at a time anyway: `citus_lost`).
+const COORDINATOR: &[&str] = &["--citus-route", "coordinator"];
+
 /// The server's log lines that tell why requests were refused.
 fn refusals(server: &Server) -> String {
     let log = server.log_tail(100_000);
@@ -2321,11 +2451,16 @@ async fn status_and_retry(r: reqwest::RequestBuilder) -> (StatusCode, bool, Valu
 
 /// A private cluster (its workers may be stopped), database `name` on it, and a server.
 async fn private_cluster(name: &'static str) -> (Citus, Env) {
+    private_cluster_with(name, &[]).await
+}
+
+/// [`private_cluster`] with a server started with `args`.
+async fn private_cluster_with(name: &'static str, args: &'static [&'static str]) -> (Citus, Env) {
     tokio::task::spawn_blocking(move || {
         let citus = Citus::start().expect("a private cluster starts");
         let db_url = citus.create_database(name).unwrap();
         let db_name = db_url.rsplit('/').next().unwrap().to_string();
-        let server = Server::start(common::comb_bin(), &db_url, &[]).expect("server starts");
+        let server = Server::start(common::comb_bin(), &db_url, args).expect("server starts");
         let env = Env {
             server,
             db_url,
@@ -2346,7 +2481,7 @@ async fn private_cluster(name: &'static str) -> (Citus, Env) {
 /// delivers what it had, in order, and holds everything acknowledged as pushed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
-    let (citus, env) = private_cluster("citus_lost").await;
+    let (citus, env) = private_cluster_with("citus_lost", COORDINATOR).await;
     const PARTITIONS: usize = 12;
     let names: Vec<String> = (0..PARTITIONS).map(|p| format!("p{p}")).collect();
     let push_one = |p: &str, n: i64| json!({"queue": "lost", "partition": p, "payload": {"n": n}});
@@ -2388,7 +2523,7 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
     );
     // A second server that has not popped yet: its first pop of the group finds the
     // subscription rather than writing it.
-    let second = env.second_server().await;
+    let second = env.second_server_with(COORDINATOR).await;
 
     let worker = &citus.workers()[1];
     tokio::task::block_in_place(|| worker.stop("fast")).expect("the worker stops");
@@ -2566,7 +2701,7 @@ fn placements(citus: &Citus, db: &str, names: &[String]) -> String {
 /// the per-worker listing binds the group as a parameter, never as text of the statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_lost_lists_candidates_of_a_group_named_like_sql_by_parameters() {
-    let (citus, env) = private_cluster("citus_lost_named").await;
+    let (citus, env) = private_cluster_with("citus_lost_named", COORDINATOR).await;
     const GROUP: &str = r"g$1'x\y $2";
     // Enough partitions that the live worker holds at least two (their ids, and so their
     // shards, follow the queue's random id): one for the named pop, one for the queue's.
