@@ -149,7 +149,7 @@ async fn shards_by_node(
         crate::messages::MESSAGES,
     ];
     let placements = client.query(PLACEMENTS_SQL, &[&tables]).await?;
-    let mut by_node: Vec<(Node, Vec<Shards>)> = Vec::new();
+    let mut by_node: Workers = Vec::new();
     for row in &placements {
         let Ok(port) = u16::try_from(row.get::<_, i32>("nodeport")) else {
             continue;
@@ -164,11 +164,14 @@ async fn shards_by_node(
     Ok(by_node)
 }
 
+/// The listing's shards on each worker, in the workers' order.
+type Workers = Vec<(Node, Vec<Shards>)>;
+
 /// Where the listing's shards are, by worker, as last read from the coordinator, and whose
 /// turn it is to be asked first.
 #[derive(Default)]
 pub(super) struct Layout {
-    read: Mutex<Option<(Instant, Arc<Vec<(Node, Vec<Shards>)>>)>>,
+    read: Mutex<Option<(Instant, Arc<Workers>)>>,
     turn: AtomicUsize,
     /// Workers that could not be reached, and when: asked last for [`Layout::RESTING`], so
     /// that a worker down does not cost every other pop a failed connection first.
@@ -180,10 +183,7 @@ impl Layout {
     /// is found sooner, by its table missing on the worker ([`list_direct`]).
     const TTL: Duration = Duration::from_secs(60);
 
-    async fn workers(
-        &self,
-        coordinator: &tokio_postgres::Client,
-    ) -> Result<Arc<Vec<(Node, Vec<Shards>)>>, DbError> {
+    async fn workers(&self, coordinator: &tokio_postgres::Client) -> Result<Arc<Workers>, DbError> {
         if let Some((at, read)) = &*self.read.lock().unwrap()
             && at.elapsed() < Self::TTL
         {
@@ -203,7 +203,7 @@ impl Layout {
 
     /// The workers' indexes in the order to ask them: from the next in turn, those that
     /// could not be reached lately last.
-    fn order(&self, workers: &[(Node, Vec<Shards>)]) -> Vec<usize> {
+    fn order(&self, workers: &Workers) -> Vec<usize> {
         let first = self.turn.fetch_add(1, Ordering::Relaxed);
         let mut order: Vec<usize> = (0..workers.len())
             .map(|i| (first + i) % workers.len())
