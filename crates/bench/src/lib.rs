@@ -27,5 +27,6 @@ pub mod procstat;
 pub mod profile;
 pub mod report;
 pub mod run;
+pub mod scaleout;
 pub mod stats;
 pub mod tables;
