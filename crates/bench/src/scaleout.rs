@@ -254,6 +254,9 @@ pub struct CellModel {
     pub bounds: Vec<&'static str>,
     /// Model at 16 workers ÷ model at 1.
     pub scale_16_over_1: f64,
+    /// What 16 workers would carry with the largest cluster's costs held flat, msg/s: how
+    /// much of the model's shape at 16 is the growth of its costs.
+    pub flat_16: f64,
     /// Each measured point against the model.
     pub points: Vec<Point>,
 }
@@ -309,6 +312,7 @@ pub fn models(rows: &[Row], hw: Hardware, host_cores: f64) -> Vec<CellModel> {
             },
             bounds: predicted.iter().map(|p| p.1).collect(),
             scale_16_over_1: r[4] / r[0].max(1e-9),
+            flat_16: predict(&flat, hw, 16).0,
             points,
         });
     }
@@ -529,7 +533,11 @@ pub fn text(rows: &[Row], hw: Hardware, host_cores: f64) -> String {
     .map(|s| s.to_string())
     .collect();
     header.extend(SIZES.iter().map(|w| format!("{w} w msg/s")));
-    header.extend(["16 w / 1 w".into(), "bound at 16".into()]);
+    header.extend([
+        "16 w / 1 w".into(),
+        "bound at 16".into(),
+        "16 w, costs flat".into(),
+    ]);
     let lines: Vec<Vec<String>> = models
         .iter()
         .map(|m| {
@@ -545,6 +553,7 @@ pub fn text(rows: &[Row], hw: Hardware, host_cores: f64) -> String {
             line.extend(m.model.all().iter().map(|r| format!("{r:.0}")));
             line.push(format!("{:.1}x", m.scale_16_over_1));
             line.push(m.bounds.last().copied().unwrap_or("-").into());
+            line.push(format!("{:.0}", m.flat_16));
             line
         })
         .collect();
@@ -819,6 +828,7 @@ pub fn record(rows: &[Row], run: Run, host_cores: f64) -> Record {
             *v = v.round();
         }
         m.scale_16_over_1 = round(m.scale_16_over_1, 2);
+        m.flat_16 = m.flat_16.round();
         for p in &mut m.points {
             p.measured_msgs_per_sec = round(p.measured_msgs_per_sec, 1);
             p.model_msgs_per_sec = p.model_msgs_per_sec.round();
@@ -957,6 +967,7 @@ mod tests {
             ..m.costs.clone()
         };
         assert!((predict(&flat, HW, 16).0 - 320_000.0).abs() < 1e-6);
+        assert!((m.flat_16 - 320_000.0).abs() < 1e-6);
         // A coordinator cost that doubles makes the model fall.
         let rows = [
             citus("pop", 1, 1000.0, 10.0, 1.0),
