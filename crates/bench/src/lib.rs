@@ -7,6 +7,10 @@
 //! ([`peers`]) run on the same cluster right after the Comb cell they are compared with.
 //! Resources are read from `/proc` at the window's edges ([`meter`], [`procstat`]).
 //!
+//! With `--citus` the Comb cells also run on Citus clusters, measured per node ([`nodes`]);
+//! the scale-out model, its check and the cluster targets are [`scaleout`]'s, written to
+//! `bench/results/citus.json`.
+//!
 //! Two builds or configurations are compared by running them in turns on one cluster
 //! ([`compare`]).
 //!
@@ -27,5 +31,6 @@ pub mod procstat;
 pub mod profile;
 pub mod report;
 pub mod run;
+pub mod scaleout;
 pub mod stats;
 pub mod tables;

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use comb_bench::long::{soak, xmin};
 use comb_bench::profile::Profile;
-use comb_bench::report;
 use comb_bench::run::{Options, PG_SETTINGS, Peer, Runner};
 use comb_bench::{cells, compare};
+use comb_bench::{report, scaleout};
 
 /// Runs Comb's benchmark cells and their peers against one PostgreSQL and prints one table.
 #[derive(Debug, Parser)]
@@ -95,6 +95,14 @@ struct Args {
     #[arg(long, default_value = "2", value_delimiter = ',',
           value_parser = clap::value_parser!(u16).range(1..=8))]
     citus_workers: Vec<u16>,
+    /// Where the Comb servers on Citus send a partition's hot path (`comb serve
+    /// --citus-route`); by default nothing is passed and the server's default applies.
+    #[arg(long, value_parser = ["direct", "coordinator"])]
+    citus_route: Option<String>,
+    /// With `--citus`: where the per-node figures, the scale-out model and the cluster
+    /// targets are written as JSON.
+    #[arg(long, default_value = "bench/results/citus.json")]
+    citus_json: PathBuf,
     /// The scale-out model's hardware: cores of each worker.
     #[arg(long, default_value_t = 16.0)]
     model_worker_cores: f64,
@@ -199,6 +207,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             w.dedup();
             w
         },
+        citus_route: args.citus_route.clone(),
     };
     let rt = if args.client_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -234,18 +243,15 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         return compare(&args, runner, &selected, started);
     }
     let rows = run_cells(&mut runner, &selected, &args.peers);
+    let hardware = scaleout::Hardware {
+        worker_cores: args.model_worker_cores,
+        coordinator_cores: args.model_coordinator_cores,
+        worker_wal_mb_s: args.model_worker_wal_mb_s,
+    };
     let table = report::table(&rows)
         + &with_blank(report::program_table(&rows))
         + &with_blank(comb_bench::nodes::table(&rows))
-        + &with_blank(comb_bench::nodes::model(
-            &rows,
-            comb_bench::nodes::Hardware {
-                worker_cores: args.model_worker_cores,
-                coordinator_cores: args.model_coordinator_cores,
-                worker_wal_mb_s: args.model_worker_wal_mb_s,
-            },
-        ))
-        + &with_blank(comb_bench::nodes::check(&rows, host_cores()));
+        + &with_blank(scaleout::text(&rows, hardware, host_cores()));
     let checks = report::checks_text(&report::checks(&rows));
     println!("\n{table}\n{checks}");
     println!(
@@ -255,6 +261,27 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if let Some(path) = &args.json {
         report::write_json(path, &rows)?;
         eprintln!("rows written to {}", path.display());
+    }
+    if args.citus {
+        let run = scaleout::Run {
+            command: args
+                .command
+                .clone()
+                .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" ")),
+            date: report::shell("date -u +%Y-%m-%dT%H:%MZ"),
+            machine: scaleout::Machine::here(),
+            uptime: report::shell("uptime"),
+            commit: commit.clone(),
+            citus_route: args.citus_route.clone(),
+            warmup_s: warmup,
+            duration_s: duration,
+            model_hardware: hardware,
+        };
+        scaleout::write(
+            &args.citus_json,
+            &scaleout::record(&rows, run, host_cores()),
+        )?;
+        eprintln!("Citus figures written to {}", args.citus_json.display());
     }
     if let Some(path) = &args.doc {
         let pg_version = runner
@@ -528,6 +555,16 @@ mod tests {
         for bad in ["0", "9", "1,x", ""] {
             assert!(parse(&["--citus-workers", bad]).is_err(), "{bad}");
         }
+        assert_eq!(parse(&[]).unwrap().citus_route, None);
+        assert_eq!(
+            parse(&["--citus-route", "direct"]).unwrap().citus_route,
+            Some("direct".into())
+        );
+        assert!(parse(&["--citus-route", "workers"]).is_err());
+        assert_eq!(
+            parse(&[]).unwrap().citus_json,
+            std::path::Path::new("bench/results/citus.json")
+        );
     }
 
     #[test]

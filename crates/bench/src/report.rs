@@ -89,6 +89,10 @@ pub struct Row {
     /// What each PostgreSQL node did (`comb-bench --citus`): a row per node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<crate::nodes::NodeRow>,
+    /// On Citus, the route the broker ran with (`direct` or `coordinator`,
+    /// [`crate::scaleout::route_of`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<String>,
 }
 
 /// Fills `ratio` of every peer row from the Comb cell it is compared with.

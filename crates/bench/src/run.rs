@@ -18,6 +18,7 @@ use crate::peers;
 use crate::procstat;
 use crate::profile::{self, Profile};
 use crate::report::Row;
+use crate::scaleout;
 use crate::stats::{Tally, Window, quantile_ms, slope};
 
 /// PostgreSQL settings of every run. Durable: these are the numbers worth publishing.
@@ -68,6 +69,8 @@ pub struct Options {
     pub citus: bool,
     /// Workers of that cluster.
     pub citus_workers: Vec<usize>,
+    /// `--citus-route` for the Comb servers on Citus (none: the server's default).
+    pub citus_route: Option<String>,
 }
 
 /// Another server benchmarked with Comb's cells: started as `PROGRAM serve --listen ADDR`
@@ -322,9 +325,14 @@ impl Runner {
         peer: Option<&Peer>,
         nodes: Vec<Node>,
     ) -> Result<Row, BoxError> {
+        let on_citus = nodes.iter().any(|n| n.citus);
+        let route_flag = self.opts.citus_route.clone().filter(|_| on_citus);
         let server = match peer {
             None => {
-                let args: Vec<&str> = self.opts.comb_args.iter().map(String::as_str).collect();
+                let mut args: Vec<&str> = self.opts.comb_args.iter().map(String::as_str).collect();
+                if let Some(route) = &route_flag {
+                    args.extend(["--citus-route", route]);
+                }
                 Server::start(&self.opts.comb_bin, url, &args)?
             }
             Some(p) => Server::start_program(&p.program, url, "/health")?,
@@ -642,6 +650,11 @@ impl Runner {
             Err(e) => return Err(format!("{e}\n--- comb log ---\n{}", server.log_tail(12)).into()),
         };
         row.broker_rss_mb = procstat::peak_rss_mb(pid);
+        if on_citus {
+            let log = std::fs::read_to_string(server.log_path()).unwrap_or_default();
+            let logs_info = scaleout::logs_info();
+            row.route = Some(scaleout::route_of(&log, route_flag.as_deref(), logs_info));
+        }
         drop(server);
         Ok(row)
     }

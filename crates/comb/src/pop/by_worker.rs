@@ -176,6 +176,11 @@ pub(super) struct Layout {
     /// Workers that could not be reached, and when: asked last for [`Layout::RESTING`], so
     /// that a worker down does not cost every other pop a failed connection first.
     unreachable: Mutex<std::collections::HashMap<Node, Instant>>,
+    /// Where each (queue, group)'s walk over each worker's partitions goes on: after the last
+    /// partition taken from that worker. One rover over the workers together would starve a
+    /// worker's partitions whose ids lie below another worker's last one (its walk would
+    /// wrap to its first partition again and again).
+    rovers: Mutex<std::collections::HashMap<(Uuid, String, Node), Uuid>>,
 }
 
 impl Layout {
@@ -214,6 +219,25 @@ impl Layout {
         order
     }
 
+    /// Most rovers kept; beyond, they start again from the first partitions.
+    const ROVERS: usize = 100_000;
+
+    fn rover(&self, queue_id: Uuid, group: &str, node: &Node) -> Uuid {
+        let rovers = self.rovers.lock().unwrap();
+        rovers
+            .get(&(queue_id, group.to_string(), node.clone()))
+            .copied()
+            .unwrap_or(Uuid::nil())
+    }
+
+    fn set_rover(&self, queue_id: Uuid, group: &str, node: &Node, after: Uuid) {
+        let mut rovers = self.rovers.lock().unwrap();
+        if rovers.len() >= Self::ROVERS {
+            rovers.clear();
+        }
+        rovers.insert((queue_id, group.to_string(), node.clone()), after);
+    }
+
     fn unreachable(&self, node: &Node) {
         self.unreachable
             .lock()
@@ -224,7 +248,8 @@ impl Layout {
 
 /// On the direct route, the candidates of the listing (parameters: queue, group, rover,
 /// limit) asked of one worker, the next in turn, and of the others at once only when it
-/// has fewer than `wanted`; in the listing's order, at most `limit`. `None`: the route is
+/// has fewer than `wanted`; each worker's in its walk order from its own rover, which moves
+/// past the first `wanted` taken; at most `limit`. `None`: the route is
 /// not direct, or a worker no longer holds a shard it was said to (the layout is read again
 /// next time): the caller lists through the coordinator. A worker that cannot be reached is
 /// skipped; when none answers, the last error is the answer.
@@ -235,7 +260,6 @@ pub(super) async fn list_direct(
     layout: &Layout,
     queue_id: Uuid,
     group: &str,
-    rover: Uuid,
     wanted: usize,
     limit: i64,
 ) -> Result<Option<Vec<Uuid>>, DbError> {
@@ -250,6 +274,7 @@ pub(super) async fn list_direct(
     let ask = |k: usize| {
         let (node, shards) = &workers[k];
         async move {
+            let rover = layout.rover(queue_id, group, node);
             let asked = async {
                 let pools = router.worker(node).ok_or_else(|| {
                     DbError::Unavailable(format!("no pools for worker {}:{}", node.0, node.1))
@@ -259,17 +284,18 @@ pub(super) async fn list_direct(
                 let rows = client
                     .query(&listing, &[&queue_id, &group, &rover, &limit])
                     .await?;
-                Ok::<Vec<Uuid>, DbError>(rows.iter().map(|r| r.get("partition_id")).collect())
+                let ids = rows.iter().map(|r| r.get("partition_id")).collect();
+                Ok::<Vec<Uuid>, DbError>(in_walk_order(ids, rover, limit))
             };
             let answer = asked.await;
             if matches!(answer, Err(DbError::Unavailable(_))) {
                 layout.unreachable(node);
             }
-            answer
+            (node, answer)
         }
     };
     let mut answers = vec![ask(order[0]).await];
-    let short = match &answers[0] {
+    let short = match &answers[0].1 {
         Ok(ids) => ids.len() < wanted,
         Err(_) => true,
     };
@@ -277,11 +303,17 @@ pub(super) async fn list_direct(
         let others = order[1..].iter().map(|&k| ask(k));
         answers.extend(futures_util::future::join_all(others).await);
     }
-    let mut found = Vec::new();
+    let mut found: Vec<Uuid> = Vec::new();
     let mut failed = None;
-    for answer in answers {
+    for (node, answer) in answers {
         match answer {
-            Ok(ids) => found.push(ids),
+            Ok(ids) => {
+                let taken = wanted.saturating_sub(found.len()).min(ids.len());
+                if let Some(&last) = ids[..taken].last() {
+                    layout.set_rover(queue_id, group, node, last);
+                }
+                found.extend(ids);
+            }
             Err(DbError::Postgres(e)) if shard_gone(&e) => {
                 layout.forget();
                 return Ok(None);
@@ -297,7 +329,8 @@ pub(super) async fn list_direct(
     {
         return Err(e);
     }
-    Ok(Some(in_walk_order(found.concat(), rover, limit)))
+    found.truncate(limit.max(0) as usize);
+    Ok(Some(found))
 }
 
 /// Whether `e` says a table the listing named is not on the worker: its shard moved.

@@ -1040,7 +1040,6 @@ impl Claiming<'_> {
             &self.ctx.layout,
             queue_id,
             group,
-            rover,
             partitions,
             limit,
         )
