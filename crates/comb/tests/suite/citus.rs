@@ -1064,7 +1064,7 @@ fn counters_per_node(db: &str) -> Vec<(String, [i64; 3])> {
 }
 
 /// `comb serve`'s flag for the direct route (`db::route`).
-const DIRECT: &[&str] = &["--citus-route", "direct"];
+pub(super) const DIRECT: &[&str] = &["--citus-route", "direct"];
 
 /// With `--citus-route direct`, a partition's hot path — pushes (with and
 /// without producers' transaction ids), a pop of the named partition, a lease extension
@@ -2321,11 +2321,21 @@ async fn status_and_retry(r: reqwest::RequestBuilder) -> (StatusCode, bool, Valu
 
 /// A private cluster (its workers may be stopped), database `name` on it, and a server.
 async fn private_cluster(name: &'static str) -> (Citus, Env) {
+    private_cluster_with(name, &[], &[]).await
+}
+
+/// [`private_cluster`] with `settings` on every node (after the harness's own) and extra
+/// `comb serve` flags.
+pub(super) async fn private_cluster_with(
+    name: &'static str,
+    settings: &'static [(&'static str, &'static str)],
+    args: &'static [&'static str],
+) -> (Citus, Env) {
     tokio::task::spawn_blocking(move || {
-        let citus = Citus::start().expect("a private cluster starts");
+        let citus = Citus::start_with(settings).expect("a private cluster starts");
         let db_url = citus.create_database(name).unwrap();
         let db_name = db_url.rsplit('/').next().unwrap().to_string();
-        let server = Server::start(common::comb_bin(), &db_url, &[]).expect("server starts");
+        let server = Server::start(common::comb_bin(), &db_url, args).expect("server starts");
         let env = Env {
             server,
             db_url,
@@ -2543,7 +2553,7 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
 }
 
 /// Which worker holds each of the partitions `names`: a line `name port` each.
-fn placements(citus: &Citus, db: &str, names: &[String]) -> String {
+pub(super) fn placements(citus: &Citus, db: &str, names: &[String]) -> String {
     let list: Vec<String> = names.iter().map(|p| format!("'{p}'")).collect();
     citus
         .coordinator()
