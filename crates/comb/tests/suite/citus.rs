@@ -1064,7 +1064,7 @@ fn counters_per_node(db: &str) -> Vec<(String, [i64; 3])> {
 }
 
 /// `comb serve`'s flag for the direct route (`db::route`).
-const DIRECT: &[&str] = &["--citus-route", "direct"];
+pub(super) const DIRECT: &[&str] = &["--citus-route", "direct"];
 
 /// With `--citus-route direct`, a partition's hot path — pushes (with and
 /// without producers' transaction ids), a pop of the named partition, a lease extension
@@ -2451,13 +2451,18 @@ async fn status_and_retry(r: reqwest::RequestBuilder) -> (StatusCode, bool, Valu
 
 /// A private cluster (its workers may be stopped), database `name` on it, and a server.
 async fn private_cluster(name: &'static str) -> (Citus, Env) {
-    private_cluster_with(name, &[]).await
+    private_cluster_with(name, &[], &[]).await
 }
 
-/// [`private_cluster`] with a server started with `args`.
-async fn private_cluster_with(name: &'static str, args: &'static [&'static str]) -> (Citus, Env) {
+/// [`private_cluster`] with `settings` on every node (after the harness's own) and extra
+/// `comb serve` flags.
+pub(super) async fn private_cluster_with(
+    name: &'static str,
+    settings: &'static [(&'static str, &'static str)],
+    args: &'static [&'static str],
+) -> (Citus, Env) {
     tokio::task::spawn_blocking(move || {
-        let citus = Citus::start().expect("a private cluster starts");
+        let citus = Citus::start_with(settings).expect("a private cluster starts");
         let db_url = citus.create_database(name).unwrap();
         let db_name = db_url.rsplit('/').next().unwrap().to_string();
         let server = Server::start(common::comb_bin(), &db_url, args).expect("server starts");
@@ -2481,7 +2486,7 @@ async fn private_cluster_with(name: &'static str, args: &'static [&'static str])
 /// delivers what it had, in order, and holds everything acknowledged as pushed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
-    let (citus, env) = private_cluster_with("citus_lost", COORDINATOR).await;
+    let (citus, env) = private_cluster_with("citus_lost", &[], COORDINATOR).await;
     const PARTITIONS: usize = 12;
     let names: Vec<String> = (0..PARTITIONS).map(|p| format!("p{p}")).collect();
     let push_one = |p: &str, n: i64| json!({"queue": "lost", "partition": p, "payload": {"n": n}});
@@ -2678,7 +2683,7 @@ async fn a_worker_lost_holds_its_partitions_while_the_others_serve() {
 }
 
 /// Which worker holds each of the partitions `names`: a line `name port` each.
-fn placements(citus: &Citus, db: &str, names: &[String]) -> String {
+pub(super) fn placements(citus: &Citus, db: &str, names: &[String]) -> String {
     let list: Vec<String> = names.iter().map(|p| format!("'{p}'")).collect();
     citus
         .coordinator()
@@ -2701,7 +2706,7 @@ fn placements(citus: &Citus, db: &str, names: &[String]) -> String {
 /// the per-worker listing binds the group as a parameter, never as text of the statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_lost_lists_candidates_of_a_group_named_like_sql_by_parameters() {
-    let (citus, env) = private_cluster_with("citus_lost_named", COORDINATOR).await;
+    let (citus, env) = private_cluster_with("citus_lost_named", &[], COORDINATOR).await;
     const GROUP: &str = r"g$1'x\y $2";
     // Enough partitions that the live worker holds at least two (their ids, and so their
     // shards, follow the queue's random id): one for the named pop, one for the queue's.

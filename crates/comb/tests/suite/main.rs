@@ -19,6 +19,7 @@ mod admin;
 mod auth;
 mod backends;
 mod citus;
+mod citus_lost;
 mod claim_plans;
 mod cli;
 mod consumer_groups;
