@@ -124,8 +124,9 @@ const CORPUS_LEN: usize = 512;
 
 /// The fixed payload corpus: `CORPUS_LEN` JSON member lists (without braces and the stamp),
 /// each longer than any payload needs, from a seeded generator so every run sends the same
-/// bytes. A record mixes vocabulary (which compresses) with random hex ids and amounts (which
-/// do not) in the proportion that makes zstd halve it (checked by a test).
+/// bytes. A record is event-shaped: repeated keys and a small vocabulary (which compress),
+/// hex ids, amounts and free text (which compress less), in proportions that make zstd
+/// roughly halve the corpus (checked by a test).
 fn corpus() -> &'static [String] {
     static CORPUS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     CORPUS.get_or_init(|| {
@@ -151,8 +152,11 @@ fn corpus() -> &'static [String] {
                     WORDS[rng.usize(..WORDS.len())],
                     hex(&mut rng, 20),
                 );
+                // Free text: made-up words of random letters, as varied as user-written text.
                 while s.len() < 480 {
-                    s.push_str(WORDS[rng.usize(..WORDS.len())]);
+                    for _ in 0..rng.usize(3..=8) {
+                        s.push(rng.lowercase());
+                    }
                     s.push(' ');
                 }
                 s
@@ -282,7 +286,7 @@ pub struct Live {
     pub pushed: Arc<AtomicU64>,
     /// Messages delivered (pops' messages, redeliveries included).
     pub consumed: Arc<AtomicU64>,
-    /// Pops answered with messages, empty pops, acks answered.
+    /// Pops that returned messages.
     pub pops: AtomicU64,
     /// Pops that found nothing.
     pub empty_pops: AtomicU64,
@@ -829,11 +833,6 @@ pub fn rss_mb(pid: u32) -> Option<f64> {
         .map(|kb| kb / 1024.0)
 }
 
-/// The slope of a series over its sample times, or `None`.
-pub fn series_slope(points: &[(f64, f64)]) -> Option<f64> {
-    slope(points)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -869,12 +868,14 @@ mod tests {
         assert_eq!(message_number("x-1"), None);
     }
 
-    /// The corpus compresses about 2x under zstd (level 3, the default), as event payloads
-    /// do. Uses the `zstd` program when the machine has it.
+    /// The corpus compresses about 2:1 under zstd (level 3): every record once, as one
+    /// stream, so that what is measured is the records' redundancy, not their repetition.
+    /// (A single 256-byte payload compressed alone gains less, ~1.3x: the frame and the lack
+    /// of context weigh on so few bytes.) Uses the `zstd` program when the machine has it.
     #[test]
     fn the_corpus_compresses_about_two_to_one() {
         use std::io::Write;
-        let text: String = (0..2_000u64)
+        let text: String = (0..CORPUS_LEN as u64)
             .map(|n| payload(1_700_000_000_000 + n * 997, n))
             .collect();
         let Ok(mut child) = std::process::Command::new("zstd")
@@ -895,7 +896,8 @@ mod tests {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success());
         let ratio = text.len() as f64 / out.stdout.len() as f64;
-        assert!((1.6..=2.6).contains(&ratio), "ratio {ratio:.2}");
+        eprintln!("zstd ratio of the corpus {ratio:.2}");
+        assert!((1.7..=2.6).contains(&ratio), "ratio {ratio:.2}");
     }
 
     #[test]
