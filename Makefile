@@ -155,3 +155,15 @@ bench-soak:
 	cargo build --release -p comb-cli -p comb-bench
 	target/release/comb-bench soak --command "make bench-soak" \
 		--json bench/results/soak.json --doc docs/long-runs.md $(BENCH_ARGS)
+
+# Queen 1.0's soak shape (the `queen1` cell's load, docs/queen1.md) for 30 minutes at 80 % of
+# its searched maximum, sampled every 10 s (rate, e2e p99, broker RSS), then every message
+# audited. `make bench-queen1-soak BENCH_ARGS="--duration-s 180"` for a shorter run;
+# `BENCH_ARGS=--smoke` proves the tool works and writes nothing.
+.PHONY: bench-queen1-soak
+
+bench-queen1-soak:
+	scripts/install-postgres.sh
+	cargo build --release -p comb-cli -p comb-bench
+	target/release/comb-bench queen1-soak --command "make bench-queen1-soak $(BENCH_ARGS)" \
+		--json bench/results/queen1-soak.json --doc docs/queen1.md $(BENCH_ARGS)

@@ -87,6 +87,13 @@ pub enum Kind {
         /// Connections that share the schedule.
         conns: usize,
     },
+    /// Queen MQ 1.0's soak shape ([`crate::queen1`]): 200 partitions, pushes of 100 with
+    /// transaction ids, pops of up to 1,000 under a lease with asynchronous acks, 256-byte
+    /// payloads, 60 s retention, `commit_delay=200`; at the highest rate that keeps up.
+    Queen1 {
+        /// `encryptionEnabled` on the queue.
+        encrypted: bool,
+    },
     /// Binary `COPY` of Comb-shaped rows straight into PostgreSQL.
     Ceiling {
         /// Connections.
@@ -357,6 +364,18 @@ pub fn all() -> Vec<Cell> {
             },
             compare: None,
             about: "streams: 1 s tumbling count per partition over 100 partitions at 2,000 msg/s, 4 runners; msg/s = source messages acked by cycles",
+        },
+        Cell {
+            name: "queen1",
+            kind: Kind::Queen1 { encrypted: false },
+            compare: None,
+            about: "Queen 1.0's soak shape: 200 partitions, push 100 with transactionIds, pop <=1000 + async ack, 256 B, 60 s retention, commit_delay=200; at the highest rate kept up",
+        },
+        Cell {
+            name: "queen1-enc",
+            kind: Kind::Queen1 { encrypted: true },
+            compare: None,
+            about: "queen1 with encryptionEnabled (AES-256-GCM at rest)",
         },
     ]
 }

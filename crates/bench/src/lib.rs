@@ -29,6 +29,7 @@ pub mod nodes;
 pub mod peers;
 pub mod procstat;
 pub mod profile;
+pub mod queen1;
 pub mod report;
 pub mod run;
 pub mod scaleout;

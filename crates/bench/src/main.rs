@@ -134,6 +134,9 @@ enum Long {
     /// The peak delivered rate, then a fixed-rate soak at a share of it with retention on,
     /// judging whether storage stays flat (`make bench-soak`).
     Soak(soak::Args),
+    /// The `queen1` load (Queen 1.0's soak shape) at a share of its searched maximum for a
+    /// long time, sampled, then every message audited (`make bench-queen1-soak`).
+    Queen1Soak(comb_bench::queen1::soak::Args),
 }
 
 impl Args {
@@ -148,6 +151,7 @@ fn main() {
     let (name, result) = match args.long.take() {
         Some(Long::Xmin(a)) => ("comb-bench xmin", xmin::run(a)),
         Some(Long::Soak(a)) => ("comb-bench soak", soak::run(a)),
+        Some(Long::Queen1Soak(a)) => ("comb-bench queen1-soak", comb_bench::queen1::soak::run(a)),
         None => ("comb-bench", run(args)),
     };
     if let Err(e) = result {

@@ -17,6 +17,7 @@ use crate::nodes::{self, Node, NodeMeter, NodeSnapshot};
 use crate::peers;
 use crate::procstat;
 use crate::profile::{self, Profile};
+use crate::queen1;
 use crate::report::Row;
 use crate::scaleout;
 use crate::stats::{Tally, Window, quantile_ms, slope};
@@ -178,6 +179,10 @@ impl Runner {
     fn run_on(&mut self, cell: &Cell, peer: Option<&Peer>) -> Result<Row, BoxError> {
         let url = self.pg.create_database(cell.name)?;
         let db = url.rsplit('/').next().unwrap_or_default().to_string();
+        if let Kind::Queen1 { .. } = cell.kind {
+            // Queen 1.0's commit settings for this cell's database alone.
+            self.pg.psql("postgres", &queen1::database_sql(&db))?;
+        }
         let result = match cell.kind {
             Kind::Ceiling { .. } | Kind::SkipLocked { .. } => self.run_peer(cell, &url),
             _ => {
@@ -318,6 +323,14 @@ impl Runner {
         }
     }
 
+    /// Where a `queen1` cell's rate search starts: its rate in this run or the last, else
+    /// `queen1`'s (encryption costs more, so the search goes down from there), else a guess.
+    fn queen1_start_rate(&self, cell: &str) -> f64 {
+        self.rate_of(cell)
+            .or_else(|| self.rate_of("queen1"))
+            .map_or(4_000.0, |(r, _)| r)
+    }
+
     fn run_comb(
         &mut self,
         cell: &Cell,
@@ -329,11 +342,17 @@ impl Runner {
         let route_flag = self.opts.citus_route.clone().filter(|_| on_citus);
         let server = match peer {
             None => {
-                let mut args: Vec<&str> = self.opts.comb_args.iter().map(String::as_str).collect();
-                if let Some(route) = &route_flag {
-                    args.extend(["--citus-route", route]);
+                let mut args = self.opts.comb_args.clone();
+                let mut env = Vec::new();
+                if let Kind::Queen1 { .. } = cell.kind {
+                    args.extend(queen1::serve_args());
+                    env = queen1::serve_env();
                 }
-                Server::start(&self.opts.comb_bin, url, &args)?
+                if let Some(route) = &route_flag {
+                    args.extend(["--citus-route".to_string(), route.clone()]);
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                Server::start_with_env(&self.opts.comb_bin, url, &args, &env)?
             }
             Some(p) => Server::start_program(&p.program, url, "/health")?,
         };
@@ -349,6 +368,20 @@ impl Runner {
             true => load::Order::ByPartition,
             false => load::Order::Interleaved,
         };
+        if let Kind::Queen1 { encrypted } = cell.kind {
+            let start = self.queen1_start_rate(cell.name);
+            let result = self.rt.block_on(queen1::run_cell(
+                addr, pid, url, name, system, encrypted, start, &opts, nodes,
+            ));
+            let mut row = match result {
+                Ok(row) => row,
+                Err(e) => {
+                    return Err(format!("{e}\n--- comb log ---\n{}", server.log_tail(12)).into());
+                }
+            };
+            row.broker_rss_mb = procstat::peak_rss_mb(pid);
+            return Ok(row);
+        }
         let result = self.rt.block_on(async move {
             // Set-up: queue, groups, partitions, pre-fill.
             match &kind {
@@ -746,16 +779,16 @@ fn group_names(n: usize) -> Vec<String> {
 }
 
 /// What the window's edges read: the machine's usage, and each node's counters when asked.
-struct Measured {
-    usage: Usage,
-    nodes: Option<(NodeMeter, NodeSnapshot, NodeSnapshot)>,
+pub(crate) struct Measured {
+    pub(crate) usage: Usage,
+    pub(crate) nodes: Option<(NodeMeter, NodeSnapshot, NodeSnapshot)>,
 }
 
-type Measuring = tokio::task::JoinHandle<Measured>;
+pub(crate) type Measuring = tokio::task::JoinHandle<Measured>;
 
 /// Checkpoints and analyses the set-up's data, then opens the window after the warm-up and
 /// starts the task that snapshots resources at its edges (and profiles, when asked).
-async fn start_window(
+pub(crate) async fn start_window(
     url: &str,
     broker_pid: Option<u32>,
     cell: &'static str,
@@ -864,7 +897,7 @@ fn set_consumer(row: &mut Row, c: &load::Consumed) {
 
 /// Backlog trend of the worst group; consumers keep up when producers met the offered rate
 /// (within 3 %) and no group's backlog grew by more than 2 % of the offered rate per second.
-fn set_backlog(row: &mut Row, samples: &[(f64, u64, Vec<u64>)], offered: f64) {
+pub(crate) fn set_backlog(row: &mut Row, samples: &[(f64, u64, Vec<u64>)], offered: f64) {
     let groups = samples.first().map(|s| s.2.len()).unwrap_or(0);
     let mut worst_slope = f64::NEG_INFINITY;
     let mut worst_end = 0.0f64;
@@ -889,7 +922,7 @@ fn set_backlog(row: &mut Row, samples: &[(f64, u64, Vec<u64>)], offered: f64) {
 }
 
 /// Samples (seconds into the window, pushed, consumed per group) every 250 ms of the window.
-async fn sample_backlog(
+pub(crate) async fn sample_backlog(
     window: Window,
     pushed: Arc<AtomicU64>,
     consumed: Vec<Arc<AtomicU64>>,
@@ -909,7 +942,7 @@ async fn sample_backlog(
 }
 
 /// Resource figures of the window.
-fn set_usage(row: &mut Row, u: &Usage, requests: u64) {
+pub(crate) fn set_usage(row: &mut Row, u: &Usage, requests: u64) {
     let per_sec = |x: f64| x / u.secs;
     let msgs = row.msgs_per_sec * row.window_s;
     if let Some(cpu) = u.broker_cpu {
@@ -935,7 +968,7 @@ fn set_usage(row: &mut Row, u: &Usage, requests: u64) {
 /// figures) is theirs added up, since the meter's own reading covers only the node Comb
 /// connects to, and the other nodes' CPU leaves "other" (the meter counted it there, as
 /// processes not its own; the model check takes the machine's cores less "other").
-fn set_nodes(row: &mut Row, measured: Measured) {
+pub(crate) fn set_nodes(row: &mut Row, measured: Measured) {
     let Some((meter, a, b)) = measured.nodes else {
         return;
     };

@@ -462,6 +462,11 @@ mod tests {
                 soak::SOAK_SECTION.begin,
                 soak::SOAK_SECTION.end,
             ),
+            (
+                "docs/queen1.md",
+                crate::queen1::soak::QUEEN1_SOAK_SECTION.begin,
+                crate::queen1::soak::QUEEN1_SOAK_SECTION.end,
+            ),
         ];
         for (page, begin, end) in pages {
             assert!(makefile.contains(&format!("--doc {page}")), "{page}");
