@@ -28,4 +28,5 @@ pub mod profile;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod stream_state;
 pub mod tables;
