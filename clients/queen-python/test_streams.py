@@ -406,3 +406,156 @@ def test_every_window_is_emitted_once_with_its_exact_count_and_sum_under_idle_fl
         starts = [start for start, _, _ in got]
         assert len(starts) == len(set(starts)), f"{kind}: a window emitted twice: {got}"
         assert {s: (c, t) for s, c, t in got} == want, f"{kind}: {got} against {want}"
+
+
+def emitted_by_partition(messages):
+    """Sink messages carrying their window's source partition: partition -> [(start, count,
+    sum)]."""
+    out = {}
+    for m in messages:
+        d = m["data"]
+        out.setdefault(d["partition"], []).append((d["start"], d["count"], d["sum"]))
+    return out
+
+
+def assert_windows(got, want, what):
+    """Each window emitted once, with its exact count and sum."""
+    starts = [start for start, _, _ in got]
+    assert len(starts) == len(set(starts)), f"{what}: a window emitted twice: {sorted(got)}"
+    assert {s: (c, t) for s, c, t in got} == want, f"{what}: {sorted(got)} against {want}"
+
+
+def windowed(q, src, sink, window, key_by=None):
+    """`window` of `src` counted and summed into `sink`, each emission naming its window's
+    start and source partition."""
+    stream = Stream.from_(q.queue(src))
+    if key_by:
+        stream = stream.key_by(key_by)
+    return (
+        window(stream)
+        .aggregate({"count": counted, "sum": lambda m: m.get("amount", 0)})
+        .map(lambda agg, ctx: {"partition": ctx["partition"], "start": ctx["windowStart"], **agg})
+        .to(q.queue(sink))
+    )
+
+
+def by_event_time(m):
+    return m["data"]["ts"]
+
+
+def test_5000_events_over_20_partitions_every_partitions_windows_are_exact(url, name):
+    """Load: 250 events in each of 20 partitions, in 1 s tumbling windows by event time (20 ms
+    apart: about five windows each), with the idle flush closing ripe windows every 300 ms
+    beside the leased cycles. Every partition's windows, its count and its sum are exact."""
+    src, sink, query = name, name + "-sink", name + "-q"
+    parts = [f"p{i:02}" for i in range(20)]
+    per = 250
+
+    async def body(q):
+        await q.queue(src).create()
+        await q.queue(sink).create()
+        runner = await run(
+            windowed(
+                q, src, sink,
+                lambda s: s.window_tumbling(seconds=1, idle_flush_ms=300, event_time=by_event_time),
+            ),
+            url, query, batch_size=100,
+        )
+        base = int(time.time() * 1000)
+        events = {}
+        for i, p in enumerate(parts):
+            events[p] = [(base + k * 20, i * 1000 + k) for k in range(per)]
+            await q.queue(src).partition(p).push(
+                [{"data": {"ts": ts, "amount": a}} for ts, a in events[p]]
+            )
+        # Ahead of every event: closes each partition's windows (its own stays open).
+        for p in parts:
+            await q.queue(src).partition(p).push([{"data": {"ts": base + 60_000, "closer": True}}])
+        out, group = await drain(q, sink, lambda o: total(o, "count") >= len(parts) * per, timeout=120)
+        out.extend(await more(q, sink, group, 2.0))
+        await runner.stop()
+        return events, out
+
+    events, out = session(url, body)
+    got = emitted_by_partition(out)
+    assert sorted(got) == parts
+    for p in parts:
+        assert sum(c for _, c, _ in got[p]) == per, p
+        assert sum(t for _, _, t in got[p]) == sum(a for _, a in events[p]), p
+        assert_windows(got[p], windows_of(events[p], 1000, 1000), p)
+
+
+def test_each_partitions_windows_count_its_own_six_events_alone(url, name):
+    """Three partitions, six events each, pushed in turns, every event under one and the
+    same key: each partition's windows (state of the same keys in three partitions) count and
+    sum its own events, nothing of the others'."""
+    src, sink, query = name, name + "-sink", name + "-q"
+    parts = ["a", "b", "c"]
+
+    async def body(q):
+        await q.queue(src).create()
+        await q.queue(sink).create()
+        runner = await run(
+            windowed(
+                q, src, sink,
+                lambda s: s.window_tumbling(seconds=2, idle_flush_ms=200, event_time=by_event_time),
+                key_by=lambda m: "same",
+            ),
+            url, query, batch_size=4,
+        )
+        base = int(time.time() * 1000)
+        events = {p: [] for p in parts}
+        for k in range(6):
+            for i, p in enumerate(parts):
+                ts, amount = base + k * 500, 10 ** i * (k + 1)
+                events[p].append((ts, amount))
+                await q.queue(src).partition(p).push([{"data": {"ts": ts, "amount": amount}}])
+        for p in parts:
+            await q.queue(src).partition(p).push([{"data": {"ts": base + 60_000, "closer": True}}])
+        out, group = await drain(q, sink, lambda o: total(o, "count") >= 18)
+        out.extend(await more(q, sink, group, 2.0))
+        await runner.stop()
+        return events, out
+
+    events, out = session(url, body)
+    got = emitted_by_partition(out)
+    assert sorted(got) == parts
+    for p in parts:
+        assert sum(c for _, c, _ in got[p]) == 6, (p, got[p])
+        assert_windows(got[p], windows_of(events[p], 2000, 2000), p)
+
+
+def test_a_4s_window_sliding_by_2s_over_six_events_a_second_apart_counts_each_window_exactly(
+    url, name
+):
+    """Six events 1 s apart by event time, each in exactly two windows of 4 s sliding by 2 s:
+    twelve counted in all, each window its own events, none emitted twice, with the idle
+    flush running every 200 ms while the events arrive in cycles of their own."""
+    src, sink, query = name, name + "-sink", name + "-q"
+
+    async def body(q):
+        await q.queue(src).create()
+        await q.queue(sink).create()
+        runner = await run(
+            windowed(
+                q, src, sink,
+                lambda s: s.window_sliding(
+                    size=4, slide=2, idle_flush_ms=200, event_time=by_event_time
+                ),
+            ),
+            url, query, batch_size=20,
+        )
+        base = int(time.time() * 1000)
+        events = [(base + k * 1000, k + 1) for k in range(6)]
+        for ts, amount in events:
+            await q.queue(src).partition("p").push([{"data": {"ts": ts, "amount": amount}}])
+            await asyncio.sleep(0.15)
+        await q.queue(src).partition("p").push([{"data": {"ts": base + 60_000, "closer": True}}])
+        out, group = await drain(q, sink, lambda o: total(o, "count") >= 12)
+        out.extend(await more(q, sink, group, 2.0))
+        await runner.stop()
+        return events, out
+
+    events, out = session(url, body)
+    assert total(out, "count") == 12
+    assert_windows(emitted_by_partition(out)["p"], windows_of(events, 4000, 2000), "sliding")

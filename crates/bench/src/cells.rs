@@ -67,6 +67,9 @@ pub enum Kind {
         /// Pop batch size.
         batch: usize,
     },
+    /// Fixed-rate streams cycles changing a few keys of a large or small state
+    /// ([`crate::stream_state`]).
+    StreamState(crate::stream_state::Spec),
     /// No traffic: consumers long-poll two empty queues, one in queue mode and one read by
     /// several consumer groups, for three times the usual window. What waiting costs.
     Idle {
@@ -376,6 +379,18 @@ pub fn all() -> Vec<Cell> {
             kind: Kind::Queen1 { encrypted: true },
             compare: None,
             about: "queen1 with encryptionEnabled (AES-256-GCM at rest)",
+        },
+        Cell {
+            name: crate::stream_state::SMALL,
+            kind: Kind::StreamState(crate::stream_state::spec(10)),
+            compare: None,
+            about: "streams state: 200 cycles/s, each upserting 10 keys of a 10-key state (4 partitions); msg/s = cycles",
+        },
+        Cell {
+            name: crate::stream_state::LARGE,
+            kind: Kind::StreamState(crate::stream_state::spec(10_000)),
+            compare: None,
+            about: "streams state: 200 cycles/s, each upserting 10 keys of a 10,000-key state (4 partitions); msg/s = cycles",
         },
     ]
 }

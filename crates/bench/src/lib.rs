@@ -34,4 +34,5 @@ pub mod report;
 pub mod run;
 pub mod scaleout;
 pub mod stats;
+pub mod stream_state;
 pub mod tables;

@@ -479,6 +479,7 @@ pub fn checks(rows: &[Row]) -> Vec<Check> {
 
     out.extend(light_checks(rows));
     out.extend(delivery_checks(rows));
+    out.push(crate::stream_state::check(rows));
 
     let rss: Vec<(&str, f64)> = rows
         .iter()

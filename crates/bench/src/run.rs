@@ -21,6 +21,7 @@ use crate::queen1;
 use crate::report::Row;
 use crate::scaleout;
 use crate::stats::{Tally, Window, quantile_ms, slope};
+use crate::stream_state;
 
 /// PostgreSQL settings of every run. Durable: these are the numbers worth publishing.
 /// `checkpoint_timeout` is long enough that no timed checkpoint lands inside a cell (each
@@ -296,6 +297,7 @@ impl Runner {
             | Kind::SkipLocked { rate: Some(r), .. }
             | Kind::Fanout { fixed: Some(r), .. }
             | Kind::Streams { rate: r, .. }
+            | Kind::StreamState(crate::stream_state::Spec { rate: r, .. })
             | Kind::Exchange { rate: r, .. } => {
                 return (r, "fixed by the cell".into());
             }
@@ -384,6 +386,10 @@ impl Runner {
         }
         let result = self.rt.block_on(async move {
             // Set-up: queue, groups, partitions, pre-fill.
+            let mut state_cells = match &kind {
+                Kind::StreamState(spec) => Some(stream_state::prepare(addr, spec).await?),
+                _ => None,
+            };
             match &kind {
                 Kind::Push { partitions, .. } => {
                     load::fill(addr, *partitions, 1, 4).await?;
@@ -409,7 +415,7 @@ impl Runner {
                     load::configure(addr, "{}").await?;
                     load::configure_queue(addr, IDLE_GROUPS_QUEUE, "{}").await?;
                 }
-                Kind::Exchange { .. } => {}
+                Kind::Exchange { .. } | Kind::StreamState(_) => {}
                 _ => unreachable!("peers run elsewhere"),
             }
             let mut opts = opts;
@@ -669,6 +675,14 @@ impl Runner {
                         s.cycles as f64 / window.secs(),
                         s.emitted
                     ));
+                }
+                Kind::StreamState(spec) => {
+                    let prepared = state_cells.take().ok_or("the state cell's set-up")?;
+                    let t = stream_state::run(addr, &spec, prepared, window).await;
+                    requests = t.requests;
+                    set_main(&mut row, &t, window);
+                    row.offered_per_sec = Some(offered);
+                    row.note = Some(stream_state::note(&spec));
                 }
                 _ => unreachable!(),
             }

@@ -5,6 +5,7 @@ use std::process::Command;
 
 use crate::common::comb_bin;
 use comb_harness::Postgres;
+use serde_json::{Value, json};
 
 fn comb(args: &[&str], database_url: &str) -> std::process::Output {
     Command::new(comb_bin())
@@ -323,4 +324,201 @@ fn schema_sql_is_what_the_migrations_make() {
          COMB_WRITE_SCHEMA=1 cargo test -p comb --test suite -- migrate::schema_sql\n\
          and review the difference (git diff)"
     );
+}
+
+/// Brings an empty database to schema version `to` the way `comb migrate` does, one file
+/// at a time, recording each version (tests add data the old way, then migrate the rest).
+fn migrate_to(pg: &Postgres, db: &str, to: u32) {
+    pg.psql(
+        db,
+        "CREATE SCHEMA comb;
+         CREATE TABLE comb.migrations (version integer PRIMARY KEY, name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());",
+    )
+    .unwrap();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/schema/migrations");
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|f| f.ends_with(".sql"))
+        .collect();
+    files.sort();
+    for file in files {
+        let (number, name) = file.trim_end_matches(".sql").split_once('_').unwrap();
+        let version: u32 = number.parse().unwrap();
+        if version > to {
+            break;
+        }
+        pg.psql(
+            db,
+            &format!(
+                "{}\nINSERT INTO comb.migrations (version, name) VALUES ({version}, '{name}');",
+                migration_sql(&file)
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+}
+
+/// Stream state written as schema 17 kept it (each version the pair's whole state, in
+/// `comb.stream_states`) arrives with migration 18 as a row per key of each pair's newest
+/// version in `comb.stream_state_keys`, with its value and the time it was written, and reads
+/// back through `POST /streams/v1/state/get`; the next cycle goes on from that version.
+#[tokio::test]
+async fn upgrade_to_per_key_stream_state_carries_every_key_and_value() {
+    let pg = Postgres::shared();
+    let url = pg.create_database("m_keys").unwrap();
+    let db = url.rsplit('/').next().unwrap().to_string();
+    migrate_to(pg, &db, 17);
+    assert_eq!(
+        pg.psql(&db, "SELECT max(version) FROM comb.migrations")
+            .unwrap(),
+        "17"
+    );
+    let (queue, query) = (
+        "00000000-0000-0000-0000-000000000001",
+        "00000000-0000-0000-0000-0000000000f1",
+    );
+    let (p1, p2) = (
+        "00000000-0000-0000-0000-0000000000a1",
+        "00000000-0000-0000-0000-0000000000a2",
+    );
+    // Pair 1: an older version (a key since deleted) and the newest, with a window's
+    // accumulator, a JSON null, an array and a key of the SDK's separators; pair 2: one version.
+    // Cycles wrote their versions into the newest cursor state generation.
+    let window_key = "tumb:1\u{1f}2026-11-29T00:00:00.000Z\u{1f}ann";
+    let newest = json!({
+        window_key: {"acc": {"count": 2, "sum": 17}, "windowStart": 1, "windowEnd": 2},
+        "a": {"n": 2}, "nothing": null, "list": [1, "two", 3.5], "ünïcode ✓": "é",
+    });
+    let updated = json!({window_key: 1_795_910_400_123i64, "a": 1_795_910_401_000i64,
+                         "nothing": 1_795_910_402_000i64, "list": 1_795_910_403_000i64,
+                         "ünïcode ✓": 1_795_910_404_000i64});
+    let lit = |v: &Value| v.to_string().replace('\'', "''");
+    pg.psql(
+        &db,
+        &format!(
+            "INSERT INTO comb.queues (id, name) VALUES ('{queue}', 'src');
+             INSERT INTO comb.partitions (id, queue_id, name) VALUES
+                 ('{p1}', '{queue}', 'p1'), ('{p2}', '{queue}', 'p2');
+             INSERT INTO comb.stream_queries (id, name, source_queue, config_hash)
+                 VALUES ('{query}', 'old.q', 'src', 'h');
+             INSERT INTO comb.stream_partitions (partition_id, query_id)
+                 VALUES ('{p1}', '{query}'), ('{p2}', '{query}');
+             INSERT INTO comb.stream_states (partition_id, query_id, gen, ver, state, updated,
+                                             keys, bytes)
+             SELECT '{p1}'::uuid, '{query}'::uuid, g, 1::bigint,
+                    '{{\"gone\": 1, \"a\": {{\"n\": 1}}}}'::jsonb,
+                    '{{\"gone\": 0, \"a\": 0}}'::jsonb, 2, 20
+             FROM (SELECT min(gen) AS g FROM comb.cursor_gens) gens
+             UNION ALL
+             SELECT '{p1}', '{query}', g, 2, '{}', '{}', 5, 200
+             FROM (SELECT max(gen) AS g FROM comb.cursor_gens) gens
+             UNION ALL
+             SELECT '{p2}', '{query}', g, 1, '{{\"b\": true}}', '{{\"b\": 1795910405000}}', 1, 9
+             FROM (SELECT max(gen) AS g FROM comb.cursor_gens) gens;",
+            lit(&newest),
+            lit(&updated)
+        ),
+    )
+    .unwrap();
+    migrate(&url);
+
+    // Every key of each pair's newest version, with its version, value and time; the key
+    // only an older version held is not there.
+    let rows = pg
+        .psql(
+            &db,
+            "SELECT partition_id, key, ver, value::text,
+                    (extract(epoch FROM written_at) * 1000)::bigint
+             FROM comb.stream_state_keys ORDER BY partition_id, key COLLATE \"C\"",
+        )
+        .unwrap();
+    let mut want: Vec<String> = newest
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| {
+            let v: Value = serde_json::from_str(&v.to_string()).unwrap();
+            format!("{p1}|{k}|2|{}|{}", jsonb_text(&v), updated[k])
+        })
+        .collect();
+    want.sort();
+    want.push(format!("{p2}|b|1|true|1795910405000"));
+    assert_eq!(rows, want.join("\n"));
+    assert_eq!(
+        pg.psql(&db, "SELECT max(version) FROM comb.migrations")
+            .unwrap(),
+        "18"
+    );
+
+    // Through the API: the same keys and values, and a cycle continues from version 2.
+    let server = comb_harness::Server::start(comb_bin(), &url, &[]).unwrap();
+    let http = crate::common::client();
+    let base = format!("http://{}", server.addr());
+    let state = |partition: &'static str| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/streams/v1/state/get"))
+                .json(&json!({"query_id": query, "partition_id": partition}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let body: Value = r.json().await.unwrap();
+            body["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r["key"].as_str().unwrap().to_string(), r["value"].clone()))
+                .collect::<serde_json::Map<String, Value>>()
+        }
+    };
+    assert_eq!(Value::Object(state(p1).await), newest);
+    assert_eq!(Value::Object(state(p2).await), json!({"b": true}));
+    let r = http
+        .post(format!("{base}/streams/v1/cycle"))
+        .json(
+            &json!({"query_id": query, "partition_id": p1, "consumer_group": "streams.old.q",
+                      "state_ops": [{"type": "upsert", "key": "a", "value": {"n": 3}},
+                                    {"type": "delete", "key": window_key}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let mut after = newest.clone();
+    after["a"] = json!({"n": 3});
+    after.as_object_mut().unwrap().remove(window_key);
+    assert_eq!(Value::Object(state(p1).await), after);
+    assert_eq!(
+        pg.psql(
+            &db,
+            &format!("SELECT max(ver) FROM comb.stream_state_keys WHERE partition_id = '{p1}'")
+        )
+        .unwrap(),
+        "3"
+    );
+}
+
+/// `value::text` of a jsonb value as PostgreSQL prints it: `", "` and `": "` between items.
+fn jsonb_text(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let mut items: Vec<(&String, &Value)> = m.iter().collect();
+            // jsonb orders keys by length, then bytes.
+            items.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then(a.0.cmp(b.0)));
+            let inner: Vec<String> = items
+                .iter()
+                .map(|(k, v)| format!("{}: {}", Value::String((*k).clone()), jsonb_text(v)))
+                .collect();
+            format!("{{{}}}", inner.join(", "))
+        }
+        Value::Array(a) => {
+            let inner: Vec<String> = a.iter().map(jsonb_text).collect();
+            format!("[{}]", inner.join(", "))
+        }
+        other => other.to_string(),
+    }
 }

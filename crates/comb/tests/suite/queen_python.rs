@@ -14,7 +14,7 @@ const KEY: &str = "7f3c2a1b0e9d8c7b6a5f4e3d2c1b0a99887766554433221100ffeeddccbba
 const VERSIONS: [&str; 2] = ["0.15.0", "2.6.0"];
 /// How many tests the whole suite holds (each passes, none is skipped): both client versions
 /// carry the streams SDK, so `test_streams.py` runs with each.
-const SUITE_TESTS: usize = 59;
+const SUITE_TESTS: usize = 62;
 /// How many tests `test_refusals.py` holds.
 const REFUSAL_TESTS: usize = 2;
 
