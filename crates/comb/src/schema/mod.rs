@@ -9,6 +9,9 @@ use tokio_postgres::Client;
 
 pub(crate) mod citus;
 
+/// This server's release, as `comb --version` and `GET /health` say it.
+pub(crate) const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// One schema change, identified by a version that only grows.
 pub(crate) struct Migration {
     /// Monotonic version number; also the file's numeric prefix.

@@ -157,6 +157,13 @@ async fn the_overview_and_the_queues_show_a_queue_with_its_depth() {
         "{deepest}"
     );
     assert_eq!(browser.text("#queue-count").await, "2");
+    // The footer names the build that answered and the schema it knows, as `/health` does.
+    let (_, health) = env.get("/health").await;
+    assert_eq!(browser.text("#version").await, env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        browser.text("#schema-version").await,
+        health["schemaVersion"].to_string()
+    );
     // The server's own counters: it is connected, and the hour saw nine pushes.
     browser.wait_text("#servers", |t| t == "1").await;
     browser
