@@ -128,6 +128,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("group_minutes", "admin"),
     ("system_modes", "admin"),
     ("migrations", "schema"),
+    ("servers", "schema"),
 ];
 
 /// Tables whose statements still sit in modules other than their owner: the ownership rule

@@ -27,7 +27,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         auth.start().await;
         tracing::info!("bearer tokens required");
     }
-    let (_, backend) = migrate_on(&config.database.database_url).await?;
+    let me = schema::servers::Registration::of_this_process(&config.listen.to_string());
+    let (_, backend) = migrate_on(&config.database.database_url, Some(&me)).await?;
     let pools = db::Pools::new(
         &config.database.database_url,
         config.general_pool_size(),
@@ -46,6 +47,11 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         db::route::Router::through_pools()
     };
     let pool = pools.general.clone();
+    tokio::spawn(heartbeat(
+        pool.clone(),
+        me.clone(),
+        config.database.database_url.clone(),
+    ));
     let metrics = Arc::new(Metrics::default());
     tokio::spawn(maintenance::run(
         config.database.database_url.clone(),
@@ -148,6 +154,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         TcpListener::bind(app.config.listen).await?,
         app.config.max_connections,
     );
+    let registry = app.pool.clone();
     match (&app.config.tls.tls_cert, &app.config.tls.tls_key) {
         (Some(cert), Some(key)) => {
             let listener = http::tls::TlsListener::new(listener, cert.clone(), key.clone())?;
@@ -159,8 +166,40 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
             serve_on(listener, app).await?;
         }
     }
+    // Off the registry at once, rather than forgotten after missed beats.
+    if let Ok(client) = registry.get().await
+        && let Err(e) = schema::servers::leave(&client, me.id).await
+    {
+        tracing::warn!(error = %e, "could not leave the server registry");
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Beats in the server registry every [`schema::servers::HEARTBEAT`]. A server the leader
+/// forgot (it missed its beats: a frozen host, a lost network) registers again and makes its
+/// data-path functions again, which may have been dropped meanwhile.
+async fn heartbeat(pool: deadpool_postgres::Pool, me: schema::servers::Registration, url: String) {
+    loop {
+        tokio::time::sleep(schema::servers::HEARTBEAT).await;
+        let beat = match pool.get().await {
+            Ok(client) => schema::servers::beat(&client, &me).await,
+            Err(e) => {
+                tracing::debug!(error = %e, "no connection for the heartbeat");
+                continue;
+            }
+        };
+        match beat {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::warn!("this server had been forgotten by the registry; registered again");
+                if let Err(e) = install_functions(&url).await {
+                    tracing::warn!(error = %e, "could not make this server's functions again");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+        }
+    }
 }
 
 /// Serves the API on `listener` until SIGTERM or SIGINT, then finishes in-flight requests.
@@ -183,18 +222,46 @@ where
 
 /// Applies pending migrations and reports what was done.
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
-    Ok(migrate_on(database_url).await?.0)
+    Ok(migrate_on(database_url, None).await?.0)
 }
 
 /// [`migrate`], and the storage the database is: read here, once, and handed to the use
-/// cases as a value.
-async fn migrate_on(database_url: &str) -> Result<(Vec<i32>, Backend), Box<dyn std::error::Error>> {
+/// cases as a value. A server (`me`) registers itself before it makes its functions, so that
+/// the maintenance leader never drops a set a starting server is about to call.
+async fn migrate_on(
+    database_url: &str,
+    me: Option<&schema::servers::Registration>,
+) -> Result<(Vec<i32>, Backend), Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
     let (applied, backend) = schema::migrate(&mut client).await?;
+    if let Some(me) = me {
+        schema::servers::beat(&client, me).await?;
+    }
+    make_functions(&mut client, backend).await?;
+    if applied.is_empty() {
+        tracing::info!(version = schema::latest_version(), "schema is up to date");
+    } else {
+        tracing::info!(?applied, "schema migrated");
+    }
+    Ok((applied, backend))
+}
+
+/// Makes this build's data-path functions again, on a connection of its own.
+async fn install_functions(database_url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let mut client = db::connect(database_url).await?;
+    let backend = crate::backend::Backend::detect(&client).await?;
+    make_functions(&mut client, backend).await
+}
+
+/// This build's data-path functions, on one PostgreSQL or delegated on Citus.
+async fn make_functions(
+    client: &mut tokio_postgres::Client,
+    backend: Backend,
+) -> Result<(), Box<dyn std::error::Error>> {
     // On one PostgreSQL, a push (with its hand-off to waiting pops) and the completing acks
     // are each one call. The hand-off first: the push's function calls it.
     schema::install_functions(
-        &mut client,
+        client,
         backend,
         &[
             &push::HAND_OFF_FUNCTION,
@@ -206,7 +273,7 @@ async fn migrate_on(database_url: &str) -> Result<(Vec<i32>, Backend), Box<dyn s
     // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
     // whole on the partition's worker, each as one call, and so does a partition's creation.
     schema::citus::delegate(
-        &client,
+        client,
         backend,
         &[
             (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
@@ -220,13 +287,8 @@ async fn migrate_on(database_url: &str) -> Result<(Vec<i32>, Backend), Box<dyn s
     )
     .await?;
     // On Citus, whether partitions made before their ids were derived are left.
-    catalog::record_legacy(&client, backend).await?;
-    if applied.is_empty() {
-        tracing::info!(version = schema::latest_version(), "schema is up to date");
-    } else {
-        tracing::info!(?applied, "schema migrated");
-    }
-    Ok((applied, backend))
+    catalog::record_legacy(client, backend).await?;
+    Ok(())
 }
 
 async fn stop_requested() {

@@ -8,9 +8,23 @@ use crate::backend::Backend;
 use tokio_postgres::Client;
 
 pub(crate) mod citus;
+pub(crate) mod servers;
 
 /// This server's release, as `comb --version` and `GET /health` say it.
 pub(crate) const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The version of this build's set of data-path functions (`comb.store_batch_v2`, …): a
+/// function's body changes only with this version (a test pins each body to it). Servers of
+/// other releases call their own set, so this build's never changes what they run. The
+/// unversioned set of 0.1.0 is version 1.
+macro_rules! functions_version {
+    () => {
+        2
+    };
+}
+
+/// [`functions_version!`] as a value, for the server registry.
+pub(crate) const FUNCTIONS_VERSION: i32 = functions_version!();
 
 /// One schema change, identified by a version that only grows.
 pub(crate) struct Migration {
@@ -113,6 +127,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 18,
         name: "stream_state_keys",
         sql: include_str!("migrations/0018_stream_state_keys.sql"),
+    },
+    Migration {
+        version: 19,
+        name: "servers",
+        sql: include_str!("migrations/0019_servers.sql"),
     },
 ];
 

@@ -841,6 +841,18 @@ CREATE TABLE comb.server_minutes (
 )
 PARTITION BY RANGE (day);
 
+CREATE TABLE comb.servers (
+    id uuid NOT NULL,
+    host text NOT NULL,
+    listen text NOT NULL,
+    pid integer NOT NULL,
+    version text NOT NULL,
+    functions_version integer NOT NULL,
+    schema_version integer NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 CREATE TABLE comb.stream_partitions (
     partition_id uuid NOT NULL,
     query_id uuid NOT NULL,
@@ -1028,6 +1040,9 @@ ALTER TABLE ONLY comb.segment_partitions
 
 ALTER TABLE ONLY comb.segments
     ADD CONSTRAINT segments_pkey PRIMARY KEY (seg);
+
+ALTER TABLE ONLY comb.servers
+    ADD CONSTRAINT servers_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY comb.stream_partitions
     ADD CONSTRAINT stream_partitions_pkey PRIMARY KEY (partition_id, query_id);

@@ -48,6 +48,7 @@ mod readme;
 mod retention;
 mod retries;
 mod routes;
+mod servers;
 mod shutdown;
 mod streams;
 mod tls;

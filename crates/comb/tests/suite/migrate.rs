@@ -29,7 +29,7 @@ fn migrate_applies_every_version_once() {
         .unwrap();
     assert_eq!(
         versions.trim(),
-        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18"
+        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19"
     );
     // Running it again changes nothing.
     let out = comb(&["migrate"], &url);
@@ -38,7 +38,7 @@ fn migrate_applies_every_version_once() {
         pg.psql(&db, "SELECT count(*) FROM comb.migrations")
             .unwrap()
             .trim(),
-        "18"
+        "19"
     );
     assert_eq!(
         pg.psql(&db, "SELECT count(*) FROM comb.segments")
