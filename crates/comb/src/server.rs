@@ -246,6 +246,32 @@ async fn migrate_on(
     Ok((applied, backend))
 }
 
+/// This build's data-path functions on one PostgreSQL, by name: the hand-off first, which the
+/// push's function calls.
+type Plain = (&'static str, &'static std::sync::LazyLock<String>);
+const PLAIN_FUNCTIONS: [Plain; 3] = [
+    (push::HAND_OFF_NAME, &push::HAND_OFF_FUNCTION),
+    (push::STORE_NAME, &push::STORE_FUNCTION),
+    (ack::COMPLETE_NAME, &ack::COMPLETE_FUNCTION),
+];
+
+/// This build's data-path functions on Citus, each run whole on a partition's worker: the
+/// claim of a partition, the judgement of acks, a lease's extension and a partition's
+/// creation, with their signatures and distribution arguments.
+type Delegated = (
+    &'static std::sync::LazyLock<String>,
+    (&'static str, &'static str, bool),
+);
+const CITUS_FUNCTIONS: [Delegated; 4] = [
+    (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
+    (&ack::JUDGE_CITUS_FUNCTION, ack::JUDGE_CITUS_SIGNATURE),
+    (&lease::EXTEND_CITUS_FUNCTION, lease::EXTEND_CITUS_SIGNATURE),
+    (
+        &catalog::CREATE_CITUS_FUNCTION,
+        catalog::CREATE_CITUS_SIGNATURE,
+    ),
+];
+
 /// Makes this build's data-path functions again, on a connection of its own.
 async fn install_functions(database_url: &str) -> Result<(), Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
@@ -263,11 +289,7 @@ async fn make_functions(
     schema::install_functions(
         client,
         backend,
-        &[
-            &push::HAND_OFF_FUNCTION,
-            &push::STORE_FUNCTION,
-            &ack::COMPLETE_FUNCTION,
-        ],
+        &PLAIN_FUNCTIONS.map(|(n, f)| (n, f.as_str())),
     )
     .await?;
     // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
@@ -275,15 +297,7 @@ async fn make_functions(
     schema::citus::delegate(
         client,
         backend,
-        &[
-            (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
-            (&ack::JUDGE_CITUS_FUNCTION, ack::JUDGE_CITUS_SIGNATURE),
-            (&lease::EXTEND_CITUS_FUNCTION, lease::EXTEND_CITUS_SIGNATURE),
-            (
-                &catalog::CREATE_CITUS_FUNCTION,
-                catalog::CREATE_CITUS_SIGNATURE,
-            ),
-        ],
+        &CITUS_FUNCTIONS.map(|(f, s)| (f.as_str(), s)),
     )
     .await?;
     // On Citus, whether partitions made before their ids were derived are left.
@@ -298,5 +312,85 @@ async fn stop_requested() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// FNV-1a, 64 bits: a hash that stays the same across builds and platforms.
+    fn fnv(text: &str) -> u64 {
+        text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    /// Every data-path function of this build's set: its name and its text.
+    fn functions() -> Vec<(&'static str, &'static str)> {
+        PLAIN_FUNCTIONS
+            .iter()
+            .map(|(n, f)| (*n, f.as_str()))
+            .chain(CITUS_FUNCTIONS.iter().map(|(f, s)| (s.0, f.as_str())))
+            .collect()
+    }
+
+    /// The hash of each function's text, for [`schema::FUNCTIONS_VERSION`] 2.
+    const PINNED: &[(&str, u64)] = &[
+        ("comb.hand_off_v2", 11924916642781534468),
+        ("comb.store_batch_v2", 7490716524323696715),
+        ("comb.complete_acks_v2", 13312467479989131996),
+        (
+            "comb.claim_partition_v2(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
+             bigint, uuid, boolean, boolean)",
+            6921421331471959394,
+        ),
+        (
+            "comb.judge_acks_v2(uuid[], text[], text[], uuid[], uuid)",
+            15643416950674302894,
+        ),
+        (
+            "comb.extend_lease_v2(uuid, text, uuid, double precision)",
+            5042375378062486613,
+        ),
+        (
+            "comb.create_partition_v2(uuid, uuid, text)",
+            8179499246977531900,
+        ),
+    ];
+
+    /// A body changes only with the set's version: servers of the same version call the same
+    /// set, made once (never replaced), so a changed body under an old version would run on
+    /// some databases and not on others. To change a body: bump `functions_version!` in
+    /// `schema/mod.rs` and pin the new hashes here.
+    #[test]
+    fn every_function_body_is_pinned_to_the_functions_version() {
+        assert_eq!(schema::FUNCTIONS_VERSION, 2, "pin the new version's bodies");
+        let have: Vec<(String, u64)> = functions()
+            .into_iter()
+            .map(|(n, f)| (n.to_string(), fnv(f)))
+            .collect();
+        let want: Vec<(String, u64)> = PINNED.iter().map(|(n, h)| (n.to_string(), *h)).collect();
+        assert_eq!(
+            have, want,
+            "a data-path function's text changed without a new functions version: bump \
+             functions_version! (schema/mod.rs) and pin the new hashes"
+        );
+    }
+
+    /// Each function is named in its set's version, and its text makes that name, never
+    /// replacing one.
+    #[test]
+    fn every_function_is_made_under_its_versioned_name_and_never_replaced() {
+        let suffix = format!("_v{}", schema::FUNCTIONS_VERSION);
+        for (name, text) in functions() {
+            let bare = name.split('(').next().unwrap();
+            assert!(bare.ends_with(&suffix), "{name}");
+            assert!(
+                text.contains(&format!("FUNCTION {bare}(")),
+                "{name}: {text}"
+            );
+            assert!(!text.contains("OR REPLACE"), "{name}");
+        }
     }
 }

@@ -191,6 +191,10 @@ pub(crate) async fn cycle(client: &mut Client, settings: &Settings) -> Result<Re
     if forgotten > 0 {
         tracing::info!(forgotten, "servers that missed their heartbeats forgotten");
     }
+    let dropped = crate::schema::drop_unused_functions(client).await?;
+    if !dropped.is_empty() {
+        tracing::info!(?dropped, "functions no registered server calls dropped");
+    }
     Ok(report)
 }
 

@@ -23,8 +23,31 @@ macro_rules! functions_version {
     };
 }
 
+pub(crate) use functions_version;
+
 /// [`functions_version!`] as a value, for the server registry.
 pub(crate) const FUNCTIONS_VERSION: i32 = functions_version!();
+
+/// The name of a data-path function in this build's set: `versioned!("comb.store_batch")` is
+/// `"comb.store_batch_v2"`, a literal, so statements calling it stay `&'static str`.
+macro_rules! versioned {
+    ($name:literal) => {
+        concat!($name, "_v", $crate::schema::functions_version!())
+    };
+}
+pub(crate) use versioned;
+
+/// The data-path functions of a versioned set, by their names without the version: what
+/// [`drop_unused_functions`] may drop. (The unversioned functions of 0.1.0 are none of them.)
+const FUNCTION_SET: &[&str] = &[
+    "store_batch",
+    "hand_off",
+    "complete_acks",
+    "claim_partition",
+    "judge_acks",
+    "extend_lease",
+    "create_partition",
+];
 
 /// One schema change, identified by a version that only grows.
 pub(crate) struct Migration {
@@ -226,14 +249,17 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(Vec<i32>, Backend), 
     Ok((applied, backend))
 }
 
-/// Makes the data path's functions on one PostgreSQL: each a `CREATE OR REPLACE FUNCTION`
-/// composed from its owners' statements (as `push::handoff`'s), run on every start so that a
-/// new build's body replaces the old one, under the migrations' lock. Nothing on Citus, whose
-/// data-path functions [`citus::delegate`] makes.
+/// Makes this build's data-path functions on one PostgreSQL, each `(name, create)` a
+/// `CREATE FUNCTION` of a versioned name ([`versioned!`]) composed from its owners'
+/// statements, made only when absent and never replaced: servers of another release call
+/// their own set, and a body changes only with [`FUNCTIONS_VERSION`]. Under the migrations'
+/// lock, so that servers starting together make each once, and [`drop_unused_functions`]
+/// never drops one being made. Nothing on Citus, whose data-path functions
+/// [`citus::delegate`] makes.
 pub(crate) async fn install_functions(
     client: &mut Client,
     backend: Backend,
-    functions: &[&str],
+    functions: &[(&str, &str)],
 ) -> Result<(), tokio_postgres::Error> {
     if !backend.runs_data_path_functions() {
         return Ok(());
@@ -241,10 +267,58 @@ pub(crate) async fn install_functions(
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
-    for create in functions {
-        tx.batch_execute(create).await?;
+    for (name, create) in functions {
+        let made: bool = tx
+            .query_one("SELECT to_regproc($1) IS NOT NULL", &[name])
+            .await?
+            .get(0);
+        if !made {
+            tx.batch_execute(create).await?;
+        }
     }
     tx.commit().await
+}
+
+/// Drops the sets of data-path functions that no registered server calls (their servers
+/// stopped, or were forgotten after missing their beats): every versioned set but this
+/// build's and those of the servers in `comb.servers`. The unversioned functions of 0.1.0,
+/// whose servers do not register, are left alone: a later migration drops them once the
+/// schema no longer serves 0.1.0. Skipped when the migrations' lock is held (a server is
+/// starting and may be making a set). Returns the functions dropped.
+pub(crate) async fn drop_unused_functions(
+    client: &mut Client,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    let locked: bool = tx
+        .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?
+        .get(0);
+    if !locked {
+        return Ok(Vec::new());
+    }
+    tx.batch_execute("SET LOCAL lock_timeout = '2s'").await?;
+    let unused: Vec<String> = tx
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p
+             WHERE p.pronamespace = 'comb'::regnamespace
+               AND substring(p.proname FROM '^(.*)_v[0-9]+$') = ANY ($1)
+               AND substring(p.proname FROM '_v([0-9]+)$')::integer <> $2
+               AND substring(p.proname FROM '_v([0-9]+)$')::integer
+                   NOT IN (SELECT s.functions_version FROM comb.servers s)
+             ORDER BY 1",
+            &[&FUNCTION_SET, &FUNCTIONS_VERSION],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for f in &unused {
+        // A name PostgreSQL wrote (`regprocedure`, quoted as needed), not a client's value.
+        tx.batch_execute(&format!("DROP FUNCTION IF EXISTS {f}"))
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(unused)
 }
 
 #[cfg(test)]

@@ -54,3 +54,4 @@ mod streams;
 mod tls;
 mod transactions;
 mod unreadable;
+mod upgrades;

@@ -1,0 +1,65 @@
+//! Upgrades under traffic: each release calls its own set of data-path functions (versioned
+//! names, made once, never replaced; a set no registered server calls is dropped), a server
+//! starts on a newer schema that still serves its release and refuses one that does not, and
+//! servers starting together migrate once.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::{self, Env};
+
+/// The data-path functions in `comb`, as `name` sorted, joined by commas.
+fn functions(env: &Env, like: &str) -> String {
+    env.sql(&format!(
+        "SELECT coalesce(string_agg(proname, ',' ORDER BY proname), '') FROM pg_proc
+         WHERE pronamespace = 'comb'::regnamespace AND proname LIKE '{like}'"
+    ))
+}
+
+#[tokio::test]
+async fn a_release_makes_its_set_of_functions_once_and_unused_sets_are_dropped() {
+    let env = Env::start_with(&["--maintenance-interval-ms", "300"]).await;
+    let set = functions(&env, "%\\_v2");
+    assert!(
+        set.contains("store_batch_v2") || set.contains("claim_partition_v2"),
+        "{set}"
+    );
+    // Made once: a second server of the same release leaves the set as it is.
+    let made = |env: &Env| {
+        env.sql(
+            "SELECT string_agg(xmin::text, ',' ORDER BY proname) FROM pg_proc
+             WHERE pronamespace = 'comb'::regnamespace AND proname LIKE '%\\_v2'",
+        )
+    };
+    let before = made(&env);
+    let _second = env.second_server().await;
+    assert_eq!(made(&env), before, "the set was made again");
+    // Traffic runs through the set.
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 1}}]))
+        .await;
+    let popped = env.pop("/api/v1/pop/queue/q?wait=false").await.unwrap();
+    assert_eq!(env.ack_all(&popped, "completed", None).await.len(), 1);
+
+    // Another release's set, called by a registered server of that release, and 0.1.0's
+    // unversioned functions (its servers do not register).
+    env.sql(
+        "CREATE FUNCTION comb.hand_off_v9() RETURNS integer LANGUAGE sql AS 'SELECT 9';
+         CREATE FUNCTION comb.hand_off() RETURNS integer LANGUAGE sql AS 'SELECT 1';
+         INSERT INTO comb.servers (id, host, listen, pid, version, functions_version,
+                                   schema_version)
+         VALUES (gen_random_uuid(), 'elsewhere', '10.0.0.9:6632', 1, '9.0.0', 9, 99)",
+    );
+    // Several maintenance cycles pass: a set a registered server calls stays.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(functions(&env, "hand\\_off\\_v9"), "hand_off_v9");
+    // Its server falls silent: forgotten after three missed beats, and its set dropped. This
+    // release's set and 0.1.0's functions stay.
+    env.sql("UPDATE comb.servers SET heartbeat_at = now() - interval '1 minute' WHERE functions_version = 9");
+    common::until("the silent release's set dropped", || async {
+        functions(&env, "hand\\_off\\_v9").is_empty()
+    })
+    .await;
+    assert_eq!(functions(&env, "%\\_v2"), set);
+    assert_eq!(functions(&env, "hand\\_off"), "hand_off");
+}
