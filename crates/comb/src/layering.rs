@@ -129,6 +129,7 @@ const OWNERS: &[(&str, &str)] = &[
     ("system_modes", "admin"),
     ("migrations", "schema"),
     ("servers", "schema"),
+    ("schema_settings", "schema"),
 ];
 
 /// Tables whose statements still sit in modules other than their owner: the ownership rule

@@ -156,6 +156,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "servers",
         sql: include_str!("migrations/0019_servers.sql"),
     },
+    Migration {
+        version: 20,
+        name: "min_server_version",
+        sql: include_str!("migrations/0020_min_server_version.sql"),
+    },
 ];
 
 /// Key of the advisory lock that serialises migrations among servers starting together.
@@ -164,8 +169,13 @@ const MIGRATION_LOCK: i64 = 0x636f_6d62_0001;
 /// Why the schema could not be brought up to date.
 #[derive(Debug)]
 pub(crate) enum MigrateError {
-    /// The database holds a schema version this binary does not know.
-    TooNew { database: i32, known: i32 },
+    /// The database holds a schema version this binary does not know, and does not serve
+    /// this release (`min`: the oldest release it serves, when it says).
+    TooNew {
+        database: i32,
+        known: i32,
+        min: Option<String>,
+    },
     /// The database refused a statement.
     Postgres(tokio_postgres::Error),
 }
@@ -173,7 +183,19 @@ pub(crate) enum MigrateError {
 impl std::fmt::Display for MigrateError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MigrateError::TooNew { database, known } => write!(
+            MigrateError::TooNew {
+                database,
+                known,
+                min: Some(min),
+            } => write!(
+                f,
+                "database schema is at version {database}, newer than this server knows ({known}), and serves comb {min} or newer; this is comb {SERVER_VERSION}: upgrade comb"
+            ),
+            MigrateError::TooNew {
+                database,
+                known,
+                min: None,
+            } => write!(
                 f,
                 "database schema is at version {database}, newer than this server knows ({known}); upgrade comb"
             ),
@@ -204,6 +226,19 @@ pub(crate) fn latest_version() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
+/// Whether a schema whose oldest release served is `min` serves release `version`: compared
+/// as `major.minor.patch` numbers (anything after a `-` or `+` ignored); a version that does
+/// not read as one is not served.
+fn serves(min: &str, version: &str) -> bool {
+    fn parts(v: &str) -> Option<(u64, u64, u64)> {
+        let core = v.split(['-', '+']).next()?;
+        let mut it = core.split('.').map(|p| p.parse::<u64>().ok());
+        let parts = (it.next()??, it.next()??, it.next()??);
+        it.next().is_none().then_some(parts)
+    }
+    matches!((parts(min), parts(version)), (Some(m), Some(v)) if m <= v)
+}
+
 /// Applies every pending migration and returns the versions applied (empty when up to date),
 /// and the storage the database is ([`Backend::detect`]: read here, once per start).
 pub(crate) async fn migrate(client: &mut Client) -> Result<(Vec<i32>, Backend), MigrateError> {
@@ -225,10 +260,34 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<(Vec<i32>, Backend), 
         .get(0);
     let known = latest_version();
     if current > known {
-        return Err(MigrateError::TooNew {
-            database: current,
-            known,
-        });
+        // A newer schema: this server runs on it if it still serves this release.
+        let min: Option<String> = tx
+            .query_opt(
+                "SELECT s.value FROM comb.schema_settings s WHERE s.name = 'min_server_version'",
+                &[],
+            )
+            .await?
+            .map(|r| r.get(0));
+        match min {
+            Some(min) if serves(&min, SERVER_VERSION) => {
+                tracing::info!(
+                    database = current,
+                    known,
+                    min_server_version = %min,
+                    "the schema is newer than this server knows and still serves its release"
+                );
+                tx.commit().await?;
+                let backend = Backend::detect(client).await?;
+                return Ok((Vec::new(), backend));
+            }
+            min => {
+                return Err(MigrateError::TooNew {
+                    database: current,
+                    known,
+                    min,
+                });
+            }
+        }
     }
     let mut applied = Vec::new();
     for m in MIGRATIONS.iter().filter(|m| m.version > current) {
@@ -324,6 +383,18 @@ pub(crate) async fn drop_unused_functions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schema_serves_releases_from_its_minimum_on() {
+        assert!(serves("0.1.0", "0.2.0"));
+        assert!(serves("0.2.0", "0.2.0"));
+        assert!(serves("0.2.0", "0.10.0"));
+        assert!(serves("0.2.0", "1.0.0-rc.1"));
+        assert!(!serves("0.3.0", "0.2.0"));
+        assert!(!serves("1.0.0", "0.9.9"));
+        assert!(!serves("unknown", "0.2.0"));
+        assert!(!serves("0.1", "0.2.0"));
+    }
 
     #[test]
     fn versions_are_strictly_increasing() {

@@ -815,6 +815,12 @@ CREATE TABLE comb.queues (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE comb.schema_settings (
+    name text NOT NULL,
+    value text NOT NULL,
+    why text NOT NULL
+);
+
 CREATE TABLE comb.segment_partitions (
     seg integer NOT NULL,
     partition_id uuid NOT NULL,
@@ -1034,6 +1040,9 @@ ALTER TABLE ONLY comb.queues
 
 ALTER TABLE ONLY comb.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY comb.schema_settings
+    ADD CONSTRAINT schema_settings_pkey PRIMARY KEY (name);
 
 ALTER TABLE ONLY comb.segment_partitions
     ADD CONSTRAINT segment_partitions_pkey PRIMARY KEY (seg, partition_id);

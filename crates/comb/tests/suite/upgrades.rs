@@ -63,3 +63,70 @@ async fn a_release_makes_its_set_of_functions_once_and_unused_sets_are_dropped()
     assert_eq!(functions(&env, "%\\_v2"), set);
     assert_eq!(functions(&env, "hand\\_off"), "hand_off");
 }
+
+/// A server of this release on a schema a newer release migrated, which still serves this
+/// release (`min_server_version`), starts without migrating anything and serves.
+#[tokio::test]
+async fn a_server_starts_on_a_newer_schema_that_still_serves_its_release() {
+    let env = Env::start().await;
+    env.sql(
+        "INSERT INTO comb.migrations (version, name) VALUES (999, 'from a later release');
+         UPDATE comb.schema_settings SET value = '0.1.0' WHERE name = 'min_server_version'",
+    );
+    let second = env.second_server().await;
+    let (s, health) = common::get_url(&env.http, &format!("{}/health", second.base_url())).await;
+    assert_eq!(s, 200, "{health}");
+    assert_eq!(env.sql("SELECT max(version) FROM comb.migrations"), "999");
+    // It serves: a push through it is popped through the first server.
+    let (s, pushed) = env
+        .http
+        .post(format!("{}/api/v1/push", second.base_url()))
+        .json(&json!({"items": [{"queue": "q", "payload": {"n": 1}}]}))
+        .send()
+        .await
+        .map(|r| (r.status(), r))
+        .unwrap();
+    assert!(s.is_success(), "{:?}", pushed.text().await);
+    let popped = env.pop("/api/v1/pop/queue/q?wait=false").await.unwrap();
+    assert_eq!(popped["messages"][0]["data"], json!({"n": 1}), "{popped}");
+}
+
+/// Two servers started at once on an empty database: one migrates while the other waits on
+/// the migrations' lock; both serve, and neither logs an error. (On one
+/// PostgreSQL: a Citus test database is a copy of one migrated already.)
+#[tokio::test]
+async fn two_servers_starting_together_on_an_empty_database_migrate_once() {
+    let url = comb_harness::Postgres::shared()
+        .create_database("t")
+        .unwrap();
+    let starts: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                comb_harness::Server::start(common::comb_bin(), &url, &[]).expect("starts")
+            })
+        })
+        .collect();
+    let servers: Vec<_> = starts.into_iter().map(|t| t.join().unwrap()).collect();
+    for s in &servers {
+        let (status, health) =
+            common::get_url(&common::client(), &format!("{}/health", s.base_url())).await;
+        assert_eq!(status, 200, "{health}");
+        let log = std::fs::read_to_string(s.log_path()).unwrap();
+        let problems: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+        assert!(
+            problems.is_empty(),
+            "a server logged an error: {problems:#?}"
+        );
+    }
+    let migrated: usize = servers
+        .iter()
+        .filter(|s| s.log_tail(200).contains("schema migrated"))
+        .count();
+    assert_eq!(migrated, 1, "exactly one server migrates");
+    let db = url.rsplit('/').next().unwrap();
+    let count = comb_harness::Postgres::shared()
+        .psql(db, "SELECT count(*) FROM comb.migrations")
+        .unwrap();
+    assert_eq!(count.trim(), "20");
+}
