@@ -130,3 +130,77 @@ async fn two_servers_starting_together_on_an_empty_database_migrate_once() {
         .unwrap();
     assert_eq!(count.trim(), "20");
 }
+
+/// A server killed in the middle of a migration leaves nothing of it: the pending migrations
+/// run in one transaction, which PostgreSQL rolls back when its connection goes; the next
+/// start applies them all. The database is taken back to schema 18 as `docs/upgrading.md`
+/// says ("From 0.2.0 back to 0.1.0"), and the record of migration 19 is held by another
+/// transaction, so that the migrating server waits after running migration 19's statements.
+#[tokio::test]
+async fn a_server_killed_mid_migration_leaves_nothing_and_the_next_start_finishes() {
+    let mut env = Env::start().await;
+    assert!(env.server.terminate(common::PATIENCE).is_some());
+    env.sql(
+        "BEGIN;
+         DROP FUNCTION IF EXISTS comb.store_batch_v2, comb.hand_off_v2, comb.complete_acks_v2,
+             comb.claim_partition_v2, comb.judge_acks_v2, comb.extend_lease_v2,
+             comb.create_partition_v2;
+         DROP TABLE comb.servers, comb.schema_settings;
+         DELETE FROM comb.migrations WHERE version IN (19, 20);
+         COMMIT;",
+    );
+    let (blocker, connection) = tokio_postgres::connect(&env.db_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    blocker
+        .batch_execute(
+            "BEGIN; INSERT INTO comb.migrations (version, name) VALUES (19, 'held elsewhere')",
+        )
+        .await
+        .unwrap();
+    let mut server = std::process::Command::new(common::comb_bin())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("DATABASE_URL", &env.db_url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The server has run migration 19's statements and waits to record it.
+    let waiting = "SELECT pid FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'
+                     AND query LIKE 'INSERT INTO comb.migrations%'";
+    common::until("the migration waits on its record", || async {
+        !env.sql(waiting).is_empty()
+    })
+    .await;
+    assert_eq!(
+        env.sql("SELECT count(*) FROM pg_class WHERE relname = 'servers'"),
+        "0",
+        "uncommitted: nobody else sees migration 19's table"
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+    // Its connection is gone, and with it the migration's transaction.
+    env.sql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM ({waiting}) w"
+    ));
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    common::until("the killed migration rolled back", || async {
+        env.sql(waiting).is_empty()
+    })
+    .await;
+    assert_eq!(env.sql("SELECT max(version) FROM comb.migrations"), "18");
+    assert_eq!(env.sql("SELECT to_regclass('comb.servers') IS NULL"), "t");
+
+    // The next start finishes the job, and serves.
+    let next = env.second_server().await;
+    assert_eq!(env.sql("SELECT max(version) FROM comb.migrations"), "20");
+    assert_eq!(
+        env.sql("SELECT count(*) FROM comb.servers"),
+        "1",
+        "the new server registered"
+    );
+    let (s, health) = common::get_url(&env.http, &format!("{}/health", next.base_url())).await;
+    assert_eq!(s, 200, "{health}");
+}
