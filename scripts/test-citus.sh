@@ -16,7 +16,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 modules=(
     acks consumer_groups handoff idempotency lease lease_extend long_poll no_skip
     pop_options retention retries streams transactions unreadable queen_compat
-    queen_defects queen_python backends errors limits
+    queen_defects queen_python backends errors limits servers upgrades
 )
 
 exempt_file=crates/comb/tests/suite/citus_exempt.txt

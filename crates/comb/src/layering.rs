@@ -128,6 +128,8 @@ const OWNERS: &[(&str, &str)] = &[
     ("group_minutes", "admin"),
     ("system_modes", "admin"),
     ("migrations", "schema"),
+    ("servers", "schema"),
+    ("schema_settings", "schema"),
 ];
 
 /// Tables whose statements still sit in modules other than their owner: the ownership rule

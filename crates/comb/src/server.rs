@@ -27,7 +27,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         auth.start().await;
         tracing::info!("bearer tokens required");
     }
-    let (_, backend) = migrate_on(&config.database.database_url).await?;
+    let me = schema::servers::Registration::of_this_process(&config.listen.to_string());
+    let (_, backend) = migrate_on(&config.database.database_url, Some(&me)).await?;
     let pools = db::Pools::new(
         &config.database.database_url,
         config.general_pool_size(),
@@ -46,6 +47,11 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         db::route::Router::through_pools()
     };
     let pool = pools.general.clone();
+    tokio::spawn(heartbeat(
+        pool.clone(),
+        me.clone(),
+        config.database.database_url.clone(),
+    ));
     let metrics = Arc::new(Metrics::default());
     tokio::spawn(maintenance::run(
         config.database.database_url.clone(),
@@ -154,6 +160,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         TcpListener::bind(app.config.listen).await?,
         app.config.max_connections,
     );
+    let registry = app.pool.clone();
     match (&app.config.tls.tls_cert, &app.config.tls.tls_key) {
         (Some(cert), Some(key)) => {
             let listener = http::tls::TlsListener::new(listener, cert.clone(), key.clone())?;
@@ -165,8 +172,40 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
             serve_on(listener, app).await?;
         }
     }
+    // Off the registry at once, rather than forgotten after missed beats.
+    if let Ok(client) = registry.get().await
+        && let Err(e) = schema::servers::leave(&client, me.id).await
+    {
+        tracing::warn!(error = %e, "could not leave the server registry");
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Beats in the server registry every [`schema::servers::HEARTBEAT`]. A server the leader
+/// forgot (it missed its beats: a frozen host, a lost network) registers again and makes its
+/// data-path functions again, which may have been dropped meanwhile.
+async fn heartbeat(pool: deadpool_postgres::Pool, me: schema::servers::Registration, url: String) {
+    loop {
+        tokio::time::sleep(schema::servers::HEARTBEAT).await;
+        let beat = match pool.get().await {
+            Ok(client) => schema::servers::beat(&client, &me).await,
+            Err(e) => {
+                tracing::debug!(error = %e, "no connection for the heartbeat");
+                continue;
+            }
+        };
+        match beat {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::warn!("this server had been forgotten by the registry; registered again");
+                if let Err(e) = install_functions(&url).await {
+                    tracing::warn!(error = %e, "could not make this server's functions again");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+        }
+    }
 }
 
 /// Serves the API on `listener` until SIGTERM or SIGINT, then finishes in-flight requests.
@@ -189,50 +228,87 @@ where
 
 /// Applies pending migrations and reports what was done.
 pub async fn migrate(database_url: &str) -> Result<Vec<i32>, Box<dyn std::error::Error>> {
-    Ok(migrate_on(database_url).await?.0)
+    Ok(migrate_on(database_url, None).await?.0)
 }
 
 /// [`migrate`], and the storage the database is: read here, once, and handed to the use
-/// cases as a value.
-async fn migrate_on(database_url: &str) -> Result<(Vec<i32>, Backend), Box<dyn std::error::Error>> {
+/// cases as a value. A server (`me`) registers itself before it makes its functions, so that
+/// the maintenance leader never drops a set a starting server is about to call.
+async fn migrate_on(
+    database_url: &str,
+    me: Option<&schema::servers::Registration>,
+) -> Result<(Vec<i32>, Backend), Box<dyn std::error::Error>> {
     let mut client = db::connect(database_url).await?;
     let (applied, backend) = schema::migrate(&mut client).await?;
-    // On one PostgreSQL, a push (with its hand-off to waiting pops) and the completing acks
-    // are each one call. The hand-off first: the push's function calls it.
-    schema::install_functions(
-        &mut client,
-        backend,
-        &[
-            &push::HAND_OFF_FUNCTION,
-            &push::STORE_FUNCTION,
-            &ack::COMPLETE_FUNCTION,
-        ],
-    )
-    .await?;
-    // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
-    // whole on the partition's worker, each as one call, and so does a partition's creation.
-    schema::citus::delegate(
-        &client,
-        backend,
-        &[
-            (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
-            (&ack::JUDGE_CITUS_FUNCTION, ack::JUDGE_CITUS_SIGNATURE),
-            (&lease::EXTEND_CITUS_FUNCTION, lease::EXTEND_CITUS_SIGNATURE),
-            (
-                &catalog::CREATE_CITUS_FUNCTION,
-                catalog::CREATE_CITUS_SIGNATURE,
-            ),
-        ],
-    )
-    .await?;
-    // On Citus, whether partitions made before their ids were derived are left.
-    catalog::record_legacy(&client, backend).await?;
+    if let Some(me) = me {
+        schema::servers::beat(&client, me).await?;
+    }
+    make_functions(&mut client, backend).await?;
     if applied.is_empty() {
         tracing::info!(version = schema::latest_version(), "schema is up to date");
     } else {
         tracing::info!(?applied, "schema migrated");
     }
     Ok((applied, backend))
+}
+
+/// This build's data-path functions on one PostgreSQL, by name: the hand-off first, which the
+/// push's function calls.
+type Plain = (&'static str, &'static std::sync::LazyLock<String>);
+const PLAIN_FUNCTIONS: [Plain; 3] = [
+    (push::HAND_OFF_NAME, &push::HAND_OFF_FUNCTION),
+    (push::STORE_NAME, &push::STORE_FUNCTION),
+    (ack::COMPLETE_NAME, &ack::COMPLETE_FUNCTION),
+];
+
+/// This build's data-path functions on Citus, each run whole on a partition's worker: the
+/// claim of a partition, the judgement of acks, a lease's extension and a partition's
+/// creation, with their signatures and distribution arguments.
+type Delegated = (
+    &'static std::sync::LazyLock<String>,
+    (&'static str, &'static str, bool),
+);
+const CITUS_FUNCTIONS: [Delegated; 4] = [
+    (&pop::CLAIM_CITUS_FUNCTION, pop::CLAIM_CITUS_SIGNATURE),
+    (&ack::JUDGE_CITUS_FUNCTION, ack::JUDGE_CITUS_SIGNATURE),
+    (&lease::EXTEND_CITUS_FUNCTION, lease::EXTEND_CITUS_SIGNATURE),
+    (
+        &catalog::CREATE_CITUS_FUNCTION,
+        catalog::CREATE_CITUS_SIGNATURE,
+    ),
+];
+
+/// Makes this build's data-path functions again, on a connection of its own.
+async fn install_functions(database_url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let mut client = db::connect(database_url).await?;
+    let backend = crate::backend::Backend::detect(&client).await?;
+    make_functions(&mut client, backend).await
+}
+
+/// This build's data-path functions, on one PostgreSQL or delegated on Citus.
+async fn make_functions(
+    client: &mut tokio_postgres::Client,
+    backend: Backend,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // On one PostgreSQL, a push (with its hand-off to waiting pops) and the completing acks
+    // are each one call. The hand-off first: the push's function calls it.
+    schema::install_functions(
+        client,
+        backend,
+        &PLAIN_FUNCTIONS.map(|(n, f)| (n, f.as_str())),
+    )
+    .await?;
+    // On Citus, the claim of a partition, the judgement of acks and a lease's extension run
+    // whole on the partition's worker, each as one call, and so does a partition's creation.
+    schema::citus::delegate(
+        client,
+        backend,
+        &CITUS_FUNCTIONS.map(|(f, s)| (f.as_str(), s)),
+    )
+    .await?;
+    // On Citus, whether partitions made before their ids were derived are left.
+    catalog::record_legacy(client, backend).await?;
+    Ok(())
 }
 
 async fn stop_requested() {
@@ -242,5 +318,85 @@ async fn stop_requested() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// FNV-1a, 64 bits: a hash that stays the same across builds and platforms.
+    fn fnv(text: &str) -> u64 {
+        text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    /// Every data-path function of this build's set: its name and its text.
+    fn functions() -> Vec<(&'static str, &'static str)> {
+        PLAIN_FUNCTIONS
+            .iter()
+            .map(|(n, f)| (*n, f.as_str()))
+            .chain(CITUS_FUNCTIONS.iter().map(|(f, s)| (s.0, f.as_str())))
+            .collect()
+    }
+
+    /// The hash of each function's text, for [`schema::FUNCTIONS_VERSION`] 2.
+    const PINNED: &[(&str, u64)] = &[
+        ("comb.hand_off_v2", 11924916642781534468),
+        ("comb.store_batch_v2", 7490716524323696715),
+        ("comb.complete_acks_v2", 13312467479989131996),
+        (
+            "comb.claim_partition_v2(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
+             bigint, uuid, boolean, boolean)",
+            6921421331471959394,
+        ),
+        (
+            "comb.judge_acks_v2(uuid[], text[], text[], uuid[], uuid)",
+            15643416950674302894,
+        ),
+        (
+            "comb.extend_lease_v2(uuid, text, uuid, double precision)",
+            5042375378062486613,
+        ),
+        (
+            "comb.create_partition_v2(uuid, uuid, text)",
+            8179499246977531900,
+        ),
+    ];
+
+    /// A body changes only with the set's version: servers of the same version call the same
+    /// set, made once (never replaced), so a changed body under an old version would run on
+    /// some databases and not on others. To change a body: bump `functions_version!` in
+    /// `schema/mod.rs` and pin the new hashes here.
+    #[test]
+    fn every_function_body_is_pinned_to_the_functions_version() {
+        assert_eq!(schema::FUNCTIONS_VERSION, 2, "pin the new version's bodies");
+        let have: Vec<(String, u64)> = functions()
+            .into_iter()
+            .map(|(n, f)| (n.to_string(), fnv(f)))
+            .collect();
+        let want: Vec<(String, u64)> = PINNED.iter().map(|(n, h)| (n.to_string(), *h)).collect();
+        assert_eq!(
+            have, want,
+            "a data-path function's text changed without a new functions version: bump \
+             functions_version! (schema/mod.rs) and pin the new hashes"
+        );
+    }
+
+    /// Each function is named in its set's version, and its text makes that name, never
+    /// replacing one.
+    #[test]
+    fn every_function_is_made_under_its_versioned_name_and_never_replaced() {
+        let suffix = format!("_v{}", schema::FUNCTIONS_VERSION);
+        for (name, text) in functions() {
+            let bare = name.split('(').next().unwrap();
+            assert!(bare.ends_with(&suffix), "{name}");
+            assert!(
+                text.contains(&format!("FUNCTION {bare}(")),
+                "{name}: {text}"
+            );
+            assert!(!text.contains("OR REPLACE"), "{name}");
+        }
     }
 }

@@ -170,7 +170,7 @@ pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> = std::sync:
         let state =
             crate::cursor::StateByValues::of(judge_select!(gen: "judge_newest_gen"), "judge");
         crate::schema::citus::function_of_partition(
-            "judge_acks",
+            crate::schema::versioned!("comb.judge_acks"),
             "a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[], \
              a_partition uuid",
             "partition_id uuid, consumer_group text, released boolean, partition text, \
@@ -213,15 +213,21 @@ END;",
 
 /// [`JUDGE_CITUS_FUNCTION`]'s signature, distribution argument and delegation (not forced).
 pub(crate) const JUDGE_CITUS_SIGNATURE: (&str, &str, bool) = (
-    "comb.judge_acks(uuid[], text[], text[], uuid[], uuid)",
+    concat!(
+        crate::schema::versioned!("comb.judge_acks"),
+        "(uuid[], text[], text[], uuid[], uuid)"
+    ),
     "a_partition",
     false,
 );
 
 /// The call of [`JUDGE_CITUS_FUNCTION`], with [`JUDGE_SQL`]'s parameters and the partition: the
 /// judgement of one partition's acks on Citus.
-pub(crate) const JUDGE_CITUS_CALL: &str = "SELECT * FROM comb.judge_acks($1::uuid[], \
-     $2::text[], $3::text[], $4::uuid[], $5::uuid)";
+pub(crate) const JUDGE_CITUS_CALL: &str = concat!(
+    "SELECT * FROM ",
+    crate::schema::versioned!("comb.judge_acks"),
+    "($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::uuid)"
+);
 
 /// Which items of `items` (by index) belong to cursors whose every item completes a message:
 /// the ones [`JUDGE_SQL`] may judge.
@@ -248,7 +254,7 @@ pub(crate) fn completing(items: &[&AckItem]) -> Vec<usize> {
 pub(crate) static COMPLETE_FUNCTION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "
-CREATE OR REPLACE FUNCTION comb.complete_acks(a_partitions uuid[], a_groups text[],
+CREATE FUNCTION {name}(a_partitions uuid[], a_groups text[],
     a_txids text[], a_leases uuid[])
 RETURNS TABLE (partition_id uuid, consumer_group text, released boolean, partition text,
     queue text)
@@ -267,6 +273,7 @@ BEGIN
     PERFORM 1 FROM ({lock}) l;
     RETURN QUERY {judge};
 END $body$",
+        name = COMPLETE_NAME,
         plans = crate::db::function_plans(),
         lock = crate::cursor::LOCK_SQL,
         judge = JUDGE_SQL,
@@ -330,8 +337,15 @@ const JUDGE_ONE: &str = concat!(
         END IF;"
 );
 
+/// [`COMPLETE_FUNCTION`]'s name in this build's set of functions.
+pub(crate) const COMPLETE_NAME: &str = crate::schema::versioned!("comb.complete_acks");
+
 /// The call of [`COMPLETE_FUNCTION`].
-pub(crate) const COMPLETE_CALL: &str = "SELECT * FROM comb.complete_acks($1, $2, $3, $4)";
+pub(crate) const COMPLETE_CALL: &str = concat!(
+    "SELECT * FROM ",
+    crate::schema::versioned!("comb.complete_acks"),
+    "($1, $2, $3, $4)"
+);
 
 /// Settles the items at `chosen` in one call, a transaction of its own: `judge` is
 /// [`COMPLETE_CALL`], or on Citus [`JUDGE_CITUS_CALL`] for `partition`.

@@ -34,7 +34,9 @@ pub use crate::catalog::CURSOR_STATE_SQL as STATE_SQL;
 pub use crate::cursor::LOCK_SQL;
 /// The ack path's statements, public for the test suite's plan checks.
 pub use completed::JUDGE_SQL;
-pub(crate) use completed::{COMPLETE_FUNCTION, JUDGE_CITUS_FUNCTION, JUDGE_CITUS_SIGNATURE};
+pub(crate) use completed::{
+    COMPLETE_FUNCTION, COMPLETE_NAME, JUDGE_CITUS_FUNCTION, JUDGE_CITUS_SIGNATURE,
+};
 pub use store::{ACK_STATE_SQL, LOOKUP_SQL, PLANS};
 pub(crate) use store::{
     RunSettled, WriteStatements, lease_live_in, queues_of, settle_in, settle_run_in, write_back,

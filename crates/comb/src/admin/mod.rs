@@ -15,6 +15,7 @@ pub mod groups;
 pub mod messages;
 pub mod modes;
 pub mod resources;
+pub mod servers;
 pub mod status;
 pub mod traces;
 

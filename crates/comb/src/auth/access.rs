@@ -66,6 +66,8 @@ const RULES: &[(Methods, &str, Access)] = &[
     // its state belong to running it.
     (Methods::Post, "/streams/v1/**", Access::Consume),
     (Methods::Any, "/api/v1/configure", Access::Admin),
+    // Which servers run, and which release each: a read, as the dashboard's overview shows it.
+    (Methods::Read, "/api/v1/system/servers", Access::Read),
     (Methods::Any, "/api/v1/system/**", Access::Admin),
     (Methods::Any, "/api/v1/admin/**", Access::Admin),
     (Methods::Read, "/**", Access::Read),

@@ -144,7 +144,7 @@ pub(crate) static CREATE_CITUS_FUNCTION: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| {
         format!(
             "
-CREATE OR REPLACE FUNCTION comb.create_partition(a_partition uuid, a_queue uuid, a_name text)
+CREATE FUNCTION {name}(a_partition uuid, a_queue uuid, a_name text)
 RETURNS boolean
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
 DECLARE
@@ -168,6 +168,7 @@ BEGIN
     END LOOP;
     RETURN true;
 END $body$",
+            name = crate::schema::versioned!("comb.create_partition"),
             newest = cursor::newest_gen!(),
             cursor = cursor::insert_cursor!(),
             state = cursor::insert_first_state!(),
@@ -176,14 +177,20 @@ END $body$",
 
 /// [`CREATE_CITUS_FUNCTION`]'s signature, distribution argument and `force_delegation`.
 pub(crate) const CREATE_CITUS_SIGNATURE: (&str, &str, bool) = (
-    "comb.create_partition(uuid, uuid, text)",
+    concat!(
+        crate::schema::versioned!("comb.create_partition"),
+        "(uuid, uuid, text)"
+    ),
     "a_partition",
     true,
 );
 
 /// The call of [`CREATE_CITUS_FUNCTION`]: `$1` the id, `$2` the queue, `$3` the name.
-pub(super) const CREATE_CITUS_CALL: &str =
-    "SELECT comb.create_partition($1::uuid, $2::uuid, $3::text)";
+pub(super) const CREATE_CITUS_CALL: &str = concat!(
+    "SELECT ",
+    crate::schema::versioned!("comb.create_partition"),
+    "($1::uuid, $2::uuid, $3::text)"
+);
 
 #[cfg(test)]
 mod tests {

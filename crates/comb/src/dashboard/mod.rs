@@ -82,6 +82,10 @@ struct Layout<'a> {
     /// Where the live region reloads itself from, and how often; none for pages too large to
     /// redraw every few seconds.
     refresh: Option<(&'a str, u32)>,
+    /// This server's release and the newest schema version it knows, in the footer: which
+    /// build answered, during a rolling upgrade.
+    version: &'a str,
+    schema_version: i32,
 }
 
 /// A rendered page: its title, its navigation section and its body.
@@ -103,6 +107,8 @@ impl Page {
             viewer: access::viewer(headers),
             body: &self.body,
             refresh: self.refresh.as_ref().map(|(u, s)| (u.as_str(), *s)),
+            version: crate::schema::SERVER_VERSION,
+            schema_version: crate::schema::latest_version(),
         };
         let mut response = rendered(layout.render());
         if let Some(cookie) = set_cookie {

@@ -10,7 +10,8 @@ use chrono::{Duration, Utc};
 use super::chart::{self, Series};
 use super::{AdminApi, enc, figures, respond, unavailable};
 use crate::admin::resources::{QueueFigures, QueueList};
-use crate::admin::status::{Servers, Status};
+use crate::admin::servers::ServerList;
+use crate::admin::status::Status;
 use crate::http::State;
 use crate::http::streams::QueriesOut;
 
@@ -46,17 +47,13 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
     let api = AdminApi::new(&state, &headers);
     let now = Utc::now();
     let hour_ago = now - Duration::hours(1);
-    let recent = now - Duration::minutes(2);
     let (status, workers, queues, streams) = tokio::join!(
         api.get_as::<Status>(format!(
             "/api/v1/status?from={}&to={}",
             enc(&hour_ago.to_rfc3339()),
             enc(&now.to_rfc3339())
         )),
-        api.get_as::<Servers>(format!(
-            "/api/v1/analytics/worker-metrics?from={}",
-            enc(&recent.to_rfc3339())
-        )),
+        api.get_as::<ServerList>("/api/v1/system/servers"),
         api.get_as::<QueueList>("/api/v1/resources/queues?limit=1000"),
         api.get_as::<QueriesOut>("/api/v1/streams/queries"),
     );
@@ -90,9 +87,9 @@ pub(crate) async fn page(AxumState(state): AxumState<State>, headers: HeaderMap)
             )
         })
         .unwrap_or_else(|_| "—".to_string());
-    // Servers that wrote their per-minute counters in the last two minutes.
+    // Servers in the registry: each registers as it starts and beats every few seconds.
     let servers = workers
-        .map(|w| figures::count(w.workers.len() as i64))
+        .map(|w| figures::count(w.servers.len() as i64))
         .unwrap_or_else(|_| "—".to_string());
 
     // Sixty one-minute slots ending now; the API lists only minutes that saw something.

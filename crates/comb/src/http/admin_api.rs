@@ -177,6 +177,7 @@ pub(crate) struct TraceBody {
         system::set_push,
         system::get_pop,
         system::set_pop,
+        system::servers,
         traces::record,
         traces::names,
         traces::by_name,

@@ -24,6 +24,11 @@ pub(crate) struct Health {
     pub(crate) status: String,
     /// `connected` or `disconnected`.
     pub(crate) database: String,
+    /// This server's release (`comb --version`).
+    pub(crate) version: String,
+    /// The newest schema version this server knows (its last migration).
+    #[serde(rename = "schemaVersion")]
+    pub(crate) schema_version: i32,
 }
 
 /// The answer of `GET /ready`.
@@ -64,6 +69,8 @@ pub(crate) async fn health(AxState(app): AxState<State>) -> Response {
     let body = Health {
         status: health.to_string(),
         database: database.to_string(),
+        version: crate::schema::SERVER_VERSION.to_string(),
+        schema_version: crate::schema::latest_version(),
     };
     (status, axum::Json(body)).into_response()
 }

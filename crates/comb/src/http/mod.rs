@@ -260,6 +260,7 @@ pub(crate) fn routes() -> Vec<(Method, &'static str, MethodRouter<State>)> {
             "/api/v1/system/maintenance/pop",
             post(system::set_pop),
         ),
+        (Method::GET, "/api/v1/system/servers", get(system::servers)),
         (Method::POST, "/api/v1/traces", post(traces::record)),
         (Method::GET, "/api/v1/traces/names", get(traces::names)),
         (

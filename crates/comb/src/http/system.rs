@@ -9,6 +9,7 @@ use super::body::JsonBody;
 use super::params::Params;
 use super::{Problem, State};
 use crate::admin::modes::{Mode, ModeState};
+use crate::admin::servers::ServerList;
 use crate::code::Code;
 
 async fn set(
@@ -80,4 +81,18 @@ pub async fn set_pop(
     JsonBody(body): JsonBody<Map<String, Value>>,
 ) -> Result<Json<ModeState>, Problem> {
     set(&app, Mode::Pop, body).await
+}
+
+/// The servers running on this database, as they registered themselves: release, set of
+/// data-path functions, start and last heartbeat.
+#[utoipa::path(
+    get,
+    path = "/api/v1/system/servers",
+    responses(
+        (status = 200, description = "The answer", body = ServerList),
+        crate::http::admin_api::Refused,
+    )
+)]
+pub async fn servers(AxState(app): AxState<State>) -> Result<Json<ServerList>, Problem> {
+    Ok(Json(crate::admin::servers::list(&app.pool).await?))
 }

@@ -101,7 +101,7 @@ pub(crate) static EXTEND_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
     );
     let state = cursor::StateByValues::of(select, "extend");
     crate::schema::citus::function_of_partition(
-        "extend_lease",
+        crate::schema::versioned!("comb.extend_lease"),
         "a_partition uuid, a_group text, a_lease uuid, a_seconds float8",
         "lease_expires_at timestamptz",
         &format!(
@@ -131,14 +131,20 @@ END;",
 
 /// [`EXTEND_CITUS_FUNCTION`]'s signature and distribution argument.
 pub(crate) const EXTEND_CITUS_SIGNATURE: (&str, &str, bool) = (
-    "comb.extend_lease(uuid, text, uuid, double precision)",
+    concat!(
+        crate::schema::versioned!("comb.extend_lease"),
+        "(uuid, text, uuid, double precision)"
+    ),
     "a_partition",
     false,
 );
 
 /// The call of [`EXTEND_CITUS_FUNCTION`], with [`EXTEND_SQL`]'s parameters.
-const EXTEND_CITUS_CALL: &str =
-    "SELECT * FROM comb.extend_lease($1::uuid, $2::text, $3::uuid, $4::float8)";
+const EXTEND_CITUS_CALL: &str = concat!(
+    "SELECT * FROM ",
+    crate::schema::versioned!("comb.extend_lease"),
+    "($1::uuid, $2::text, $3::uuid, $4::float8)"
+);
 
 /// What an extension did.
 #[derive(Debug, PartialEq, Eq)]

@@ -187,6 +187,14 @@ pub(crate) async fn cycle(client: &mut Client, settings: &Settings) -> Result<Re
     report.dead_lettered += max_wait::dead_letter_overdue(client, settings.backend).await?;
     report.daily_created = days::make_ahead(client, settings).await?;
     report.daily_dropped = days::drop_expired(client, settings).await?;
+    let forgotten = crate::schema::servers::forget_silent(client).await?;
+    if forgotten > 0 {
+        tracing::info!(forgotten, "servers that missed their heartbeats forgotten");
+    }
+    let dropped = crate::schema::drop_unused_functions(client).await?;
+    if !dropped.is_empty() {
+        tracing::info!(?dropped, "functions no registered server calls dropped");
+    }
     Ok(report)
 }
 

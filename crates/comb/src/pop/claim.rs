@@ -590,7 +590,7 @@ macro_rules! delegated_bound {
 pub(crate) static CLAIM_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
     let state = crate::cursor::StateByValues::of(CLAIM_CITUS_STATE, "claim");
     crate::schema::citus::function_of_partition(
-        "claim_partition",
+        crate::schema::versioned!("comb.claim_partition"),
         "a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, \
          a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, \
          a_opening boolean",
@@ -713,17 +713,24 @@ ORDER BY m.pos;
 /// [`CLAIM_CITUS_FUNCTION`]'s signature and distribution argument, for
 /// `create_distributed_function`.
 pub(crate) const CLAIM_CITUS_SIGNATURE: (&str, &str, bool) = (
-    "comb.claim_partition(uuid, text, uuid[], bigint, double precision, boolean, uuid, bigint, \
-     uuid, boolean, boolean)",
+    concat!(
+        crate::schema::versioned!("comb.claim_partition"),
+        "(uuid, text, uuid[], bigint, double precision, boolean, uuid, bigint, \
+         uuid, boolean, boolean)"
+    ),
     "a_partition",
     true,
 );
 
 /// The claim on Citus: one call of [`CLAIM_CITUS_FUNCTION`], a router statement Citus
 /// delegates to the partition's worker (custom plans, so that its arguments are constants).
-pub static CLAIM_CITUS_CALL: &str = "SELECT * FROM comb.claim_partition(
+pub static CLAIM_CITUS_CALL: &str = concat!(
+    "SELECT * FROM ",
+    crate::schema::versioned!("comb.claim_partition"),
+    "(
     $1::uuid, $2::text, $3::uuid[], $4::bigint, $5::float8, $6::boolean, $7::uuid, $8::bigint,
-    $9::uuid, $10::boolean, $11::boolean)";
+    $9::uuid, $10::boolean, $11::boolean)"
+);
 
 /// On a Citus cluster, a pop over the whole queue first lists the group's partitions that may
 /// have something to hand out, without locking (Citus locks rows only in a statement of one

@@ -106,6 +106,9 @@ FROM granted g
 JOIN picked p ON p.partition_id = g.partition_id AND p.consumer_group = g.consumer_group"
 );
 
+/// [`HAND_OFF_FUNCTION`]'s name in this build's set of functions.
+pub(crate) const HAND_OFF_NAME: &str = crate::schema::versioned!("comb.hand_off");
+
 /// `comb.hand_off(partitions, groups, leases, lengths, batches, ids)`, the hand-off in one
 /// call: locks the offered cursors no one else holds ([`crate::cursor::LOCK_FREE_SQL`]),
 /// keeps the offers whose cursor it locked, and grants them ([`GRANT_SQL`]) in a statement
@@ -117,7 +120,7 @@ JOIN picked p ON p.partition_id = g.partition_id AND p.consumer_group = g.consum
 pub(crate) static HAND_OFF_FUNCTION: LazyLock<String> = LazyLock::new(|| {
     format!(
         "
-CREATE OR REPLACE FUNCTION comb.hand_off(a_partitions uuid[], a_groups text[],
+CREATE FUNCTION {name}(a_partitions uuid[], a_groups text[],
     a_leases uuid[], a_lengths float8[], a_batches int8[], a_ids uuid[])
 RETURNS TABLE (partition_id uuid, consumer_group text, lease_id uuid, pos bigint,
     message_id uuid, created_at timestamptz)
@@ -140,6 +143,7 @@ BEGIN
         WHERE (w.p, w.g) IN (SELECT * FROM unnest(held_partitions, held_groups));
     RETURN QUERY {grant};
 END $body$",
+        name = HAND_OFF_NAME,
         plans = crate::db::function_plans(),
         lock = crate::cursor::LOCK_FREE_SQL,
         grant = GRANT_SQL,

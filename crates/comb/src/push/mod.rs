@@ -28,9 +28,9 @@ use crate::queue::{DEFAULT_PARTITION, PartitionName, QueueName};
 use crate::refusal::{Kind, Refusal};
 use crate::wake::Wake;
 
-pub(crate) use handoff::HAND_OFF_FUNCTION;
-pub(crate) use store::STORE_FUNCTION;
+pub(crate) use handoff::{HAND_OFF_FUNCTION, HAND_OFF_NAME};
 pub(crate) use store::{NewMessage, PushJob, Stored, TransactionId, announce, store_in};
+pub(crate) use store::{STORE_FUNCTION, STORE_NAME};
 
 /// One message to push, as the edge decoded and validated it. Names and strings borrow from
 /// the request where they can; `payload` is JSON text inside the request's bytes.

@@ -199,7 +199,7 @@ pub(crate) static STORE_FUNCTION: LazyLock<String> = LazyLock::new(|| {
     );
     format!(
         "
-CREATE OR REPLACE FUNCTION comb.store_batch(a_lock uuid[], a_partitions uuid[],
+CREATE FUNCTION {name}(a_lock uuid[], a_partitions uuid[],
     a_ranks int8[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[],
     a_subs text[], a_checks bool[], o_partitions uuid[], o_groups text[], o_leases uuid[],
     o_lengths float8[], o_batches int8[])
@@ -239,9 +239,11 @@ DECLARE
     ELSIF cardinality(o_partitions) > 0 THEN
         RETURN QUERY SELECT h.partition_id, NULL::bigint, NULL::uuid, NULL::boolean,
             h.consumer_group, h.lease_id, h.pos, h.message_id, h.created_at
-            FROM comb.hand_off(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
+            FROM {hand_off}(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
     END IF;
 END $body$",
+        name = STORE_NAME,
+        hand_off = handoff::HAND_OFF_NAME,
         plans = db::function_plans(),
         append_one = APPEND_ONE_SQL,
         grant_declare = handoff::GRANT_ONE_DECLARE,
@@ -262,9 +264,15 @@ const APPEND_ONE_SQL: &str = crate::messages::insert::append_one_sql!(
     "a_subs[1]"
 );
 
+/// [`STORE_FUNCTION`]'s name in this build's set of functions.
+pub(crate) const STORE_NAME: &str = crate::schema::versioned!("comb.store_batch");
+
 /// The call of [`STORE_FUNCTION`].
-const STORE_CALL: &str = "SELECT * FROM comb.store_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, \
-     $10, $11, $12, $13, $14)";
+const STORE_CALL: &str = concat!(
+    "SELECT * FROM ",
+    crate::schema::versioned!("comb.store_batch"),
+    "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+);
 
 /// `sql` with its parameters `$1`, `$2`… named `names[0]`, `names[1]`…: a statement's text
 /// inside a function whose arguments come in another order.

@@ -566,14 +566,14 @@ END $$;
 /// snapshots); this one stands apart from them.
 const DISTRIBUTION_LOCK: i64 = 0x636f_6d62_c175;
 
-/// The text of a data-path function of one partition for [`delegate`]: `comb.{name}`, in
+/// The text of a data-path function of one partition for [`delegate`]: `name` (versioned), in
 /// PL/pgSQL, running `body` (its statements, which name the arguments by position), custom
 /// plans (so that Citus routes each statement by the partition's value, which
 /// `force_delegation` then checks), columns before the function's own names.
 pub(crate) fn function_of_partition(name: &str, args: &str, returns: &str, body: &str) -> String {
     format!(
         "
-CREATE OR REPLACE FUNCTION comb.{name}({args})
+CREATE FUNCTION {name}({args})
 RETURNS TABLE ({returns})
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
 #variable_conflict use_column
@@ -584,8 +584,8 @@ END $body$"
 }
 
 /// Makes functions of the data path that Citus runs on a partition's worker: each `create` (a
-/// `CREATE OR REPLACE FUNCTION`, run on every start, so that a new build's body replaces the
-/// old one on every node), then, once, distributed by its argument `arg` (`signature`),
+/// `CREATE FUNCTION` of a versioned name, made when absent and never replaced, as
+/// [`super::install_functions`] does), then, once, distributed by its argument `arg` (`signature`),
 /// co-located with [`ANCHOR`]. A call is sent whole to the worker holding that argument's
 /// shard: outside a transaction block always, inside one only with `force` (Citus's
 /// `force_delegation`, which then requires every step of the function's statements to name
@@ -623,7 +623,13 @@ async fn delegate_locked(
     arg: &str,
     force: bool,
 ) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute(create).await?;
+    let made: bool = client
+        .query_one("SELECT to_regprocedure($1) IS NOT NULL", &[&signature])
+        .await?
+        .get(0);
+    if !made {
+        client.batch_execute(create).await?;
+    }
     let delegated: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_dist_object

@@ -38,7 +38,7 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE FUNCTION comb.complete_acks(a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
+CREATE FUNCTION comb.complete_acks_v2(a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -255,7 +255,7 @@ CREATE FUNCTION comb.group_live(q uuid, g text) RETURNS TABLE(partitions bigint,
     WHERE c.queue_id = q AND c.consumer_group = g
 $$;
 
-CREATE FUNCTION comb.hand_off(a_partitions uuid[], a_groups text[], a_leases uuid[], a_lengths double precision[], a_batches bigint[], a_ids uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
+CREATE FUNCTION comb.hand_off_v2(a_partitions uuid[], a_groups text[], a_leases uuid[], a_lengths double precision[], a_batches bigint[], a_ids uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -488,7 +488,7 @@ CREATE FUNCTION comb.retention_secs(options jsonb) RETURNS double precision
                                     nullif((options->>'ttl')::float8, 0)), 0) END
 $$;
 
-CREATE FUNCTION comb.store_batch(a_lock uuid[], a_partitions uuid[], a_ranks bigint[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[], a_subs text[], a_checks boolean[], o_partitions uuid[], o_groups text[], o_leases uuid[], o_lengths double precision[], o_batches bigint[]) RETURNS TABLE(partition_id uuid, ord bigint, prior_id uuid, stored boolean, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
+CREATE FUNCTION comb.store_batch_v2(a_lock uuid[], a_partitions uuid[], a_ranks bigint[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[], a_subs text[], a_checks boolean[], o_partitions uuid[], o_groups text[], o_leases uuid[], o_lengths double precision[], o_batches bigint[]) RETURNS TABLE(partition_id uuid, ord bigint, prior_id uuid, stored boolean, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -645,7 +645,7 @@ FOR NO KEY UPDATE SKIP LOCKED;
     ELSIF cardinality(o_partitions) > 0 THEN
         RETURN QUERY SELECT h.partition_id, NULL::bigint, NULL::uuid, NULL::boolean,
             h.consumer_group, h.lease_id, h.pos, h.message_id, h.created_at
-            FROM comb.hand_off(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
+            FROM comb.hand_off_v2(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
     END IF;
 END $$;
 
@@ -815,6 +815,12 @@ CREATE TABLE comb.queues (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+CREATE TABLE comb.schema_settings (
+    name text NOT NULL,
+    value text NOT NULL,
+    why text NOT NULL
+);
+
 CREATE TABLE comb.segment_partitions (
     seg integer NOT NULL,
     partition_id uuid NOT NULL,
@@ -840,6 +846,18 @@ CREATE TABLE comb.server_minutes (
     dead_lettered bigint NOT NULL
 )
 PARTITION BY RANGE (day);
+
+CREATE TABLE comb.servers (
+    id uuid NOT NULL,
+    host text NOT NULL,
+    listen text NOT NULL,
+    pid integer NOT NULL,
+    version text NOT NULL,
+    functions_version integer NOT NULL,
+    schema_version integer NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL
+);
 
 CREATE TABLE comb.stream_partitions (
     partition_id uuid NOT NULL,
@@ -1023,11 +1041,17 @@ ALTER TABLE ONLY comb.queues
 ALTER TABLE ONLY comb.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY comb.schema_settings
+    ADD CONSTRAINT schema_settings_pkey PRIMARY KEY (name);
+
 ALTER TABLE ONLY comb.segment_partitions
     ADD CONSTRAINT segment_partitions_pkey PRIMARY KEY (seg, partition_id);
 
 ALTER TABLE ONLY comb.segments
     ADD CONSTRAINT segments_pkey PRIMARY KEY (seg);
+
+ALTER TABLE ONLY comb.servers
+    ADD CONSTRAINT servers_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY comb.stream_partitions
     ADD CONSTRAINT stream_partitions_pkey PRIMARY KEY (partition_id, query_id);

@@ -40,6 +40,16 @@ async fn comb_with_input(env: &Env, args: &[&str], input: Option<&str>) -> (i32,
     .unwrap()
 }
 
+#[test]
+fn comb_version_names_the_release() {
+    let out = Command::new(comb_bin()).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("comb {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
 fn parse(out: &str) -> Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }

@@ -465,6 +465,7 @@ async fn every_route_answers_as_its_schema_says() {
             "/api/v1/system/maintenance/pop",
             "/api/v1/system/maintenance/pop".into(),
         ),
+        ("/api/v1/system/servers", "/api/v1/system/servers".into()),
         ("/api/v1/status", "/api/v1/status".into()),
         ("/api/v1/status/queues", "/api/v1/status/queues".into()),
         (

@@ -157,8 +157,16 @@ async fn the_overview_and_the_queues_show_a_queue_with_its_depth() {
         "{deepest}"
     );
     assert_eq!(browser.text("#queue-count").await, "2");
-    // The server's own counters: it is connected, and the hour saw nine pushes.
-    browser.wait_text("#servers", |t| t == "1").await;
+    // The footer names the build that answered and the schema it knows, as `/health` does.
+    let (_, health) = env.get("/health").await;
+    assert_eq!(browser.text("#version").await, env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        browser.text("#schema-version").await,
+        health["schemaVersion"].to_string()
+    );
+    // The registry: the server registered as it started, before any counters were written.
+    assert_eq!(browser.text("#servers").await, "1");
+    // The server's own counters: the hour saw nine pushes.
     browser
         .wait_text("#hour-totals", |t| t.starts_with("9 pushed"))
         .await;

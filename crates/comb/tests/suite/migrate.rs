@@ -30,7 +30,7 @@ fn migrate_applies_every_version_once() {
         .unwrap();
     assert_eq!(
         versions.trim(),
-        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18"
+        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20"
     );
     // Running it again changes nothing.
     let out = comb(&["migrate"], &url);
@@ -39,7 +39,7 @@ fn migrate_applies_every_version_once() {
         pg.psql(&db, "SELECT count(*) FROM comb.migrations")
             .unwrap()
             .trim(),
-        "18"
+        "20"
     );
     assert_eq!(
         pg.psql(&db, "SELECT count(*) FROM comb.segments")
@@ -55,19 +55,24 @@ fn a_server_refuses_a_schema_newer_than_it_knows() {
     let url = pg.create_database("m").unwrap();
     let db = url.rsplit('/').next().unwrap().to_string();
     assert!(comb(&["migrate"], &url).status.success());
+    // A future migration that no longer serves this release.
     pg.psql(
         &db,
-        "INSERT INTO comb.migrations (version, name) VALUES (999, 'from the future')",
+        "INSERT INTO comb.migrations (version, name) VALUES (999, 'from the future');
+         UPDATE comb.schema_settings SET value = '9.0.0' WHERE name = 'min_server_version'",
     )
     .unwrap();
     for args in [&["migrate"][..], &["serve"][..]] {
         let out = comb(args, &url);
         assert!(!out.status.success(), "{args:?} must refuse");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("newer than this server knows"),
-            "{args:?}: {err}"
+        // One line naming the schema's version, the release it needs and this one.
+        let line = format!(
+            "comb: database schema is at version 999, newer than this server knows (20), and \
+             serves comb 9.0.0 or newer; this is comb {}: upgrade comb",
+            env!("CARGO_PKG_VERSION")
         );
+        assert!(err.lines().any(|l| l == line), "{args:?}: {err}");
     }
 }
 

@@ -221,6 +221,13 @@ async fn health_ready_and_openapi() {
     let (s, h) = env.get("/health").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(h["database"], "connected");
+    // Which build answered and the schema it knows, for rolling upgrades.
+    assert_eq!(h["status"], "healthy");
+    assert_eq!(h["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        h["schemaVersion"].to_string(),
+        env.sql("SELECT max(version) FROM comb.migrations")
+    );
     let (s, r) = env.get("/ready").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(r["ready"], true);
