@@ -36,6 +36,7 @@ test:
 	scripts/install-queen-clients.sh
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	scripts/build-release.sh
 	cargo test --workspace
 	COMB_TESTS_WITH_TOKENS=1 cargo test -p comb --test suite -- queen_compat:: admin::
 	scripts/test-citus.sh

@@ -204,3 +204,372 @@ async fn a_server_killed_mid_migration_leaves_nothing_and_the_next_start_finishe
     let (s, health) = common::get_url(&env.http, &format!("{}/health", next.base_url())).await;
     assert_eq!(s, 200, "{health}");
 }
+
+/// The release before this one, as `scripts/build-release.sh` builds it (once; kept under
+/// `target/releases`). Blocking. Fails, never skips, when it cannot be built.
+fn previous_release() -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let release = std::fs::read_to_string(root.join("releases.txt"))
+        .unwrap()
+        .lines()
+        .rfind(|l| l.starts_with('v'))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("a release in releases.txt")
+        .to_string();
+    let built = std::process::Command::new(root.join("scripts/build-release.sh"))
+        .arg(&release)
+        .current_dir(&root)
+        .output()
+        .expect("scripts/build-release.sh runs");
+    assert!(
+        built.status.success(),
+        "the previous release {release} could not be built:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    root.join("target/releases").join(&release).join("comb")
+}
+
+/// What the load of the upgrade test saw: messages accepted, deliveries, and every answer that
+/// was not a success.
+#[derive(Default)]
+struct Ledger {
+    accepted: std::collections::HashSet<String>,
+    delivered: std::collections::HashMap<String, usize>,
+    acked: std::collections::HashSet<String>,
+    errors: Vec<String>,
+}
+
+/// Pushes batches of 5 to random partitions of `up` through `base` until `stop`.
+async fn produce(
+    base: String,
+    name: &'static str,
+    ledger: std::sync::Arc<std::sync::Mutex<Ledger>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let http = common::client();
+    let mut k = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let ids: Vec<String> = (0..5).map(|i| format!("{name}-{k}-{i}")).collect();
+        let items: Vec<serde_json::Value> = ids
+            .iter()
+            .map(|id| json!({"queue": "up", "partition": format!("p{}", k % 8), "transactionId": id, "payload": {"id": id}}))
+            .collect();
+        k += 1;
+        let r = http
+            .post(format!("{base}/api/v1/push"))
+            .json(&json!({ "items": items }))
+            .send()
+            .await;
+        let mut l = ledger.lock().unwrap();
+        match r {
+            Ok(r) if r.status() == reqwest::StatusCode::CREATED => l.accepted.extend(ids),
+            Ok(r) => l
+                .errors
+                .push(format!("push through {name}: {}", r.status())),
+            Err(e) => l.errors.push(format!("push through {name}: {e}")),
+        }
+    }
+}
+
+/// Pops `up` through `base` and acks what it gets, until `stop` and then until the queue
+/// stays empty.
+async fn consume(
+    base: String,
+    name: &'static str,
+    ledger: std::sync::Arc<std::sync::Mutex<Ledger>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let http = common::client();
+    let mut empty = 0;
+    while empty < 3 {
+        let r = http
+            .get(format!(
+                "{base}/api/v1/pop/queue/up?batch=10&wait=true&timeout=500"
+            ))
+            .send()
+            .await;
+        let pop: serde_json::Value = match r {
+            Ok(r) if r.status() == reqwest::StatusCode::NO_CONTENT => {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    empty += 1;
+                }
+                continue;
+            }
+            Ok(r) if r.status() == reqwest::StatusCode::OK => r.json().await.unwrap(),
+            Ok(r) => {
+                ledger
+                    .lock()
+                    .unwrap()
+                    .errors
+                    .push(format!("pop through {name}: {}", r.status()));
+                continue;
+            }
+            Err(e) => {
+                ledger
+                    .lock()
+                    .unwrap()
+                    .errors
+                    .push(format!("pop through {name}: {e}"));
+                continue;
+            }
+        };
+        empty = 0;
+        let messages = pop["messages"].as_array().unwrap().clone();
+        {
+            let mut l = ledger.lock().unwrap();
+            for m in &messages {
+                *l.delivered
+                    .entry(m["transactionId"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+            }
+        }
+        let acks: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| {
+                json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                           "leaseId": m["leaseId"], "status": "completed"})
+            })
+            .collect();
+        let r = http
+            .post(format!("{base}/api/v1/ack/batch"))
+            .json(&json!({ "acknowledgments": acks }))
+            .send()
+            .await;
+        let answered = match r {
+            Ok(r) if r.status() == reqwest::StatusCode::OK => {
+                Ok(r.json::<serde_json::Value>().await.unwrap())
+            }
+            Ok(r) => Err(format!("ack through {name}: {}", r.status())),
+            Err(e) => Err(format!("ack through {name}: {e}")),
+        };
+        let mut l = ledger.lock().unwrap();
+        match answered {
+            Ok(body) => {
+                for (m, a) in messages.iter().zip(body.as_array().unwrap()) {
+                    if a["success"] == true {
+                        l.acked
+                            .insert(m["transactionId"].as_str().unwrap().to_string());
+                    } else {
+                        l.errors.push(format!("ack through {name}: {a}"));
+                    }
+                }
+            }
+            Err(e) => l.errors.push(e),
+        }
+    }
+}
+
+/// The lines of a server's log that report an error.
+fn error_lines(server: &comb_harness::Server) -> Vec<String> {
+    server
+        .log_tail(100_000)
+        .lines()
+        .filter(|l| l.contains("ERROR"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// An upgrade under traffic from the previous release (`releases.txt`, built from its tag by
+/// `scripts/build-release.sh`): its server makes a fresh database and holds messages in
+/// flight, leases, a group's cursor, a dead letter and stream state; the current server
+/// starts beside it and upgrades the schema while the old one keeps serving pushes, pops and
+/// acks. Nothing pushed is lost, nothing is delivered twice (no lease ends in the test), the
+/// old state reads the same through the new server, and neither server answers or logs an
+/// error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_upgrades_under_traffic_from_the_previous_one() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let old_bin = tokio::task::spawn_blocking(previous_release).await.unwrap();
+    let (old, db_url) = tokio::task::spawn_blocking(move || {
+        // A database the old release makes and migrates itself (not the suite's template).
+        let db_url = if common::on_citus() {
+            comb_harness::Citus::shared().create_database("upgrade")
+        } else {
+            comb_harness::Postgres::shared().create_database("upgrade")
+        }
+        .unwrap();
+        let old =
+            comb_harness::Server::start(&old_bin, &db_url, &[]).expect("the old release starts");
+        (old, db_url)
+    })
+    .await
+    .unwrap();
+    let old = Env {
+        server: old,
+        db_name: db_url.rsplit('/').next().unwrap().to_string(),
+        db_url,
+        http: common::client(),
+    };
+    let (s, health) = old.get("/health").await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{health}");
+    assert!(
+        health.get("version").is_none(),
+        "not the previous release: {health}"
+    );
+
+    // State the old release leaves: a group's cursor part-way, leases held, a dead letter,
+    // stream state.
+    let numbered = |q: &str, n: i64| -> serde_json::Value {
+        json!(
+            (1..=n)
+                .map(|i| json!({"queue": q, "partition": "p", "payload": i}))
+                .collect::<Vec<_>>()
+        )
+    };
+    old.push(numbered("grp", 10)).await;
+    let first = old
+        .pop("/api/v1/pop/queue/grp?consumerGroup=g1&batch=4")
+        .await
+        .unwrap();
+    assert_eq!(common::numbers(&first), vec![1, 2, 3, 4]);
+    old.ack_all(&first, "completed", Some("g1")).await;
+    old.push(numbered("held", 3)).await;
+    let held = old.pop("/api/v1/pop/queue/held?batch=3").await.unwrap();
+    old.configure("dl", json!({"retryLimit": 0})).await;
+    old.push(numbered("dl", 1)).await;
+    let dl = old.pop("/api/v1/pop/queue/dl").await.unwrap();
+    old.ack_all(&dl, "failed", None).await;
+    let (s, query) = old
+        .post(
+            "/streams/v1/queries",
+            &json!({"name": "q", "source_queue": "src", "sink_queue": "sink", "config_hash": "h"}),
+        )
+        .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{query}");
+    let query = query["query_id"].clone();
+    old.push(json!([{"queue": "src", "partition": "p", "payload": 1, "transactionId": "s1"}]))
+        .await;
+    let src = old
+        .pop("/api/v1/pop/queue/src?consumerGroup=streams.q")
+        .await
+        .unwrap();
+    let m = &src["messages"][0];
+    let (s, body) = old
+        .post(
+            "/streams/v1/cycle",
+            &json!({"query_id": query, "partition_id": src["partitionId"], "consumer_group": "streams.q",
+                    "state_ops": [{"type": "upsert", "key": "k", "value": {"acc": 7}}],
+                    "push_items": [],
+                    "ack": {"transactionId": m["transactionId"], "leaseId": m["leaseId"],
+                            "status": "completed", "count": 1}}),
+        )
+        .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{body}");
+
+    // Traffic through the old release, then the current one starts beside it and upgrades.
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let (stop, drained) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let old_base = old.server.base_url();
+    let mut tasks = vec![
+        tokio::spawn(produce(
+            old_base.clone(),
+            "old",
+            ledger.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(consume(
+            old_base.clone(),
+            "old",
+            ledger.clone(),
+            drained.clone(),
+        )),
+    ];
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let new = Env {
+        server: old.second_server().await,
+        db_url: old.db_url.clone(),
+        db_name: old.db_name.clone(),
+        http: common::client(),
+    };
+    let new_base = new.server.base_url();
+    let (s, health) = new.get("/health").await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{health}");
+    assert_eq!(health["version"], env!("CARGO_PKG_VERSION"), "{health}");
+    tasks.push(tokio::spawn(produce(
+        new_base.clone(),
+        "new",
+        ledger.clone(),
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(consume(
+        new_base.clone(),
+        "new",
+        ledger.clone(),
+        drained.clone(),
+    )));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The old release still serves after the upgrade: its own pushes, pops and acks went on.
+    stop.store(true, Ordering::SeqCst);
+    drained.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    let l = ledger.lock().unwrap();
+    assert!(l.errors.is_empty(), "answers that failed: {:?}", l.errors);
+    let lost: Vec<&String> = l
+        .accepted
+        .iter()
+        .filter(|id| !l.acked.contains(*id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} accepted not delivered and acked: {:?}",
+        lost.len(),
+        l.accepted.len(),
+        &lost[..lost.len().min(5)]
+    );
+    let twice: Vec<(&String, &usize)> = l.delivered.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    let by = |who: &str| l.accepted.iter().filter(|id| id.starts_with(who)).count();
+    assert!(by("old-") > 0 && by("new-") > 0, "both servers took pushes");
+    drop(l);
+
+    // The old release's state, read and moved on through the new server.
+    let next = new
+        .pop("/api/v1/pop/queue/grp?consumerGroup=g1&batch=10")
+        .await
+        .expect("the group's cursor went on");
+    assert_eq!(common::numbers(&next), (5..=10).collect::<Vec<_>>());
+    let acks: Vec<serde_json::Value> = held["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                       "leaseId": m["leaseId"], "status": "completed"})
+        })
+        .collect();
+    let (s, body) = new
+        .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
+        .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{body}");
+    assert!(
+        body.as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["success"] == true),
+        "a lease the old release granted, acked through the new one: {body}"
+    );
+    let (_, dlq) = new.get("/api/v1/dlq?queue=dl").await;
+    assert_eq!(dlq["total"], 1, "{dlq}");
+    let (s, state) = new
+        .post(
+            "/streams/v1/state/get",
+            &json!({"query_id": query, "partition_id": src["partitionId"], "keys": []}),
+        )
+        .await;
+    assert_eq!(s, reqwest::StatusCode::OK, "{state}");
+    assert_eq!(state["rows"][0]["value"], json!({"acc": 7}), "{state}");
+
+    let errors: Vec<String> = error_lines(&old.server)
+        .into_iter()
+        .chain(error_lines(&new.server))
+        .collect();
+    assert!(errors.is_empty(), "errors logged: {errors:#?}");
+}
