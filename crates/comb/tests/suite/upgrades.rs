@@ -414,7 +414,7 @@ async fn a_release_upgrades_under_traffic_from_the_previous_one() {
     let numbered = |q: &str, n: i64| -> serde_json::Value {
         json!(
             (1..=n)
-                .map(|i| json!({"queue": q, "partition": "p", "payload": i}))
+                .map(|i| json!({"queue": q, "partition": "p", "payload": {"n": i}}))
                 .collect::<Vec<_>>()
         )
     };
