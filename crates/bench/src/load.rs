@@ -245,25 +245,27 @@ fn pushed_ok(status: u16) -> bool {
     matches!(status, 200 | 201)
 }
 
+/// A pop's answer as the load reads it: what to ack and when each message was pushed.
 #[derive(Deserialize)]
-struct PopAnswer<'a> {
+pub(crate) struct PopAnswer<'a> {
     /// Absent or empty when a server answers an empty pop with 200 (Queen may).
     #[serde(borrow, default)]
-    messages: Vec<PopMessage<'a>>,
+    pub(crate) messages: Vec<PopMessage<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct PopMessage<'a> {
-    transaction_id: &'a str,
-    partition_id: &'a str,
-    lease_id: Option<&'a str>,
-    data: Stamp,
+pub(crate) struct PopMessage<'a> {
+    pub(crate) transaction_id: &'a str,
+    pub(crate) partition_id: &'a str,
+    pub(crate) lease_id: Option<&'a str>,
+    pub(crate) data: Stamp,
 }
 
+/// The push time a payload carries (`t`, µs).
 #[derive(Deserialize)]
-struct Stamp {
-    t: u64,
+pub(crate) struct Stamp {
+    pub(crate) t: u64,
 }
 
 /// Consumers with explicit acks until `window.end`: pop (long poll), note the delivery

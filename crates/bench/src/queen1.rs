@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use hyper::Method;
-use serde::Deserialize;
 
 use crate::http::{BoxError, Conn};
 use crate::load::{self, QUEUE};
+use crate::load::{PopAnswer, PopMessage};
 use crate::nodes::Node;
 use crate::report::Row;
 use crate::run::{Options, sample_backlog, set_backlog, set_nodes, set_usage, start_window};
@@ -410,26 +410,6 @@ pub async fn produce(addr: SocketAddr, live: Arc<Live>, rate: f64, end: Instant)
 /// Occurrences of `needle` in `hay`.
 fn count(hay: &[u8], needle: &[u8]) -> u64 {
     hay.windows(needle.len()).filter(|w| *w == needle).count() as u64
-}
-
-#[derive(Deserialize)]
-struct PopAnswer<'a> {
-    #[serde(borrow, default)]
-    messages: Vec<PopMessage<'a>>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PopMessage<'a> {
-    transaction_id: &'a str,
-    partition_id: &'a str,
-    lease_id: Option<&'a str>,
-    data: Stamp,
-}
-
-#[derive(Deserialize)]
-struct Stamp {
-    t: u64,
 }
 
 /// The ack of a popped batch, as Queen's clients send it.
