@@ -510,25 +510,26 @@ async fn a_release_upgrades_under_traffic_from_the_previous_one() {
         t.await.unwrap();
     }
 
-    let l = ledger.lock().unwrap();
-    assert!(l.errors.is_empty(), "answers that failed: {:?}", l.errors);
-    let lost: Vec<&String> = l
-        .accepted
-        .iter()
-        .filter(|id| !l.acked.contains(*id))
-        .collect();
-    assert!(
-        lost.is_empty(),
-        "{} of {} accepted not delivered and acked: {:?}",
-        lost.len(),
-        l.accepted.len(),
-        &lost[..lost.len().min(5)]
-    );
-    let twice: Vec<(&String, &usize)> = l.delivered.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
-    let by = |who: &str| l.accepted.iter().filter(|id| id.starts_with(who)).count();
-    assert!(by("old-") > 0 && by("new-") > 0, "both servers took pushes");
-    drop(l);
+    {
+        let l = ledger.lock().unwrap();
+        assert!(l.errors.is_empty(), "answers that failed: {:?}", l.errors);
+        let lost: Vec<&String> = l
+            .accepted
+            .iter()
+            .filter(|id| !l.acked.contains(*id))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{} of {} accepted not delivered and acked: {:?}",
+            lost.len(),
+            l.accepted.len(),
+            &lost[..lost.len().min(5)]
+        );
+        let twice: Vec<(&String, &usize)> = l.delivered.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+        let by = |who: &str| l.accepted.iter().filter(|id| id.starts_with(who)).count();
+        assert!(by("old-") > 0 && by("new-") > 0, "both servers took pushes");
+    }
 
     // The old release's state, read and moved on through the new server.
     let next = new
