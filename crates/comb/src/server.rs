@@ -384,6 +384,35 @@ mod tests {
         );
     }
 
+    /// The coordinator's own functions on Citus are made once per database
+    /// (`schema::citus::make_once`), not replaced by each server's start: their texts are
+    /// pinned here. To change one, give the changed function a new name (and its callers),
+    /// and keep the old one while a release that calls it may run.
+    #[test]
+    fn the_coordinators_functions_are_pinned_and_name_what_they_make() {
+        let have: Vec<u64> = schema::citus::COORDINATOR_FUNCTIONS
+            .iter()
+            .map(|(text, _)| fnv(text))
+            .collect();
+        assert_eq!(
+            have,
+            [
+                15309982502527310284,
+                11308260598857997530,
+                17950248103342523739
+            ],
+            "a coordinator function's text changed: give the changed function a new name"
+        );
+        for (text, signatures) in schema::citus::COORDINATOR_FUNCTIONS {
+            let made = text.matches("CREATE OR REPLACE FUNCTION").count();
+            assert_eq!(made, signatures.len(), "{signatures:?}");
+            for sig in *signatures {
+                let name = sig.split('(').next().unwrap();
+                assert!(text.contains(&format!("FUNCTION {name}(")), "{sig}");
+            }
+        }
+    }
+
     /// Each function is named in its set's version, and its text makes that name, never
     /// replacing one.
     #[test]

@@ -702,6 +702,58 @@ async fn distribute_locked(client: &Client) -> Result<Vec<String>, tokio_postgre
     }
 }
 
+/// The functions the coordinator runs itself, in PL/pgSQL, each text with the signatures it
+/// makes. Made once per database ([`make_once`]), never replaced under running servers: a
+/// text is pinned by a test, and a changed function takes a new name.
+pub(crate) const COORDINATOR_FUNCTIONS: &[(&str, &[&str])] = &[
+    (PARTITION_HEAD, &["comb.partition_head(uuid)"]),
+    (
+        FIGURES,
+        &[
+            "comb.partition_stats(uuid)",
+            "comb.cursor_lag(uuid, text)",
+            "comb.queue_live(uuid)",
+            "comb.group_live(uuid, text)",
+            "comb.lagging_cursors(uuid, text, float8)",
+            "comb.queue_figures(uuid[], bigint)",
+            "comb.group_figures(uuid[], text[], bigint)",
+        ],
+    ),
+    (
+        LOCKS,
+        &[
+            "comb.lock_partitions(uuid[])",
+            "comb.lock_cursors(uuid[], text[])",
+            "comb.lock_expired(uuid[], text)",
+        ],
+    ),
+];
+
+/// Runs `text` only when one of `signatures` is not a PL/pgSQL function yet: on the first
+/// distribution (the migrations made SQL functions of some of these names, which Citus
+/// cannot plan), or when a migration made one again. Otherwise a server starting leaves the
+/// bodies that running servers call as they are.
+async fn make_once(
+    client: &Client,
+    text: &str,
+    signatures: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    let sigs: Vec<&str> = signatures.to_vec();
+    let made: i64 = client
+        .query_one(
+            "SELECT count(*) FROM unnest($1::text[]) s
+             JOIN pg_proc f ON f.oid = to_regprocedure(s)
+             JOIN pg_language l ON l.oid = f.prolang AND l.lanname = 'plpgsql'",
+            &[&sigs],
+        )
+        .await?
+        .get(0);
+    if made < signatures.len() as i64 {
+        client.batch_execute(text).await?;
+    }
+    Ok(())
+}
+
 async fn distribute_in(client: &Client) -> Result<Vec<String>, tokio_postgres::Error> {
     let mut done = Vec::new();
     for t in REFERENCE {
@@ -767,9 +819,9 @@ async fn distribute_in(client: &Client) -> Result<Vec<String>, tokio_postgres::E
     for sql in set_aside {
         client.batch_execute(&sql).await?;
     }
-    client.batch_execute(PARTITION_HEAD).await?;
-    client.batch_execute(FIGURES).await?;
-    client.batch_execute(LOCKS).await?;
+    for (text, signatures) in COORDINATOR_FUNCTIONS {
+        make_once(client, text, signatures).await?;
+    }
     for f in FUNCTIONS {
         let is: bool = client
             .query_one(
