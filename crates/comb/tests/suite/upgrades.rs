@@ -96,9 +96,13 @@ async fn a_server_starts_on_a_newer_schema_that_still_serves_its_release() {
 /// PostgreSQL: a Citus test database is a copy of one migrated already.)
 #[tokio::test]
 async fn two_servers_starting_together_on_an_empty_database_migrate_once() {
-    let url = comb_harness::Postgres::shared()
-        .create_database("t")
-        .unwrap();
+    // A database nothing has migrated (on Citus, not the suite's template).
+    let url = if common::on_citus() {
+        comb_harness::Citus::shared().create_database("t")
+    } else {
+        comb_harness::Postgres::shared().create_database("t")
+    }
+    .unwrap();
     let starts: Vec<_> = (0..2)
         .map(|_| {
             let url = url.clone();
@@ -125,9 +129,14 @@ async fn two_servers_starting_together_on_an_empty_database_migrate_once() {
         .count();
     assert_eq!(migrated, 1, "exactly one server migrates");
     let db = url.rsplit('/').next().unwrap();
-    let count = comb_harness::Postgres::shared()
-        .psql(db, "SELECT count(*) FROM comb.migrations")
-        .unwrap();
+    let count = if common::on_citus() {
+        comb_harness::Citus::shared()
+            .coordinator()
+            .psql(db, "SELECT count(*) FROM comb.migrations")
+    } else {
+        comb_harness::Postgres::shared().psql(db, "SELECT count(*) FROM comb.migrations")
+    }
+    .unwrap();
     assert_eq!(count.trim(), "20");
 }
 
