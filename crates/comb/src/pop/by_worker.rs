@@ -138,6 +138,16 @@ fn in_walk_order(mut found: Vec<Uuid>, rover: Uuid, limit: i64) -> Vec<Uuid> {
     found
 }
 
+/// A mark of the placements in the coordinator's metadata that changes when a shard moves
+/// (a moved shard gets a placement of a new id): a read of a catalog table, on the
+/// coordinator alone.
+const PLACEMENTS_MARK_SQL: &str = "SELECT coalesce(max(placementid), 0)::bigint AS top, count(*)::bigint AS n FROM pg_dist_placement";
+
+async fn placements_mark(client: &tokio_postgres::Client) -> Result<(i64, i64), DbError> {
+    let row = client.query_one(PLACEMENTS_MARK_SQL, &[]).await?;
+    Ok((row.get("top"), row.get("n")))
+}
+
 /// The shards of the listing's tables on each worker, from the coordinator's metadata
 /// ([`PLACEMENTS_SQL`]), in the workers' order.
 async fn shards_by_node(
@@ -167,11 +177,15 @@ async fn shards_by_node(
 /// The listing's shards on each worker, in the workers' order.
 type Workers = Vec<(Node, Vec<Shards>)>;
 
+/// A layout as read: when, the placements' mark then, and the workers' shards.
+type Read = (Instant, (i64, i64), Arc<Workers>);
+
 /// Where the listing's shards are, by worker, as last read from the coordinator, and whose
 /// turn it is to be asked first.
 #[derive(Default)]
 pub(super) struct Layout {
-    read: Mutex<Option<(Instant, Arc<Workers>)>>,
+    /// When it was read, the placements' mark then ([`PLACEMENTS_MARK_SQL`]) and the layout.
+    read: Mutex<Option<Read>>,
     turn: AtomicUsize,
     /// Workers that could not be reached, and when: asked last for [`Layout::RESTING`], so
     /// that a worker down does not cost every other pop a failed connection first.
@@ -189,14 +203,23 @@ impl Layout {
     const TTL: Duration = Duration::from_secs(60);
 
     async fn workers(&self, coordinator: &tokio_postgres::Client) -> Result<Arc<Workers>, DbError> {
-        if let Some((at, read)) = &*self.read.lock().unwrap()
+        if let Some((at, _, read)) = &*self.read.lock().unwrap()
             && at.elapsed() < Self::TTL
         {
             return Ok(read.clone());
         }
+        let mark = placements_mark(coordinator).await?;
         let read = Arc::new(shards_by_node(coordinator).await?);
-        *self.read.lock().unwrap() = Some((Instant::now(), read.clone()));
+        *self.read.lock().unwrap() = Some((Instant::now(), mark, read.clone()));
         Ok(read)
+    }
+
+    /// Whether shards moved since the layout was read (a rebalance, a worker added).
+    async fn moved(&self, coordinator: &tokio_postgres::Client) -> Result<bool, DbError> {
+        let Some(then) = self.read.lock().unwrap().as_ref().map(|(_, mark, _)| *mark) else {
+            return Ok(true);
+        };
+        Ok(placements_mark(coordinator).await? != then)
     }
 
     /// How long a worker that could not be reached is asked last.
@@ -328,6 +351,13 @@ pub(super) async fn list_direct(
         && let Some(e) = failed
     {
         return Err(e);
+    }
+    // Short of what was wanted: a shard moved since the layout was read would be missed
+    // (its old worker may keep the old table a while, unchanged), so look once more through
+    // the coordinator and read the layout again.
+    if found.len() < wanted && layout.moved(coordinator).await? {
+        layout.forget();
+        return Ok(None);
     }
     found.truncate(limit.max(0) as usize);
     Ok(Some(found))

@@ -148,7 +148,7 @@ async fn migrate_distributes_by_partition_co_located_with_catalogs_as_reference_
         "{functions}"
     );
     assert!(functions.contains("comb.claimable_now("), "{functions}");
-    assert!(functions.contains("comb.create_partition("), "{functions}");
+    assert!(functions.contains("comb.create_partition_v"), "{functions}");
     // The state view was set aside and made again.
     assert_eq!(
         citus
