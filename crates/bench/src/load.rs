@@ -594,7 +594,7 @@ fn popped(answer: &Answer) -> Result<bool, BoxError> {
 
 /// The body of an ack batch completing `messages`; `ack_group` is empty or the
 /// `"consumerGroup":…,` member.
-fn ack_body(ack_group: &str, messages: &[PopMessage]) -> Bytes {
+pub(crate) fn ack_body(ack_group: &str, messages: &[PopMessage]) -> Bytes {
     let mut body = String::with_capacity(40 + messages.len() * 160);
     let _ = write!(body, "{{{ack_group}\"acknowledgments\":[");
     for (k, m) in messages.iter().enumerate() {

@@ -26,7 +26,7 @@ use hyper::Method;
 
 use crate::http::{BoxError, Conn};
 use crate::load::{self, QUEUE};
-use crate::load::{PopAnswer, PopMessage};
+use crate::load::{PopAnswer, ack_body};
 use crate::nodes::Node;
 use crate::report::Row;
 use crate::run::{Options, sample_backlog, set_backlog, set_nodes, set_usage, start_window};
@@ -412,28 +412,6 @@ fn count(hay: &[u8], needle: &[u8]) -> u64 {
     hay.windows(needle.len()).filter(|w| *w == needle).count() as u64
 }
 
-/// The ack of a popped batch, as Queen's clients send it.
-fn ack_body(messages: &[PopMessage]) -> Bytes {
-    let mut body = String::with_capacity(24 + messages.len() * 150);
-    body.push_str("{\"acknowledgments\":[");
-    for (k, m) in messages.iter().enumerate() {
-        if k > 0 {
-            body.push(',');
-        }
-        let _ = write!(
-            body,
-            "{{\"transactionId\":\"{}\",\"partitionId\":\"{}\",\"status\":\"completed\"",
-            m.transaction_id, m.partition_id
-        );
-        if let Some(l) = m.lease_id {
-            let _ = write!(body, ",\"leaseId\":\"{l}\"");
-        }
-        body.push('}');
-    }
-    body.push_str("]}");
-    Bytes::from(body)
-}
-
 /// Starts [`CONSUMERS`] consumers that run until [`stop`]: each pops up to [`POP_BATCH`] over
 /// up to [`POP_PARTITIONS`] leased partitions (long poll), and acks the batch on a second
 /// connection while it pops the next one; before acking a batch it waits for the previous
@@ -498,7 +476,7 @@ pub fn consume(addr: SocketAddr, live: Arc<Live>) -> Vec<tokio::task::JoinHandle
                     }
                     live.consumed
                         .fetch_add(got.messages.len() as u64, Ordering::Relaxed);
-                    let body = ack_body(&got.messages);
+                    let body = ack_body("", &got.messages);
                     if let Some(p) = pending.take() {
                         ack_conn = p.await.ok();
                     }
