@@ -636,6 +636,15 @@ impl Drop for Server {
     /// Kills the process so no server outlives its test (its log kept with `COMB_KEEP_LOGS`).
     fn drop(&mut self) {
         self.kill();
+        // A test that fails on a 500 points at the log by request id; the log is about to be
+        // deleted, so its tail goes to the test's output.
+        if std::thread::panicking() {
+            eprintln!(
+                "--- comb log ({}), last {LOG_TAIL_LINES} lines ---\n{}",
+                self.log.display(),
+                self.log_tail(LOG_TAIL_LINES)
+            );
+        }
         keep_log(&self.log, self._dir.path(), "comb.log");
     }
 }
