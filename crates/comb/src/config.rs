@@ -87,6 +87,15 @@ pub struct ServeConfig {
     #[arg(long, env = "COMB_GENERATION_SECONDS", default_value_t = 20)]
     pub generation_seconds: u64,
 
+    /// How many generations a streams query's state versions stay in before maintenance
+    /// carries the keys still current out of the oldest and drops it. A key no cycle rewrote
+    /// is copied once per this many generations, so large states that change a little at a
+    /// time cost about 1/this of their keys per period; superseded versions are kept this
+    /// many periods longer.
+    #[arg(long, env = "COMB_STREAM_STATE_GENERATIONS", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub stream_state_generations: u32,
+
     /// Pause between maintenance cycles, in milliseconds.
     #[arg(long, env = "COMB_MAINTENANCE_INTERVAL_MS", default_value_t = 10_000)]
     pub maintenance_interval_ms: u64,

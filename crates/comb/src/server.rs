@@ -58,6 +58,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), Box<dyn std::error::Error>
         maintenance::Settings {
             segment_seconds: config.segment_seconds,
             generation_seconds: config.generation_seconds,
+            stream_state_generations: config.stream_state_generations,
             interval: std::time::Duration::from_millis(config.maintenance_interval_ms),
             lock_timeout: std::time::Duration::from_millis(config.maintenance_lock_timeout_ms),
             server: format!("{} pid {}", config.listen, std::process::id()),

@@ -15,6 +15,9 @@
 //! generations: each has a table per generation, made ahead with the cursors' one, and the
 //! newest version of every pair whose query is current is carried forward before the old
 //! table is dropped (a query registered again after a reset leaves its old state behind).
+//! A stream state table lives through `stream_state_generations` generations, not one:
+//! large states change a few keys at a time, and every key still current in a dropped table
+//! is copied, so keeping tables longer copies each unchanged key that much less often.
 
 use deadpool_postgres::Client;
 
@@ -173,8 +176,8 @@ pub(crate) async fn carry_forward_and_drop(
 }
 
 /// Carries the newest state version of every current streams query on every partition that
-/// still exists out of each generation older than the newest, then drops that generation's
-/// `comb.stream_states` table. Runs over the tables that exist, so a drop that had to give
+/// still exists out of each generation `stream_state_generations` or more older than the
+/// newest, then drops that generation's `comb.stream_states` table. Runs over the tables that exist, so a drop that had to give
 /// way is tried again next cycle even after the cursors' table of that generation is gone.
 pub(crate) async fn carry_streams_forward_and_drop(
     client: &Client,
@@ -184,12 +187,13 @@ pub(crate) async fn carry_streams_forward_and_drop(
     let Some(&newest) = gens.last() else {
         return Ok(());
     };
+    let kept = i32::try_from(settings.stream_state_generations.max(1)).unwrap_or(i32::MAX);
     let older: Vec<i32> = client
         .query(streams::LIST_SQL, &[])
         .await?
         .iter()
         .map(|r| r.get::<_, i32>(0))
-        .filter(|&g| g < newest)
+        .filter(|&g| g <= newest - kept)
         .collect();
     for generation in older {
         let sql = streams::carry_forward_sql(generation, newest, &lock_timeout_sql(settings));

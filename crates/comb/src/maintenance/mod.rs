@@ -37,6 +37,9 @@ pub(crate) struct Settings {
     pub(crate) segment_seconds: u64,
     /// How long cursor state versions go into one generation before the next takes over.
     pub(crate) generation_seconds: u64,
+    /// How many generations stream state versions stay in before the oldest is carried
+    /// forward and dropped (at least 1).
+    pub(crate) stream_state_generations: u32,
     /// Pause between cycles.
     pub(crate) interval: Duration,
     /// How long a drop or summary may wait for a lock before it gives up until next cycle.

@@ -489,6 +489,8 @@ async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() 
         "1",
         "--maintenance-interval-ms",
         "200",
+        "--stream-state-generations",
+        "1",
     ])
     .await;
     let query = register(&env, "h", false).await.1["query_id"].clone();
@@ -572,6 +574,102 @@ async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() 
         },
     )
     .await;
+}
+
+/// A large state that changes a key at a time keeps its unchanged keys where they were
+/// written for `--stream-state-generations` generations: they are carried (copied) forward
+/// only when their table is that old, and read the same from whichever table holds them.
+#[tokio::test]
+async fn unchanged_keys_stay_in_their_generation_for_the_generations_kept() {
+    let env = Env::start_with(&[
+        "--generation-seconds",
+        "1",
+        "--maintenance-interval-ms",
+        "200",
+        "--stream-state-generations",
+        "3",
+    ])
+    .await;
+    let query = register(&env, "h", false).await.1["query_id"].clone();
+    let pop = leased(&env, 1, 1).await;
+    let partition = pop["partitionId"].clone();
+    let (s, acked) = env
+        .ack(&pop["messages"][0], "completed", Some(GROUP), None)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{acked}");
+    let cold: Vec<Value> = (0..50)
+        .map(|i| json!({"type": "upsert", "key": format!("cold{i:02}"), "value": i}))
+        .collect();
+    let write = |ops: Value| {
+        json!({"query_id": query, "partition_id": partition, "consumer_group": GROUP,
+               "state_ops": ops})
+    };
+    let (s, body) = env.post("/streams/v1/cycle", &write(json!(cold))).await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let written: i64 = env
+        .sql("SELECT min(gen) FROM comb.stream_state_keys WHERE key LIKE 'cold%'")
+        .parse()
+        .unwrap();
+    // One snapshot reads the newest generation and where the cold keys are: a carry of
+    // their table follows the rotation that makes it 3 old, so it cannot be seen before.
+    let at = |env: &Env| -> (i64, i64) {
+        let row = env.sql(
+            "SELECT (SELECT max(gen) FROM comb.cursor_gens) || '|' || \
+                    (SELECT min(gen) FROM comb.stream_state_keys WHERE key LIKE 'cold%')",
+        );
+        let (newest, cold) = row.split_once('|').unwrap();
+        (newest.parse().unwrap(), cold.parse().unwrap())
+    };
+    let mut hot = 0;
+    let mut seen_two_older = false;
+    let mut carried = false;
+    let deadline = std::time::Instant::now() + crate::common::PATIENCE;
+    while !(seen_two_older && carried) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rotations did not go on: {:?}",
+            at(&env)
+        );
+        hot += 1;
+        let ops = json!([{"type": "upsert", "key": "hot", "value": hot}]);
+        let (s, body) = env.post("/streams/v1/cycle", &write(ops)).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        let (newest, cold_gen) = at(&env);
+        if newest - written < 3 {
+            assert_eq!(
+                cold_gen, written,
+                "an unchanged key was carried before its table was 3 generations old"
+            );
+            seen_two_older |= newest - written == 2;
+        } else if cold_gen > written {
+            carried = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its old table is gone once carried, and every key reads its newest value.
+    crate::common::eventually(crate::common::PATIENCE, "the old table dropped", || {
+        env.sql(&format!(
+            "SELECT to_regclass('comb.stream_state_keys_{written}') IS NULL"
+        )) == "t"
+    })
+    .await;
+    let rows = state(&env, &query, &partition).await;
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 51, "{rows:?}");
+    for row in rows {
+        let key = row["key"].as_str().unwrap();
+        let expected = match key.strip_prefix("cold") {
+            Some(i) => json!(i.parse::<i64>().unwrap()),
+            None => json!(hot),
+        };
+        assert_eq!(row["value"], expected, "{key}");
+    }
+    // Tables are kept for the generations asked, not more.
+    let tables: i64 = env
+        .sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'comb' AND tablename LIKE 'stream\\_state\\_keys\\_%'")
+        .parse()
+        .unwrap();
+    assert!(tables <= 3 + 2, "{tables} stream key tables");
 }
 
 /// Cycles arriving together share one transaction, each under its own savepoint: refused ones
