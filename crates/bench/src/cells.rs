@@ -392,6 +392,12 @@ pub fn all() -> Vec<Cell> {
             compare: None,
             about: "streams state: 200 cycles/s, each upserting 10 keys of a 10,000-key state (4 partitions); msg/s = cycles",
         },
+        Cell {
+            name: crate::stream_state::LARGE_HOT,
+            kind: Kind::StreamState(crate::stream_state::spec_hot(10_000)),
+            compare: None,
+            about: "streams state: 200 cycles/s, each upserting the same 10 keys of a 10,000-key state (4 partitions); msg/s = cycles",
+        },
     ]
 }
 

@@ -129,13 +129,14 @@ pub(crate) use insert_sql;
 /// [`insert_sql!`] as a statement of its own.
 pub(crate) const INSERT_SQL: &str = insert_sql!();
 
-/// On Citus, the transaction ids among `$2` that partition `$1` already holds, with the
-/// message each was first stored as: a router statement of the partition's shard, read
-/// after the push's partition lock (so no racing push of the partition slips in between),
-/// after which the new messages take the plain append. [`INSERT_SQL`]'s insert, a
-/// data-modifying CTE, Citus plans in steps through the coordinator and commits in two
-/// phases; these two statements name one shard each and commit on its worker in one phase.
-pub(crate) const PRIOR_CITUS_SQL: &str = "
+/// The transaction ids among `$2` that partition `$1` already holds, with the message each
+/// was first stored as, read after the push's partition lock (so no racing push of the
+/// partition slips in between), after which the new messages are copied in (a batch of
+/// `COPY` size, on both backends) or take the plain append (on Citus). On Citus it is a
+/// router statement of the partition's shard: [`INSERT_SQL`]'s insert, a data-modifying
+/// CTE, Citus plans in steps through the coordinator and commits in two phases; these two
+/// statements name one shard each and commit on its worker in one phase.
+pub(crate) const PRIOR_SQL: &str = "
 SELECT DISTINCT ON (m.transaction_id) m.transaction_id, m.message_id
 FROM comb.messages m
 WHERE m.partition_id = $1 AND m.transaction_id = ANY($2::text[])

@@ -7,14 +7,16 @@
 //!    position stored (what `comb.partition_head` answers, written inline by `messages::head_pos!`).
 //!    Nothing is updated: the partition row is only locked.
 //!
-//! Step 2 takes one of three shapes. Items with a producer's transaction id go through an
-//! insert that first skips ids the partition already holds (on Citus, a read of the held ids
-//! per partition and then the plain append, so every statement names one shard). Batches without such ids cannot
-//! repeat a stored message: under 64 messages they are appended by a plain `INSERT … SELECT
-//! unnest(…)`; from 64 on, the heads are read and the rows copied in with binary `COPY`, which
-//! costs the database about half as much per row, in two round trips. The first two are one
-//! call on one PostgreSQL (`comb.store_batch`, with the hand-off), and on Citus BEGIN, lock,
-//! insert and COMMIT in one round trip.
+//! Step 2 takes one of three shapes. From 64 messages on, the heads are read, and for items
+//! with a producer's transaction id the ids each partition already holds (a statement per
+//! partition), and the rest are copied in with binary `COPY`, which costs the database about
+//! half as much per row, in two round trips. Under 64, items with a producer's transaction id
+//! go through an insert that first skips ids the partition already holds (on Citus, a read
+//! of the held ids per partition and then the plain append, so every statement names one
+//! shard); batches without such ids cannot repeat a stored message and are appended by a
+//! plain `INSERT … SELECT unnest(…)`. Those two are one call on one PostgreSQL
+//! (`comb.store_batch`, with the hand-off), and on Citus BEGIN, lock, insert and COMMIT in
+//! one round trip.
 //!
 //! Whatever reads the heads is a statement after the lock, so its snapshot sees every earlier
 //! push of those partitions, and positions in a partition are committed in the order they are
@@ -38,10 +40,11 @@ use crate::backend::{Backend, Forms};
 use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::fusion::{self, Fuser, Runner};
 use crate::messages::insert::{
-    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_CITUS_SQL,
+    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_SQL,
 };
 use crate::metrics::Stage;
 use crate::wake::Wake;
+use futures_util::future::join_all;
 
 /// One message ready to store: names resolved, payload validated.
 #[derive(Debug, Clone)]
@@ -551,7 +554,7 @@ impl Statements {
             client.prepare_cached(backend.sql(&APPEND)).await?
         };
         let prior = if plan.checks_duplicates() && citus {
-            Some(client.prepare_cached(PRIOR_CITUS_SQL).await?)
+            Some(client.prepare_cached(PRIOR_SQL).await?)
         } else {
             None
         };
@@ -654,14 +657,17 @@ impl<'a> Plan<'a> {
             .any(|&i| self.all[i].client_transaction_id.is_some())
     }
 
-    /// Whether the batch is big enough, and free of duplicate checks, to be copied in.
+    /// Whether the batch is big enough to be copied in.
     fn copies(&self) -> bool {
-        self.sent.len() >= COPY_MIN_ROWS && !self.checks_duplicates()
+        self.sent.len() >= COPY_MIN_ROWS
     }
 
     /// Stores the batch in a transaction of its own by `COPY`, in two round trips: BEGIN,
-    /// the lock, the heads (read after the lock) and the start of the copy; then the rows,
-    /// the end of the copy and COMMIT.
+    /// the lock, the heads and the messages the partitions already hold under the batch's
+    /// transaction ids (both read after the lock), and the start of the copy; then the rows
+    /// of the messages not held, the end of the copy and COMMIT. The duplicate check is a
+    /// read of one partition's ids per statement, so a checked batch is copied like any
+    /// other instead of inserted by a statement that joins every row to its check.
     async fn copy(&self, client: &deadpool_postgres::Client) -> Result<Vec<Stored>, DbError> {
         let lock = client
             .prepare_cached(self.backend.sql(&crate::catalog::LOCK_PARTITIONS))
@@ -679,9 +685,14 @@ impl<'a> Plan<'a> {
                 COPY_SQL
             })
             .await?;
+        let prior = if self.checks_duplicates() {
+            Some(client.prepare_cached(PRIOR_SQL).await?)
+        } else {
+            None
+        };
         let p = Pipelined::on(client);
         let params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
-        let (begin, locked, heads, sink) = tokio::join!(
+        let (begin, locked, heads, held, sink) = tokio::join!(
             p.begin(),
             p.query(&lock, &params),
             async {
@@ -699,11 +710,18 @@ impl<'a> Plan<'a> {
                 let rows = futures_util::future::try_join_all(each).await?;
                 Ok(rows.into_iter().flatten().collect())
             },
+            async {
+                match &prior {
+                    Some(prior) => self.read_held(&p, prior).await,
+                    None => Ok(HashMap::new()),
+                }
+            },
             p.copy_in(&copy),
         );
         begin?;
         let locked = locked?;
         let heads = heads?;
+        let held = held?;
         let sink = sink?;
         // Partitions deleted before the lock are not among the locked rows (sorted by id).
         let alive: Vec<Uuid> = locked.iter().map(|r| r.get("id")).collect();
@@ -719,7 +737,11 @@ impl<'a> Plan<'a> {
         let at = at.map_or(0, copy_time);
         let mut rows = CopyRows::new(self.sent.len(), with_sub);
         pin_mut!(sink);
-        for m in self.sent.iter().map(|&i| self.all[i]) {
+        for &i in &self.sent {
+            let m = self.all[i];
+            if self.prior_in(&held, i).is_some() {
+                continue;
+            }
             let Some(pos) = next.get_mut(&m.partition_id) else {
                 continue;
             };
@@ -733,7 +755,77 @@ impl<'a> Plan<'a> {
         let (copied, commit) = tokio::join!(sink.finish(), p.commit());
         copied?;
         commit?;
-        Ok(self.outcomes_by_partition(|p| next.contains_key(p)))
+        if held.is_empty() {
+            return Ok(self.outcomes_by_partition(|p| next.contains_key(p)));
+        }
+        Ok(self.outcomes_held(&held, |p| next.contains_key(p)))
+    }
+
+    /// The message the partition already holds under message `i`'s transaction id, if the
+    /// producer gave one and a read of `held` found it.
+    fn prior_in(&self, held: &HashMap<(Uuid, String), Uuid>, i: usize) -> Option<Uuid> {
+        let m = self.all[i];
+        let t = m.client_transaction_id.as_ref()?;
+        held.get(&(m.partition_id, t.clone())).copied()
+    }
+
+    /// One outcome per message of a checked batch: a duplicate of the message `held` names,
+    /// queued when its partition was `stored` into, else its partition was gone.
+    fn outcomes_held(
+        &self,
+        held: &HashMap<(Uuid, String), Uuid>,
+        stored: impl Fn(&Uuid) -> bool,
+    ) -> Vec<Stored> {
+        let by_sent = self
+            .sent
+            .iter()
+            .map(|&i| {
+                let outcome = match self.prior_in(held, i) {
+                    Some(id) => Stored::Duplicate(id),
+                    None if stored(&self.all[i].partition_id) => {
+                        Stored::Queued(self.all[i].message_id)
+                    }
+                    None => Stored::PartitionGone,
+                };
+                (i, outcome)
+            })
+            .collect();
+        self.outcomes_of(by_sent)
+    }
+
+    /// The messages each partition of the batch already holds under the batch's producers'
+    /// transaction ids, by (partition, id): [`PRIOR_SQL`], a statement per partition (on
+    /// Citus each a router statement on the partition's worker). Sent after the lock, so
+    /// it reads every push the lock waited for.
+    async fn read_held<C: Prepared>(
+        &self,
+        client: &C,
+        prior: &Statement,
+    ) -> Result<HashMap<(Uuid, String), Uuid>, DbError> {
+        let checked: Vec<usize> = self
+            .sent
+            .iter()
+            .copied()
+            .filter(|&i| self.all[i].client_transaction_id.is_some())
+            .collect();
+        let groups = crate::schema::citus::by_partition(&checked, |&i| self.all[i].partition_id);
+        let reads = groups.iter().map(|(partition, ks)| {
+            let txids: Vec<&str> = ks
+                .iter()
+                .filter_map(|&k| self.all[checked[k]].client_transaction_id.as_deref())
+                .collect();
+            async move {
+                let params: [&(dyn ToSql + Sync); 2] = [partition, &txids];
+                client.query(prior, &params).await
+            }
+        });
+        let mut held: HashMap<(Uuid, String), Uuid> = HashMap::new();
+        for ((partition, _), rows) in groups.iter().zip(join_all(reads).await) {
+            for row in rows? {
+                held.insert((*partition, row.get(0)), row.get(1));
+            }
+        }
+        Ok(held)
     }
 
     /// One outcome per message when every new message of a stored partition was stored.
@@ -889,7 +981,7 @@ impl<'a> Plan<'a> {
 
     /// A batch with producers' transaction ids on Citus, in two round trips: the lock and,
     /// pipelined after it, each partition's prior messages of the batch's ids
-    /// ([`PRIOR_CITUS_SQL`], a router statement per partition); then the plain append of the
+    /// ([`PRIOR_SQL`], a router statement per partition); then the plain append of the
     /// messages without one. Every statement names one partition's shard, so a push of one
     /// shard commits on its worker in one phase. The answers are [`INSERT_SQL`]'s.
     async fn run_checked_on_citus<C: Prepared>(
@@ -911,36 +1003,13 @@ impl<'a> Plan<'a> {
         lock: &Statement,
         prior: &Statement,
     ) -> Result<PriorIds, DbError> {
-        let checked: Vec<usize> = self
-            .sent
-            .iter()
-            .copied()
-            .filter(|&i| self.all[i].client_transaction_id.is_some())
-            .collect();
-        let groups = crate::schema::citus::by_partition(&checked, |&i| self.all[i].partition_id);
-        let reads = groups.iter().map(|(partition, ks)| {
-            let txids: Vec<&str> = ks
-                .iter()
-                .filter_map(|&k| self.all[checked[k]].client_transaction_id.as_deref())
-                .collect();
-            async move {
-                let params: [&(dyn ToSql + Sync); 2] = [partition, &txids];
-                client.query(prior, &params).await
-            }
-        });
         let lock_params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
-        let (locked, priors) = tokio::join!(
+        let (locked, held) = tokio::join!(
             client.query(lock, &lock_params),
-            futures_util::future::join_all(reads),
+            self.read_held(client, prior),
         );
         let alive = locked?.iter().map(|r| r.get("id")).collect();
-        let mut held: HashMap<(Uuid, String), Uuid> = HashMap::new();
-        for ((partition, _), rows) in groups.iter().zip(priors) {
-            for row in rows? {
-                held.insert((*partition, row.get(0)), row.get(1));
-            }
-        }
-        Ok(PriorIds { alive, held })
+        Ok(PriorIds { alive, held: held? })
     }
 
     /// The second round trip of [`Plan::run_checked_on_citus`]: the append of the messages
@@ -953,35 +1022,16 @@ impl<'a> Plan<'a> {
         append: &Statement,
         read: &PriorIds,
     ) -> Result<Vec<Stored>, DbError> {
-        let prior_of = |i: usize| {
-            let m = self.all[i];
-            let t = m.client_transaction_id.as_ref()?;
-            read.held.get(&(m.partition_id, t.clone())).copied()
-        };
         let fresh: Vec<usize> = self
             .sent
             .iter()
             .copied()
-            .filter(|&i| prior_of(i).is_none())
+            .filter(|&i| self.prior_in(&read.held, i).is_none())
             .collect();
         if !fresh.is_empty() {
             self.append_of(client, append, &fresh).await?;
         }
-        let by_sent = self
-            .sent
-            .iter()
-            .map(|&i| {
-                let outcome = match prior_of(i) {
-                    Some(id) => Stored::Duplicate(id),
-                    None if read.alive.contains(&self.all[i].partition_id) => {
-                        Stored::Queued(self.all[i].message_id)
-                    }
-                    None => Stored::PartitionGone,
-                };
-                (i, outcome)
-            })
-            .collect();
-        Ok(self.outcomes_of(by_sent))
+        Ok(self.outcomes_held(&read.held, |p| read.alive.contains(p)))
     }
 
     /// One outcome per message of the batch, in order, from the insert's rows.

@@ -82,3 +82,80 @@ async fn the_same_transaction_id_in_two_partitions_is_two_messages() {
     );
     assert_eq!(env.sql("SELECT count(*) FROM comb.messages"), "3");
 }
+
+/// Batches large enough to be copied in are checked like small ones: ids a partition holds
+/// answer as duplicates of the stored message, repeats within the batch as duplicates of
+/// their first occurrence, and concurrent batches of the same ids store each id once.
+#[tokio::test]
+async fn copied_batches_are_checked_for_duplicates_too() {
+    let env = Env::start().await;
+    let item = |partition: &str, txid: String, n: usize| json!({"queue": "q", "partition": partition, "payload": {"n": n}, "transactionId": txid});
+    let first: Vec<_> = (0..30).map(|k| item("a", format!("t{k}"), k)).collect();
+    let first = env.push(json!(first)).await;
+    let mut batch: Vec<_> = (0..100).map(|k| item("a", format!("t{k}"), k)).collect();
+    batch.extend((0..100).map(|k| item("b", format!("t{k}"), k)));
+    batch.extend((50..60).map(|k| item("a", format!("t{k}"), 1000 + k)));
+    let r = env.push(json!(batch)).await;
+    assert_eq!(r.len(), 210);
+    for (k, answer) in r.iter().enumerate() {
+        match k {
+            0..30 => {
+                assert_eq!(answer["status"], "duplicate", "{answer}");
+                assert_eq!(answer["message_id"], first[k]["message_id"]);
+            }
+            30..200 => assert_eq!(answer["status"], "queued", "{k}: {answer}"),
+            _ => {
+                assert_eq!(answer["status"], "duplicate", "{answer}");
+                assert_eq!(answer["message_id"], r[k - 150]["message_id"]);
+            }
+        }
+    }
+    // Partition a holds t0..t99 once each, in order: the first push's, then the batch's.
+    let a = env
+        .drain("/api/v1/pop/queue/q/partition/a?batch=1000&autoAck=true")
+        .await;
+    let ns: Vec<i64> = a.iter().map(|m| m["data"]["n"].as_i64().unwrap()).collect();
+    assert_eq!(ns, (0..100).collect::<Vec<i64>>());
+    assert_eq!(
+        env.sql("SELECT count(*) FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id WHERE p.name = 'b'"),
+        "100"
+    );
+
+    // Eight batches of the same 100 ids at once: each id stored once, and every answer for
+    // an id names that message.
+    let mut tasks = Vec::new();
+    for round in 0..8 {
+        let http = common::client();
+        let url = env.url("/api/v1/push");
+        let items: Vec<_> = (0..100)
+            .map(|k| item("c", format!("c{k}"), round * 100 + k))
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            let r: serde_json::Value = http
+                .post(url)
+                .json(&json!({ "items": items }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            r
+        }));
+    }
+    let mut ids: Vec<std::collections::HashSet<String>> = vec![Default::default(); 100];
+    let mut queued = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        for (k, answer) in r.as_array().unwrap().iter().enumerate() {
+            queued += (answer["status"] == "queued") as usize;
+            ids[k].insert(answer["message_id"].to_string());
+        }
+    }
+    assert_eq!(queued, 100);
+    assert!(ids.iter().all(|s| s.len() == 1), "{ids:?}");
+    assert_eq!(
+        env.sql("SELECT count(*), count(DISTINCT transaction_id) FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id WHERE p.name = 'c'"),
+        "100|100"
+    );
+}
