@@ -324,6 +324,20 @@ pub fn all() -> Vec<Cell> {
             about: "push at 10% of push10's rate (10 msgs/request); 10 groups x 2 consumers",
         },
         Cell {
+            name: "fanout50",
+            kind: Kind::Fanout {
+                fraction: 0.02,
+                fixed: None,
+                groups: 50,
+                consumers_per_group: 2,
+                producers: 100,
+                batch: 50,
+                partitions: 100,
+            },
+            compare: None,
+            about: "fanout's deliveries over 50 groups: push at 2% of push10's rate; 50 groups x 2 consumers",
+        },
+        Cell {
             name: "fanout-light",
             kind: Kind::Fanout {
                 fraction: 0.0,
@@ -503,6 +517,9 @@ mod tests {
         }
         // Fan-out is offered a tenth of push10's rate.
         assert!(matches!(get("fanout").kind, Kind::Fanout { fraction, .. } if fraction == 0.1));
+        // Over 50 groups, the same deliveries in all.
+        assert!(matches!(get("fanout50").kind,
+            Kind::Fanout { fraction, groups: 50, .. } if fraction * 50.0 == 0.1 * 10.0));
     }
 
     #[test]
