@@ -168,6 +168,23 @@ pub(crate) fn means_unavailable(code: &tokio_postgres::error::SqlState) -> bool 
     c.starts_with("08") || c.starts_with("57P0") || c == "53300" || c == READ_ONLY
 }
 
+impl DbError {
+    /// Whether the database undid the whole transaction to break a deadlock or a
+    /// serialization conflict (SQLSTATE 40P01, 40001): nothing of it was committed, so it
+    /// may be run again as it was. Maintenance's DDL (a segment made or dropped) can meet a
+    /// push that way, and Citus's distributed deadlock detection cancels the younger
+    /// transaction, a request's rather than the long-held lock it waited for.
+    pub(crate) fn is_rolled_back_conflict(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        match self {
+            DbError::Postgres(e) => e.code().is_some_and(|c| {
+                *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
+            }),
+            DbError::Unavailable(_) => false,
+        }
+    }
+}
+
 /// SQLSTATE read_only_sql_transaction: a write reached a server that does not accept writes.
 const READ_ONLY: &str = "25006";
 

@@ -433,7 +433,7 @@ async fn run_batch(pool: &Pool, backend: Backend, wake: &Arc<Wake>, jobs: Vec<Pu
         }
         handoff::reserve(backend, wake, firsts)
     };
-    let result = store(pool, &plan, &mut offered).await;
+    let result = store_again_on_conflict(pool, &plan, &mut offered).await;
     if result.is_ok() {
         let by_id: HashMap<Uuid, &NewMessage> = all.iter().map(|m| (m.message_id, *m)).collect();
         let quiet = handoff::deliver(pool, wake, offered, |h| {
@@ -449,6 +449,30 @@ async fn run_batch(pool: &Pool, backend: Backend, wake: &Arc<Wake>, jobs: Vec<Pu
         announce_except(wake, all.iter().copied(), &quiet);
     }
     fusion::reply_all(jobs, result, |j| (j.messages.len(), j.reply));
+}
+
+/// Tries to store a batch this many times when the database undoes it to break a deadlock.
+const STORE_ATTEMPTS: u32 = 3;
+
+/// [`store`], run again (after a short pause) when the database rolled the batch back to
+/// break a deadlock or a serialization conflict: nothing of it was kept, and the producers
+/// waiting on it would otherwise get a 500 for a conflict that was not theirs.
+async fn store_again_on_conflict(
+    pool: &Pool,
+    plan: &Plan<'_>,
+    offered: &mut [handoff::Offered],
+) -> Result<Vec<Stored>, DbError> {
+    let mut attempt = 1;
+    loop {
+        match store(pool, plan, offered).await {
+            Err(e) if attempt < STORE_ATTEMPTS && e.is_rolled_back_conflict() => {
+                tracing::warn!(attempt, error = %e, "push batch rolled back by a conflict; storing it again");
+                tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Stores a batch in a transaction of its own. On one PostgreSQL that is one call

@@ -3,7 +3,8 @@
 //! server; and no primary at all. Two clusters of their own stand in for a primary and a
 //! standby: `default_transaction_read_only` makes a server refuse writes exactly as a hot
 //! standby does (SQLSTATE 25006), and a reload flips it under open connections, as a
-//! demotion would.
+//! demotion would. And a push that the database undoes to break a deadlock, which the
+//! server stores again rather than failing.
 
 use std::time::{Duration, Instant};
 
@@ -196,5 +197,53 @@ async fn ready_and_metrics_say_acknowledged_writes_would_not_survive_a_failover(
     assert!(
         metrics.contains("\ncomb_database_synchronous_standbys 0\n"),
         "{metrics}"
+    );
+}
+
+/// A push the database rolls back to break a deadlock is stored on the next attempt, once,
+/// and its producer gets its answer, not a 500. A session takes the segments' table, the
+/// push locks its partition and waits for that table, then the session asks for the
+/// partition's row: the push, which waited first, finds the deadlock and is undone.
+#[tokio::test]
+async fn a_push_undone_to_break_a_deadlock_is_stored_again() {
+    let env = common::Env::start().await;
+    env.push(json!([{"queue": "q", "partition": "p", "payload": {"n": 0}}]))
+        .await;
+    let (session, conn) = tokio_postgres::connect(&env.db_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    session
+        .batch_execute("BEGIN; LOCK TABLE comb.segments IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let http = common::client();
+    let url = env.url("/api/v1/push");
+    let push = tokio::spawn(async move {
+        let body = json!({"items": [{"queue": "q", "partition": "p", "payload": {"n": 1}}]});
+        let r = http.post(url).json(&body).send().await.unwrap();
+        let status = r.status();
+        (status, r.text().await.unwrap())
+    });
+    common::eventually(common::PATIENCE, "the push waits for the segments", || {
+        env.sql(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%store_batch%'",
+        ) == "1"
+    })
+    .await;
+    let row = tokio::spawn(async move {
+        session
+            .batch_execute("SELECT 1 FROM comb.partitions WHERE name = 'p' FOR UPDATE; COMMIT")
+            .await
+    });
+    let (status, body) = push.await.unwrap();
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{body}");
+    row.await.unwrap().unwrap();
+    assert_eq!(env.message_count(), 2);
+    let log = env.server.log_tail(400);
+    assert!(
+        log.contains("push batch rolled back by a conflict"),
+        "the push was not the one undone: {log}"
     );
 }
