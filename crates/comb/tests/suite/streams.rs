@@ -479,28 +479,36 @@ async fn bad_cycles_are_refused_with_their_code_and_commit_nothing() {
     assert_eq!(env.sql("SELECT count(*) FROM comb.stream_states"), "1");
 }
 
-/// State versions live in the cursor state generations: a pair's newest version is carried
-/// forward and older generations are dropped whole, so versions do not pile up; the state of
-/// a query replaced by a reset is left behind.
-#[tokio::test]
-async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() {
+/// A server rotating generations every second, keeping stream state tables `kept`
+/// generations, with the query registered and its one source message popped and acked (so
+/// no lease holds the partition): the server, the query's id and the partition's.
+async fn rotating(kept: u32) -> (Env, Value, Value) {
+    let kept = kept.to_string();
     let env = Env::start_with(&[
         "--generation-seconds",
         "1",
         "--maintenance-interval-ms",
         "200",
         "--stream-state-generations",
-        "1",
+        &kept,
     ])
     .await;
     let query = register(&env, "h", false).await.1["query_id"].clone();
     let pop = leased(&env, 1, 1).await;
-    let partition = pop["partitionId"].clone();
-    // Cycles without an ack change state between leases.
     let (s, acked) = env
         .ack(&pop["messages"][0], "completed", Some(GROUP), None)
         .await;
     assert_eq!(s, StatusCode::OK, "{acked}");
+    (env, query, pop["partitionId"].clone())
+}
+
+/// State versions live in the cursor state generations: a pair's newest version is carried
+/// forward and older generations are dropped whole, so versions do not pile up; the state of
+/// a query replaced by a reset is left behind.
+#[tokio::test]
+async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() {
+    let (env, query, partition) = rotating(1).await;
+    // Cycles without an ack change state between leases.
     // A key deleted is not carried forward.
     let gone = json!({"query_id": query, "partition_id": partition, "consumer_group": GROUP,
                       "state_ops": [{"type": "upsert", "key": "gone", "value": 1}]});
@@ -581,22 +589,7 @@ async fn state_versions_are_carried_forward_and_old_generations_dropped_whole() 
 /// only when their table is that old, and read the same from whichever table holds them.
 #[tokio::test]
 async fn unchanged_keys_stay_in_their_generation_for_the_generations_kept() {
-    let env = Env::start_with(&[
-        "--generation-seconds",
-        "1",
-        "--maintenance-interval-ms",
-        "200",
-        "--stream-state-generations",
-        "3",
-    ])
-    .await;
-    let query = register(&env, "h", false).await.1["query_id"].clone();
-    let pop = leased(&env, 1, 1).await;
-    let partition = pop["partitionId"].clone();
-    let (s, acked) = env
-        .ack(&pop["messages"][0], "completed", Some(GROUP), None)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{acked}");
+    let (env, query, partition) = rotating(3).await;
     let cold: Vec<Value> = (0..50)
         .map(|i| json!({"type": "upsert", "key": format!("cold{i:02}"), "value": i}))
         .collect();
