@@ -50,6 +50,25 @@ fn comb_version_names_the_release() {
     );
 }
 
+/// A value out of a setting's range stops `comb serve` before it touches a database, with
+/// one line naming the flag and the range.
+#[test]
+fn a_stream_state_generations_out_of_range_is_refused_at_start() {
+    for bad in ["0", "1001", "x"] {
+        let out = Command::new(comb_bin())
+            .args(["serve", "--stream-state-generations", bad])
+            .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--stream-state-generations") && err.contains(bad),
+            "{bad}: {err}"
+        );
+    }
+}
+
 fn parse(out: &str) -> Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }

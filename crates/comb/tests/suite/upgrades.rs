@@ -546,25 +546,10 @@ async fn a_release_upgrades_under_traffic_from_the_previous_one() {
         .await
         .expect("the group's cursor went on");
     assert_eq!(common::numbers(&next), (5..=10).collect::<Vec<_>>());
-    let acks: Vec<serde_json::Value> = held["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                       "leaseId": m["leaseId"], "status": "completed"})
-        })
-        .collect();
-    let (s, body) = new
-        .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
-        .await;
-    assert_eq!(s, reqwest::StatusCode::OK, "{body}");
+    let acked = new.ack_all(&held, "completed", None).await;
     assert!(
-        body.as_array()
-            .unwrap()
-            .iter()
-            .all(|a| a["success"] == true),
-        "a lease the old release granted, acked through the new one: {body}"
+        acked.iter().all(|a| a["success"] == true),
+        "a lease the old release granted, acked through the new one: {acked:?}"
     );
     let (_, dlq) = new.get("/api/v1/dlq?queue=dl").await;
     assert_eq!(dlq["total"], 1, "{dlq}");
