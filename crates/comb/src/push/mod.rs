@@ -69,30 +69,37 @@ pub(crate) struct Pusher {
     per_shard: PerShard,
 }
 
-/// On Citus, a fused batch of pushes to partitions of different shards would commit in two
-/// phases (Citus does so for a transaction that wrote several shards, even of one worker), on
-/// several nodes when the shards are: N requests of one shard each made into one of many. So
-/// there a push whose partitions all sit in one shard goes to that shard's own fuser,
-/// started on first use, and its batches commit on that shard's worker alone. A push naming
-/// partitions of several shards is such a request by itself; it goes to the shared fuser. On
-/// PostgreSQL none of this is used.
+/// On Citus, a fused batch of pushes sent through the coordinator to partitions of different
+/// shards would commit in two phases (the coordinator does so for a transaction that wrote
+/// several shards, even of one worker), on several nodes when the shards are: N requests of
+/// one shard each made into one of many. So there a push whose partitions all sit in one
+/// shard goes to that shard's own fuser, started on first use, and its batches commit on
+/// that shard's worker alone. On the direct route ([`crate::db::route`]) a push whose
+/// partitions all sit on one worker goes to that worker's fuser, whose batches are one
+/// transaction of the worker over its shards ([`store::start_on_worker`]): run by the worker
+/// itself, with no other node in it, it commits in one phase. A push naming partitions of
+/// several shards (coordinator route) or workers (direct route) is such a request by itself;
+/// it goes to the shared fuser. On PostgreSQL none of this is used.
 struct PerShard {
-    placement: crate::schema::citus::Placement,
+    placement: Arc<crate::schema::citus::Placement>,
     /// Where a shard's batch goes: its worker on the direct route.
     router: crate::db::route::Router,
-    /// Keyed by shard and, on the direct route ([`crate::db::route`]), the worker its
-    /// batches are sent to: a shard found on another worker (moved by a rebalance) gets a
-    /// fuser of that worker.
-    fusers: Mutex<HashMap<ShardKey, Fuser<PushJob>>>,
+    /// A fuser per lane, started on first use.
+    fusers: Mutex<HashMap<Lane, Fuser<PushJob>>>,
     wake: Arc<Wake>,
     stage: Arc<Stage>,
     workers: usize,
     max_items: usize,
 }
 
-/// A per-shard fuser's key: the shard, and the worker its batches go to (none: the
-/// coordinator).
-type ShardKey = (i64, Option<crate::db::route::Node>);
+/// Where a push's batches go on Citus: a worker's fuser (direct route; a partition found on
+/// another worker, moved by a rebalance, goes to that worker's), or a shard's, through the
+/// coordinator.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Lane {
+    Worker(crate::db::route::Node),
+    Shard(i64),
+}
 
 impl Pusher {
     /// Starts the push workers and returns the handle in front of them.
@@ -365,8 +372,8 @@ impl Pusher {
             .await
     }
 
-    /// The fuser a push goes to: the shared one, or on Citus the one of the shard holding
-    /// every partition the push names ([`PerShard`]).
+    /// The fuser a push goes to: the shared one, or on Citus the one of the worker (direct
+    /// route) or the shard holding every partition the push names ([`PerShard`]).
     async fn fuser_for(&self, messages: &[NewMessage]) -> Result<Fuser<PushJob>, Refusal> {
         if !self.catalog.backend().fuses_per_shard() {
             return Ok(self.fuser.clone());
@@ -384,6 +391,12 @@ impl Pusher {
                 .map_err(DbError::from)?;
             shards.extend(found);
         }
+        if !ids.iter().all(|id| shards.contains_key(id)) {
+            return Ok(self.fuser.clone());
+        }
+        if let Some(fuser) = self.worker_fuser(&ids) {
+            return Ok(fuser);
+        }
         let mut of_push = ids.iter().map(|id| shards.get(id));
         let Some(Some(&shard)) = of_push.next() else {
             return Ok(self.fuser.clone());
@@ -391,21 +404,13 @@ impl Pusher {
         if !of_push.all(|s| s == Some(&shard)) {
             return Ok(self.fuser.clone());
         }
-        // On the direct route, the batch goes to the shard's worker (the partitions' worker
-        // as read with their shard); else through the coordinator.
-        let node = ids.first().and_then(|id| placement.node(*id)).flatten();
-        let worker = node.as_ref().and_then(|n| self.per_shard.router.worker(n));
-        let (node, pool) = match worker {
-            Some(w) => (node, w.general),
-            None => (None, self.pool.clone()),
-        };
         let n = &self.per_shard;
         let mut fusers = n.fusers.lock().unwrap();
         Ok(fusers
-            .entry((shard, node))
+            .entry(Lane::Shard(shard))
             .or_insert_with(|| {
                 store::start(
-                    pool,
+                    self.pool.clone(),
                     self.catalog.backend(),
                     n.wake.clone(),
                     n.workers,
@@ -414,6 +419,37 @@ impl Pusher {
                 )
             })
             .clone())
+    }
+
+    /// On the direct route, the fuser of the one worker holding every partition of `ids`
+    /// (as read with their shards), if one does and its pools open.
+    fn worker_fuser(&self, ids: &[Uuid]) -> Option<Fuser<PushJob>> {
+        let n = &self.per_shard;
+        let node = n.placement.node(*ids.first()?).flatten()?;
+        if !ids[1..]
+            .iter()
+            .all(|id| n.placement.node(*id).flatten().as_ref() == Some(&node))
+        {
+            return None;
+        }
+        let pool = n.router.worker(&node)?.general;
+        let mut fusers = n.fusers.lock().unwrap();
+        Some(
+            fusers
+                .entry(Lane::Worker(node))
+                .or_insert_with(|| {
+                    store::start_on_worker(
+                        pool,
+                        self.catalog.backend(),
+                        n.wake.clone(),
+                        n.placement.clone(),
+                        n.workers,
+                        n.max_items,
+                        n.stage.clone(),
+                    )
+                })
+                .clone(),
+        )
     }
 
     /// The storage pushes go to.

@@ -43,6 +43,7 @@ use crate::messages::insert::{
     COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_SQL,
 };
 use crate::metrics::Stage;
+use crate::schema::citus::Placement;
 use crate::wake::Wake;
 use futures_util::future::join_all;
 
@@ -417,6 +418,184 @@ pub(crate) fn shard_key(messages: &[NewMessage]) -> u64 {
         })
 }
 
+/// A batch's store (`$store`, an expression awaited anew on every attempt), run again
+/// (after a short pause) when the database rolled the batch back to break a deadlock or a
+/// serialization conflict: nothing of it was kept, and the producers waiting on it would
+/// otherwise get a 500 for a conflict that was not theirs. (A macro: an async closure
+/// borrowing the batch would not make a `Send` future.)
+macro_rules! again_on_conflict {
+    ($store:expr) => {{
+        let mut attempt = 1;
+        loop {
+            match $store {
+                Err(e) if attempt < STORE_ATTEMPTS && e.is_rolled_back_conflict() => {
+                    tracing::warn!(attempt, error = %e, "push batch rolled back by a conflict; storing it again");
+                    tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(attempt)))
+                        .await;
+                    attempt += 1;
+                }
+                result => break result,
+            }
+        }
+    }};
+}
+
+/// Starts the fuser of one Citus worker's pushes on the direct route ([`crate::db::route`]):
+/// a batch there fuses pushes to any of the worker's shards into one transaction of that
+/// worker. Each shard's messages are locked and appended by statements of that shard alone
+/// (router statements, run by the worker's local execution), so the transaction touches no
+/// other node and commits in one phase, while its `BEGIN`, `COMMIT` and round trip are paid
+/// once per worker batch instead of once per shard: with a worker's shards many and pushes
+/// small, a batch per shard held one or two pushes.
+pub(crate) fn start_on_worker(
+    pool: Pool,
+    backend: Backend,
+    wake: Arc<Wake>,
+    placement: Arc<Placement>,
+    workers: usize,
+    max_items: usize,
+    stage: Arc<Stage>,
+) -> Fuser<PushJob> {
+    let run: Runner<PushJob> = Arc::new(move |jobs| {
+        let pool = pool.clone();
+        let wake = wake.clone();
+        let placement = placement.clone();
+        Box::pin(async move { run_worker_batch(&pool, backend, &placement, &wake, jobs).await })
+    });
+    Fuser::start_keyed(
+        workers,
+        max_items,
+        |j: &PushJob| j.messages.len(),
+        run,
+        stage,
+    )
+}
+
+/// A batch of one worker's pushes: split by shard, in shard order (every batch locks
+/// partitions in the same order: shard, then id), stored in one transaction.
+async fn run_worker_batch(
+    pool: &Pool,
+    backend: Backend,
+    placement: &Placement,
+    wake: &Arc<Wake>,
+    jobs: Vec<PushJob>,
+) {
+    let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
+    let groups = by_shard(placement, &all);
+    let result = if groups.len() == 1 {
+        let plan = Plan::new(&all, backend);
+        again_on_conflict!(store(pool, &plan, &mut []).await)
+    } else {
+        let members: Vec<Vec<&NewMessage>> = groups
+            .iter()
+            .map(|g| g.iter().map(|&i| all[i]).collect())
+            .collect();
+        let plans: Vec<Plan<'_>> = members.iter().map(|m| Plan::new(m, backend)).collect();
+        again_on_conflict!(store_shards(pool, &plans).await).map(|per_shard| {
+            let mut out = vec![Stored::PartitionGone; all.len()];
+            for (g, stored) in groups.iter().zip(per_shard) {
+                for (&i, s) in g.iter().zip(stored) {
+                    out[i] = s;
+                }
+            }
+            out
+        })
+    };
+    if result.is_ok() {
+        announce(wake, all.iter().copied());
+    }
+    fusion::reply_all(jobs, result, |j| (j.messages.len(), j.reply));
+}
+
+/// Indexes into `all` grouped by the shard of their partition, in shard order. A partition
+/// whose shard is not cached (its placement just expired) is a group of its own: a group
+/// must never span shards, or its statements would not be router statements.
+fn by_shard(placement: &Placement, all: &[&NewMessage]) -> Vec<Vec<usize>> {
+    let ids: Vec<Uuid> = all.iter().map(|m| m.partition_id).collect();
+    let (shards, _) = placement.known(&ids);
+    let mut groups: std::collections::BTreeMap<(i64, Option<Uuid>), Vec<usize>> =
+        std::collections::BTreeMap::new();
+    for (i, m) in all.iter().enumerate() {
+        let key = match shards.get(&m.partition_id) {
+            Some(&shard) => (shard, None),
+            None => (i64::MAX, Some(m.partition_id)),
+        };
+        groups.entry(key).or_default().push(i);
+    }
+    groups.into_values().collect()
+}
+
+/// What the first round trip of a shard's part of a worker batch left: its outcomes, or
+/// (a checked part on Citus) the ids it read, for the append of the second.
+enum Step {
+    Done(Vec<Stored>),
+    Read(PriorIds),
+}
+
+/// Stores the per-shard `plans` of one worker batch in one transaction on one connection,
+/// pipelined: `BEGIN`, each shard's lock and append, `COMMIT` in one round trip; with
+/// producers' transaction ids, the locks and prior reads first, then the appends with the
+/// `COMMIT` (never before them: an append must run under its lock). A failed statement fails
+/// the ones after it, and the `COMMIT` then rolls back: the batch is stored whole or not at
+/// all. A part big enough to be copied is a transaction of its own ([`Plan::copy`]), so a
+/// batch with one stores each shard's part apart, at once.
+async fn store_shards(pool: &Pool, plans: &[Plan<'_>]) -> Result<Vec<Vec<Stored>>, DbError> {
+    if plans.iter().any(Plan::copies) {
+        let each = plans.iter().map(|plan| store(pool, plan, &mut []));
+        return futures_util::future::try_join_all(each).await;
+    }
+    let client = pool.get().await?;
+    let mut statements = Vec::with_capacity(plans.len());
+    for plan in plans {
+        statements.push(Statements::prepare(&client, plan).await?);
+    }
+    let p = Pipelined::on(&client);
+    let parts = || plans.iter().zip(&statements);
+    if statements.iter().all(|s| s.prior.is_none()) {
+        let runs = join_all(parts().map(|(plan, s)| plan.run(&p, s)));
+        let (begin, outcomes, commit) = tokio::join!(p.begin(), runs, p.commit());
+        begin?;
+        let outcomes = outcomes.into_iter().collect::<Result<Vec<_>, _>>()?;
+        commit?;
+        return Ok(outcomes);
+    }
+    let first = join_all(parts().map(|(plan, s)| {
+        let p = &p;
+        async move {
+            match &s.prior {
+                Some(prior) => Ok(Step::Read(
+                    plan.read_prior_on_citus(p, &s.lock, prior).await?,
+                )),
+                None => Ok(Step::Done(plan.run(p, s).await?)),
+            }
+        }
+    }));
+    let (begin, steps) = tokio::join!(p.begin(), first);
+    let steps = match begin
+        .map_err(DbError::from)
+        .and(steps.into_iter().collect::<Result<Vec<Step>, DbError>>())
+    {
+        Ok(steps) => steps,
+        Err(e) => {
+            db::roll_back(&client).await;
+            return Err(e);
+        }
+    };
+    let second = join_all(parts().zip(steps).map(|((plan, s), step)| {
+        let p = &p;
+        async move {
+            match step {
+                Step::Done(outcomes) => Ok(outcomes),
+                Step::Read(read) => plan.append_new_on_citus(p, &s.insert, &read).await,
+            }
+        }
+    }));
+    let (outcomes, commit) = tokio::join!(second, p.commit());
+    let outcomes = outcomes.into_iter().collect::<Result<Vec<_>, _>>()?;
+    commit?;
+    Ok(outcomes)
+}
+
 async fn run_batch(pool: &Pool, backend: Backend, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
     let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
     let plan = Plan::new(&all, backend);
@@ -433,7 +612,7 @@ async fn run_batch(pool: &Pool, backend: Backend, wake: &Arc<Wake>, jobs: Vec<Pu
         }
         handoff::reserve(backend, wake, firsts)
     };
-    let result = store_again_on_conflict(pool, &plan, &mut offered).await;
+    let result = again_on_conflict!(store(pool, &plan, &mut offered).await);
     if result.is_ok() {
         let by_id: HashMap<Uuid, &NewMessage> = all.iter().map(|m| (m.message_id, *m)).collect();
         let quiet = handoff::deliver(pool, wake, offered, |h| {
@@ -453,27 +632,6 @@ async fn run_batch(pool: &Pool, backend: Backend, wake: &Arc<Wake>, jobs: Vec<Pu
 
 /// Tries to store a batch this many times when the database undoes it to break a deadlock.
 const STORE_ATTEMPTS: u32 = 3;
-
-/// [`store`], run again (after a short pause) when the database rolled the batch back to
-/// break a deadlock or a serialization conflict: nothing of it was kept, and the producers
-/// waiting on it would otherwise get a 500 for a conflict that was not theirs.
-async fn store_again_on_conflict(
-    pool: &Pool,
-    plan: &Plan<'_>,
-    offered: &mut [handoff::Offered],
-) -> Result<Vec<Stored>, DbError> {
-    let mut attempt = 1;
-    loop {
-        match store(pool, plan, offered).await {
-            Err(e) if attempt < STORE_ATTEMPTS && e.is_rolled_back_conflict() => {
-                tracing::warn!(attempt, error = %e, "push batch rolled back by a conflict; storing it again");
-                tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(attempt))).await;
-                attempt += 1;
-            }
-            result => return result,
-        }
-    }
-}
 
 /// Stores a batch in a transaction of its own. On one PostgreSQL that is one call
 /// ([`STORE_FUNCTION`]), which also hands the batch's messages to the pops `offered` them

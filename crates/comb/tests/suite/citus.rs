@@ -1033,6 +1033,121 @@ async fn fused_pushes_of_partitions_on_two_workers_commit_on_one_node_each() {
     }
 }
 
+/// The shard of each of `partitions` (names of queue `q`), in their order.
+fn shards_of(db: &str, partitions: &[String]) -> Vec<i64> {
+    let list: Vec<String> = partitions.iter().map(|p| format!("'{p}'")).collect();
+    let rows = Citus::shared()
+        .coordinator()
+        .psql(
+            db,
+            &format!(
+                "SELECT name || ' ' || get_shard_id_for_distribution_column('comb.partitions', id)
+                 FROM comb.partitions WHERE name IN ({})",
+                list.join(",")
+            ),
+        )
+        .unwrap();
+    let of: std::collections::HashMap<&str, i64> = rows
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(p, s)| (p, s.parse().unwrap()))
+        .collect();
+    partitions.iter().map(|p| of[p.as_str()]).collect()
+}
+
+/// On the direct route a worker's pushes are fused over all its shards: one push naming
+/// partitions of three shards of one worker (and one with producers' transaction ids, which
+/// reads the held ids first) is one transaction of that worker, its statements router
+/// statements of each shard run by the worker: no node commits in two phases, no node runs a
+/// statement over several shards, the coordinator opens no connection to a worker, and every
+/// partition keeps its order and its duplicates answered.
+#[tokio::test]
+async fn a_push_over_several_shards_of_one_worker_is_one_transaction_of_that_worker() {
+    let env = on_citus_quiet("citus_worker_fusion").await;
+    let db = env.db_name.clone();
+    let names = partitions_over_both_workers(&env).await;
+    let (workers, shards) = (workers_of(&db, &names), shards_of(&db, &names));
+    // Partitions of one worker, each of another shard (3 of its 4).
+    let mut chosen: Vec<usize> = Vec::new();
+    for (k, _) in names.iter().enumerate() {
+        if workers[k] == workers[0] && chosen.iter().all(|&c| shards[c] != shards[k]) {
+            chosen.push(k);
+        }
+    }
+    assert!(
+        chosen.len() >= 3,
+        "shards of one worker: {shards:?} {workers:?}"
+    );
+    let chosen: Vec<&String> = chosen[..3].iter().map(|&k| &names[k]).collect();
+    // Warm: the server learns each partition's shard and worker.
+    let warm: Vec<Value> = chosen
+        .iter()
+        .map(|p| json!({"queue": "q", "partition": p, "payload": {"n": 1}}))
+        .collect();
+    env.push(Value::Array(warm)).await;
+    let (before, two_phase) = (counters_per_node(&db), two_phase_commits(&db));
+
+    let plain: Vec<Value> = (2..=3)
+        .flat_map(|n| {
+            chosen
+                .iter()
+                .map(move |p| json!({"queue": "q", "partition": p, "payload": {"n": n}}))
+        })
+        .collect();
+    let stored = env.push(Value::Array(plain)).await;
+    assert!(stored.iter().all(|m| m["status"] == "queued"), "{stored:?}");
+    let checked: Vec<Value> = chosen
+        .iter()
+        .flat_map(|p| {
+            [
+                json!({"queue": "q", "partition": p, "payload": {"n": 4}, "transactionId": "t-4"}),
+                json!({"queue": "q", "partition": p, "payload": {"n": 5}, "transactionId": "t-4"}),
+            ]
+        })
+        .collect();
+    let first = env.push(Value::Array(checked.clone())).await;
+    let again = env.push(Value::Array(checked)).await;
+    let statuses = |r: &[Value]| -> Vec<String> {
+        r.iter()
+            .map(|m| m["status"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        statuses(&first),
+        ["queued", "duplicate"].repeat(3),
+        "{first:?}"
+    );
+    assert_eq!(statuses(&again), ["duplicate"; 6], "{again:?}");
+    for k in 0..3 {
+        assert_eq!(first[2 * k + 1]["message_id"], first[2 * k]["message_id"]);
+        assert_eq!(again[2 * k]["message_id"], first[2 * k]["message_id"]);
+    }
+
+    assert_eq!(
+        two_phase_commits(&db) - two_phase,
+        0,
+        "a push over shards of one worker committed in two phases"
+    );
+    let after = counters_per_node(&db);
+    for ((port, b), (_, a)) in before.iter().zip(&after) {
+        assert_eq!(
+            a[0], b[0],
+            "node {port} ran a statement over several shards"
+        );
+    }
+    assert_eq!(
+        after[0].1[2], before[0].1[2],
+        "the coordinator used connections to workers: {before:?} {after:?}"
+    );
+    for p in chosen {
+        let pop = env
+            .pop(&format!("/api/v1/pop/queue/q/partition/{p}?batch=100"))
+            .await
+            .unwrap();
+        assert_eq!(numbers(&pop), vec![0, 1, 2, 3, 4], "{p}");
+    }
+}
+
 /// Executions on distributed tables in this database, per node (port, then the counts on
 /// several shards and on one): the coordinator first, then the workers.
 fn executions_per_node(db: &str) -> Vec<(String, (i64, i64))> {
