@@ -159,16 +159,18 @@ pub(crate) struct Acker {
     backend: crate::backend::Backend,
 }
 
-/// On Citus, a fuser per shard: acks of partitions of one shard are fused only with acks of
-/// that shard, so a fused batch is a transaction of one worker, as each request was (fused
-/// over workers, it would be one transaction over several nodes, and a worker lost would fail
-/// the acks of the live workers fused with its own). An ack request naming partitions of
-/// several shards goes to the shared fuser, as one transaction, as it asks.
+/// On Citus, a fuser per worker (direct route) or per shard (through the coordinator): acks
+/// of one worker's partitions are fused only with acks of that worker, so a fused batch runs
+/// on that worker alone, as each request did (fused over workers, a worker lost would fail
+/// the acks of the live workers fused with its own). Through the coordinator, a batch keeps
+/// to one shard: the coordinator commits a transaction that wrote several shards in two
+/// phases. An ack request naming partitions of several workers (or shards) goes to the
+/// shared fuser, as one batch, as it asks.
 struct PerShard {
     placement: crate::schema::citus::Placement,
-    /// Where a shard's acks go: its worker on the direct route.
+    /// Where a lane's acks go: its worker on the direct route.
     router: crate::db::route::Router,
-    fusers: std::sync::Mutex<std::collections::HashMap<i64, Fuser<AckJob>>>,
+    fusers: std::sync::Mutex<std::collections::HashMap<crate::schema::citus::Lane, Fuser<AckJob>>>,
     pool: Pool,
     stage: Arc<crate::metrics::Stage>,
     workers: usize,
@@ -212,8 +214,8 @@ impl Acker {
         }
     }
 
-    /// The fuser an ack request goes to: the shared one, or on Citus the one of the shard
-    /// holding every partition it names ([`PerShard`]).
+    /// The fuser an ack request goes to: the shared one, or on Citus the one of the worker
+    /// (direct route) or shard holding every partition it names ([`PerShard`]).
     async fn fuser_for(&self, items: &[AckItem]) -> Result<Fuser<AckJob>, Refusal> {
         if !self.backend.fuses_per_shard() {
             return Ok(self.fuser.clone());
@@ -222,17 +224,17 @@ impl Acker {
         ids.sort_unstable();
         ids.dedup();
         let n = &self.per_shard;
-        let placed = n.placement.one_shard(&n.pool, &ids).await;
-        let placed = placed.map_err(|e| match e {
-            crate::schema::citus::Unplaced::Pool(e) => DbError::from(e),
-            crate::schema::citus::Unplaced::Query(e) => DbError::from(e),
-        })?;
-        let Some(shard) = placed else {
+        let lane = n
+            .placement
+            .lane(&n.pool, &ids, n.router.is_direct())
+            .await
+            .map_err(DbError::from)?;
+        let Some(lane) = lane else {
             return Ok(self.fuser.clone());
         };
         let mut fusers = n.fusers.lock().unwrap();
         Ok(fusers
-            .entry(shard)
+            .entry(lane)
             .or_insert_with(|| {
                 store::start(
                     n.pool.clone(),

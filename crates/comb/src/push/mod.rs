@@ -26,6 +26,7 @@ use crate::fusion::Fuser;
 use crate::metrics::{Metrics, QueueCounts, Stage};
 use crate::queue::{DEFAULT_PARTITION, PartitionName, QueueName};
 use crate::refusal::{Kind, Refusal};
+use crate::schema::citus::Lane;
 use crate::wake::Wake;
 
 pub(crate) use handoff::{HAND_OFF_FUNCTION, HAND_OFF_NAME};
@@ -90,15 +91,6 @@ struct PerShard {
     stage: Arc<Stage>,
     workers: usize,
     max_items: usize,
-}
-
-/// Where a push's batches go on Citus: a worker's fuser (direct route; a partition found on
-/// another worker, moved by a rebalance, goes to that worker's), or a shard's, through the
-/// coordinator.
-#[derive(Clone, PartialEq, Eq, Hash)]
-enum Lane {
-    Worker(crate::db::route::Node),
-    Shard(i64),
 }
 
 impl Pusher {
@@ -365,91 +357,71 @@ impl Pusher {
     }
 
     async fn submit(&self, messages: Arc<Vec<NewMessage>>) -> Result<Vec<Stored>, Refusal> {
-        let key = store::shard_key(&messages);
-        self.fuser_for(&messages)
-            .await?
-            .ask(key, |reply| PushJob { messages, reply })
-            .await
+        let (fuser, key) = self.fuser_for(&messages).await?;
+        fuser.ask(key, |reply| PushJob { messages, reply }).await
     }
 
     /// The fuser a push goes to: the shared one, or on Citus the one of the worker (direct
     /// route) or the shard holding every partition the push names ([`PerShard`]).
-    async fn fuser_for(&self, messages: &[NewMessage]) -> Result<Fuser<PushJob>, Refusal> {
+    /// With it, the key that picks the fuser's queue ([`store::shard_key`], or in a worker's
+    /// fuser [`store::worker_key`]).
+    async fn fuser_for(&self, messages: &[NewMessage]) -> Result<(Fuser<PushJob>, u64), Refusal> {
+        let shared = || Ok((self.fuser.clone(), store::shard_key(messages)));
         if !self.catalog.backend().fuses_per_shard() {
-            return Ok(self.fuser.clone());
+            return shared();
         }
         let mut ids: Vec<Uuid> = messages.iter().map(|m| m.partition_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        let placement = &self.per_shard.placement;
-        let (mut shards, missing) = placement.known(&ids);
-        if !missing.is_empty() {
-            let client = self.pool.get().await.map_err(DbError::from)?;
-            let found = placement
-                .look_up(&client, &missing)
-                .await
-                .map_err(DbError::from)?;
-            shards.extend(found);
-        }
-        if !ids.iter().all(|id| shards.contains_key(id)) {
-            return Ok(self.fuser.clone());
-        }
-        if let Some(fuser) = self.worker_fuser(&ids) {
-            return Ok(fuser);
-        }
-        let mut of_push = ids.iter().map(|id| shards.get(id));
-        let Some(Some(&shard)) = of_push.next() else {
-            return Ok(self.fuser.clone());
-        };
-        if !of_push.all(|s| s == Some(&shard)) {
-            return Ok(self.fuser.clone());
-        }
         let n = &self.per_shard;
+        let lane = n
+            .placement
+            .lane(&self.pool, &ids, n.router.is_direct())
+            .await
+            .map_err(DbError::from)?;
+        let (lane, pool) = match lane {
+            Some(Lane::Worker(node)) => match n.router.worker(&node) {
+                Some(w) => (Lane::Worker(node), w.general),
+                // No pools for the worker: through the coordinator, a shard at a time.
+                None => match n.placement.lane(&self.pool, &ids, false).await {
+                    Ok(Some(lane)) => (lane, self.pool.clone()),
+                    _ => return shared(),
+                },
+            },
+            Some(lane) => (lane, self.pool.clone()),
+            None => return shared(),
+        };
+        let key = match lane {
+            Lane::Worker(_) => {
+                let (shards, _) = n.placement.known(&ids);
+                store::worker_key(messages, shards.values().copied().min().unwrap_or(0))
+            }
+            Lane::Shard(_) => store::shard_key(messages),
+        };
         let mut fusers = n.fusers.lock().unwrap();
-        Ok(fusers
-            .entry(Lane::Shard(shard))
-            .or_insert_with(|| {
-                store::start(
-                    self.pool.clone(),
+        let fuser = fusers
+            .entry(lane.clone())
+            .or_insert_with(|| match lane {
+                Lane::Worker(_) => store::start_on_worker(
+                    pool,
+                    self.catalog.backend(),
+                    n.wake.clone(),
+                    n.placement.clone(),
+                    n.workers,
+                    n.max_items,
+                    n.stage.clone(),
+                ),
+                Lane::Shard(_) => store::start(
+                    pool,
                     self.catalog.backend(),
                     n.wake.clone(),
                     n.workers,
                     n.max_items,
                     n.stage.clone(),
-                )
+                ),
             })
-            .clone())
-    }
-
-    /// On the direct route, the fuser of the one worker holding every partition of `ids`
-    /// (as read with their shards), if one does and its pools open.
-    fn worker_fuser(&self, ids: &[Uuid]) -> Option<Fuser<PushJob>> {
-        let n = &self.per_shard;
-        let node = n.placement.node(*ids.first()?).flatten()?;
-        if !ids[1..]
-            .iter()
-            .all(|id| n.placement.node(*id).flatten().as_ref() == Some(&node))
-        {
-            return None;
-        }
-        let pool = n.router.worker(&node)?.general;
-        let mut fusers = n.fusers.lock().unwrap();
-        Some(
-            fusers
-                .entry(Lane::Worker(node))
-                .or_insert_with(|| {
-                    store::start_on_worker(
-                        pool,
-                        self.catalog.backend(),
-                        n.wake.clone(),
-                        n.placement.clone(),
-                        n.workers,
-                        n.max_items,
-                        n.stage.clone(),
-                    )
-                })
-                .clone(),
-        )
+            .clone();
+        Ok((fuser, key))
     }
 
     /// The storage pushes go to.

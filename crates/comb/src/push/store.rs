@@ -596,6 +596,21 @@ async fn store_shards(pool: &Pool, plans: &[Plan<'_>]) -> Result<Vec<Vec<Stored>
     Ok(outcomes)
 }
 
+/// Batches of a worker's small pushes that run at once (in a worker's fuser).
+const WORKER_LANES: i64 = 2;
+
+/// The key of a push in a worker's fuser ([`start_on_worker`]). Pushes lighter than
+/// [`COPY_MIN_ROWS`] take one of [`WORKER_LANES`] queues by their lowest shard (`shard`), so
+/// that as many batches of one worker run at once, each over shards of its own: a batch on
+/// Citus waits on a statement per shard where one PostgreSQL runs one call, and one batch at
+/// a time left the worker idle between them. Heavier pushes are keyed as [`shard_key`] says.
+pub(crate) fn worker_key(messages: &[NewMessage], shard: i64) -> u64 {
+    if messages.len() < COPY_MIN_ROWS {
+        return shard.rem_euclid(WORKER_LANES) as u64;
+    }
+    shard_key(messages)
+}
+
 async fn run_batch(pool: &Pool, backend: Backend, wake: &Arc<Wake>, jobs: Vec<PushJob>) {
     let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
     let plan = Plan::new(&all, backend);

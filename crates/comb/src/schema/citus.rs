@@ -72,16 +72,18 @@ const PLACEMENT_TTL: Duration = Duration::from_secs(60);
 /// go with it).
 const PLACEMENT_CAP: usize = 100_000;
 
-/// Which shard holds which partition, cached: the push fuser batches a shard's partitions
-/// together, so that a fused batch writes one shard and commits on one node without a
-/// two-phase commit (Citus commits a transaction that wrote several shards in two phases,
-/// even when they sit on one worker; see `docs/scale-out.md`).
+/// Which shard and worker hold which partition, cached: the push and ack fusers batch a
+/// worker's partitions together (direct route), or a shard's (through the coordinator), so
+/// that a fused batch commits on one node without a two-phase commit (the coordinator
+/// commits a transaction that wrote several shards in two phases, even when they sit on one
+/// worker; a worker running its own shards' statements commits in one; see
+/// `docs/scale-out.md`).
 #[derive(Default)]
 pub(crate) struct Placement {
     known: Mutex<HashMap<Uuid, Placed>>,
 }
 
-/// Why [`Placement::one_shard`] could not say: no connection, or the look-up failed.
+/// Why [`Placement::lane`] could not say: no connection, or the look-up failed.
 #[derive(Debug)]
 pub(crate) enum Unplaced {
     Pool(deadpool_postgres::PoolError),
@@ -97,6 +99,24 @@ impl From<deadpool_postgres::PoolError> for Unplaced {
 impl From<tokio_postgres::Error> for Unplaced {
     fn from(e: tokio_postgres::Error) -> Unplaced {
         Unplaced::Query(e)
+    }
+}
+
+/// Where a fused batch goes on Citus ([`Placement::lane`]): a worker, whose batches are
+/// transactions of that worker over its shards (direct route), or a shard, whose batches go
+/// through the coordinator and touch that shard alone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Lane {
+    Worker(Node),
+    Shard(i64),
+}
+
+impl From<Unplaced> for crate::db::DbError {
+    fn from(e: Unplaced) -> crate::db::DbError {
+        match e {
+            Unplaced::Pool(e) => e.into(),
+            Unplaced::Query(e) => e.into(),
+        }
     }
 }
 
@@ -127,24 +147,43 @@ impl Placement {
         (out, missing)
     }
 
-    /// The one shard holding every partition of `ids`, from the cache or else read from
-    /// `pool` (one round trip); `None` when they span several shards or one is not found.
-    /// What a fuser per shard keys on.
-    pub(crate) async fn one_shard(
+    /// Where a fused batch of requests naming the partitions `ids` may go, from the cache or
+    /// else read from `pool` (one round trip): with `by_worker` (the direct route), the one
+    /// worker holding them all; else the one shard holding them all. `None` when they span
+    /// workers (or shards), or one is not found: such a request is a batch of its own.
+    pub(crate) async fn lane(
         &self,
         pool: &deadpool_postgres::Pool,
         ids: &[Uuid],
-    ) -> Result<Option<i64>, Unplaced> {
+        by_worker: bool,
+    ) -> Result<Option<Lane>, Unplaced> {
         let (mut shards, missing) = self.known(ids);
         if !missing.is_empty() {
             let client = pool.get().await?;
             shards.extend(self.look_up(&client, &missing).await?);
         }
-        let mut of = ids.iter().map(|id| shards.get(id));
-        let Some(Some(&shard)) = of.next() else {
+        let Some(first) = ids.first() else {
             return Ok(None);
         };
-        Ok(of.all(|s| s == Some(&shard)).then_some(shard))
+        if !ids.iter().all(|id| shards.contains_key(id)) {
+            return Ok(None);
+        }
+        if by_worker {
+            let known = self.known.lock().unwrap();
+            let node_of = |id: &Uuid| known.get(id).and_then(|(_, node, _)| node.clone());
+            if let Some(node) = node_of(first)
+                && ids[1..]
+                    .iter()
+                    .all(|id| node_of(id).as_ref() == Some(&node))
+            {
+                return Ok(Some(Lane::Worker(node)));
+            }
+        }
+        let shard = shards[first];
+        Ok(ids
+            .iter()
+            .all(|id| shards[id] == shard)
+            .then_some(Lane::Shard(shard)))
     }
 
     /// The worker holding `id`'s shard, as last read (cached for as long as its shard; a
