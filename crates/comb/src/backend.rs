@@ -122,9 +122,10 @@ impl Backend {
         !self.citus()
     }
 
-    /// Whether fused pushes and acks are batched per shard. On Citus a transaction that
-    /// writes several shards commits in two phases, even on one worker: a fused batch of
-    /// one shard commits on one node in one phase (`schema::citus::Placement`).
+    /// Whether fused pushes and acks are batched per worker or per shard. On Citus a
+    /// transaction the coordinator runs over several shards commits in two phases, even on
+    /// one worker; one a worker runs over its own shards commits in one: a fused batch keeps
+    /// to one worker (direct route) or one shard (`schema::citus::Placement::lane`).
     pub(crate) fn fuses_per_shard(self) -> bool {
         self.citus()
     }

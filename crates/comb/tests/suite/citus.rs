@@ -977,7 +977,7 @@ fn workers_of(db: &str, partitions: &[String]) -> Vec<String> {
 }
 
 /// One server fuses concurrent pushes into one transaction. On the cluster it fuses only the
-/// pushes of one shard's partitions: a batch of partitions on two workers would commit on
+/// pushes of one worker's partitions: a batch of partitions on two workers would commit on
 /// both (a two-phase commit). Single-partition pushes racing over partitions of both workers
 /// leave no two-phase commit, and each partition keeps its order. Fusion depends on timing,
 /// so the pushers race in rounds until the server has fused some pushes (a round without any
@@ -1523,9 +1523,9 @@ async fn push_batches(env: &Env) -> f64 {
 /// cursor state from the coordinator) racing over partitions of both workers, fused by the
 /// server, run no statement over several shards and leave no two-phase commit, and every
 /// failed message is handed out again (the pops, one after another, are not counted). As with pushes, the acks race in rounds until the
-/// server has fused some. (Acks are fused per shard, as pushes are; fused over both workers
-/// Citus was seen committing each worker in one phase too, so this does not tell the two
-/// apart.)
+/// server has fused some. (Acks are fused per worker, as pushes are; fused over both
+/// workers Citus was seen committing each worker in one phase too, so this does not tell the
+/// two apart.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fused_acks_of_partitions_on_two_workers_commit_on_one_node_each() {
     let env = on_citus_quiet("citus_ack_fusion").await;
