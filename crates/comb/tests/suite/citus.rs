@@ -1060,7 +1060,8 @@ fn shards_of(db: &str, partitions: &[String]) -> Vec<i64> {
 /// reads the held ids first) is one transaction of that worker, its statements router
 /// statements of each shard run by the worker: no node commits in two phases, no node runs a
 /// statement over several shards, the coordinator opens no connection to a worker, and every
-/// partition keeps its order and its duplicates answered.
+/// partition keeps its order and its duplicates answered. A push with a shard's part heavy
+/// enough to be copied in stores each shard's part apart, in order too.
 #[tokio::test]
 async fn a_push_over_several_shards_of_one_worker_is_one_transaction_of_that_worker() {
     let env = on_citus_quiet("citus_worker_fusion").await;
@@ -1122,6 +1123,14 @@ async fn a_push_over_several_shards_of_one_worker_is_one_transaction_of_that_wor
         assert_eq!(first[2 * k + 1]["message_id"], first[2 * k]["message_id"]);
         assert_eq!(again[2 * k]["message_id"], first[2 * k]["message_id"]);
     }
+    // A shard's part big enough to be copied in (70 messages) beside a small one: each
+    // commits apart, on the worker, in order.
+    let mut heavy: Vec<Value> = (5..75)
+        .map(|n| json!({"queue": "q", "partition": chosen[0], "payload": {"n": n}}))
+        .collect();
+    heavy.push(json!({"queue": "q", "partition": chosen[1], "payload": {"n": 5}}));
+    let stored = env.push(Value::Array(heavy)).await;
+    assert!(stored.iter().all(|m| m["status"] == "queued"), "{stored:?}");
 
     assert_eq!(
         two_phase_commits(&db) - two_phase,
@@ -1139,12 +1148,13 @@ async fn a_push_over_several_shards_of_one_worker_is_one_transaction_of_that_wor
         after[0].1[2], before[0].1[2],
         "the coordinator used connections to workers: {before:?} {after:?}"
     );
-    for p in chosen {
+    for (k, p) in chosen.iter().enumerate() {
         let pop = env
             .pop(&format!("/api/v1/pop/queue/q/partition/{p}?batch=100"))
             .await
             .unwrap();
-        assert_eq!(numbers(&pop), vec![0, 1, 2, 3, 4], "{p}");
+        let last = [74, 5, 4][k];
+        assert_eq!(numbers(&pop), (0..=last).collect::<Vec<i64>>(), "{p}");
     }
 }
 
