@@ -69,27 +69,51 @@ pub(super) fn worker_unreachable(e: &tokio_postgres::Error) -> bool {
 /// distributed tables on the coordinator, or one shard of each on a worker
 /// ([`list`], quoted names its catalog gave). Parameters stay parameters.
 pub(super) fn candidates_list(cursors: &str, states: &str, messages: &str) -> String {
+    select_candidates(
+        [cursors, states, messages],
+        "",
+        "c.partition_id <= $3, c.partition_id",
+    )
+}
+
+/// The group's cursors (queue `$1`, group `$2`) that pass `also` and have something to hand
+/// out (a lease ended, or a message past the cursor), in `order`, at most `$4`.
+fn select_candidates([cursors, states, messages]: [&str; 3], also: &str, order: &str) -> String {
     format!(
         "
 SELECT c.partition_id
 FROM {cursors} c
 CROSS JOIN LATERAL {state} f
-WHERE c.queue_id = $1 AND c.consumer_group = $2
+WHERE c.queue_id = $1 AND c.consumer_group = $2{also}
   AND ((f.lease_id IS NOT NULL AND f.lease_expires_at <= now())
        OR (f.lease_id IS NULL AND f.available_at <= now()
            AND EXISTS (SELECT 1 FROM {messages} m WHERE m.partition_id = c.partition_id
                          AND m.pos > f.cursor_pos AND m.seg >= f.cursor_seg)))
-ORDER BY c.partition_id <= $3, c.partition_id
+ORDER BY {order}
 LIMIT $4",
         state = crate::cursor::latest_state_in(states, "c.partition_id", "c.consumer_group"),
     )
 }
 
-/// One worker's listing: the listing of each of its shards, in one statement.
+/// The listing of one shard of each table on its worker ([`candidates_list`]'s test), as a
+/// lazy walk: the shard's cursors after the rover (`$3`) in partition order, then from the
+/// start, each half stopping at `$4` found. Ordered by a comparison with the rover, the
+/// listing read every cursor's state and sorted them all, so a pop cost as much as the
+/// group's partitions on the worker; walked along the cursors' index (`cursors_walk`), it
+/// reads a few more than it finds.
+fn shard_walk(tables: [&str; 3]) -> String {
+    let half = |side: &str| {
+        let also = format!(" AND c.partition_id {side} $3");
+        format!("({})", select_candidates(tables, &also, "c.partition_id"))
+    };
+    format!("{}\nUNION ALL\n{}", half(">"), half("<="))
+}
+
+/// One worker's listing: the walk of each of its shards, in one statement.
 fn worker_listing(shards: &[Shards]) -> String {
     let each: Vec<String> = shards
         .iter()
-        .map(|[c, s, m]| format!("({})", candidates_list(c, s, m)))
+        .map(|[c, s, m]| format!("({})", shard_walk([c, s, m])))
         .collect();
     each.join("\nUNION ALL\n")
 }
