@@ -1089,8 +1089,11 @@ impl Claiming<'_> {
 /// partition, as many at once as there are pop workers, each under a turn and on a
 /// connection of its own (its worker's on the direct route). The lane goes on once the list
 /// is made. (Claimed one after another, fifty fused pops waited for fifty claims in a row.)
-/// A claim that fails leaves the others' answer; only when none got anything is the error
-/// the answer.
+/// When claims of the listed partitions found them taken (by the lane's batch before, still
+/// claiming, or another server) and the list was full, so that more may wait past it, the
+/// rest is listed once more from where this one stopped: the pops would otherwise get
+/// nothing while partitions are free. A claim that fails leaves the others' answer; only
+/// when none got anything is the error the answer.
 async fn claim_listed(
     pool: &Pool,
     running: &Semaphore,
@@ -1099,22 +1102,70 @@ async fn claim_listed(
     wanted: usize,
     walk_done: oneshot::Sender<()>,
 ) -> Result<Vec<Claim>, DbError> {
-    let listed = {
-        let _turn = running.acquire().await.expect("never closed");
-        let client = pool.get().await?;
-        let lister = Claiming {
+    let mut walk_done = Some(walk_done);
+    let mut claims: Vec<Claim> = Vec::new();
+    let mut failed = None;
+    for _ in 0..LISTINGS {
+        let want = wanted - claims.len();
+        let listed = {
+            let _turn = running.acquire().await.expect("never closed");
+            let client = pool.get().await?;
+            let lister = Claiming {
+                ctx,
+                shape,
+                lease: None,
+            };
+            lister.list(&client, want).await?
+        };
+        if let Some(done) = walk_done.take() {
+            let _ = done.send(());
+        }
+        let full = listed.len() as i64 >= want as i64 + LOOKAHEAD;
+        claim_each(
+            pool,
+            running,
             ctx,
             shape,
-            lease: None,
-        };
-        lister.list(&client, wanted).await?
-    };
-    let _ = walk_done.send(());
+            listed,
+            wanted,
+            &mut claims,
+            &mut failed,
+        )
+        .await;
+        if claims.len() >= wanted || !full {
+            break;
+        }
+    }
+    match failed {
+        Some(e) if claims.is_empty() => Err(e),
+        Some(e) => {
+            tracing::warn!(error = %e, "a claim of a listed partition failed; the pops get the others");
+            Ok(claims)
+        }
+        None => Ok(claims),
+    }
+}
+
+/// Listings a fused pop over a queue on Citus makes at most ([`claim_listed`]).
+const LISTINGS: usize = 2;
+
+/// Claims the `listed` partitions, as many at once as `claims` still lacks of `wanted`, each
+/// by [`claim_named`]; the first failure goes into `failed`. The rover ends at the last
+/// partition tried, in the listing's order.
+#[allow(clippy::too_many_arguments)]
+async fn claim_each(
+    pool: &Pool,
+    running: &Semaphore,
+    ctx: &Context,
+    shape: &PopShape,
+    listed: Vec<Uuid>,
+    wanted: usize,
+    claims: &mut Vec<Claim>,
+    failed: &mut Option<DbError>,
+) {
     let mut last = None;
     let mut pending = listed.into_iter();
     let mut claiming = futures_util::stream::FuturesUnordered::new();
-    let mut claims: Vec<Claim> = Vec::new();
-    let mut failed = None;
     loop {
         while claims.len() + claiming.len() < wanted {
             let Some(partition_id) = pending.next() else {
@@ -1135,14 +1186,6 @@ async fn claim_listed(
     // it goes back to the last partition tried, in the listing's order.
     if let Some(last) = last {
         ctx.rovers.set(shape.queue_id, &shape.group, last);
-    }
-    match failed {
-        Some(e) if claims.is_empty() => Err(e),
-        Some(e) => {
-            tracing::warn!(error = %e, "a claim of a listed partition failed; the pops get the others");
-            Ok(claims)
-        }
-        None => Ok(claims),
     }
 }
 
