@@ -374,6 +374,22 @@ impl CopyRows {
 /// work per row of an `INSERT … SELECT`, at the price of one more round trip.
 const COPY_MIN_ROWS: usize = 64;
 
+/// Push workers keyed by [`shard_key`] (or [`worker_key`]), a batch weighing its messages.
+fn keyed(
+    workers: usize,
+    max_items: usize,
+    run: Runner<PushJob>,
+    stage: Arc<Stage>,
+) -> Fuser<PushJob> {
+    Fuser::start_keyed(
+        workers,
+        max_items,
+        |j: &PushJob| j.messages.len(),
+        run,
+        stage,
+    )
+}
+
 /// Starts the push workers.
 pub(crate) fn start(
     pool: Pool,
@@ -388,13 +404,7 @@ pub(crate) fn start(
         let wake = wake.clone();
         Box::pin(async move { run_batch(&pool, backend, &wake, jobs).await })
     });
-    Fuser::start_keyed(
-        workers,
-        max_items,
-        |j: &PushJob| j.messages.len(),
-        run,
-        stage,
-    )
+    keyed(workers, max_items, run, stage)
 }
 
 /// The shard key of a push. Pushes lighter than [`COPY_MIN_ROWS`] all share one worker:
@@ -462,13 +472,7 @@ pub(crate) fn start_on_worker(
         let placement = placement.clone();
         Box::pin(async move { run_worker_batch(&pool, backend, &placement, &wake, jobs).await })
     });
-    Fuser::start_keyed(
-        workers,
-        max_items,
-        |j: &PushJob| j.messages.len(),
-        run,
-        stage,
-    )
+    keyed(workers, max_items, run, stage)
 }
 
 /// A batch of one worker's pushes: split by shard, in shard order (every batch locks

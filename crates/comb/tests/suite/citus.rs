@@ -1033,6 +1033,14 @@ async fn fused_pushes_of_partitions_on_two_workers_commit_on_one_node_each() {
     }
 }
 
+/// What became of each message of a push, in order (`queued`, `duplicate`).
+fn statuses(pushed: &[Value]) -> Vec<String> {
+    pushed
+        .iter()
+        .map(|m| m["status"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// The shard of each of `partitions` (names of queue `q`), in their order.
 fn shards_of(db: &str, partitions: &[String]) -> Vec<i64> {
     let list: Vec<String> = partitions.iter().map(|p| format!("'{p}'")).collect();
@@ -1108,11 +1116,6 @@ async fn a_push_over_several_shards_of_one_worker_is_one_transaction_of_that_wor
         .collect();
     let first = env.push(Value::Array(checked.clone())).await;
     let again = env.push(Value::Array(checked)).await;
-    let statuses = |r: &[Value]| -> Vec<String> {
-        r.iter()
-            .map(|m| m["status"].as_str().unwrap().to_string())
-            .collect()
-    };
     assert_eq!(
         statuses(&first),
         ["queued", "duplicate"].repeat(3),
@@ -1623,11 +1626,6 @@ async fn pushes_with_transaction_ids_answer_duplicates_and_commit_in_one_phase()
             {"queue": "q", "partition": "p", "payload": {"n": 4}},
         ]))
         .await;
-    let statuses = |r: &[Value]| -> Vec<String> {
-        r.iter()
-            .map(|m| m["status"].as_str().unwrap().to_string())
-            .collect()
-    };
     assert_eq!(
         statuses(&first),
         ["queued", "queued", "duplicate", "queued"],
