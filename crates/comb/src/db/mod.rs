@@ -348,6 +348,16 @@ pub(crate) async fn connect(
     Ok(client)
 }
 
+/// A placement that could not be read: no connection, or the look-up failed.
+impl From<crate::schema::citus::Unplaced> for DbError {
+    fn from(e: crate::schema::citus::Unplaced) -> DbError {
+        match e {
+            crate::schema::citus::Unplaced::Pool(e) => e.into(),
+            crate::schema::citus::Unplaced::Query(e) => e.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::session_settings;

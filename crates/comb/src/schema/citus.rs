@@ -111,15 +111,6 @@ pub(crate) enum Lane {
     Shard(i64),
 }
 
-impl From<Unplaced> for crate::db::DbError {
-    fn from(e: Unplaced) -> crate::db::DbError {
-        match e {
-            Unplaced::Pool(e) => e.into(),
-            Unplaced::Query(e) => e.into(),
-        }
-    }
-}
-
 /// A partition's shard, its worker, and when they were read.
 type Placed = (i64, Option<Node>, Instant);
 
