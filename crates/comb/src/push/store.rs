@@ -486,25 +486,20 @@ async fn run_worker_batch(
 ) {
     let all: Vec<&NewMessage> = jobs.iter().flat_map(|j| j.messages.iter()).collect();
     let groups = by_shard(placement, &all);
-    let result = if groups.len() == 1 {
-        let plan = Plan::new(&all, backend);
-        again_on_conflict!(store(pool, &plan, &mut []).await)
-    } else {
-        let members: Vec<Vec<&NewMessage>> = groups
-            .iter()
-            .map(|g| g.iter().map(|&i| all[i]).collect())
-            .collect();
-        let plans: Vec<Plan<'_>> = members.iter().map(|m| Plan::new(m, backend)).collect();
-        again_on_conflict!(store_shards(pool, &plans).await).map(|per_shard| {
-            let mut out = vec![Stored::PartitionGone; all.len()];
-            for (g, stored) in groups.iter().zip(per_shard) {
-                for (&i, s) in g.iter().zip(stored) {
-                    out[i] = s;
-                }
+    let members: Vec<Vec<&NewMessage>> = groups
+        .iter()
+        .map(|g| g.iter().map(|&i| all[i]).collect())
+        .collect();
+    let plans: Vec<Plan<'_>> = members.iter().map(|m| Plan::new(m, backend)).collect();
+    let result = again_on_conflict!(store_shards(pool, &plans).await).map(|per_shard| {
+        let mut out = vec![Stored::PartitionGone; all.len()];
+        for (g, stored) in groups.iter().zip(per_shard) {
+            for (&i, s) in g.iter().zip(stored) {
+                out[i] = s;
             }
-            out
-        })
-    };
+        }
+        out
+    });
     if result.is_ok() {
         announce(wake, all.iter().copied());
     }
@@ -548,12 +543,20 @@ async fn store_shards(pool: &Pool, plans: &[Plan<'_>]) -> Result<Vec<Vec<Stored>
         let each = plans.iter().map(|plan| store(pool, plan, &mut []));
         return futures_util::future::try_join_all(each).await;
     }
-    let client = pool.get().await?;
+    pipelined(&pool.get().await?, plans).await
+}
+
+/// [`store_shards`] of `plans` none of which copies, on `client`: also a lone batch's store
+/// on Citus ([`store`]), as the one plan of its shard.
+async fn pipelined(
+    client: &deadpool_postgres::Client,
+    plans: &[Plan<'_>],
+) -> Result<Vec<Vec<Stored>>, DbError> {
     let mut statements = Vec::with_capacity(plans.len());
     for plan in plans {
-        statements.push(Statements::prepare(&client, plan).await?);
+        statements.push(Statements::prepare(client, plan).await?);
     }
-    let p = Pipelined::on(&client);
+    let p = Pipelined::on(client);
     let parts = || plans.iter().zip(&statements);
     if statements.iter().all(|s| s.prior.is_none()) {
         let runs = join_all(parts().map(|(plan, s)| plan.run(&p, s)));
@@ -581,7 +584,7 @@ async fn store_shards(pool: &Pool, plans: &[Plan<'_>]) -> Result<Vec<Vec<Stored>
     {
         Ok(steps) => steps,
         Err(e) => {
-            db::roll_back(&client).await;
+            db::roll_back(client).await;
             return Err(e);
         }
     };
@@ -679,34 +682,8 @@ async fn store(
         return plan.store_in_one_call(&client, &call, offered).await;
     }
     debug_assert!(offered.is_empty(), "nothing hands off on Citus");
-    let statements = Statements::prepare(&client, plan).await?;
-    let p = Pipelined::on(&client);
-    if let Some(prior) = &statements.prior {
-        // Two round trips: the COMMIT goes with the append, never before it.
-        let (begin, read) = tokio::join!(
-            p.begin(),
-            plan.read_prior_on_citus(&p, &statements.lock, prior)
-        );
-        let read = match begin.map_err(DbError::from).and(read) {
-            Ok(read) => read,
-            Err(e) => {
-                db::roll_back(&client).await;
-                return Err(e);
-            }
-        };
-        let (outcomes, commit) = tokio::join!(
-            plan.append_new_on_citus(&p, &statements.insert, &read),
-            p.commit()
-        );
-        let outcomes = outcomes?;
-        commit?;
-        return Ok(outcomes);
-    }
-    let (begin, outcomes, commit) = tokio::join!(p.begin(), plan.run(&p, &statements), p.commit());
-    begin?;
-    let outcomes = outcomes?;
-    commit?;
-    Ok(outcomes)
+    let mut outcomes = pipelined(&client, std::slice::from_ref(plan)).await?;
+    Ok(outcomes.pop().expect("one plan, one outcome"))
 }
 
 /// Stores messages inside the caller's transaction (used by `/transaction`); the caller
