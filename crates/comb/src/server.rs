@@ -342,27 +342,27 @@ mod tests {
             .collect()
     }
 
-    /// The hash of each function's text, for [`schema::FUNCTIONS_VERSION`] 2.
+    /// The hash of each function's text, for [`schema::FUNCTIONS_VERSION`] 3.
     const PINNED: &[(&str, u64)] = &[
-        ("comb.hand_off_v2", 11924916642781534468),
-        ("comb.store_batch_v2", 7490716524323696715),
-        ("comb.complete_acks_v2", 13312467479989131996),
+        ("comb.hand_off_v3", 7263440309646496149),
+        ("comb.store_batch_v3", 6574156560215407489),
+        ("comb.complete_acks_v3", 11671601241059222640),
         (
-            "comb.claim_partition_v2(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
+            "comb.claim_partition_v3(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
              bigint, uuid, boolean, boolean)",
-            6921421331471959394,
+            5784774973192289403,
         ),
         (
-            "comb.judge_acks_v2(uuid[], text[], text[], uuid[], uuid)",
-            15643416950674302894,
+            "comb.judge_acks_v3(uuid[], text[], text[], uuid[], uuid)",
+            17404075982752277636,
         ),
         (
-            "comb.extend_lease_v2(uuid, text, uuid, double precision)",
-            5042375378062486613,
+            "comb.extend_lease_v3(uuid, text, uuid, double precision)",
+            919744550409657146,
         ),
         (
-            "comb.create_partition_v2(uuid, uuid, text)",
-            8179499246977531900,
+            "comb.create_partition_v3(uuid, uuid, text)",
+            4466416717182569937,
         ),
     ];
 
@@ -372,7 +372,7 @@ mod tests {
     /// `schema/mod.rs` and pin the new hashes here.
     #[test]
     fn every_function_body_is_pinned_to_the_functions_version() {
-        assert_eq!(schema::FUNCTIONS_VERSION, 2, "pin the new version's bodies");
+        assert_eq!(schema::FUNCTIONS_VERSION, 3, "pin the new version's bodies");
         let have: Vec<(String, u64)> = functions()
             .into_iter()
             .map(|(n, f)| (n.to_string(), fnv(f)))

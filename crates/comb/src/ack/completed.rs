@@ -43,6 +43,22 @@ judged AS MATERIALIZED (
             $state,
             " s
     CROSS JOIN LATERAL (
+        -- The lease's whole range, read when the ack names as many messages as it spans:
+        -- taken when its messages are exactly the acked ones (compared sorted), and then
+        -- the probe below never runs (`LIMIT 1`).
+        SELECT w.pos, w.seg, w.found FROM (
+            SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found,
+                   array_agg(m.transaction_id ORDER BY m.transaction_id) AS txids
+            FROM (
+                SELECT m.pos, m.seg, m.transaction_id FROM ",
+            crate::messages::partition_messages!($messages),
+            "
+                  AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
+                  AND cardinality(c.txids) = s.lease_upto - s.cursor_pos
+                ORDER BY m.pos
+            ) m
+        ) w WHERE w.txids = c.txids
+        UNION ALL
         -- Aggregated in the order the subquery sorts them: one sort for both arrays.
         SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found
         FROM (
@@ -52,6 +68,7 @@ judged AS MATERIALIZED (
               AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
             ORDER BY m.pos
         ) m
+        LIMIT 1
     ) f
     WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()
       AND (c.leases IS NULL OR s.lease_id = ALL (c.leases))
@@ -111,6 +128,14 @@ macro_rules! judge_select {
 /// messages each: the acked messages are sorted once (a subquery feeding both arrays), the
 /// items' leases are compared without sorting them, and with nothing settled the acked
 /// positions are the merge as they are (sorted, and distinct: positions are unique).
+///
+/// An ack of a lease's whole batch, the usual case with large pops, is judged by reading the
+/// lease's range once and comparing its transaction ids with the acked ones, sorted. The probe
+/// by ids runs through the range by position, testing each message against every acked id
+/// (`= ANY` of an array is a linear search), quadratic in the batch: an ack of 1,000 took
+/// 9 ms there, 3.4–4.2 ms compared whole. Positions are dense in a lease's range unless
+/// retention dropped some, so the range is read only when the ack names as many messages
+/// as it spans; anything else goes by the probe, with the same result.
 macro_rules! judge_sql {
     (state: $state:expr; messages: $messages:literal; partition: $partition:literal) => {
         judge_sql!(state: $state; messages: $messages; partition: $partition;

@@ -760,7 +760,7 @@ FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id
 
 -- @CLAIM_CITUS_FUNCTION
-CREATE FUNCTION comb.claim_partition_v2(a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, a_opening boolean)
+CREATE FUNCTION comb.claim_partition_v3(a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, a_opening boolean)
 RETURNS TABLE (partition_id uuid, name text, lease_id uuid, lease_expires_at timestamptz, pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea, created_at timestamptz, attempt integer, producer_sub text, refused boolean)
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
 #variable_conflict use_column
@@ -1276,7 +1276,7 @@ END;
 END $body$
 
 -- @CLAIM_CITUS_CALL
-SELECT * FROM comb.claim_partition_v2(
+SELECT * FROM comb.claim_partition_v3(
     $1::uuid, $2::text, $3::uuid[], $4::bigint, $5::float8, $6::boolean, $7::uuid, $8::bigint,
     $9::uuid, $10::boolean, $11::boolean)
 

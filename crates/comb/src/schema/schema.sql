@@ -38,7 +38,7 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE FUNCTION comb.complete_acks_v2(a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
+CREATE FUNCTION comb.complete_acks_v3(a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -115,6 +115,20 @@ judged AS MATERIALIZED (
     FROM c
     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
     CROSS JOIN LATERAL (
+        -- The lease's whole range, read when the ack names as many messages as it spans:
+        -- taken when its messages are exactly the acked ones (compared sorted), and then
+        -- the probe below never runs (`LIMIT 1`).
+        SELECT w.pos, w.seg, w.found FROM (
+            SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found,
+                   array_agg(m.transaction_id ORDER BY m.transaction_id) AS txids
+            FROM (
+                SELECT m.pos, m.seg, m.transaction_id FROM comb.messages m WHERE m.partition_id = c.partition_id
+                  AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
+                  AND cardinality(c.txids) = s.lease_upto - s.cursor_pos
+                ORDER BY m.pos
+            ) m
+        ) w WHERE w.txids = c.txids
+        UNION ALL
         -- Aggregated in the order the subquery sorts them: one sort for both arrays.
         SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found
         FROM (
@@ -122,6 +136,7 @@ judged AS MATERIALIZED (
               AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
             ORDER BY m.pos
         ) m
+        LIMIT 1
     ) f
     WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()
       AND (c.leases IS NULL OR s.lease_id = ALL (c.leases))
@@ -255,7 +270,7 @@ CREATE FUNCTION comb.group_live(q uuid, g text) RETURNS TABLE(partitions bigint,
     WHERE c.queue_id = q AND c.consumer_group = g
 $$;
 
-CREATE FUNCTION comb.hand_off_v2(a_partitions uuid[], a_groups text[], a_leases uuid[], a_lengths double precision[], a_batches bigint[], a_ids uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
+CREATE FUNCTION comb.hand_off_v3(a_partitions uuid[], a_groups text[], a_leases uuid[], a_lengths double precision[], a_batches bigint[], a_ids uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -488,7 +503,7 @@ CREATE FUNCTION comb.retention_secs(options jsonb) RETURNS double precision
                                     nullif((options->>'ttl')::float8, 0)), 0) END
 $$;
 
-CREATE FUNCTION comb.store_batch_v2(a_lock uuid[], a_partitions uuid[], a_ranks bigint[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[], a_subs text[], a_checks boolean[], o_partitions uuid[], o_groups text[], o_leases uuid[], o_lengths double precision[], o_batches bigint[]) RETURNS TABLE(partition_id uuid, ord bigint, prior_id uuid, stored boolean, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
+CREATE FUNCTION comb.store_batch_v3(a_lock uuid[], a_partitions uuid[], a_ranks bigint[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[], a_subs text[], a_checks boolean[], o_partitions uuid[], o_groups text[], o_leases uuid[], o_lengths double precision[], o_batches bigint[]) RETURNS TABLE(partition_id uuid, ord bigint, prior_id uuid, stored boolean, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -645,7 +660,7 @@ FOR NO KEY UPDATE SKIP LOCKED;
     ELSIF cardinality(o_partitions) > 0 THEN
         RETURN QUERY SELECT h.partition_id, NULL::bigint, NULL::uuid, NULL::boolean,
             h.consumer_group, h.lease_id, h.pos, h.message_id, h.created_at
-            FROM comb.hand_off_v2(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
+            FROM comb.hand_off_v3(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
     END IF;
 END $$;
 

@@ -99,3 +99,83 @@ async fn completing_acks_move_the_cursor_as_the_rules_say_in_any_order_and_group
     // Every message was acked: nothing comes back.
     assert!(env.pop("/api/v1/pop/queue/q?batch=100").await.is_none());
 }
+
+/// The cursor of partition `partition` as `position settled released`.
+fn cursor_of(env: &Env, partition: &str) -> String {
+    env.sql(&format!(
+        "SELECT s.cursor_pos || ' ' || array_to_string(s.settled, ',') || ' '
+                || (s.lease_id IS NULL)
+         FROM comb.cursors_now s JOIN comb.partitions p ON p.id = s.partition_id
+         WHERE p.name = '{partition}'"
+    ))
+}
+
+/// An ack naming as many messages as its lease spans completes the lease whole only when
+/// they are exactly the lease's messages, in whatever order: the judgement reads the lease's
+/// range once for such an ack, and an id that is not the lease's (another message, or one
+/// named twice) leaves it to the rules message by message.
+#[tokio::test]
+async fn an_ack_as_large_as_its_lease_completes_it_only_with_exactly_its_messages() {
+    let env = Env::start().await;
+    env.configure("q", json!({"leaseTime": 300})).await;
+    let leased = 6;
+    let ack = |messages: &[Value], ids: &[String]| {
+        json!({"acknowledgments": ids.iter().map(|id| json!({
+            "transactionId": id,
+            "partitionId": messages[0]["partitionId"],
+            "leaseId": messages[0]["leaseId"],
+            "status": "completed",
+        })).collect::<Vec<_>>()})
+    };
+    // Three lanes: the lease's messages in reverse order; five of them and another
+    // partition's message; five of them and one named twice.
+    for (lane, case) in ["whole", "foreign", "twice"].iter().enumerate() {
+        let partition = format!("p{lane}");
+        let items: Vec<Value> = (0..leased)
+            .map(|n| json!({"queue": "q", "partition": partition, "payload": {"n": n}}))
+            .collect();
+        env.push(json!(items)).await;
+        let pop = env
+            .pop(&format!(
+                "/api/v1/pop/queue/q/partition/{partition}?batch={leased}"
+            ))
+            .await
+            .expect("the leased messages");
+        let messages = pop["messages"].as_array().unwrap().clone();
+        assert_eq!(messages.len(), leased, "{pop}");
+        let mut ids: Vec<String> = messages
+            .iter()
+            .rev()
+            .map(|m| m["transactionId"].as_str().unwrap().to_string())
+            .collect();
+        match *case {
+            "whole" => {}
+            "foreign" => {
+                // The message first pushed (position 1) is left out; another partition's
+                // message takes its place.
+                env.push(json!([{"queue": "q", "partition": "elsewhere", "payload": {}}]))
+                    .await;
+                let other = env
+                    .sql("SELECT m.transaction_id FROM comb.messages m JOIN comb.partitions p ON p.id = m.partition_id WHERE p.name = 'elsewhere'");
+                ids[leased - 1] = other;
+            }
+            _ => ids[leased - 1] = ids[0].clone(),
+        }
+        let (s, body) = env.post("/api/v1/ack/batch", &ack(&messages, &ids)).await;
+        assert_eq!(s, reqwest::StatusCode::OK, "{body}");
+        let answers = body.as_array().unwrap();
+        assert_eq!(answers.len(), leased, "{body}");
+        if *case == "whole" {
+            assert!(answers.iter().all(|r| r["success"] == true), "{body}");
+            assert_eq!(cursor_of(&env, &partition), format!("{leased}  true"));
+        } else {
+            // Position 1 is not acked: the others are settled above it, the lease holds.
+            let settled: Vec<String> = (2..=leased).map(|p| p.to_string()).collect();
+            assert_eq!(
+                cursor_of(&env, &partition),
+                format!("0 {} false", settled.join(",")),
+                "{case}: {body}"
+            );
+        }
+    }
+}
