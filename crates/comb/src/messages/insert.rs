@@ -142,6 +142,16 @@ FROM comb.messages m
 WHERE m.partition_id = $1 AND m.transaction_id = ANY($2::text[])
 ORDER BY m.transaction_id, m.pos";
 
+/// The start of a transaction that reads [`PRIOR_SQL`] outside a function: `BEGIN`, with
+/// whole-table reads priced out as the consumer path prices them ([`crate::db::consumer_plans`];
+/// not its generic plans, which Citus refuses). A connection keeps the generic plan it made
+/// for the statement, and one made while the newest segment was empty, as the segment made
+/// ahead of its turn is, read that segment whole for every batch, until its statistics were
+/// next refreshed, while it grew by every push. Priced out, the read takes an index, at worst
+/// the primary key's run of the partition until the statistics catch up.
+pub(crate) const PRIOR_BEGIN: &str =
+    "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off";
+
 /// The insert for batches without producer-given transaction ids, which cannot repeat a stored
 /// message: positions `head + rank` with each item's rank in its partition computed by the
 /// broker, no duplicate check, nothing returned. Partitions deleted before the lock are not

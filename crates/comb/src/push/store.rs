@@ -40,7 +40,7 @@ use crate::backend::{Backend, Forms};
 use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::fusion::{self, Fuser, Runner};
 use crate::messages::insert::{
-    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_SQL,
+    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_BEGIN, PRIOR_SQL,
 };
 use crate::metrics::Stage;
 use crate::schema::citus::Placement;
@@ -871,7 +871,12 @@ impl<'a> Plan<'a> {
         let p = Pipelined::on(client);
         let params: [&(dyn ToSql + Sync); 1] = [&self.lock_ids];
         let (begin, locked, heads, held, sink) = tokio::join!(
-            p.begin(),
+            async {
+                match prior {
+                    Some(_) => p.begin_with(PRIOR_BEGIN).await,
+                    None => p.begin().await,
+                }
+            },
             p.query(&lock, &params),
             async {
                 if !citus {

@@ -159,3 +159,46 @@ async fn copied_batches_are_checked_for_duplicates_too() {
         "100|100"
     );
 }
+
+/// The duplicate check of a copied batch reads the segment being written by its index, even
+/// with a plan made while the segment was empty: a plan kept from then would read the whole
+/// segment for every batch until its statistics caught up (up to a maintenance interval
+/// after each segment switch, while the segment grows by every push).
+#[tokio::test]
+async fn the_duplicate_check_of_a_copied_batch_never_reads_the_segment_whole() {
+    // No maintenance cycle within the test: the segment's statistics stay those of a young
+    // table, as they are after a switch.
+    let env = Env::start_with(&["--maintenance-interval-ms", "600000"]).await;
+    let segment = env.sql("SELECT 'comb.messages_' || max(seg) FROM comb.segments");
+    let seq_scans = || {
+        env.sql(&format!(
+            "SELECT seq_scan FROM pg_stat_user_tables WHERE relid = '{segment}'::regclass"
+        ))
+        .parse::<i64>()
+        .unwrap()
+    };
+    // Analysed while empty, as a segment made ahead of its turn can be.
+    env.sql(&format!("ANALYZE {segment}"));
+    let before = seq_scans();
+    // More pushes than a statement runs before PostgreSQL settles on a generic plan, each
+    // of a batch large enough to be copied.
+    for round in 0..12 {
+        let items: Vec<serde_json::Value> = (0..100)
+            .map(|n| {
+                json!({"queue": "q", "partition": "p", "payload": {"n": n},
+                       "transactionId": format!("r{round}-{n}")})
+            })
+            .collect();
+        let stored = env.push(json!(items)).await;
+        assert!(stored.iter().all(|s| s["status"] == "queued"), "{stored:?}");
+    }
+    // Each server connection reports its counts a little after its transactions end; its
+    // inserts and its scans together.
+    common::until("the pushes' counts reported", || async {
+        env.sql(&format!(
+            "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = '{segment}'::regclass"
+        )) == "1200"
+    })
+    .await;
+    assert_eq!(seq_scans(), before, "the segment was read whole by a push");
+}
