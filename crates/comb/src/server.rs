@@ -346,15 +346,15 @@ mod tests {
     const PINNED: &[(&str, u64)] = &[
         ("comb.hand_off_v3", 7263440309646496149),
         ("comb.store_batch_v3", 6574156560215407489),
-        ("comb.complete_acks_v3", 11671601241059222640),
+        ("comb.complete_acks_v3", 16425101429615107584),
         (
             "comb.claim_partition_v3(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
              bigint, uuid, boolean, boolean)",
             5784774973192289403,
         ),
         (
-            "comb.judge_acks_v3(uuid[], text[], text[], uuid[], uuid)",
-            17404075982752277636,
+            "comb.judge_acks_v3(uuid[], text[], uuid[], text[], integer[], integer[], uuid)",
+            8836256820842456005,
         ),
         (
             "comb.extend_lease_v3(uuid, text, uuid, double precision)",

@@ -38,7 +38,7 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE FUNCTION comb.complete_acks_v3(a_partitions uuid[], a_groups text[], a_txids text[], a_leases uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
+CREATE FUNCTION comb.complete_acks_v3(a_partitions uuid[], a_groups text[], a_leases uuid[], a_txids text[], a_lo integer[], a_hi integer[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -52,7 +52,7 @@ DECLARE
     acked_seg integer;
     next_pos bigint;
 BEGIN
-    IF cardinality(a_partitions) = 1 THEN
+    IF cardinality(a_txids) = 1 THEN
         PERFORM 1 FROM comb.cursors WHERE partition_id = a_partitions[1] AND consumer_group = a_groups[1]
 FOR NO KEY UPDATE;
         SELECT s.* INTO st FROM comb.cursor_state(a_partitions[1], a_groups[1]) s;
@@ -95,15 +95,10 @@ WHERE (c.partition_id, c.consumer_group) IN (SELECT * FROM unnest($1::uuid[], $2
 ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c) l;
     RETURN QUERY
-WITH i AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[])
-        AS i(partition_id, consumer_group, transaction_id, lease_id)
-),
-c AS (
-    SELECT i.partition_id, i.consumer_group,
-           array_agg(DISTINCT i.transaction_id) AS txids,
-           array_agg(i.lease_id) FILTER (WHERE i.lease_id IS NOT NULL) AS leases
-    FROM i GROUP BY i.partition_id, i.consumer_group
+WITH c AS (
+    SELECT i.partition_id, i.consumer_group, i.lease_id, ($4::text[])[i.lo:i.hi] AS txids
+    FROM unnest($1::uuid[], $2::text[], $3::uuid[], $5::int[], $6::int[])
+        AS i(partition_id, consumer_group, lease_id, lo, hi)
 ),
 judged AS MATERIALIZED (
     SELECT c.partition_id, c.consumer_group, s.ver, s.cursor_pos, s.cursor_seg, s.settled,
@@ -120,7 +115,7 @@ judged AS MATERIALIZED (
         -- the probe below never runs (`LIMIT 1`).
         SELECT w.pos, w.seg, w.found FROM (
             SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found,
-                   array_agg(m.transaction_id ORDER BY m.transaction_id) AS txids
+                   array_agg(m.transaction_id ORDER BY m.transaction_id COLLATE "C") AS txids
             FROM (
                 SELECT m.pos, m.seg, m.transaction_id FROM comb.messages m WHERE m.partition_id = c.partition_id
                   AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
@@ -139,7 +134,7 @@ judged AS MATERIALIZED (
         LIMIT 1
     ) f
     WHERE s.lease_id IS NOT NULL AND s.lease_expires_at > now()
-      AND (c.leases IS NULL OR s.lease_id = ALL (c.leases))
+      AND (c.lease_id IS NULL OR s.lease_id = c.lease_id)
       AND f.found = cardinality(c.txids)
       AND NOT (f.pos && s.settled)
 ),
