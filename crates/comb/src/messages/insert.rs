@@ -132,11 +132,28 @@ pub(crate) const INSERT_SQL: &str = insert_sql!();
 /// The transaction ids among `$2` that partition `$1` already holds, with the message each
 /// was first stored as, read after the push's partition lock (so no racing push of the
 /// partition slips in between), after which the new messages are copied in (a batch of
-/// `COPY` size, on both backends) or take the plain append (on Citus). On Citus it is a
-/// router statement of the partition's shard: [`INSERT_SQL`]'s insert, a data-modifying
-/// CTE, Citus plans in steps through the coordinator and commits in two phases; these two
-/// statements name one shard each and commit on its worker in one phase.
+/// `COPY` size, on both backends) or take the plain append (on Citus).
+///
+/// On one PostgreSQL the partition is tested on each row found (`IS TRUE`) rather than
+/// given to an index, so that the transaction ids' index is the only one the read can take
+/// ([`PRIOR_BEGIN`] prices out whole-table reads). A connection keeps the generic plan it
+/// made, and one made while the newest segment was empty (analysed empty, as a segment made
+/// ahead of its turn is) otherwise read that segment whole, or the partition's run of its
+/// primary key, for every batch, until maintenance next refreshed its statistics, while the
+/// segment grew by every push. A transaction id found in another partition is read and
+/// passed over.
 pub(crate) const PRIOR_SQL: &str = "
+SELECT DISTINCT ON (m.transaction_id) m.transaction_id, m.message_id
+FROM comb.messages m
+WHERE m.transaction_id = ANY($2::text[]) AND (m.partition_id = $1) IS TRUE
+ORDER BY m.transaction_id, m.pos";
+
+/// [`PRIOR_SQL`] on Citus: the partition given as the distribution column's equality, so
+/// that it is a router statement of the partition's shard (the workers plan it for each
+/// execution, from their shards' sizes). [`INSERT_SQL`]'s insert, a data-modifying CTE,
+/// Citus plans in steps through the coordinator and commits in two phases; this read and
+/// the plain append name one shard each and commit on its worker in one phase.
+pub(crate) const PRIOR_CITUS_SQL: &str = "
 SELECT DISTINCT ON (m.transaction_id) m.transaction_id, m.message_id
 FROM comb.messages m
 WHERE m.partition_id = $1 AND m.transaction_id = ANY($2::text[])
@@ -144,11 +161,7 @@ ORDER BY m.transaction_id, m.pos";
 
 /// The start of a transaction that reads [`PRIOR_SQL`] outside a function: `BEGIN`, with
 /// whole-table reads priced out as the consumer path prices them ([`crate::db::consumer_plans`];
-/// not its generic plans, which Citus refuses). A connection keeps the generic plan it made
-/// for the statement, and one made while the newest segment was empty, as the segment made
-/// ahead of its turn is, read that segment whole for every batch, until its statistics were
-/// next refreshed, while it grew by every push. Priced out, the read takes an index, at worst
-/// the primary key's run of the partition until the statistics catch up.
+/// not its generic plans, which Citus refuses).
 pub(crate) const PRIOR_BEGIN: &str =
     "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off";
 

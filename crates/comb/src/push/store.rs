@@ -40,7 +40,8 @@ use crate::backend::{Backend, Forms};
 use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::fusion::{self, Fuser, Runner};
 use crate::messages::insert::{
-    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_BEGIN, PRIOR_SQL,
+    COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_BEGIN,
+    PRIOR_CITUS_SQL, PRIOR_SQL,
 };
 use crate::metrics::Stage;
 use crate::schema::citus::Placement;
@@ -140,6 +141,12 @@ pub(crate) struct PushJob {
 const HEADS: Forms = Forms {
     postgres: HEADS_SQL,
     citus: HEADS_CITUS_SQL,
+};
+
+/// The read of the ids a partition holds among a checked batch's ([`PRIOR_SQL`]).
+const PRIOR: Forms = Forms {
+    postgres: PRIOR_SQL,
+    citus: PRIOR_CITUS_SQL,
 };
 
 const APPEND_SQL: &str =
@@ -732,7 +739,7 @@ impl Statements {
             client.prepare_cached(backend.sql(&APPEND)).await?
         };
         let prior = if plan.checks_duplicates() && citus {
-            Some(client.prepare_cached(PRIOR_SQL).await?)
+            Some(client.prepare_cached(backend.sql(&PRIOR)).await?)
         } else {
             None
         };
@@ -864,7 +871,7 @@ impl<'a> Plan<'a> {
             })
             .await?;
         let prior = if self.checks_duplicates() {
-            Some(client.prepare_cached(PRIOR_SQL).await?)
+            Some(client.prepare_cached(self.backend.sql(&PRIOR)).await?)
         } else {
             None
         };
@@ -1164,7 +1171,7 @@ impl<'a> Plan<'a> {
 
     /// A batch with producers' transaction ids on Citus, in two round trips: the lock and,
     /// pipelined after it, each partition's prior messages of the batch's ids
-    /// ([`PRIOR_SQL`], a router statement per partition); then the plain append of the
+    /// ([`PRIOR_CITUS_SQL`], a router statement per partition); then the plain append of the
     /// messages without one. Every statement names one partition's shard, so a push of one
     /// shard commits on its worker in one phase. The answers are [`INSERT_SQL`]'s.
     async fn run_checked_on_citus<C: Prepared>(

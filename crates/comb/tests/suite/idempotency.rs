@@ -160,7 +160,8 @@ async fn copied_batches_are_checked_for_duplicates_too() {
     );
 }
 
-/// The duplicate check of a copied batch reads the segment being written by its index, even
+/// The duplicate check of a copied batch reads the segment being written by its index of
+/// transaction ids, even
 /// with a plan made while the segment was empty: a plan kept from then would read the whole
 /// segment for every batch until its statistics caught up (up to a maintenance interval
 /// after each segment switch, while the segment grows by every push).
@@ -179,7 +180,17 @@ async fn the_duplicate_check_of_a_copied_batch_never_reads_the_segment_whole() {
     };
     // Analysed while empty, as a segment made ahead of its turn can be.
     env.sql(&format!("ANALYZE {segment}"));
+    // The scans of the segment's index of transaction ids.
+    let id_scans = || {
+        env.sql(&format!(
+            "SELECT idx_scan FROM pg_stat_user_indexes
+             WHERE relid = '{segment}'::regclass AND indexrelname LIKE '%transaction_id%'"
+        ))
+        .parse::<i64>()
+        .unwrap()
+    };
     let before = seq_scans();
+    let ids_before = id_scans();
     // More pushes than a statement runs before PostgreSQL settles on a generic plan, each
     // of a batch large enough to be copied.
     for round in 0..12 {
@@ -201,4 +212,11 @@ async fn the_duplicate_check_of_a_copied_batch_never_reads_the_segment_whole() {
     })
     .await;
     assert_eq!(seq_scans(), before, "the segment was read whole by a push");
+    // Every push's check took the index of transaction ids (not the partition's run of the
+    // primary key).
+    assert!(
+        id_scans() - ids_before >= 12,
+        "{} of 12",
+        id_scans() - ids_before
+    );
 }
