@@ -38,18 +38,7 @@ async fn completing_acks_move_the_cursor_as_the_rules_say_in_any_order_and_group
     for lane in 0..40 {
         let partition = format!("p{lane}");
         let leased = 1 + (xorshift(&mut seed) % 8) as i64;
-        let items: Vec<Value> = (0..leased)
-            .map(|n| json!({"queue": "q", "partition": partition, "payload": {"n": n}}))
-            .collect();
-        env.push(json!(items)).await;
-        let pop = env
-            .pop(&format!(
-                "/api/v1/pop/queue/q/partition/{partition}?batch={leased}"
-            ))
-            .await
-            .expect("the leased messages");
-        let messages = pop["messages"].as_array().unwrap().clone();
-        assert_eq!(messages.len() as i64, leased, "{pop}");
+        let messages = leased_messages(&env, &partition, leased as usize).await;
 
         let mut model = Model::default();
         // Requests of one to four acks each, picked at random among the leased messages (so
@@ -79,12 +68,7 @@ async fn completing_acks_move_the_cursor_as_the_rules_say_in_any_order_and_group
             for r in body.as_array().unwrap() {
                 assert_eq!(r["success"], true, "lane {lane}: {request:?} -> {body}");
             }
-            let state = env.sql(&format!(
-                "SELECT s.cursor_pos || ' ' || array_to_string(s.settled, ',') || ' '
-                        || (s.lease_id IS NULL)
-                 FROM comb.cursors_now s JOIN comb.partitions p ON p.id = s.partition_id
-                 WHERE p.name = '{partition}'"
-            ));
+            let state = cursor_of(&env, &partition);
             let settled: Vec<String> = model.settled.iter().map(i64::to_string).collect();
             let expected = format!(
                 "{} {} {}",
@@ -98,6 +82,23 @@ async fn completing_acks_move_the_cursor_as_the_rules_say_in_any_order_and_group
     }
     // Every message was acked: nothing comes back.
     assert!(env.pop("/api/v1/pop/queue/q?batch=100").await.is_none());
+}
+
+/// Pushes `n` messages to `partition` of queue `q` and pops them under one lease.
+async fn leased_messages(env: &Env, partition: &str, n: usize) -> Vec<Value> {
+    let items: Vec<Value> = (0..n)
+        .map(|k| json!({"queue": "q", "partition": partition, "payload": {"n": k}}))
+        .collect();
+    env.push(json!(items)).await;
+    let pop = env
+        .pop(&format!(
+            "/api/v1/pop/queue/q/partition/{partition}?batch={n}"
+        ))
+        .await
+        .expect("the leased messages");
+    let messages = pop["messages"].as_array().unwrap().clone();
+    assert_eq!(messages.len(), n, "{pop}");
+    messages
 }
 
 /// The cursor of partition `partition` as `position settled released`.
@@ -131,18 +132,7 @@ async fn an_ack_as_large_as_its_lease_completes_it_only_with_exactly_its_message
     // partition's message; five of them and one named twice.
     for (lane, case) in ["whole", "foreign", "twice"].iter().enumerate() {
         let partition = format!("p{lane}");
-        let items: Vec<Value> = (0..leased)
-            .map(|n| json!({"queue": "q", "partition": partition, "payload": {"n": n}}))
-            .collect();
-        env.push(json!(items)).await;
-        let pop = env
-            .pop(&format!(
-                "/api/v1/pop/queue/q/partition/{partition}?batch={leased}"
-            ))
-            .await
-            .expect("the leased messages");
-        let messages = pop["messages"].as_array().unwrap().clone();
-        assert_eq!(messages.len(), leased, "{pop}");
+        let messages = leased_messages(&env, &partition, leased).await;
         let mut ids: Vec<String> = messages
             .iter()
             .rev()
