@@ -657,12 +657,21 @@ async fn unchanged_keys_stay_in_their_generation_for_the_generations_kept() {
         };
         assert_eq!(row["value"], expected, "{key}");
     }
-    // Tables are kept for the generations asked, not more.
-    let tables: i64 = env
-        .sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'comb' AND tablename LIKE 'stream\\_state\\_keys\\_%'")
-        .parse()
-        .unwrap();
-    assert!(tables <= 3 + 2, "{tables} stream key tables");
+    // Tables are kept for the generations asked, not more. Maintenance makes the next
+    // generation's table and drops the oldest in steps of their own, so one more may stand
+    // for a moment between them.
+    let tables = || -> i64 {
+        env.sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'comb' AND tablename LIKE 'stream\\_state\\_keys\\_%'")
+            .parse()
+            .unwrap()
+    };
+    assert!(tables() <= 3 + 3, "{} stream key tables", tables());
+    crate::common::eventually(
+        crate::common::PATIENCE,
+        "at most 5 stream key tables",
+        || tables() <= 3 + 2,
+    )
+    .await;
 }
 
 /// Cycles arriving together share one transaction, each under its own savepoint: refused ones
