@@ -38,6 +38,54 @@ macro_rules! insert_state {
 }
 pub(crate) use insert_state;
 
+/// [`insert_state!`] with the lease's digest after the other columns: what a claim appends
+/// (`pop::claim`), the only writer that sets it. `lease_digest` is the SHA-256 of the leased
+/// transaction ids in byte order, each as its length in bytes, `:` and itself ([`digest`]);
+/// every other writer leaves it NULL, so a version carries it only while nothing but the claim
+/// has moved the cursor since.
+macro_rules! insert_leased_state {
+    () => {
+        "INSERT INTO comb.cursor_states
+    (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)"
+    };
+}
+pub(crate) use insert_leased_state;
+
+/// The digest of a lease's transaction ids, an aggregate over the rows with the ids in column
+/// `$id` (those `$filter` keeps, a `FILTER` clause): the SHA-256 of each id in byte order, written as its length in
+/// bytes, `:` and itself (so no two lists of ids give the same text), computed by the broker
+/// by [`digest`].
+macro_rules! lease_digest {
+    ($id:literal, filter: $filter:literal) => {
+        concat!(
+            "sha256(convert_to(string_agg(octet_length(",
+            $id,
+            ")::text || ':' || ",
+            $id,
+            ", '' ORDER BY ",
+            $id,
+            " COLLATE \"C\") ",
+            $filter,
+            ", 'UTF8'))"
+        )
+    };
+}
+pub(crate) use lease_digest;
+
+/// The digest [`lease_digest!`] computes in SQL, of `ids` distinct and in byte order.
+pub(crate) fn digest<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<u8> {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for id in ids {
+        h.update(id.len().to_string().as_bytes());
+        h.update(b":");
+        h.update(id.as_bytes());
+    }
+    h.finalize().to_vec()
+}
+
 /// `INSERT INTO comb.cursor_states (…)` for a cursor's first version: its position and its
 /// lease bound given, every other column the table's default (no lease, nothing settled).
 /// The `SELECT` that follows gives partition, group, generation, version, position, lease
@@ -83,7 +131,16 @@ impl StateByValues {
     /// The pieces for the insert of the new state by the variables of `prefix`, `select`
     /// being the insert's `SELECT` written with `{prefix}_newest_gen` for its generation.
     pub(crate) fn of(select: &str, prefix: &str) -> StateByValues {
-        let head = insert_state!();
+        StateByValues::inserted_by(insert_state!(), select, prefix)
+    }
+
+    /// [`StateByValues::of`] for a claim's state, with its lease's digest
+    /// ([`insert_leased_state!`]).
+    pub(crate) fn of_lease(select: &str, prefix: &str) -> StateByValues {
+        StateByValues::inserted_by(insert_leased_state!(), select, prefix)
+    }
+
+    fn inserted_by(head: &str, select: &str, prefix: &str) -> StateByValues {
         let columns: Vec<&str> = head
             [head.find('(').expect("columns") + 1..head.rfind(')').expect("columns")]
             .split(',')
@@ -1032,7 +1089,8 @@ mod tests {
         assert_eq!(array_literal(Vec::<i64>::new().iter()), "{}");
     }
 
-    /// The list names every column of the table as the migrations create it, in order.
+    /// The claim's list names every column of the table as the migrations create it, in
+    /// order; the other writers' list all but the lease's digest, which they leave NULL.
     #[test]
     fn the_column_list_is_the_tables() {
         let sql: String = crate::schema::MIGRATIONS
@@ -1064,14 +1122,27 @@ mod tests {
             part.push(c);
         }
         parts.push(part);
-        let columns: Vec<String> = parts
+        let mut columns: Vec<String> = parts
             .iter()
             .filter_map(|p| p.split_whitespace().next().map(str::to_string))
             .filter(|c| !c.eq_ignore_ascii_case("PRIMARY"))
             .collect();
-        let listed = insert_state!();
-        let listed = &listed[listed.find('(').unwrap() + 1..listed.find(')').unwrap()];
-        let listed: Vec<String> = listed.split(',').map(|c| c.trim().to_string()).collect();
-        assert_eq!(listed, columns);
+        // Columns added later, in the order their migrations add them.
+        let added = "ALTER TABLE comb.cursor_states ADD COLUMN ";
+        for (at, _) in code.match_indices(added) {
+            let rest = &code[at + added.len()..];
+            columns.push(rest.split_whitespace().next().unwrap().to_string());
+        }
+        let listed = insert_leased_state!();
+        let list = |head: &str| -> Vec<String> {
+            head[head.find('(').unwrap() + 1..head.find(')').unwrap()]
+                .split(',')
+                .map(|c| c.trim().to_string())
+                .collect()
+        };
+        assert_eq!(list(listed), columns);
+        let mut others = columns;
+        assert_eq!(others.pop().as_deref(), Some("lease_digest"));
+        assert_eq!(list(insert_state!()), others);
     }
 }

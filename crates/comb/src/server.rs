@@ -342,27 +342,27 @@ mod tests {
             .collect()
     }
 
-    /// The hash of each function's text, for [`schema::FUNCTIONS_VERSION`] 3.
+    /// The hash of each function's text, for [`schema::FUNCTIONS_VERSION`] 4.
     const PINNED: &[(&str, u64)] = &[
-        ("comb.hand_off_v3", 7263440309646496149),
-        ("comb.store_batch_v3", 6574156560215407489),
-        ("comb.complete_acks_v3", 16425101429615107584),
+        ("comb.hand_off_v4", 11773745731277536330),
+        ("comb.store_batch_v4", 2082012627891878399),
+        ("comb.complete_acks_v4", 16617848697697845884),
         (
-            "comb.claim_partition_v3(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
+            "comb.claim_partition_v4(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
              bigint, uuid, boolean, boolean)",
-            5784774973192289403,
+            8782347507465338283,
         ),
         (
-            "comb.judge_acks_v3(uuid[], text[], uuid[], text[], integer[], integer[], uuid)",
-            8836256820842456005,
+            "comb.judge_acks_v4(uuid[], text[], uuid[], text[], integer[], integer[], bytea[], uuid)",
+            2474285462617080016,
         ),
         (
-            "comb.extend_lease_v3(uuid, text, uuid, double precision)",
-            919744550409657146,
+            "comb.extend_lease_v4(uuid, text, uuid, double precision)",
+            6221113898269908731,
         ),
         (
-            "comb.create_partition_v3(uuid, uuid, text)",
-            4466416717182569937,
+            "comb.create_partition_v4(uuid, uuid, text)",
+            2504895162733278802,
         ),
     ];
 
@@ -372,7 +372,7 @@ mod tests {
     /// `schema/mod.rs` and pin the new hashes here.
     #[test]
     fn every_function_body_is_pinned_to_the_functions_version() {
-        assert_eq!(schema::FUNCTIONS_VERSION, 3, "pin the new version's bodies");
+        assert_eq!(schema::FUNCTIONS_VERSION, 4, "pin the new version's bodies");
         let have: Vec<(String, u64)> = functions()
             .into_iter()
             .map(|(n, f)| (n.to_string(), fnv(f)))

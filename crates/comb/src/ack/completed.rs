@@ -22,15 +22,18 @@ macro_rules! judge_reads {
         concat!(
             "
 WITH c AS (
-    SELECT i.partition_id, i.consumer_group, i.lease_id, ($4::text[])[i.lo:i.hi] AS txids
-    FROM unnest($1::uuid[], $2::text[], $3::uuid[], $5::int[], $6::int[])
-        AS i(partition_id, consumer_group, lease_id, lo, hi)
+    SELECT i.partition_id, i.consumer_group, i.lease_id, ($4::text[])[i.lo:i.hi] AS txids,
+           i.digest
+    FROM unnest($1::uuid[], $2::text[], $3::uuid[], $5::int[], $6::int[], $7::bytea[])
+        AS i(partition_id, consumer_group, lease_id, lo, hi, digest)
 ),
 judged AS MATERIALIZED (
     SELECT c.partition_id, c.consumer_group, s.ver, s.cursor_pos, s.cursor_seg, s.settled,
            s.attempt_pos, s.attempt_cnt, s.lease_id, s.lease_expires_at, s.lease_upto,
-           s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg,
-           CASE WHEN cardinality(s.settled) = 0 THEN f.pos
+           s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg, f.base,
+           CASE WHEN f.whole THEN ARRAY(SELECT x FROM unnest(s.settled) x
+                                         WHERE x > s.lease_upto ORDER BY x)
+                WHEN cardinality(s.settled) = 0 THEN f.pos
                 ELSE ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x)
            END AS merged
     FROM c
@@ -38,10 +41,23 @@ judged AS MATERIALIZED (
             $state,
             " s
     CROSS JOIN LATERAL (
+        -- The lease's digest, set by the claim and by no later version: the acked ids are
+        -- exactly the lease's, every message of it is settled, and the position moves from
+        -- its last one (`base`, with its segment) over what was settled beyond. No message
+        -- is read but that last one's segment, and the branches below never run.
+        SELECT ARRAY[s.lease_upto] AS pos,
+               ARRAY[coalesce((SELECT m.seg FROM ",
+            crate::messages::partition_messages!($messages),
+            "
+                                 AND m.pos = s.lease_upto AND m.seg >= s.cursor_seg LIMIT 1),
+                              s.cursor_seg)] AS seg,
+               cardinality(c.txids)::bigint AS found, s.lease_upto AS base, true AS whole
+        WHERE s.lease_digest = c.digest
+        UNION ALL
         -- The lease's whole range, read when the ack names as many messages as it spans:
         -- taken when its messages are exactly the acked ones (compared sorted), and then
         -- the probe below never runs (`LIMIT 1`).
-        SELECT w.pos, w.seg, w.found FROM (
+        SELECT w.pos, w.seg, w.found, s.cursor_pos, false FROM (
             SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found,
                    array_agg(m.transaction_id ORDER BY m.transaction_id COLLATE \"C\") AS txids
             FROM (
@@ -55,7 +71,8 @@ judged AS MATERIALIZED (
         ) w WHERE w.txids = c.txids
         UNION ALL
         -- Aggregated in the order the subquery sorts them: one sort for both arrays.
-        SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found
+        SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found,
+               s.cursor_pos, false
         FROM (
             SELECT m.pos, m.seg FROM ",
             crate::messages::partition_messages!($messages),
@@ -71,14 +88,15 @@ judged AS MATERIALIZED (
       AND NOT (f.pos && s.settled)
 ),
 moved AS (
-    SELECT j.*, j.cursor_pos + r.run AS next_pos
+    SELECT j.*, j.base + r.run AS next_pos
     FROM judged j
     CROSS JOIN LATERAL (
-        -- Settled positions are distinct and above the position, so the k-th equals
-        -- position + k exactly along the run that starts right after it.
+        -- Settled positions are distinct and above the base (the position, or the lease's
+        -- last message when it is settled whole), so the k-th equals base + k exactly along
+        -- the run that starts right after it.
         SELECT coalesce(max(x.k), 0) AS run
         FROM unnest(j.merged) WITH ORDINALITY AS x(p, k)
-        WHERE x.p = j.cursor_pos + x.k
+        WHERE x.p = j.base + x.k
     ) r
 )"
         )
@@ -110,7 +128,8 @@ macro_rules! judge_select {
 
 /// Judges and writes the cursors of completing acks, one row per cursor (`$1` partition, `$2`
 /// group, `$3` the lease id its items name, NULL for none), with its acked transaction ids,
-/// distinct and in byte order, at `$5[k]..=$6[k]` of `$4` ([`Cursors`]), and returns each
+/// distinct and in byte order, at `$5[k]..=$6[k]` of `$4`, and their digest `$7`
+/// ([`Cursors`]), and returns each
 /// cursor it moved with whether its lease ended and its partition's and queue's names. The
 /// cursors must be locked by an earlier statement of the transaction, whose snapshot this one
 /// then follows.
@@ -126,7 +145,12 @@ macro_rules! judge_select {
 /// subquery feeding both arrays), and with nothing settled the acked positions are the merge
 /// as they are (sorted, and distinct: positions are unique).
 ///
-/// An ack of a lease's whole batch, the usual case with large pops, is judged by reading the
+/// An ack of a lease's whole batch, the usual case with large pops, is judged as a move of the
+/// cursor alone while its latest version is its claim's: the claim wrote the digest of the
+/// ids it leased, and the broker sends the digest of the acked ones; when they are equal,
+/// no message is read but the last one's segment. Otherwise (the digest is gone once anything
+/// but the claim wrote a version, as a partial ack or an extension does, or was never
+/// written, by a hand-off or a server that does not know it), such an ack is judged by reading the
 /// lease's range once and comparing its transaction ids with the acked ones, sorted. The probe
 /// by ids runs through the range by position, testing each message against every acked id
 /// (`= ANY` of an array is a linear search), quadratic in the batch: an ack of 1,000 took
@@ -174,7 +198,7 @@ pub const JUDGE_SQL: &str = judge_sql!(
 /// its own and commits it there in one phase. Its statements, each a router statement of
 /// the worker's shards: the cursors' lock (in the order of [`crate::cursor::LOCK_SQL`]), the
 /// partition's and queue's names, the newest generation, then the judgement's reads
-/// ([`judge_reads!`], for the cursors of one partition, `$5`, named to every distributed
+/// ([`judge_reads!`], for the cursors of one partition, `$8`, named to every distributed
 /// table; the state read by a subquery: `comb.cursor_state` run on the worker would be a
 /// distributed query from a shard) and, for each cursor it moved, the insert
 /// of the new version from variables ([`crate::cursor::StateByValues`]). Sent from the
@@ -186,15 +210,15 @@ pub const JUDGE_SQL: &str = judge_sql!(
 pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> = std::sync::LazyLock::new(
     || {
         let reads = judge_reads!(
-            state: crate::cursor::state_in_partition!("c.partition_id", "c.consumer_group", one "$7");
-            messages: "c.partition_id AND m.partition_id = $7"
+            state: crate::cursor::state_in_partition!("c.partition_id", "c.consumer_group", one "$8");
+            messages: "c.partition_id AND m.partition_id = $8"
         );
         let state =
             crate::cursor::StateByValues::of(judge_select!(gen: "judge_newest_gen"), "judge");
         crate::schema::citus::function_of_partition(
             crate::schema::versioned!("comb.judge_acks"),
             "a_partitions uuid[], a_groups text[], a_leases uuid[], a_txids text[], \
-             a_lo int[], a_hi int[], a_partition uuid",
+             a_lo int[], a_hi int[], a_digests bytea[], a_partition uuid",
             "partition_id uuid, consumer_group text, released boolean, partition text, \
              queue text",
             &format!(
@@ -202,12 +226,12 @@ pub(crate) static JUDGE_CITUS_FUNCTION: std::sync::LazyLock<String> = std::sync:
 {declare}    judge_partition text;
     judge_queue text;
 BEGIN
-    PERFORM 1 FROM {cursors} WHERE c.partition_id = $7 AND c.consumer_group = ANY($2)
+    PERFORM 1 FROM {cursors} WHERE c.partition_id = $8 AND c.consumer_group = ANY($2)
         ORDER BY c.consumer_group FOR NO KEY UPDATE OF c;
     SELECT p.name, q.name INTO judge_partition, judge_queue
-        FROM (SELECT $7::uuid) AS w(partition_id)
+        FROM (SELECT $8::uuid) AS w(partition_id)
         {names}
-        WHERE p.id = $7;
+        WHERE p.id = $8;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -237,7 +261,7 @@ END;",
 pub(crate) const JUDGE_CITUS_SIGNATURE: (&str, &str, bool) = (
     concat!(
         crate::schema::versioned!("comb.judge_acks"),
-        "(uuid[], text[], uuid[], text[], integer[], integer[], uuid)"
+        "(uuid[], text[], uuid[], text[], integer[], integer[], bytea[], uuid)"
     ),
     "a_partition",
     false,
@@ -248,7 +272,8 @@ pub(crate) const JUDGE_CITUS_SIGNATURE: (&str, &str, bool) = (
 pub(crate) const JUDGE_CITUS_CALL: &str = concat!(
     "SELECT * FROM ",
     crate::schema::versioned!("comb.judge_acks"),
-    "($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::int[], $6::int[], $7::uuid)"
+    "($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::int[], $6::int[], $7::bytea[],
+      $8::uuid)"
 );
 
 /// Which items of `items` (by index) belong to cursors whose every item completes a message:
@@ -277,7 +302,7 @@ pub(crate) static COMPLETE_FUNCTION: std::sync::LazyLock<String> = std::sync::La
     format!(
         "
 CREATE FUNCTION {name}(a_partitions uuid[], a_groups text[],
-    a_leases uuid[], a_txids text[], a_lo int[], a_hi int[])
+    a_leases uuid[], a_txids text[], a_lo int[], a_hi int[], a_digests bytea[])
 RETURNS TABLE (partition_id uuid, consumer_group text, released boolean, partition text,
     queue text)
 LANGUAGE plpgsql {plans} AS $body$
@@ -366,7 +391,7 @@ pub(crate) const COMPLETE_NAME: &str = crate::schema::versioned!("comb.complete_
 pub(crate) const COMPLETE_CALL: &str = concat!(
     "SELECT * FROM ",
     crate::schema::versioned!("comb.complete_acks"),
-    "($1, $2, $3, $4, $5, $6)"
+    "($1, $2, $3, $4, $5, $6, $7)"
 );
 
 /// The cursors of the chosen items, as [`judge_sql!`] takes them: one element per cursor, in
@@ -382,6 +407,9 @@ struct Cursors<'a> {
     txids: Vec<&'a str>,
     lo: Vec<i32>,
     hi: Vec<i32>,
+    /// The digest of each cursor's ids ([`crate::cursor::digest`]), compared with the one
+    /// its claim wrote with the lease.
+    digests: Vec<Vec<u8>>,
 }
 
 impl<'a> Cursors<'a> {
@@ -411,6 +439,7 @@ impl<'a> Cursors<'a> {
             txids.sort_unstable();
             txids.dedup();
             c.leases.push(lease);
+            c.digests.push(crate::cursor::digest(txids.iter().copied()));
             c.lo.push(c.txids.len() as i32 + 1);
             c.txids.extend(txids);
             c.hi.push(c.txids.len() as i32);
@@ -431,20 +460,21 @@ pub(crate) async fn settle(
     partition: Option<Uuid>,
 ) -> Result<Vec<Option<AckOutcome>>, DbError> {
     let c = Cursors::of(items, chosen);
-    let judge_params: [&(dyn ToSql + Sync); 7] = [
+    let judge_params: [&(dyn ToSql + Sync); 8] = [
         &c.partitions,
         &c.groups,
         &c.leases,
         &c.txids,
         &c.lo,
         &c.hi,
+        &c.digests,
         &partition,
     ];
     // Only the Citus form ([`JUDGE_CITUS_FUNCTION`]) names its partition.
     let judge_params = if partition.is_some() {
         &judge_params[..]
     } else {
-        &judge_params[..6]
+        &judge_params[..7]
     };
     let judged = client.query(judge, judge_params).await?;
     let mut moved: HashMap<(Uuid, String), (bool, String, String)> = HashMap::new();
@@ -518,6 +548,11 @@ mod tests {
                 txids: vec!["a", "b", "y", "z", "B"],
                 lo: vec![1, 3, 5],
                 hi: vec![2, 4, 5],
+                digests: vec![
+                    crate::cursor::digest(["a", "b"]),
+                    crate::cursor::digest(["y", "z"]),
+                    crate::cursor::digest(["B"]),
+                ],
             }
         );
     }

@@ -30,7 +30,7 @@ pub(crate) struct RegisteredServer {
     pub pid: i32,
     /// Its release (`comb --version`).
     pub version: String,
-    /// The set of data-path functions it calls (`comb.store_batch_v3`: 3).
+    /// The set of data-path functions it calls (`comb.store_batch_v4`: 4).
     pub functions_version: i32,
     /// The newest schema version it knows.
     pub schema_version: i32,

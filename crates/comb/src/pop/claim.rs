@@ -266,7 +266,10 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           ",
+            crate::cursor::lease_digest!("transaction_id", filter: "FILTER (WHERE NOT $6)"),
+            " AS digest
     FROM msgs GROUP BY partition_id
 )"
         )
@@ -289,7 +292,7 @@ macro_rules! claim_state {
             $lease,
             " END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q"
@@ -307,7 +310,7 @@ macro_rules! claim_sql {
             ",
 claimed AS (
     ",
-            crate::cursor::insert_state!(),
+            crate::cursor::insert_leased_state!(),
             "
     ",
             claim_state!(gen: crate::cursor::newest_gen!(); lease: $lease),
@@ -588,7 +591,7 @@ macro_rules! delegated_bound {
 /// those of the claims. Made by `comb migrate` on Citus ([`crate::schema::citus::delegate`]);
 /// the opening forms return a last column of NULL where the others refuse sealed payloads.
 pub(crate) static CLAIM_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
-    let state = crate::cursor::StateByValues::of(CLAIM_CITUS_STATE, "claim");
+    let state = crate::cursor::StateByValues::of_lease(CLAIM_CITUS_STATE, "claim");
     crate::schema::citus::function_of_partition(
         crate::schema::versioned!("comb.claim_partition"),
         "a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, \

@@ -204,13 +204,15 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
     INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -219,7 +221,7 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -280,13 +282,15 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
     INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -295,7 +299,7 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -350,13 +354,15 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
     INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -365,7 +371,7 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -425,13 +431,15 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
     INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -440,7 +448,7 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -497,13 +505,15 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
     INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -512,7 +522,7 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -576,13 +586,15 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
     INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -591,7 +603,7 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -649,13 +661,15 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
     INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -664,7 +678,7 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -727,13 +741,15 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
     INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
     SELECT st.partition_id, $2, (SELECT max(gen) FROM comb.cursor_gens), st.ver + 1,
            greatest(st.cursor_pos, span.cut), st.cursor_seg,
            ARRAY(SELECT x FROM unnest(st.settled) x WHERE x > span.cut),
@@ -742,7 +758,7 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -760,7 +776,7 @@ FROM msgs m
 JOIN leased l ON l.partition_id = m.partition_id
 
 -- @CLAIM_CITUS_FUNCTION
-CREATE FUNCTION comb.claim_partition_v3(a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, a_opening boolean)
+CREATE FUNCTION comb.claim_partition_v4(a_queue uuid, a_group text, a_ids uuid[], a_batch bigint, a_lease_secs float8, a_auto_ack boolean, a_lease uuid, a_cap bigint, a_partition uuid, a_shared boolean, a_opening boolean)
 RETURNS TABLE (partition_id uuid, name text, lease_id uuid, lease_expires_at timestamptz, pos bigint, message_id uuid, transaction_id text, trace_id text, payload bytea, created_at timestamptz, attempt integer, producer_sub text, refused boolean)
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $body$
 #variable_conflict use_column
@@ -781,6 +797,7 @@ DECLARE
     claim_lease_upto comb.cursor_states.lease_upto%TYPE;
     claim_available_at comb.cursor_states.available_at%TYPE;
     claim_last_claimed_at comb.cursor_states.last_claimed_at%TYPE;
+    claim_lease_digest comb.cursor_states.lease_digest%TYPE;
     claim_newest_gen comb.cursor_states.gen%TYPE;
     claim_q_lease_secs float8;
     claim_q_delay_secs float8;
@@ -839,7 +856,8 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
@@ -850,11 +868,11 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
-INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at;
+INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at, claim_lease_digest;
 IF NOT FOUND THEN
     RETURN;
 END IF;
@@ -900,7 +918,8 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
@@ -912,8 +931,9 @@ JOIN st ON st.partition_id = m.partition_id
 ORDER BY m.pos;
 INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at);
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
+VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at, claim_lease_digest);
     ELSIF a_shared THEN
 SELECT lease_secs, delay_secs, window_secs, retention_secs
 FROM (SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
@@ -966,7 +986,8 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
@@ -977,11 +998,11 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
-INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at;
+INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at, claim_lease_digest;
 IF NOT FOUND THEN
     RETURN;
 END IF;
@@ -1027,7 +1048,8 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
@@ -1039,8 +1061,9 @@ JOIN st ON st.partition_id = m.partition_id
 ORDER BY m.pos;
 INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at);
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
+VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at, claim_lease_digest);
     ELSIF a_opening THEN
 SELECT lease_secs, delay_secs, window_secs, retention_secs
 FROM (SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
@@ -1087,7 +1110,8 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
@@ -1098,11 +1122,11 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
-INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at;
+INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at, claim_lease_digest;
 IF NOT FOUND THEN
     RETURN;
 END IF;
@@ -1142,7 +1166,8 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
@@ -1154,8 +1179,9 @@ JOIN st ON st.partition_id = m.partition_id
 ORDER BY m.pos;
 INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at);
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
+VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at, claim_lease_digest);
     ELSE
 SELECT lease_secs, delay_secs, window_secs, retention_secs
 FROM (SELECT coalesce((options->>'leaseTime')::float8, $5) AS lease_secs,
@@ -1202,7 +1228,8 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
@@ -1213,11 +1240,11 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp()
+           span.upto, st.available_at, clock_timestamp(), span.digest
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
-INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at;
+INTO claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at, claim_lease_digest;
 IF NOT FOUND THEN
     RETURN;
 END IF;
@@ -1257,7 +1284,8 @@ span AS (
     -- Messages before the first one handed out that are not settled are past their queue's
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
-           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut
+           CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
+           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
@@ -1269,14 +1297,15 @@ JOIN st ON st.partition_id = m.partition_id
 ORDER BY m.pos;
 INSERT INTO comb.cursor_states
     (partition_id, consumer_group, gen, ver, cursor_pos, cursor_seg, settled, attempt_pos,
-     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at)
-VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at);
+     attempt_cnt, lease_id, lease_expires_at, lease_upto, available_at, last_claimed_at,
+     lease_digest)
+VALUES (claim_partition_id, claim_consumer_group, claim_gen, claim_ver, claim_cursor_pos, claim_cursor_seg, claim_settled, claim_attempt_pos, claim_attempt_cnt, claim_lease_id, claim_lease_expires_at, claim_lease_upto, claim_available_at, claim_last_claimed_at, claim_lease_digest);
     END IF;
 END;
 END $body$
 
 -- @CLAIM_CITUS_CALL
-SELECT * FROM comb.claim_partition_v3(
+SELECT * FROM comb.claim_partition_v4(
     $1::uuid, $2::text, $3::uuid[], $4::bigint, $5::float8, $6::boolean, $7::uuid, $8::bigint,
     $9::uuid, $10::boolean, $11::boolean)
 

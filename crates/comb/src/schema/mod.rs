@@ -13,13 +13,13 @@ pub(crate) mod servers;
 /// This server's release, as `comb --version` and `GET /health` say it.
 pub(crate) const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The version of this build's set of data-path functions (`comb.store_batch_v3`, …): a
+/// The version of this build's set of data-path functions (`comb.store_batch_v4`, …): a
 /// function's body changes only with this version (a test pins each body to it). Servers of
 /// other releases call their own set, so this build's never changes what they run. The
 /// unversioned set of 0.1.0 is version 1.
 macro_rules! functions_version {
     () => {
-        3
+        4
     };
 }
 
@@ -29,7 +29,7 @@ pub(crate) use functions_version;
 pub(crate) const FUNCTIONS_VERSION: i32 = functions_version!();
 
 /// The name of a data-path function in this build's set: `versioned!("comb.store_batch")` is
-/// `"comb.store_batch_v3"`, a literal, so statements calling it stay `&'static str`.
+/// `"comb.store_batch_v4"`, a literal, so statements calling it stay `&'static str`.
 macro_rules! versioned {
     ($name:literal) => {
         concat!($name, "_v", $crate::schema::functions_version!())
@@ -160,6 +160,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 20,
         name: "min_server_version",
         sql: include_str!("migrations/0020_min_server_version.sql"),
+    },
+    Migration {
+        version: 21,
+        name: "lease_digest",
+        sql: include_str!("migrations/0021_lease_digest.sql"),
     },
 ];
 

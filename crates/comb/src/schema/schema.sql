@@ -38,7 +38,7 @@ BEGIN
     RETURN true;
 END $$;
 
-CREATE FUNCTION comb.complete_acks_v3(a_partitions uuid[], a_groups text[], a_leases uuid[], a_txids text[], a_lo integer[], a_hi integer[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
+CREATE FUNCTION comb.complete_acks_v4(a_partitions uuid[], a_groups text[], a_leases uuid[], a_txids text[], a_lo integer[], a_hi integer[], a_digests bytea[]) RETURNS TABLE(partition_id uuid, consumer_group text, released boolean, partition text, queue text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -96,24 +96,38 @@ ORDER BY c.partition_id, c.consumer_group
 FOR NO KEY UPDATE OF c) l;
     RETURN QUERY
 WITH c AS (
-    SELECT i.partition_id, i.consumer_group, i.lease_id, ($4::text[])[i.lo:i.hi] AS txids
-    FROM unnest($1::uuid[], $2::text[], $3::uuid[], $5::int[], $6::int[])
-        AS i(partition_id, consumer_group, lease_id, lo, hi)
+    SELECT i.partition_id, i.consumer_group, i.lease_id, ($4::text[])[i.lo:i.hi] AS txids,
+           i.digest
+    FROM unnest($1::uuid[], $2::text[], $3::uuid[], $5::int[], $6::int[], $7::bytea[])
+        AS i(partition_id, consumer_group, lease_id, lo, hi, digest)
 ),
 judged AS MATERIALIZED (
     SELECT c.partition_id, c.consumer_group, s.ver, s.cursor_pos, s.cursor_seg, s.settled,
            s.attempt_pos, s.attempt_cnt, s.lease_id, s.lease_expires_at, s.lease_upto,
-           s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg,
-           CASE WHEN cardinality(s.settled) = 0 THEN f.pos
+           s.available_at, s.last_claimed_at, f.pos AS acked, f.seg AS acked_seg, f.base,
+           CASE WHEN f.whole THEN ARRAY(SELECT x FROM unnest(s.settled) x
+                                         WHERE x > s.lease_upto ORDER BY x)
+                WHEN cardinality(s.settled) = 0 THEN f.pos
                 ELSE ARRAY(SELECT DISTINCT x FROM unnest(s.settled || f.pos) x ORDER BY x)
            END AS merged
     FROM c
     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
     CROSS JOIN LATERAL (
+        -- The lease's digest, set by the claim and by no later version: the acked ids are
+        -- exactly the lease's, every message of it is settled, and the position moves from
+        -- its last one (`base`, with its segment) over what was settled beyond. No message
+        -- is read but that last one's segment, and the branches below never run.
+        SELECT ARRAY[s.lease_upto] AS pos,
+               ARRAY[coalesce((SELECT m.seg FROM comb.messages m WHERE m.partition_id = c.partition_id
+                                 AND m.pos = s.lease_upto AND m.seg >= s.cursor_seg LIMIT 1),
+                              s.cursor_seg)] AS seg,
+               cardinality(c.txids)::bigint AS found, s.lease_upto AS base, true AS whole
+        WHERE s.lease_digest = c.digest
+        UNION ALL
         -- The lease's whole range, read when the ack names as many messages as it spans:
         -- taken when its messages are exactly the acked ones (compared sorted), and then
         -- the probe below never runs (`LIMIT 1`).
-        SELECT w.pos, w.seg, w.found FROM (
+        SELECT w.pos, w.seg, w.found, s.cursor_pos, false FROM (
             SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found,
                    array_agg(m.transaction_id ORDER BY m.transaction_id COLLATE "C") AS txids
             FROM (
@@ -125,7 +139,8 @@ judged AS MATERIALIZED (
         ) w WHERE w.txids = c.txids
         UNION ALL
         -- Aggregated in the order the subquery sorts them: one sort for both arrays.
-        SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found
+        SELECT array_agg(m.pos) AS pos, array_agg(m.seg) AS seg, count(*) AS found,
+               s.cursor_pos, false
         FROM (
             SELECT m.pos, m.seg FROM comb.messages m WHERE m.partition_id = c.partition_id AND m.transaction_id = ANY (c.txids)
               AND m.pos > s.cursor_pos AND m.pos <= s.lease_upto AND m.seg >= s.cursor_seg
@@ -139,14 +154,15 @@ judged AS MATERIALIZED (
       AND NOT (f.pos && s.settled)
 ),
 moved AS (
-    SELECT j.*, j.cursor_pos + r.run AS next_pos
+    SELECT j.*, j.base + r.run AS next_pos
     FROM judged j
     CROSS JOIN LATERAL (
-        -- Settled positions are distinct and above the position, so the k-th equals
-        -- position + k exactly along the run that starts right after it.
+        -- Settled positions are distinct and above the base (the position, or the lease's
+        -- last message when it is settled whole), so the k-th equals base + k exactly along
+        -- the run that starts right after it.
         SELECT coalesce(max(x.k), 0) AS run
         FROM unnest(j.merged) WITH ORDINALITY AS x(p, k)
-        WHERE x.p = j.cursor_pos + x.k
+        WHERE x.p = j.base + x.k
     ) r
 ),
 written AS (
@@ -210,7 +226,8 @@ CREATE TABLE comb.cursor_states (
     lease_expires_at timestamp with time zone,
     lease_upto bigint DEFAULT 0 NOT NULL,
     available_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
-    last_claimed_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL
+    last_claimed_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    lease_digest bytea
 )
 PARTITION BY RANGE (gen);
 ALTER TABLE ONLY comb.cursor_states ALTER COLUMN partition_id SET (n_distinct=1);
@@ -265,7 +282,7 @@ CREATE FUNCTION comb.group_live(q uuid, g text) RETURNS TABLE(partitions bigint,
     WHERE c.queue_id = q AND c.consumer_group = g
 $$;
 
-CREATE FUNCTION comb.hand_off_v3(a_partitions uuid[], a_groups text[], a_leases uuid[], a_lengths double precision[], a_batches bigint[], a_ids uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
+CREATE FUNCTION comb.hand_off_v4(a_partitions uuid[], a_groups text[], a_leases uuid[], a_lengths double precision[], a_batches bigint[], a_ids uuid[]) RETURNS TABLE(partition_id uuid, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -498,7 +515,7 @@ CREATE FUNCTION comb.retention_secs(options jsonb) RETURNS double precision
                                     nullif((options->>'ttl')::float8, 0)), 0) END
 $$;
 
-CREATE FUNCTION comb.store_batch_v3(a_lock uuid[], a_partitions uuid[], a_ranks bigint[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[], a_subs text[], a_checks boolean[], o_partitions uuid[], o_groups text[], o_leases uuid[], o_lengths double precision[], o_batches bigint[]) RETURNS TABLE(partition_id uuid, ord bigint, prior_id uuid, stored boolean, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
+CREATE FUNCTION comb.store_batch_v4(a_lock uuid[], a_partitions uuid[], a_ranks bigint[], a_ids uuid[], a_txids text[], a_traces text[], a_payloads bytea[], a_subs text[], a_checks boolean[], o_partitions uuid[], o_groups text[], o_leases uuid[], o_lengths double precision[], o_batches bigint[]) RETURNS TABLE(partition_id uuid, ord bigint, prior_id uuid, stored boolean, consumer_group text, lease_id uuid, pos bigint, message_id uuid, created_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_seqscan TO 'off'
@@ -655,7 +672,7 @@ FOR NO KEY UPDATE SKIP LOCKED;
     ELSIF cardinality(o_partitions) > 0 THEN
         RETURN QUERY SELECT h.partition_id, NULL::bigint, NULL::uuid, NULL::boolean,
             h.consumer_group, h.lease_id, h.pos, h.message_id, h.created_at
-            FROM comb.hand_off_v3(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
+            FROM comb.hand_off_v4(o_partitions, o_groups, o_leases, o_lengths, o_batches, a_ids) h;
     END IF;
 END $$;
 

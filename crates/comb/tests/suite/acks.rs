@@ -169,3 +169,72 @@ async fn an_ack_as_large_as_its_lease_completes_it_only_with_exactly_its_message
         }
     }
 }
+
+/// An ack of a whole lease whose latest version is its claim's is judged by the digest of
+/// the ids the claim leased, without reading the messages: here the stored ids are changed
+/// under the lease, and the ack of the ids handed out still completes it (ids of several
+/// bytes per character, a separator among them, in another order). Once anything but the
+/// claim has written a version (a partial ack), the digest is gone and the messages are read:
+/// the same change then leaves the rest of the lease unacked.
+#[tokio::test]
+async fn a_whole_lease_is_acked_by_its_claims_digest_until_another_version_is_written() {
+    let env = Env::start().await;
+    env.configure("q", json!({"leaseTime": 300})).await;
+    let ids = ["é-1", "日本:2", "a:b", "10", "9"];
+    for (lane, partial) in [false, true].into_iter().enumerate() {
+        let partition = format!("d{lane}");
+        let items: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"queue": "q", "partition": partition, "transactionId": format!("{id}/{lane}"), "payload": {}}))
+            .collect();
+        env.push(json!(items)).await;
+        let pop = env
+            .pop(&format!(
+                "/api/v1/pop/queue/q/partition/{partition}?batch=10"
+            ))
+            .await
+            .expect("the leased messages");
+        let messages = pop["messages"].as_array().unwrap().clone();
+        assert_eq!(messages.len(), ids.len(), "{pop}");
+        let id = env.sql(&format!(
+            "SELECT id FROM comb.partitions WHERE name = '{partition}'"
+        ));
+        // The latest version, read as one partition's rows (a router query on Citus).
+        let digest = format!(
+            "SELECT s.lease_digest IS NOT NULL FROM comb.cursor_states s
+             WHERE s.partition_id = '{id}' ORDER BY s.gen DESC, s.ver DESC LIMIT 1"
+        );
+        assert_eq!(env.sql(&digest), "t", "the claim writes its lease's digest");
+        let ack = |ms: &[Value]| {
+            json!({"acknowledgments": ms.iter().map(|m| json!({
+                "transactionId": m["transactionId"],
+                "partitionId": m["partitionId"],
+                "leaseId": m["leaseId"],
+                "status": "completed",
+            })).collect::<Vec<_>>()})
+        };
+        let mut rest = &messages[..];
+        if partial {
+            let (s, body) = env.post("/api/v1/ack/batch", &ack(&messages[..1])).await;
+            assert_eq!(s, reqwest::StatusCode::OK, "{body}");
+            assert_eq!(env.sql(&digest), "f", "an ack's version carries no digest");
+            rest = &messages[1..];
+        }
+        env.sql(&format!(
+            "UPDATE comb.messages m SET transaction_id = m.transaction_id || '~'
+             FROM comb.partitions p WHERE p.id = m.partition_id AND p.name = '{partition}'"
+        ));
+        let mut shuffled = rest.to_vec();
+        shuffled.reverse();
+        let (s, body) = env.post("/api/v1/ack/batch", &ack(&shuffled)).await;
+        assert_eq!(s, reqwest::StatusCode::OK, "{body}");
+        let answers = body.as_array().unwrap();
+        if partial {
+            assert!(answers.iter().all(|r| r["success"] == false), "{body}");
+            assert_eq!(cursor_of(&env, &partition), "1  false");
+        } else {
+            assert!(answers.iter().all(|r| r["success"] == true), "{body}");
+            assert_eq!(cursor_of(&env, &partition), format!("{}  true", ids.len()));
+        }
+    }
+}

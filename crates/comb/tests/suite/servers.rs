@@ -23,7 +23,7 @@ async fn servers_register_leave_and_are_forgotten_when_silent() {
     assert_eq!(listed.len(), 1, "{listed:?}");
     let me = &listed[0];
     assert_eq!(me["version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!(me["functionsVersion"], 3);
+    assert_eq!(me["functionsVersion"], 4);
     assert_eq!(
         me["schemaVersion"].to_string(),
         env.sql("SELECT max(version) FROM comb.migrations")

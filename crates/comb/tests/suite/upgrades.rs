@@ -20,16 +20,16 @@ fn functions(env: &Env, like: &str) -> String {
 #[tokio::test]
 async fn a_release_makes_its_set_of_functions_once_and_unused_sets_are_dropped() {
     let env = Env::start_with(&["--maintenance-interval-ms", "300"]).await;
-    let set = functions(&env, "%\\_v3");
+    let set = functions(&env, "%\\_v4");
     assert!(
-        set.contains("store_batch_v3") || set.contains("claim_partition_v3"),
+        set.contains("store_batch_v4") || set.contains("claim_partition_v4"),
         "{set}"
     );
     // Made once: a second server of the same release leaves the set as it is.
     let made = |env: &Env| {
         env.sql(
             "SELECT string_agg(xmin::text, ',' ORDER BY proname) FROM pg_proc
-             WHERE pronamespace = 'comb'::regnamespace AND proname LIKE '%\\_v3'",
+             WHERE pronamespace = 'comb'::regnamespace AND proname LIKE '%\\_v4'",
         )
     };
     let before = made(&env);
@@ -60,7 +60,7 @@ async fn a_release_makes_its_set_of_functions_once_and_unused_sets_are_dropped()
         functions(&env, "hand\\_off\\_v9").is_empty()
     })
     .await;
-    assert_eq!(functions(&env, "%\\_v3"), set);
+    assert_eq!(functions(&env, "%\\_v4"), set);
     assert_eq!(functions(&env, "hand\\_off"), "hand_off");
 }
 
@@ -151,9 +151,9 @@ async fn a_server_killed_mid_migration_leaves_nothing_and_the_next_start_finishe
     assert!(env.server.terminate(common::PATIENCE).is_some());
     env.sql(
         "BEGIN;
-         DROP FUNCTION IF EXISTS comb.store_batch_v3, comb.hand_off_v3, comb.complete_acks_v3,
-             comb.claim_partition_v3, comb.judge_acks_v3, comb.extend_lease_v3,
-             comb.create_partition_v3;
+         DROP FUNCTION IF EXISTS comb.store_batch_v4, comb.hand_off_v4, comb.complete_acks_v4,
+             comb.claim_partition_v4, comb.judge_acks_v4, comb.extend_lease_v4,
+             comb.create_partition_v4;
          DROP TABLE comb.servers, comb.schema_settings;
          DELETE FROM comb.migrations WHERE version IN (19, 20);
          COMMIT;",
