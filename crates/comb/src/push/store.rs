@@ -41,7 +41,7 @@ use crate::db::{self, DbError, Pipelined, Prepared};
 use crate::fusion::{self, Fuser, Runner};
 use crate::messages::insert::{
     COPY_SQL, COPY_WITH_SUB_SQL, HEADS_CITUS_SQL, HEADS_SQL, INSERT_SQL, PRIOR_BEGIN,
-    PRIOR_CITUS_SQL, PRIOR_SQL,
+    PRIOR_CITUS_BEGIN, PRIOR_CITUS_SQL, PRIOR_SQL,
 };
 use crate::metrics::Stage;
 use crate::schema::citus::Placement;
@@ -147,6 +147,12 @@ const HEADS: Forms = Forms {
 const PRIOR: Forms = Forms {
     postgres: PRIOR_SQL,
     citus: PRIOR_CITUS_SQL,
+};
+
+/// The start of the transaction that reads [`PRIOR`] ([`PRIOR_BEGIN`]).
+const PRIOR_START: Forms = Forms {
+    postgres: PRIOR_BEGIN,
+    citus: PRIOR_CITUS_BEGIN,
 };
 
 const APPEND_SQL: &str =
@@ -880,7 +886,7 @@ impl<'a> Plan<'a> {
         let (begin, locked, heads, held, sink) = tokio::join!(
             async {
                 match prior {
-                    Some(_) => p.begin_with(PRIOR_BEGIN).await,
+                    Some(_) => p.begin_with(self.backend.sql(&PRIOR_START)).await,
                     None => p.begin().await,
                 }
             },
