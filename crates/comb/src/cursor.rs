@@ -39,10 +39,10 @@ macro_rules! insert_state {
 pub(crate) use insert_state;
 
 /// [`insert_state!`] with the lease's digest after the other columns: what a claim appends
-/// (`pop::claim`), the only writer that sets it. `lease_digest` is the SHA-256 of the leased
-/// transaction ids in byte order, each as its length in bytes, `:` and itself ([`digest`]);
-/// every other writer leaves it NULL, so a version carries it only while nothing but the claim
-/// has moved the cursor since.
+/// (`pop::claim`), the only writer that sets it, and a lease's extension, which carries it.
+/// `lease_digest` is the SHA-256 of the leased transaction ids in byte order, each as its
+/// length in bytes, `:` and itself ([`digest`]); every other writer leaves it NULL, so a
+/// version carries it only while nothing has moved the cursor since its claim.
 macro_rules! insert_leased_state {
     () => {
         "INSERT INTO comb.cursor_states

@@ -346,7 +346,7 @@ mod tests {
     const PINNED: &[(&str, u64)] = &[
         ("comb.hand_off_v4", 11773745731277536330),
         ("comb.store_batch_v4", 2082012627891878399),
-        ("comb.complete_acks_v4", 16617848697697845884),
+        ("comb.complete_acks_v4", 16130906088514217700),
         (
             "comb.claim_partition_v4(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
              bigint, uuid, boolean, boolean)",
@@ -354,11 +354,11 @@ mod tests {
         ),
         (
             "comb.judge_acks_v4(uuid[], text[], uuid[], text[], integer[], integer[], bytea[], uuid)",
-            2474285462617080016,
+            18261601995749108198,
         ),
         (
             "comb.extend_lease_v4(uuid, text, uuid, double precision)",
-            6221113898269908731,
+            2861562235400588675,
         ),
         (
             "comb.create_partition_v4(uuid, uuid, text)",

@@ -41,7 +41,8 @@ judged AS MATERIALIZED (
             $state,
             " s
     CROSS JOIN LATERAL (
-        -- The lease's digest, set by the claim and by no later version: the acked ids are
+        -- The lease's digest, set by its claim, kept only while nothing moved the cursor:
+        -- the acked ids are
         -- exactly the lease's, every message of it is settled, and the position moves from
         -- its last one (`base`, with its segment) over what was settled beyond. No message
         -- is read but that last one's segment, and the branches below never run.
@@ -146,10 +147,10 @@ macro_rules! judge_select {
 /// as they are (sorted, and distinct: positions are unique).
 ///
 /// An ack of a lease's whole batch, the usual case with large pops, is judged as a move of the
-/// cursor alone while its latest version is its claim's: the claim wrote the digest of the
-/// ids it leased, and the broker sends the digest of the acked ones; when they are equal,
-/// no message is read but the last one's segment. Otherwise (the digest is gone once anything
-/// but the claim wrote a version, as a partial ack or an extension does, or was never
+/// cursor alone while nothing moved the cursor since its claim: the claim wrote the digest of
+/// the ids it leased (an extension carries it), and the broker sends the digest of the acked
+/// ones; when they are equal, no message is read but the last one's segment. Otherwise (the
+/// digest is gone once another writer wrote a version, as a partial ack does, or was never
 /// written, by a hand-off or a server that does not know it), such an ack is judged by reading the
 /// lease's range once and comparing its transaction ids with the acked ones, sorted. The probe
 /// by ids runs through the range by position, testing each message against every acked id

@@ -38,7 +38,8 @@ WHERE $2::uuid IS NULL OR s.partition_id = $2"
 
 /// The next version with the new end, as the extension's insert selects it: the state read
 /// from `$state`, the queue's options by `$options`, into generation `$gen`; nothing unless
-/// the lease is still the cursor's and still live.
+/// the lease is still the cursor's and still live. The lease's digest goes along: the
+/// extension moves nothing, so the lease's ids are still those its claim digested.
 macro_rules! extend_select {
     (state: $($state:expr),+; options: $($options:expr),+; gen: $gen:expr) => {
         concat!(
@@ -50,7 +51,7 @@ macro_rules! extend_select {
            (",
             $($options),+,
             "->>'leaseTime')::float8, 300)),
-       s.lease_upto, s.available_at, s.last_claimed_at
+       s.lease_upto, s.available_at, s.last_claimed_at, s.lease_digest
 FROM ",
             $($state),+,
             " s
@@ -65,7 +66,7 @@ macro_rules! extend_sql {
     (state: $($state:expr),+; options: $($options:expr),+) => {
         concat!(
             "\n",
-            cursor::insert_state!(),
+            cursor::insert_leased_state!(),
             "\n",
             extend_select!(state: $($state),+; options: $($options),+;
                 gen: cursor::newest_gen!()),
@@ -99,7 +100,7 @@ pub(crate) static EXTEND_CITUS_FUNCTION: LazyLock<String> = LazyLock::new(|| {
         options: crate::catalog::options_of_partition!("s.partition_id AND p.id = $1");
         gen: "extend_newest_gen"
     );
-    let state = cursor::StateByValues::of(select, "extend");
+    let state = cursor::StateByValues::of_lease(select, "extend");
     crate::schema::citus::function_of_partition(
         crate::schema::versioned!("comb.extend_lease"),
         "a_partition uuid, a_group text, a_lease uuid, a_seconds float8",

@@ -113,7 +113,8 @@ judged AS MATERIALIZED (
     FROM c
     CROSS JOIN LATERAL comb.cursor_state(c.partition_id, c.consumer_group) s
     CROSS JOIN LATERAL (
-        -- The lease's digest, set by the claim and by no later version: the acked ids are
+        -- The lease's digest, set by its claim, kept only while nothing moved the cursor:
+        -- the acked ids are
         -- exactly the lease's, every message of it is settled, and the position moves from
         -- its last one (`base`, with its segment) over what was settled beyond. No message
         -- is read but that last one's segment, and the branches below never run.

@@ -170,18 +170,19 @@ async fn an_ack_as_large_as_its_lease_completes_it_only_with_exactly_its_message
     }
 }
 
-/// An ack of a whole lease whose latest version is its claim's is judged by the digest of
-/// the ids the claim leased, without reading the messages: here the stored ids are changed
-/// under the lease, and the ack of the ids handed out still completes it (ids of several
-/// bytes per character, a separator among them, in another order). Once anything but the
-/// claim has written a version (a partial ack), the digest is gone and the messages are read:
-/// the same change then leaves the rest of the lease unacked.
+/// An ack of a whole lease that nothing moved since its claim is judged by the digest of the
+/// ids the claim leased, without reading the messages: here the stored ids are changed under
+/// the lease, and the ack of the ids handed out still completes it (ids of several bytes per
+/// character, a separator among them, in another order), also after the lease was extended.
+/// Once an ack has moved the cursor, the digest is gone and the messages are read: the same
+/// change then leaves the rest of the lease unacked.
 #[tokio::test]
-async fn a_whole_lease_is_acked_by_its_claims_digest_until_another_version_is_written() {
+async fn a_whole_lease_is_acked_by_its_claims_digest_until_the_cursor_moves() {
     let env = Env::start().await;
     env.configure("q", json!({"leaseTime": 300})).await;
     let ids = ["é-1", "日本:2", "a:b", "10", "9"];
-    for (lane, partial) in [false, true].into_iter().enumerate() {
+    for (lane, case) in ["claimed", "extended", "partial"].into_iter().enumerate() {
+        let partial = case == "partial";
         let partition = format!("d{lane}");
         let items: Vec<Value> = ids
             .iter()
@@ -214,6 +215,17 @@ async fn a_whole_lease_is_acked_by_its_claims_digest_until_another_version_is_wr
             })).collect::<Vec<_>>()})
         };
         let mut rest = &messages[..];
+        if case == "extended" {
+            let lease = messages[0]["leaseId"].as_str().unwrap();
+            let (s, body) = env
+                .post(
+                    &format!("/api/v1/lease/{lease}/extend"),
+                    &json!({"seconds": 600}),
+                )
+                .await;
+            assert_eq!(s, reqwest::StatusCode::OK, "{body}");
+            assert_eq!(env.sql(&digest), "t", "an extension carries the digest");
+        }
         if partial {
             let (s, body) = env.post("/api/v1/ack/batch", &ack(&messages[..1])).await;
             assert_eq!(s, reqwest::StatusCode::OK, "{body}");

@@ -1,6 +1,6 @@
 -- The digest of the transaction ids a claim leased, written with the lease by the claim
--- (`pop::claim`) and by no other writer of a state version: set on a cursor's latest version
--- only while nothing but the claim has moved it since. An ack that names exactly those ids
+-- (`pop::claim`) and carried by the lease's extensions, by no other writer of a state
+-- version: set on a cursor's latest version only while nothing has moved it since its claim. An ack that names exactly those ids
 -- (`ack::completed`) is then judged by comparing digests, without reading the messages.
 -- NULL-able and without a default, so the column costs nothing to add; servers that do not
 -- know it write NULL, and their acks and claims read it not.
