@@ -30,7 +30,7 @@ fn migrate_applies_every_version_once() {
         .unwrap();
     assert_eq!(
         versions.trim(),
-        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20"
+        "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21"
     );
     // Running it again changes nothing.
     let out = comb(&["migrate"], &url);
@@ -39,7 +39,7 @@ fn migrate_applies_every_version_once() {
         pg.psql(&db, "SELECT count(*) FROM comb.migrations")
             .unwrap()
             .trim(),
-        "20"
+        "21"
     );
     assert_eq!(
         pg.psql(&db, "SELECT count(*) FROM comb.segments")
@@ -68,7 +68,7 @@ fn a_server_refuses_a_schema_newer_than_it_knows() {
         let err = String::from_utf8_lossy(&out.stderr);
         // One line naming the schema's version, the release it needs and this one.
         let line = format!(
-            "comb: database schema is at version 999, newer than this server knows (20), and \
+            "comb: database schema is at version 999, newer than this server knows (21), and \
              serves comb 9.0.0 or newer; this is comb {}: upgrade comb",
             env!("CARGO_PKG_VERSION")
         );

@@ -137,7 +137,7 @@ async fn two_servers_starting_together_on_an_empty_database_migrate_once() {
         comb_harness::Postgres::shared().psql(db, "SELECT count(*) FROM comb.migrations")
     }
     .unwrap();
-    assert_eq!(count.trim(), "20");
+    assert_eq!(count.trim(), "21");
 }
 
 /// A server killed in the middle of a migration leaves nothing of it: the pending migrations
@@ -155,7 +155,8 @@ async fn a_server_killed_mid_migration_leaves_nothing_and_the_next_start_finishe
              comb.claim_partition_v4, comb.judge_acks_v4, comb.extend_lease_v4,
              comb.create_partition_v4;
          DROP TABLE comb.servers, comb.schema_settings;
-         DELETE FROM comb.migrations WHERE version IN (19, 20);
+         ALTER TABLE comb.cursor_states DROP COLUMN lease_digest;
+         DELETE FROM comb.migrations WHERE version IN (19, 20, 21);
          COMMIT;",
     );
     let (blocker, connection) = tokio_postgres::connect(&env.db_url, tokio_postgres::NoTls)
@@ -204,7 +205,7 @@ async fn a_server_killed_mid_migration_leaves_nothing_and_the_next_start_finishe
 
     // The next start finishes the job, and serves.
     let next = env.second_server().await;
-    assert_eq!(env.sql("SELECT max(version) FROM comb.migrations"), "20");
+    assert_eq!(env.sql("SELECT max(version) FROM comb.migrations"), "21");
     assert_eq!(
         env.sql("SELECT count(*) FROM comb.servers"),
         "1",
