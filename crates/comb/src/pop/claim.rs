@@ -267,9 +267,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           ",
-            crate::cursor::lease_digest!("transaction_id", filter: "FILTER (WHERE NOT $6)"),
-            " AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )"
         )
@@ -292,7 +292,10 @@ macro_rules! claim_state {
             $lease,
             " END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT ",
+            crate::cursor::lease_digest!("x", filter: ""),
+            " FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q"

@@ -205,7 +205,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
@@ -221,7 +223,8 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -283,7 +286,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
@@ -299,7 +304,8 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -355,7 +361,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
@@ -371,7 +379,8 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -432,7 +441,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
@@ -448,7 +459,8 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -506,7 +518,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
@@ -522,7 +536,8 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -587,7 +602,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
@@ -603,7 +620,8 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -662,7 +680,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
@@ -678,7 +698,8 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -742,7 +763,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 ),
 claimed AS (
@@ -758,7 +781,8 @@ claimed AS (
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -857,7 +881,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
@@ -868,7 +894,8 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -919,7 +946,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
@@ -987,7 +1016,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
@@ -998,7 +1029,8 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -1049,7 +1081,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
@@ -1111,7 +1145,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
@@ -1122,7 +1158,8 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -1167,7 +1204,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
@@ -1229,7 +1268,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
@@ -1240,7 +1281,8 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
                  WHERE a > span.cut),
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
-           span.upto, st.available_at, clock_timestamp(), span.digest
+           span.upto, st.available_at, clock_timestamp(),
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -1285,7 +1327,9 @@ span AS (
     -- retention: the position moves over them.
     SELECT partition_id, max(pos) AS upto,
            CASE WHEN $6 THEN max(pos) ELSE min(pos) - 1 END AS cut,
-           sha256(convert_to(string_agg(octet_length(transaction_id)::text || ':' || transaction_id, '' ORDER BY transaction_id COLLATE "C") FILTER (WHERE NOT $6), 'UTF8')) AS digest
+           -- The leased ids, for the lease's digest: aggregated as they come, so the
+           -- messages are grouped by hashing, not sorted (the digest sorts each lease's ids).
+           array_agg(transaction_id) FILTER (WHERE NOT $6) AS ids
     FROM msgs GROUP BY partition_id
 )
 SELECT st.partition_id, st.name, claim_lease_id, claim_lease_expires_at,
