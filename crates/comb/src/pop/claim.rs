@@ -12,7 +12,10 @@
 //! (queue, group) one after another, on that group's lane: the next claim walks once the one
 //! before holds its cursors, starting after them, so walks never race each other for the same
 //! cursors and a walk reads only two cursors beyond those it wants. Claims of other servers
-//! may still hold some it sees; the walk then goes on past them, looking further.
+//! may still hold some it sees; the walk then goes on past them, looking further. Where the
+//! queue sets no option only a walk checks (`windowBuffer`, `delayedProcessing`), a walk reads
+//! eight beyond, and the next claims lock those by key, in walk order, without walking
+//! (`Rovers::take_ahead`); one that finds them taken or emptied since walks after all.
 //!
 //! The statements name only this module's own functions (`comb.claimable_now`,
 //! `comb.refuse_sealed_payload`): every piece that reads another module's table is that
@@ -58,6 +61,10 @@ pub(crate) struct PopShape {
     /// The queue seals payloads (`encryptionEnabled`): the claim opens them before it commits,
     /// so that one this server cannot open is dead-lettered instead of consumed unseen.
     pub(crate) sealed: bool,
+    /// The queue sets neither `windowBuffer` nor `delayedProcessing`, which only a walk
+    /// checks per partition: a claim may take the cursors the last walk saw ahead without
+    /// walking again ([`Rovers::take_ahead`]).
+    pub(crate) claims_ahead: bool,
 }
 
 impl PopShape {
@@ -753,27 +760,68 @@ pub static CANDIDATES_LIST_CITUS_SQL: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Where the next claim of each (queue, group) starts its walk over the partitions: just
-/// after the last partition this server claimed. Only a hint for fairness (another server
-/// keeps its own); losing it costs nothing but one walk from the start.
+/// after the last partition this server claimed; and the free cursors with messages the last
+/// walk saw beyond those it took, in walk order, which the next claims take without walking
+/// (see [`Rovers::take_ahead`]). Only hints, for fairness and to spare walks (another server
+/// keeps its own); losing them costs nothing but one walk from the start.
 #[derive(Default)]
-struct Rovers(Mutex<HashMap<(Uuid, String), Uuid>>);
+struct Rovers(Mutex<HashMap<(Uuid, String), Rover>>);
+
+/// One (queue, group)'s place in the walk.
+struct Rover {
+    after: Uuid,
+    /// Cursors seen free with messages to hand out, in walk order, and when.
+    ahead: std::collections::VecDeque<Uuid>,
+    seen_at: std::time::Instant,
+}
 
 impl Rovers {
     const LIMIT: usize = 100_000;
 
+    /// How long the cursors a walk saw ahead stay worth taking without a walk: a partition
+    /// that got messages since waits at most this long beyond its turn, and a lease that
+    /// ended unsettled (which only a walk notices) this long beyond the walk that would
+    /// have found it.
+    const AHEAD_FOR: std::time::Duration = std::time::Duration::from_millis(100);
+
     fn get(&self, queue_id: Uuid, group: &str) -> Uuid {
         let map = self.0.lock().unwrap();
         map.get(&(queue_id, group.to_string()))
-            .copied()
-            .unwrap_or(Uuid::nil())
+            .map_or(Uuid::nil(), |r| r.after)
     }
 
-    fn set(&self, queue_id: Uuid, group: &str, after: Uuid) {
+    /// After a walk: the next one starts after `after`; `ahead` (in walk order) may be
+    /// claimed before it.
+    fn set(&self, queue_id: Uuid, group: &str, after: Uuid, ahead: Vec<Uuid>) {
         let mut map = self.0.lock().unwrap();
         if map.len() >= Self::LIMIT {
             map.clear();
         }
-        map.insert((queue_id, group.to_string()), after);
+        let rover = Rover {
+            after,
+            ahead: ahead.into(),
+            seen_at: std::time::Instant::now(),
+        };
+        map.insert((queue_id, group.to_string()), rover);
+    }
+
+    /// Up to `n` of the cursors the last walk saw ahead, while they are fresh, in walk order;
+    /// the next walk starts after the last of them. A claim of these reads their state again
+    /// under their lock, so one taken meanwhile by another claim or emptied is only passed.
+    fn take_ahead(&self, queue_id: Uuid, group: &str, n: usize) -> Vec<Uuid> {
+        let mut map = self.0.lock().unwrap();
+        let Some(rover) = map.get_mut(&(queue_id, group.to_string())) else {
+            return Vec::new();
+        };
+        if rover.seen_at.elapsed() > Self::AHEAD_FOR {
+            rover.ahead.clear();
+        }
+        let n = n.min(rover.ahead.len());
+        let taken: Vec<Uuid> = rover.ahead.drain(..n).collect();
+        if let Some(&last) = taken.last() {
+            rover.after = last;
+        }
+        taken
     }
 }
 
@@ -923,10 +971,25 @@ impl Claiming<'_> {
         // partitions are free) or when other servers' claims held cursors it saw: the next
         // walk then starts past them and looks further ahead. Three walks at most: a pop
         // never spins.
-        let mut lookahead = LOOKAHEAD;
+        let ahead_too = self.shape.claims_ahead
+            && self.shape.partition_id.is_none()
+            && !self.shape.shared_lease;
+        let mut lookahead = if ahead_too {
+            LOOKAHEAD_SAVED
+        } else {
+            LOOKAHEAD
+        };
         // A shared-lease pop's batch is a cap over all its partitions.
         let mut left = self.shape.shared_lease.then_some(self.shape.batch as i64);
         for round in 0..3 {
+            // The first round takes what the last walk saw ahead, if anything; later rounds walk.
+            let ahead = if ahead_too && round == 0 {
+                let rovers = &self.ctx.rovers;
+                rovers.take_ahead(self.shape.queue_id, &self.shape.group, partitions)
+            } else {
+                Vec::new()
+            };
+            let took_ahead = !ahead.is_empty();
             let walk = claim_once(
                 client,
                 self.ctx,
@@ -937,6 +1000,7 @@ impl Claiming<'_> {
                     lease: self.lease,
                     cap: left,
                 },
+                ahead,
                 |locked, expired, passed_held| {
                     let last = round == 2
                         || claims.len() + locked >= partitions
@@ -977,7 +1041,7 @@ impl Claiming<'_> {
                 self.ctx.metrics.queues.add(&self.shape.queue, counts);
             }
             if claims.len() >= partitions
-                || (walk.expired.is_empty() && !walk.passed_held && !look_again)
+                || (walk.expired.is_empty() && !walk.passed_held && !look_again && !took_ahead)
             {
                 break;
             }
@@ -1084,7 +1148,7 @@ impl Claiming<'_> {
         // listed partition left unclaimed comes first in the next walk instead of waiting a
         // whole round.
         if let Some(&last) = listed.get(listed.len().min(partitions).wrapping_sub(1)) {
-            self.ctx.rovers.set(queue_id, group, last);
+            self.ctx.rovers.set(queue_id, group, last, Vec::new());
         }
         Ok(listed)
     }
@@ -1191,7 +1255,8 @@ async fn claim_each(
     // Each named claim moved the rover to its own partition, in whatever order they ended:
     // it goes back to the last partition tried, in the listing's order.
     if let Some(last) = last {
-        ctx.rovers.set(shape.queue_id, &shape.group, last);
+        ctx.rovers
+            .set(shape.queue_id, &shape.group, last, Vec::new());
     }
 }
 
@@ -1221,7 +1286,13 @@ async fn claim_named(
 /// How many free cursors beyond those it wants a claim's first walk reads.
 const LOOKAHEAD: i64 = 2;
 
+/// How many a walk reads beyond those it wants where the next claims may take what it saw
+/// ahead without walking ([`PopShape::claims_ahead`]): each more costs the walk a cursor's
+/// state and next message, and may spare a later claim its whole walk.
+const LOOKAHEAD_SAVED: i64 = 8;
+
 /// What one walk found.
+#[derive(Default)]
 struct Walk {
     claims: Vec<Claim>,
     /// Cursors whose lease ended unsettled.
@@ -1256,7 +1327,9 @@ struct Shared {
 }
 
 /// One claim: candidates locked and ended leases found in one round trip, then the claim
-/// and its commit in a second.
+/// and its commit in a second. With cursors the last walk saw `ahead`, the first round trip
+/// locks those instead of walking: a lock by key where a walk reads the state and the next
+/// message of each cursor on its way (the claim reads them again under the lock anyway).
 #[allow(clippy::too_many_arguments)]
 async fn claim_once(
     client: &deadpool_postgres::Client,
@@ -1265,15 +1338,41 @@ async fn claim_once(
     partitions: usize,
     lookahead: i64,
     shared: Shared,
+    ahead: Vec<Uuid>,
     walked: impl FnOnce(usize, bool, bool),
 ) -> Result<Walk, DbError> {
     let (rovers, default_lease_seconds) = (&ctx.rovers, ctx.default_lease_seconds);
-    let candidates = client.prepare_cached(ctx.backend.sql(&CANDIDATES)).await?;
     let stmt = client
         .prepare_cached(claim_sql_for(ctx.backend, &shared, shape.sealed))
         .await?;
     let pg: &tokio_postgres::Client = client;
     let p = Pipelined::on(pg);
+    if !ahead.is_empty() {
+        let relock = client.prepare_cached(ctx.backend.sql(&RELOCK)).await?;
+        let relock_params: [&(dyn ToSql + Sync); 2] = [&ahead, &shape.group];
+        let (begin, relocked) = tokio::join!(
+            p.begin_with(begin_claim(shape.auto_ack)),
+            p.query(&relock, &relock_params)
+        );
+        let locked: Vec<Uuid> = match begin.and(relocked) {
+            Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
+            Err(e) => return Err(rollback(pg, e).await),
+        };
+        // Short of what was wanted, a walk follows: the lane waits for it.
+        walked(locked.len(), false, locked.len() < partitions);
+        if locked.is_empty() {
+            p.commit().await?;
+            return Ok(Walk::default());
+        }
+        let (claims, unreadable) =
+            claim_locked(client, ctx, shape, &stmt, &locked, &shared, shape.sealed).await?;
+        return Ok(Walk {
+            claims,
+            unreadable,
+            ..Walk::default()
+        });
+    }
+    let candidates = client.prepare_cached(ctx.backend.sql(&CANDIDATES)).await?;
     let limit = partitions as i64;
     let rover = rovers.get(shape.queue_id, &shape.group);
     let params: [&(dyn ToSql + Sync); 7] = [
@@ -1308,10 +1407,21 @@ async fn claim_once(
     if passed_held {
         // The next walk starts after what this one saw held by another claim.
         let last = passed.iter().max().expect("not empty").1;
-        rovers.set(shape.queue_id, &shape.group, last);
+        rovers.set(shape.queue_id, &shape.group, last, Vec::new());
     } else if let Some(&last) = locked.last() {
-        // Locked in walk order: the next claim starts after the last of them.
-        rovers.set(shape.queue_id, &shape.group, last);
+        // Locked in walk order: the next claim starts after the last of them, and may take
+        // the free cursors this walk saw beyond it, in walk order, without walking.
+        let order = |p: Uuid| (p <= rover, p);
+        let mut ahead: Vec<Uuid> = Vec::new();
+        if shape.claims_ahead && shape.partition_id.is_none() && !shape.shared_lease {
+            ahead = passed
+                .iter()
+                .map(|&(_, p)| p)
+                .filter(|&p| order(p) > order(last))
+                .collect();
+            ahead.sort_unstable_by_key(|&p| order(p));
+        }
+        rovers.set(shape.queue_id, &shape.group, last, ahead);
     }
     walked(locked.len(), !expired.is_empty(), passed_held);
     if locked.is_empty() {
@@ -1569,6 +1679,38 @@ async fn rollback(pg: &tokio_postgres::Client, e: tokio_postgres::Error) -> DbEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cursors_seen_ahead_are_taken_in_walk_order_while_fresh_and_move_the_rover() {
+        let rovers = Rovers::default();
+        let (queue, group) = (Uuid::now_v7(), "g");
+        let [a, b, c, d] = [0; 4].map(|_| Uuid::now_v7());
+        assert!(
+            rovers.take_ahead(queue, group, 1).is_empty(),
+            "nothing walked yet"
+        );
+        rovers.set(queue, group, a, vec![b, c, d]);
+        assert_eq!(rovers.get(queue, group), a);
+        assert_eq!(rovers.take_ahead(queue, group, 2), vec![b, c]);
+        assert_eq!(
+            rovers.get(queue, group),
+            c,
+            "the next walk starts after them"
+        );
+        assert!(rovers.take_ahead(queue, "other", 1).is_empty());
+        assert_eq!(rovers.take_ahead(queue, group, 5), vec![d]);
+        assert!(
+            rovers.take_ahead(queue, group, 1).is_empty(),
+            "each is taken once"
+        );
+        rovers.set(queue, group, a, vec![b]);
+        std::thread::sleep(Rovers::AHEAD_FOR + std::time::Duration::from_millis(50));
+        assert!(
+            rovers.take_ahead(queue, group, 1).is_empty(),
+            "stale: walk again"
+        );
+        assert_eq!(rovers.get(queue, group), a);
+    }
 
     /// Every statement of the claim, by name, as this build composes it.
     fn statements() -> Vec<(&'static str, String)> {

@@ -371,12 +371,10 @@ impl Popper {
         self.catalog
             .ensure_subscription(&self.pool, queue_id, &req.group, req.start)
             .await?;
+        let options = self.catalog.options(&self.pool, queue_id).await?;
         // Payloads of a queue that seals them are opened before the claim commits.
-        let sealed = self
-            .catalog
-            .options(&self.pool, queue_id)
-            .await?
-            .encryption_enabled;
+        let sealed = options.encryption_enabled;
+        let claims_ahead = options.window_buffer == 0 && options.delayed_processing == 0;
         let shape = PopShape {
             queue_id,
             queue: req.queue.to_string(),
@@ -386,6 +384,7 @@ impl Popper {
             auto_ack: req.auto_ack,
             shared_lease: req.partitions > 1,
             sealed,
+            claims_ahead,
         };
         let partitions = req.partitions;
         let lane = shape.lane();

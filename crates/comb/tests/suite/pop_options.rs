@@ -83,6 +83,48 @@ async fn one_pop_leases_several_partitions_under_one_lease() {
     assert_eq!(rest_partitions.len(), 2);
 }
 
+/// A claim takes the free cursors its last walk saw beyond the one it leased without walking
+/// again. One of them leased since through another server is passed over, and the claim walks
+/// on to the next free partition instead of coming back empty.
+#[tokio::test]
+async fn a_claim_of_cursors_seen_ahead_passes_one_leased_since_and_walks_on() {
+    let env = Env::start().await;
+    let other = env.second_server().await;
+    let items: Vec<Value> = (0..10)
+        .map(|p| json!({"queue": "ahead", "partition": format!("p{p}"), "payload": {"n": p}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    let partition = |pop: &Value| {
+        pop["messages"][0]["partition"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+
+    // The first claim here walks from the first partition in walk order, leases it and keeps
+    // the free ones it saw beyond it.
+    let first = env.pop("/api/v1/pop/queue/ahead?batch=1").await.unwrap();
+    // The other server walks from its own start: it passes the leased partition and leases
+    // the next, the first one seen ahead here.
+    let url = format!("{}/api/v1/pop/queue/ahead?batch=1", other.base_url());
+    let (s, second) = get_url(&env.http, &url).await;
+    assert_eq!(s, StatusCode::OK, "{second}");
+    // The next claim here tries that one first and finds it leased.
+    let third = env
+        .pop("/api/v1/pop/queue/ahead?batch=1")
+        .await
+        .expect("the next free partition, not an empty answer");
+    let leased: HashSet<String> = [&first, &second, &third]
+        .map(partition)
+        .into_iter()
+        .collect();
+    assert_eq!(
+        leased.len(),
+        3,
+        "three partitions leased once each: {leased:?}"
+    );
+}
+
 const FAIR_PARTITIONS: usize = 200;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
