@@ -208,3 +208,29 @@ async fn sealed_payloads_in_a_queue_no_longer_encrypted() {
     let (s, body) = get_from(&env, &k, "/api/v1/pop/queue/both?batch=10").await;
     assert_eq!(s, StatusCode::NO_CONTENT, "{body}");
 }
+
+/// The same, through claims of the cursors a walk saw ahead: each pop of the whole queue
+/// hands out its partition's message opened, the first found by a walk, the next taken by key
+/// without walking.
+#[tokio::test]
+async fn sealed_payloads_no_longer_encrypted_through_claims_of_cursors_seen_ahead() {
+    let env = Env::start_with_env(&[], &[("COMB_ENCRYPTION_KEY", KEY)]).await;
+    env.configure("ahead", json!({"encryptionEnabled": true}))
+        .await;
+    let items: Vec<Value> = (0..4)
+        .map(|p| json!({"queue": "ahead", "partition": format!("p{p}"), "payload": {"n": p}}))
+        .collect();
+    env.push(Value::Array(items)).await;
+    env.configure("ahead", json!({"encryptionEnabled": false}))
+        .await;
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let pop = env
+            .pop("/api/v1/pop/queue/ahead?batch=1")
+            .await
+            .expect("a message");
+        seen.extend(numbers(&pop));
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, vec![0, 1, 2, 3]);
+}
