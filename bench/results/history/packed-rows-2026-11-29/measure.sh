@@ -21,7 +21,7 @@ cpu() { local t=0; for p in $(pgrep -P $pm) $pm; do s=$(awk '{print $14+$15}' /p
 p0=$($P -c "$pushed"); c0=$($P -c "$consumed"); w0=$($P -c "select pg_current_wal_lsn()")
 sleep 3; t0=$(cpu)
 runuser -u postgres -- $bin/pgbench -h $PGHOST -p $PGPORT -n -M prepared -c $clients -j 2 -T $secs \
-  -f "$dir/push_$v.sql@10" -f "$dir/pop_$v.sql@2" pk > "/tmp/pgbench_$v.txt" 2>&1
+  -f "$dir/push_$v.sql@10" -f "$dir/pop_${v/nodedup/packed}.sql@2" pk > "/tmp/pgbench_$v.txt" 2>&1
 t1=$(cpu)
 p1=$($P -c "$pushed"); c1=$($P -c "$consumed"); w1=$($P -c "select pg_wal_lsn_diff(pg_current_wal_lsn(), '$w0')")
 hz=$(getconf CLK_TCK)
