@@ -1,15 +1,17 @@
 #!/bin/bash
 # PostgreSQL CPU and WAL per message of one storage variant under pgbench, on a running
-# cluster (PGDATA, PGHOST, PGPORT) with a database `pk` made by schema.sql.
+# cluster (PGDATA, PGHOST, PGPORT) with a database `pk` made by schema.sql (for `gin`, a
+# database `pkgin` made by schema.sql and then `CREATE INDEX ON pk.batches USING gin (ids)`).
 # Usage: measure.sh packed|nodedup|gin|rows [SECONDS] [CLIENTS]
 set -e
 dir=$(cd "$(dirname "$0")" && pwd)
 v=$1; secs=${2:-20}; clients=${3:-4}
 : "${PGDATA:=/tmp/px/d}" "${PGHOST:=/tmp/px}" "${PGPORT:=55432}"
 bin=/usr/lib/postgresql/15/bin
-P="runuser -u postgres -- psql -h $PGHOST -p $PGPORT -d pk -At"
+db=pk; [ "$v" = gin ] && db=pkgin
+P="runuser -u postgres -- psql -h $PGHOST -p $PGPORT -d $db -At"
+pop=packed; [ "$v" = rows ] && pop=rows
 case $v in
-  gin) batches=pk.gbatches; states=pk.gstates ;;
   rows) batches=; states=pk.row_states ;;
   *) batches=pk.batches; states=pk.cursor_states ;;
 esac
@@ -21,7 +23,7 @@ cpu() { local t=0; for p in $(pgrep -P $pm) $pm; do s=$(awk '{print $14+$15}' /p
 p0=$($P -c "$pushed"); c0=$($P -c "$consumed"); w0=$($P -c "select pg_current_wal_lsn()")
 sleep 3; t0=$(cpu)
 runuser -u postgres -- $bin/pgbench -h $PGHOST -p $PGPORT -n -M prepared -c $clients -j 2 -T $secs \
-  -f "$dir/push_$v.sql@10" -f "$dir/pop_${v/nodedup/packed}.sql@2" pk > "/tmp/pgbench_$v.txt" 2>&1
+  -f "$dir/push_$v.sql@10" -f "$dir/pop_$pop.sql@2" $db > "/tmp/pgbench_$v.txt" 2>&1
 t1=$(cpu)
 p1=$($P -c "$pushed"); c1=$($P -c "$consumed"); w1=$($P -c "select pg_wal_lsn_diff(pg_current_wal_lsn(), '$w0')")
 hz=$(getconf CLK_TCK)

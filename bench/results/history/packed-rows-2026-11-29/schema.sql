@@ -50,9 +50,3 @@ SELECT array_agg(convert_to(format('{"id":"evt-%s","user":"u%s","event":"%s","va
         substr(md5((i * 5)::text) || md5((i * 11)::text) || md5((i * 13)::text), 1, 88)), 'UTF8') ORDER BY i) AS payloads,
        (SELECT msg_ids FROM pk.corpus) AS msg_ids
 FROM generate_series(1, 100) i;
--- Packed rows whose duplicate check reads a GIN index of each batch's ids instead.
-CREATE TABLE pk.gbatches (LIKE pk.batches INCLUDING ALL);
-ALTER TABLE pk.gbatches ALTER COLUMN payloads SET COMPRESSION lz4;
-CREATE INDEX ON pk.gbatches USING gin (ids) WITH (fastupdate = on);
-CREATE TABLE pk.gstates (LIKE pk.cursor_states INCLUDING ALL);
-INSERT INTO pk.gstates SELECT id, 'g', 0, 0 FROM pk.partitions;
