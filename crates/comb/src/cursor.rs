@@ -54,11 +54,10 @@ macro_rules! insert_leased_state {
 pub(crate) use insert_leased_state;
 
 /// The digest of a lease's transaction ids, an aggregate over the rows with the ids in column
-/// `$id` (those `$filter` keeps, a `FILTER` clause): the SHA-256 of each id in byte order, written as its length in
-/// bytes, `:` and itself (so no two lists of ids give the same text), computed by the broker
-/// by [`digest`].
+/// `$id`: the SHA-256 of each id in byte order, written as its length in bytes, `:` and itself
+/// (so no two lists of ids give the same text), computed by the broker by [`digest`].
 macro_rules! lease_digest {
-    ($id:literal, filter: $filter:literal) => {
+    ($id:literal) => {
         concat!(
             "sha256(convert_to(string_agg(octet_length(",
             $id,
@@ -66,9 +65,7 @@ macro_rules! lease_digest {
             $id,
             ", '' ORDER BY ",
             $id,
-            " COLLATE \"C\") ",
-            $filter,
-            ", 'UTF8'))"
+            " COLLATE \"C\"), 'UTF8'))"
         )
     };
 }

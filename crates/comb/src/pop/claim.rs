@@ -68,6 +68,12 @@ pub(crate) struct PopShape {
 }
 
 impl PopShape {
+    /// Whether this pop's claim may take the cursors its group's last walk saw ahead, and its
+    /// walks keep them: a pop over the whole queue, of its own lease, in a queue that allows it.
+    fn takes_ahead(&self) -> bool {
+        self.claims_ahead && self.partition_id.is_none() && !self.shared_lease
+    }
+
     /// The lane of this shape's claims: one per (queue, group), so that a server's walks over
     /// the same cursors run one after another instead of racing for them.
     pub(crate) fn lane(&self) -> u64 {
@@ -301,7 +307,7 @@ macro_rules! claim_state {
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
            (SELECT ",
-            crate::cursor::lease_digest!("x", filter: ""),
+            crate::cursor::lease_digest!("x"),
             " FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
@@ -971,9 +977,7 @@ impl Claiming<'_> {
         // partitions are free) or when other servers' claims held cursors it saw: the next
         // walk then starts past them and looks further ahead. Three walks at most: a pop
         // never spins.
-        let ahead_too = self.shape.claims_ahead
-            && self.shape.partition_id.is_none()
-            && !self.shape.shared_lease;
+        let ahead_too = self.shape.takes_ahead();
         let mut lookahead = if ahead_too {
             LOOKAHEAD_SAVED
         } else {
@@ -1417,7 +1421,7 @@ async fn claim_once(
         // the free cursors this walk saw beyond it, in walk order, without walking.
         let order = |p: Uuid| (p <= rover, p);
         let mut ahead: Vec<Uuid> = Vec::new();
-        if shape.claims_ahead && shape.partition_id.is_none() && !shape.shared_lease {
+        if shape.takes_ahead() {
             ahead = passed
                 .iter()
                 .map(|&(_, p)| p)
