@@ -623,6 +623,34 @@ fn delivery_checks(rows: &[Row]) -> Vec<Check> {
         verdict: Verdict::from(ratio.map(|r| r <= 2.0)),
     });
 
+    // What a delivery cannot avoid: its push, and two more exchanges (its pop and its ack).
+    let exchange = get("exchange", "comb").and_then(|r| r.all_in_cpu_us_per_msg);
+    let floor = per_pushed.zip(exchange).map(|(p, e)| p + 2.0 * e);
+    let judged: Option<Vec<(String, bool)>> = ["light", "light-1k"]
+        .iter()
+        .map(|cell| {
+            let d = get(cell, "comb")?.all_in_cpu_us_per_msg?;
+            let f = floor?;
+            Some((
+                format!("{cell} {:.2}x ({d:.0} vs {f:.0} us)", d / f),
+                d <= 1.25 * f,
+            ))
+        })
+        .collect();
+    out.push(Check {
+        target: "light and light-1k: all-in us per delivered message <= 1.25x (light-push + 2 x exchange)",
+        measured: judged
+            .as_ref()
+            .map(|v| {
+                v.iter()
+                    .map(|(t, _)| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default(),
+        verdict: Verdict::from(judged.map(|v| v.iter().all(|(_, ok)| *ok))),
+    });
+
     let (fan, light) = (
         cores(get("fanout-light", "comb")),
         cores(get("light", "comb")),
@@ -947,7 +975,10 @@ mod tests {
         fan.all_in_cpu_cores = Some(0.19);
         let mut idle = row("idle", "comb", 0.0);
         idle.all_in_cpu_cores = Some(0.008);
-        let mut rows = vec![light, sl, k, slk, push, fan, idle];
+        k.all_in_cpu_us_per_msg = Some(330.0);
+        let mut exchange = row("exchange", "comb", 900.0);
+        exchange.all_in_cpu_us_per_msg = Some(40.0);
+        let mut rows = vec![light, sl, k, slk, push, fan, idle, exchange];
         let verdict = |rows: &[Row], t: &str| {
             checks(rows)
                 .into_iter()
@@ -962,6 +993,14 @@ mod tests {
         );
         assert_eq!(verdict(&rows, "fanout-light"), Verdict::Met);
         assert_eq!(verdict(&rows, "idle"), Verdict::Met);
+        let unavoidable = "light and light-1k: all-in us per delivered message <= 1.25x";
+        // 333 against 1.25 x (200 + 2 x 40) = 350.
+        assert_eq!(verdict(&rows, unavoidable), Verdict::Met);
+        rows[2].all_in_cpu_us_per_msg = Some(360.0);
+        assert_eq!(verdict(&rows, unavoidable), Verdict::Missed);
+        rows[2].all_in_cpu_us_per_msg = Some(330.0);
+        rows.pop();
+        assert_eq!(verdict(&rows, unavoidable), Verdict::NotRun);
         // light-1k dearer than its peer: the pair is missed.
         rows[2].all_in_cpu_cores = Some(0.13);
         assert_eq!(verdict(&rows, "light and light-1k"), Verdict::Missed);
