@@ -69,9 +69,9 @@ pub(crate) struct PopShape {
 
 impl PopShape {
     /// Whether this pop's claim may take the cursors its group's last walk saw ahead, and its
-    /// walks keep them: a pop over the whole queue, of its own lease, in a queue that allows it.
+    /// walks keep them: a pop over the whole queue, in a queue that allows it.
     fn takes_ahead(&self) -> bool {
-        self.claims_ahead && self.partition_id.is_none() && !self.shared_lease
+        self.claims_ahead && self.partition_id.is_none()
     }
 
     /// The lane of this shape's claims: one per (queue, group), so that a server's walks over
@@ -814,13 +814,18 @@ impl Rovers {
     /// Up to `n` of the cursors the last walk saw ahead, while they are fresh, in walk order;
     /// the next walk starts after the last of them. A claim of these reads their state again
     /// under their lock, so one taken meanwhile by another claim or emptied is only passed.
-    fn take_ahead(&self, queue_id: Uuid, group: &str, n: usize) -> Vec<Uuid> {
+    /// With `whole`, all `n` or none: a shared-lease pop short of its partitions would walk
+    /// for the rest, two claims where one walk's claim does.
+    fn take_ahead(&self, queue_id: Uuid, group: &str, n: usize, whole: bool) -> Vec<Uuid> {
         let mut map = self.0.lock().unwrap();
         let Some(rover) = map.get_mut(&(queue_id, group.to_string())) else {
             return Vec::new();
         };
         if rover.seen_at.elapsed() > Self::AHEAD_FOR {
             rover.ahead.clear();
+        }
+        if whole && rover.ahead.len() < n {
+            return Vec::new();
         }
         let n = n.min(rover.ahead.len());
         let taken: Vec<Uuid> = rover.ahead.drain(..n).collect();
@@ -978,8 +983,9 @@ impl Claiming<'_> {
         // walk then starts past them and looks further ahead. Three walks at most: a pop
         // never spins.
         let ahead_too = self.shape.takes_ahead();
+        // Enough ahead for the next claims of as many partitions as this one's.
         let mut lookahead = if ahead_too {
-            LOOKAHEAD_SAVED
+            LOOKAHEAD_SAVED * partitions as i64
         } else {
             LOOKAHEAD
         };
@@ -989,7 +995,8 @@ impl Claiming<'_> {
             // The first round takes what the last walk saw ahead, if anything; later rounds walk.
             let ahead = if ahead_too && round == 0 {
                 let rovers = &self.ctx.rovers;
-                rovers.take_ahead(self.shape.queue_id, &self.shape.group, partitions)
+                let whole = self.shape.shared_lease;
+                rovers.take_ahead(self.shape.queue_id, &self.shape.group, partitions, whole)
             } else {
                 Vec::new()
             };
@@ -1358,10 +1365,12 @@ async fn claim_once(
             p.begin_with(begin_claim(shape.auto_ack)),
             p.query(&relock, &relock_params)
         );
-        let locked: Vec<Uuid> = match begin.and(relocked) {
+        let mut locked: Vec<Uuid> = match begin.and(relocked) {
             Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
             Err(e) => return Err(rollback(pg, e).await),
         };
+        // Locked in key order; claimed in walk order, which a shared lease's cap follows.
+        locked.sort_by_key(|p| ahead.iter().position(|a| a == p));
         // Short of what was wanted, a walk follows: the lane waits for it.
         walked(locked.len(), false, locked.len() < partitions);
         if locked.is_empty() {
@@ -1694,27 +1703,31 @@ mod tests {
         let (queue, group) = (Uuid::now_v7(), "g");
         let [a, b, c, d] = [0; 4].map(|_| Uuid::now_v7());
         assert!(
-            rovers.take_ahead(queue, group, 1).is_empty(),
+            rovers.take_ahead(queue, group, 1, false).is_empty(),
             "nothing walked yet"
         );
         rovers.set(queue, group, a, vec![b, c, d]);
         assert_eq!(rovers.get(queue, group), a);
-        assert_eq!(rovers.take_ahead(queue, group, 2), vec![b, c]);
+        assert_eq!(rovers.take_ahead(queue, group, 2, false), vec![b, c]);
         assert_eq!(
             rovers.get(queue, group),
             c,
             "the next walk starts after them"
         );
-        assert!(rovers.take_ahead(queue, "other", 1).is_empty());
-        assert_eq!(rovers.take_ahead(queue, group, 5), vec![d]);
+        assert!(rovers.take_ahead(queue, "other", 1, false).is_empty());
         assert!(
-            rovers.take_ahead(queue, group, 1).is_empty(),
+            rovers.take_ahead(queue, group, 2, true).is_empty(),
+            "a shared lease takes all it wants or none"
+        );
+        assert_eq!(rovers.take_ahead(queue, group, 5, false), vec![d]);
+        assert!(
+            rovers.take_ahead(queue, group, 1, false).is_empty(),
             "each is taken once"
         );
         rovers.set(queue, group, a, vec![b]);
         std::thread::sleep(Rovers::AHEAD_FOR + std::time::Duration::from_millis(50));
         assert!(
-            rovers.take_ahead(queue, group, 1).is_empty(),
+            rovers.take_ahead(queue, group, 1, false).is_empty(),
             "stale: walk again"
         );
         assert_eq!(rovers.get(queue, group), a);

@@ -125,6 +125,93 @@ async fn a_claim_of_cursors_seen_ahead_passes_one_leased_since_and_walks_on() {
     );
 }
 
+/// Multi-partition pops one after another: the first walks, the next take the cursors it saw
+/// ahead. Each still leases its own partitions under one lease of its own, its `batch` caps
+/// the messages over them (the first partition's first), no partition is leased twice, and
+/// what the cap left behind comes next, in order.
+#[tokio::test]
+async fn multi_partition_pops_of_cursors_seen_ahead_keep_one_lease_and_one_cap_each() {
+    let env = Env::start().await;
+    let mut items = Vec::new();
+    for p in 0..8 {
+        for k in 0..3 {
+            items.push(
+                json!({"queue": "wide", "partition": format!("p{p}"), "payload": {"n": p * 10 + k}}),
+            );
+        }
+    }
+    env.push(Value::Array(items)).await;
+    let by_partition = |pop: &Value| {
+        let mut out: HashMap<String, Vec<i64>> = HashMap::new();
+        for m in pop["messages"].as_array().unwrap() {
+            out.entry(m["partition"].as_str().unwrap().to_string())
+                .or_default()
+                .push(m["data"]["n"].as_i64().unwrap());
+        }
+        out
+    };
+
+    let mut pops = Vec::new();
+    for _ in 0..4 {
+        pops.push(
+            env.pop("/api/v1/pop/queue/wide?partitions=2&batch=4")
+                .await
+                .expect("two partitions free"),
+        );
+    }
+    let mut leased: HashSet<String> = HashSet::new();
+    let mut leases: HashSet<String> = HashSet::new();
+    for pop in &pops {
+        let lease = pop["leaseId"].as_str().unwrap().to_string();
+        assert!(
+            pop["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| m["leaseId"] == lease.as_str()),
+            "one lease per pop: {pop}"
+        );
+        assert!(leases.insert(lease), "a lease of its own: {pop}");
+        let parts = by_partition(pop);
+        let mut sizes: Vec<usize> = parts.values().map(Vec::len).collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, vec![1, 3], "batch=4 over two partitions: {pop}");
+        for (p, ns) in parts {
+            assert!(
+                ns.is_sorted() && ns[0] % 10 == 0,
+                "{p} from its first: {ns:?}"
+            );
+            assert!(leased.insert(p.clone()), "{p} leased twice");
+        }
+    }
+    assert_eq!(leased.len(), 8);
+    assert!(
+        env.pop("/api/v1/pop/queue/wide?partitions=2&batch=4")
+            .await
+            .is_none(),
+        "every partition is leased"
+    );
+
+    for pop in &pops {
+        let results = env.ack_all(pop, "completed", None).await;
+        assert!(results.iter().all(|r| r["success"] == true), "{results:?}");
+    }
+    // What the caps left: the last two messages of one partition of each pop.
+    let mut rest: Vec<i64> = Vec::new();
+    while let Some(pop) = env.pop("/api/v1/pop/queue/wide?partitions=2&batch=4").await {
+        for (p, ns) in by_partition(&pop) {
+            assert_eq!(
+                ns.iter().map(|n| n % 10).collect::<Vec<_>>(),
+                vec![1, 2],
+                "{p}"
+            );
+            rest.extend(ns);
+        }
+        env.ack_all(&pop, "completed", None).await;
+    }
+    assert_eq!(rest.len(), 8, "{rest:?}");
+}
+
 const FAIR_PARTITIONS: usize = 200;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
