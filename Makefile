@@ -129,10 +129,10 @@ fuzz:
 	target/release/comb-audit fuzz --comb target/release/comb --cases 30000
 	target/release/comb-audit fuzz --comb target/release/comb --cases 10000 --tokens
 
-# Comb and the SKIP LOCKED table side by side at a fixed rate through a clean phase, a held
-# REPEATABLE READ snapshot in each database and its release (about 17 minutes); records the
+# Comb, then the SKIP LOCKED table, at a fixed rate through a clean phase, a held
+# REPEATABLE READ snapshot and its release (about 33 minutes); records the
 # "Held snapshot" section of docs/long-runs.md and bench/results/xmin.json.
-# `make bench-xmin BENCH_ARGS=--smoke` is a 1.5-minute run that proves the tool works and
+# `make bench-xmin BENCH_ARGS=--smoke` is a 3-minute run that proves the tool works and
 # writes nothing.
 .PHONY: bench-xmin
 

@@ -128,7 +128,7 @@ struct Args {
 /// The long runs: many minutes of load, sampled as they go.
 #[derive(Debug, clap::Subcommand)]
 enum Long {
-    /// Comb and the SKIP LOCKED table side by side through a clean phase, a held
+    /// Comb, then the SKIP LOCKED table (or both at once), through a clean phase, a held
     /// `REPEATABLE READ` snapshot and its release (`make bench-xmin`).
     Xmin(xmin::Args),
     /// The peak delivered rate, then a fixed-rate soak at a share of it with retention on,

@@ -14,8 +14,9 @@
 //! cursors and a walk reads only two cursors beyond those it wants. Claims of other servers
 //! may still hold some it sees; the walk then goes on past them, looking further. Where the
 //! queue sets no option only a walk checks (`windowBuffer`, `delayedProcessing`), a walk reads
-//! eight beyond, and the next claims lock those by key, in walk order, without walking
-//! (`Rovers::take_ahead`); one that finds them taken or emptied since walks after all.
+//! eight beyond (eight per partition for a multi-partition pop), and the next claims lock those
+//! by key, in walk order, without walking (`Rovers::take_ahead`); one that finds them taken or
+//! emptied since walks after all.
 //!
 //! The statements name only this module's own functions (`comb.claimable_now`,
 //! `comb.refuse_sealed_payload`): every piece that reads another module's table is that
@@ -983,11 +984,12 @@ impl Claiming<'_> {
         // walk then starts past them and looks further ahead. Three walks at most: a pop
         // never spins.
         let ahead_too = self.shape.takes_ahead();
-        // Enough ahead for the next claims of as many partitions as this one's.
-        let mut lookahead = if ahead_too {
-            LOOKAHEAD_SAVED * partitions as i64
-        } else {
-            LOOKAHEAD
+        // A multi-partition pop looks ahead for the next pops of as many partitions as its own
+        // (their claims take all or none); fused one-partition pops take what there is.
+        let mut lookahead = match (ahead_too, self.shape.shared_lease) {
+            (true, true) => (LOOKAHEAD_SAVED * partitions as i64).min(LOOKAHEAD_SHARED_MAX),
+            (true, false) => LOOKAHEAD_SAVED,
+            (false, _) => LOOKAHEAD,
         };
         // A shared-lease pop's batch is a cap over all its partitions.
         let mut left = self.shape.shared_lease.then_some(self.shape.batch as i64);
@@ -1302,6 +1304,15 @@ const LOOKAHEAD: i64 = 2;
 /// state and next message, and may spare a later claim its whole walk.
 const LOOKAHEAD_SAVED: i64 = 8;
 
+/// Most a multi-partition pop's walk looks ahead.
+const LOOKAHEAD_SHARED_MAX: i64 = 128;
+
+/// Cursors locked by key (in key order) put back in the order the walk saw them, which a
+/// shared lease's cap follows: the first partition seen gives its messages first.
+fn in_walk_order(locked: &mut [Uuid], ahead: &[Uuid]) {
+    locked.sort_by_key(|p| ahead.iter().position(|a| a == p));
+}
+
 /// What one walk found.
 #[derive(Default)]
 struct Walk {
@@ -1369,8 +1380,7 @@ async fn claim_once(
             Ok(rows) => rows.iter().map(|r| r.get("partition_id")).collect(),
             Err(e) => return Err(rollback(pg, e).await),
         };
-        // Locked in key order; claimed in walk order, which a shared lease's cap follows.
-        locked.sort_by_key(|p| ahead.iter().position(|a| a == p));
+        in_walk_order(&mut locked, &ahead);
         // Short of what was wanted, a walk follows: the lane waits for it.
         walked(locked.len(), false, locked.len() < partitions);
         if locked.is_empty() {
@@ -1731,6 +1741,16 @@ mod tests {
             "stale: walk again"
         );
         assert_eq!(rovers.get(queue, group), a);
+    }
+
+    #[test]
+    fn cursors_locked_by_key_are_claimed_in_the_order_the_walk_saw_them() {
+        // A walk that wrapped around: the highest ids first.
+        let [a, b, c] = [0; 3].map(|_| Uuid::now_v7());
+        let ahead = vec![c, a, b];
+        let mut locked = vec![a, c];
+        in_walk_order(&mut locked, &ahead);
+        assert_eq!(locked, vec![c, a]);
     }
 
     /// Every statement of the claim, by name, as this build composes it.
