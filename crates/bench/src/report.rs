@@ -597,20 +597,10 @@ fn delivery_checks(rows: &[Row]) -> Vec<Check> {
             ))
         })
         .collect();
-    let all: Option<Vec<(String, bool)>> = judged.into_iter().collect();
-    out.push(Check {
-        target: "light and light-1k: e2e p99 <= 10 ms and all-in CPU <= their SKIP LOCKED peers'",
-        measured: all
-            .as_ref()
-            .map(|v| {
-                v.iter()
-                    .map(|(t, _)| t.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_default(),
-        verdict: Verdict::from(all.map(|v| v.iter().all(|(_, ok)| *ok))),
-    });
+    out.push(all_of(
+        "light and light-1k: e2e p99 <= 10 ms and all-in CPU <= their SKIP LOCKED peers'",
+        judged.into_iter().collect(),
+    ));
 
     let per_delivered = get("light", "comb").and_then(|r| r.all_in_cpu_us_per_msg);
     let per_pushed = get("light-push", "comb").and_then(|r| r.all_in_cpu_us_per_msg);
@@ -637,19 +627,10 @@ fn delivery_checks(rows: &[Row]) -> Vec<Check> {
             ))
         })
         .collect();
-    out.push(Check {
-        target: "light and light-1k: all-in us per delivered message <= 1.25x (light-push + 2 x exchange)",
-        measured: judged
-            .as_ref()
-            .map(|v| {
-                v.iter()
-                    .map(|(t, _)| t.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_default(),
-        verdict: Verdict::from(judged.map(|v| v.iter().all(|(_, ok)| *ok))),
-    });
+    out.push(all_of(
+        "light and light-1k: all-in us per delivered message <= 1.25x (light-push + 2 x exchange)",
+        judged,
+    ));
 
     let (fan, light) = (
         cores(get("fanout-light", "comb")),
@@ -671,6 +652,24 @@ fn delivery_checks(rows: &[Row]) -> Vec<Check> {
         verdict: Verdict::from(idle.map(|c| c <= 0.01)),
     });
     out
+}
+
+/// A target met when each of its cells is (each judged as its figures and whether it met);
+/// not run when any cell was not.
+fn all_of(target: &'static str, judged: Option<Vec<(String, bool)>>) -> Check {
+    Check {
+        target,
+        measured: judged
+            .as_ref()
+            .map(|v| {
+                v.iter()
+                    .map(|(t, _)| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default(),
+        verdict: Verdict::from(judged.map(|v| v.iter().all(|(_, ok)| *ok))),
+    }
 }
 
 /// The target checks as text.
