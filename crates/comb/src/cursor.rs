@@ -65,7 +65,9 @@ macro_rules! lease_digest {
             $id,
             ", '' ORDER BY ",
             $id,
-            " COLLATE \"C\"), 'UTF8'))"
+            // The space before the comma is kept: the text is part of
+            // `comb.claim_partition_v4`'s body, made once per database and pinned.
+            " COLLATE \"C\") , 'UTF8'))"
         )
     };
 }

@@ -350,7 +350,7 @@ mod tests {
         (
             "comb.claim_partition_v4(uuid, text, uuid[], bigint, double precision, boolean, uuid, \
              bigint, uuid, boolean, boolean)",
-            11342968561216334117,
+            4572909931727709031,
         ),
         (
             "comb.judge_acks_v4(uuid[], text[], uuid[], text[], integer[], integer[], bytea[], uuid)",

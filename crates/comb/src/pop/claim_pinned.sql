@@ -224,7 +224,7 @@ claimed AS (
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -305,7 +305,7 @@ claimed AS (
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -380,7 +380,7 @@ claimed AS (
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -460,7 +460,7 @@ claimed AS (
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -537,7 +537,7 @@ claimed AS (
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -621,7 +621,7 @@ claimed AS (
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -699,7 +699,7 @@ claimed AS (
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -782,7 +782,7 @@ claimed AS (
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -895,7 +895,7 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -1030,7 +1030,7 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
            CASE WHEN $6 THEN NULL ELSE $7::uuid END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -1159,7 +1159,7 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
@@ -1282,7 +1282,7 @@ SELECT st.partition_id, $2, claim_newest_gen, st.ver + 1,
            CASE WHEN $6 THEN NULL ELSE gen_random_uuid() END,
            CASE WHEN $6 THEN NULL ELSE now() + make_interval(secs => q.lease_secs) END,
            span.upto, st.available_at, clock_timestamp(),
-           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C"), 'UTF8')) FROM unnest(span.ids) x)
+           (SELECT sha256(convert_to(string_agg(octet_length(x)::text || ':' || x, '' ORDER BY x COLLATE "C") , 'UTF8')) FROM unnest(span.ids) x)
     FROM st
     JOIN span ON span.partition_id = st.partition_id
     CROSS JOIN q
