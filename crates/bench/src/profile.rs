@@ -378,6 +378,97 @@ pub async fn statements(client: &Client, secs: f64) -> String {
     out
 }
 
+/// The cluster's WAL insert position now, to read the window's records back afterwards.
+pub async fn wal_lsn(client: &Client) -> Option<String> {
+    let row = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .ok()?;
+    Some(row.get(0))
+}
+
+/// The window's WAL by record type (`pg_waldump --stats=record` between two positions of
+/// [`wal_lsn`]), per second: which records (heap inserts, index
+/// entries, full-page images, commits) make a message's bytes, where `pg_stat_wal` gives only
+/// their sum. All the cluster's WAL, not only the cell's database.
+pub async fn wal_records(client: &Client, from: &str, secs: f64) -> String {
+    // pg_waldump reads the files, so the window ends at what is already flushed.
+    let (to, data) = match client
+        .query_one(
+            "SELECT pg_current_wal_flush_lsn()::text, current_setting('data_directory')",
+            &[],
+        )
+        .await
+    {
+        Ok(r) => (r.get::<_, String>(0), r.get::<_, String>(1)),
+        Err(e) => return format!("WAL records unavailable: {e}\n"),
+    };
+    let bin = match comb_harness::pg_bin_dir() {
+        Ok(b) => b.join("pg_waldump"),
+        Err(e) => return format!("WAL records unavailable: {e}\n"),
+    };
+    let out = Command::new(bin)
+        .args(["--path"])
+        .arg(Path::new(&data).join("pg_wal"))
+        .args(["--start", from, "--end", &to, "--stats=record"])
+        .stderr(Stdio::piped())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => waldump_text(&String::from_utf8_lossy(&o.stdout), secs),
+        Ok(o) => format!(
+            "WAL records unavailable: pg_waldump: {}\n",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("WAL records unavailable: {e}\n"),
+    }
+}
+
+/// `pg_waldump --stats=record` output as counts and bytes per second of the window, the
+/// largest record types first (those under 0.5 % of the bytes left out).
+fn waldump_text(stats: &str, secs: f64) -> String {
+    let mut rows: Vec<(String, f64, f64, f64)> = Vec::new();
+    let mut total = 0.0;
+    for line in stats.lines() {
+        // "Heap/INSERT   123 ( 4.56)   7890 ( 1.23)   0 ( 0.00)   7890 ( 1.23)"
+        let mut fields = line.split_whitespace();
+        let Some(kind) = fields.next() else { continue };
+        let nums: Vec<f64> = fields
+            .filter(|f| !f.starts_with('(') && !f.ends_with(')'))
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        if nums.len() != 4 {
+            continue;
+        }
+        if kind == "Total" {
+            total = nums[3];
+            continue;
+        }
+        rows.push((kind.to_string(), nums[0], nums[1], nums[2]));
+    }
+    rows.sort_by(|a, b| (b.2 + b.3).total_cmp(&(a.2 + a.3)));
+    let mut out = format!(
+        "\nWAL by record type (pg_waldump --stats=record over the window; whole cluster):\n\
+         {:<28} {:>10} {:>12} {:>12}  share\n",
+        "record", "records/s", "bytes/s", "FPI bytes/s"
+    );
+    for (kind, n, rec, fpi) in rows {
+        let share = (rec + fpi) / total.max(1.0);
+        if share < 0.005 {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "{kind:<28} {:>10.0} {:>12.0} {:>12.0}  {:>4.1}%",
+            n / secs,
+            rec / secs,
+            fpi / secs,
+            share * 100.0
+        );
+    }
+    let _ = writeln!(out, "{:<28} {:>10} {:>12.0}", "all", "", total / secs);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,5 +492,39 @@ mod tests {
         assert!((get("allocator") - 0.1).abs() < 1e-9);
         assert_eq!(get("comb pop"), 0.0);
         assert!(categories("").iter().all(|(_, s)| *s == 0.0));
+    }
+
+    #[test]
+    fn waldump_stats_become_rates_largest_first() {
+        let stats = "\
+Type                                           N      (%)          Record size      (%)             FPI size      (%)        Combined size      (%)
+----                                           -      ---          -----------      ---             --------      ---        -------------      ---
+XLOG/FPI_FOR_HINT                              2 (  0.10)                  100 (  0.01)                 8000 ( 10.00)                 8100 ( 10.00)
+Heap/INSERT                                 1000 ( 80.00)                60000 ( 75.00)                    0 (  0.00)                60000 ( 75.00)
+Btree/INSERT_LEAF                            200 ( 19.00)                11900 ( 15.00)                    0 (  0.00)                11900 ( 14.90)
+Transaction/COMMIT                             1 (  0.01)                    2 (  0.00)                    0 (  0.00)                    2 (  0.00)
+                                        --------                      --------                      --------                      --------
+Total                                       1203                         72002 [90.00%]                 8000 [10.00%]                80002 [100%]
+";
+        let text = waldump_text(stats, 2.0);
+        let lines: Vec<&str> = text.trim_start().lines().collect();
+        assert!(lines[2].starts_with("Heap/INSERT"), "{text}");
+        assert!(
+            lines[2].contains(" 500 ") && lines[2].contains(" 30000 "),
+            "{text}"
+        );
+        assert!(lines[3].starts_with("Btree/INSERT_LEAF"), "{text}");
+        assert!(
+            lines[4].starts_with("XLOG/FPI_FOR_HINT") && lines[4].contains(" 4000 "),
+            "{text}"
+        );
+        assert!(
+            !text.contains("Transaction/COMMIT"),
+            "under 0.5 % is left out: {text}"
+        );
+        assert!(
+            lines[5].starts_with("all") && lines[5].ends_with(" 40001"),
+            "{text}"
+        );
     }
 }

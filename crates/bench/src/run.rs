@@ -823,9 +823,13 @@ pub(crate) async fn start_window(
     let prof = opts.profile.clone();
     let task = tokio::spawn(async move {
         tokio::time::sleep_until(window.start.into()).await;
-        if prof.is_some() {
-            profile::reset(meter.client()).await;
-        }
+        let wal_from = match prof {
+            Some(_) => {
+                profile::reset(meter.client()).await;
+                profile::wal_lsn(meter.client()).await
+            }
+            None => None,
+        };
         let node_a = match &node_meter {
             Some(m) => Some(m.snapshot().await),
             None => None,
@@ -854,6 +858,9 @@ pub(crate) async fn start_window(
             text.push('\n');
             text.push_str(&waits.unwrap_or_default().text());
             text.push_str(&wal_text(&u));
+            if let Some(from) = &wal_from {
+                text.push_str(&profile::wal_records(meter.client(), from, u.secs).await);
+            }
             let _ = std::fs::create_dir_all(&p.dir);
             let _ = std::fs::write(p.dir.join(format!("{cell}.txt")), text);
             if let Some(child) = perf {
