@@ -82,9 +82,9 @@ bench-peer-smoke:
 	cargo build --release -p comb-cli -p comb-bench
 	scripts/bench-peer-smoke.sh
 
-# Same cells with pg_stat_statements, wait-event sampling and `perf record -a`; reports go to
-# bench/results/profile/<cell>.txt and <cell>.perf.txt. Profiling costs CPU: these runs find
-# what bounds a cell, they do not measure it.
+# Same cells with pg_stat_statements, wait-event sampling, WAL by record type (pg_waldump) and
+# `perf record -a`; reports go to bench/results/profile/<cell>.txt and <cell>.perf.txt.
+# Profiling costs CPU: these runs find what bounds a cell, they do not measure it.
 bench-profile:
 	scripts/install-postgres.sh
 	cargo build --release -p comb-cli -p comb-bench

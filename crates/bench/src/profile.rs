@@ -1,6 +1,7 @@
 //! Optional profiling of a cell's window: what PostgreSQL spent its time on
 //! (`pg_stat_statements`), what its backends were waiting for (sampled
-//! `pg_stat_activity`), and where the machine's CPU went (`perf record -a`).
+//! `pg_stat_activity`), which records made its WAL (`pg_waldump`), and where the machine's
+//! CPU went (`perf record -a`).
 //!
 //! The published numbers are taken without any of this: profiling costs CPU on a 2-core
 //! machine. It exists to find what bounds a cell, not to measure it.
