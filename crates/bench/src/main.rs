@@ -75,6 +75,11 @@ struct Args {
     /// Partitions one consumer's pop may lease (the pop `partitions` option, 1 to 100).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=100))]
     pop_partitions: u16,
+    /// Make each cell's database with this ICU collation (`en-US`, `de-DE`…) instead of the
+    /// cluster's `C`: what every comparison of text (transaction ids, consumer groups) costs
+    /// in a database made with a language's collation. Plain PostgreSQL only.
+    #[arg(long, value_parser = parse_icu_locale)]
+    icu_locale: Option<String>,
     /// Another server speaking Queen's HTTP API v1, as NAME=PROGRAM (repeatable): each Comb
     /// cell runs against it right after Comb, on a fresh database, started as `PROGRAM serve
     /// --listen ADDR` with `DATABASE_URL` and ready once `GET /health` answers 200; a table
@@ -202,6 +207,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         baseline,
         steady_rate: args.steady_rate,
         pop_partitions: usize::from(args.pop_partitions),
+        icu_locale: args.icu_locale.clone(),
         fanout_rate: args.fanout_rate,
         peers: args.peers.clone(),
         citus: args.citus,
@@ -313,6 +319,21 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 }
 
 /// The cores of this machine, which every process of a run shares.
+/// An ICU locale name as `CREATE DATABASE … ICU_LOCALE` takes it, from letters, digits, `-`
+/// and `_` only: it is written into SQL.
+fn parse_icu_locale(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    match ok {
+        true => Ok(s.to_string()),
+        false => Err(format!(
+            "{s:?} is not an ICU locale name (letters, digits, '-' and '_', such as en-US)"
+        )),
+    }
+}
+
 fn host_cores() -> f64 {
     std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
@@ -568,6 +589,19 @@ mod tests {
         assert_eq!(
             parse(&[]).unwrap().citus_json,
             std::path::Path::new("bench/results/citus.json")
+        );
+    }
+
+    #[test]
+    fn icu_locales_are_names_not_sql() {
+        let parse = |v: &str| Args::try_parse_from(["comb-bench", "--icu-locale", v]);
+        assert_eq!(parse("en-US").unwrap().icu_locale.as_deref(), Some("en-US"));
+        assert_eq!(parse("de_DE").unwrap().icu_locale.as_deref(), Some("de_DE"));
+        assert!(parse("en-US' LOCALE 'x").is_err());
+        assert!(parse("").is_err());
+        assert_eq!(
+            Args::try_parse_from(["comb-bench"]).unwrap().icu_locale,
+            None
         );
     }
 

@@ -63,6 +63,9 @@ pub struct Options {
     pub fanout_rate: Option<f64>,
     /// Partitions one consumer's pop may lease (the suite's cells use 1).
     pub pop_partitions: usize,
+    /// The ICU collation of each cell's database on plain PostgreSQL (`--icu-locale`);
+    /// `None`: the cluster's `C`.
+    pub icu_locale: Option<String>,
     /// Other servers speaking Queen's HTTP API, each run through every Comb cell right after
     /// Comb (`--peer NAME=PROGRAM`).
     pub peers: Vec<Peer>,
@@ -178,7 +181,13 @@ impl Runner {
     }
 
     fn run_on(&mut self, cell: &Cell, peer: Option<&Peer>) -> Result<Row, BoxError> {
-        let url = self.pg.create_database(cell.name)?;
+        let url = match &self.opts.icu_locale {
+            Some(locale) => self.pg.create_database_with(
+                cell.name,
+                &format!("TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '{locale}' LOCALE 'C'"),
+            )?,
+            None => self.pg.create_database(cell.name)?,
+        };
         let db = url.rsplit('/').next().unwrap_or_default().to_string();
         if let Kind::Queen1 { .. } = cell.kind {
             // Queen 1.0's commit settings for this cell's database alone.

@@ -193,10 +193,16 @@ impl Postgres {
     /// process id) and returns its URL, so that tests sharing a cluster do not see each
     /// other's data.
     pub fn create_database(&self, prefix: &str) -> io::Result<String> {
+        self.create_database_with(prefix, "")
+    }
+
+    /// [`Postgres::create_database`] with `options` after the name of `CREATE DATABASE`
+    /// (for example a collation: `TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'`).
+    pub fn create_database_with(&self, prefix: &str, options: &str) -> io::Result<String> {
         static COUNTER: AtomicU64 = AtomicU64::new(1);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}_{n}_{}", sanitize_db_prefix(prefix), std::process::id());
-        self.psql("postgres", &format!("CREATE DATABASE \"{name}\""))?;
+        self.psql("postgres", &format!("CREATE DATABASE \"{name}\" {options}"))?;
         Ok(self.url(&name))
     }
 
