@@ -220,3 +220,106 @@ async fn the_duplicate_check_of_a_copied_batch_never_reads_the_segment_whole() {
         id_scans() - ids_before
     );
 }
+
+/// In a database made with a language's collation, where ids compare and sort in it and not
+/// byte by byte, duplicates are found as in a `C` database, a whole lease's ack (whose ids
+/// the broker sorts byte by byte) completes, and lookups by id answer.
+#[tokio::test]
+async fn ids_are_checked_acked_and_found_in_a_database_with_a_language_collation() {
+    let url = tokio::task::spawn_blocking(|| {
+        comb_harness::Postgres::shared()
+            .create_database_with(
+                "icu",
+                "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C'",
+            )
+            .expect("an ICU database")
+    })
+    .await
+    .unwrap();
+    let env = Env::start_on(url).await;
+    assert_eq!(
+        env.sql(
+            "SELECT datlocprovider::text || ' ' || daticulocale || ' ' || ('a' < 'B')::text
+             FROM pg_database WHERE datname = current_database()"
+        ),
+        "i en-US true",
+        "ids sort in en-US here, where 'B' < 'a' byte by byte"
+    );
+
+    // Ids that sort one way in en-US and the other byte by byte ('a' < 'B' < 'b' against
+    // 'B' < 'a' < 'b'), small batches and one copied in, repeats of each.
+    let ids = ["a", "B", "b", "Ä", "z"];
+    let item = |txid: String, n: usize| json!({"queue": "q", "partition": "p", "payload": {"n": n}, "transactionId": txid});
+    let first = env
+        .push(json!(
+            ids.iter()
+                .enumerate()
+                .map(|(n, t)| item(t.to_string(), n))
+                .collect::<Vec<_>>()
+        ))
+        .await;
+    assert!(first.iter().all(|a| a["status"] == "queued"), "{first:?}");
+    let mut copied: Vec<_> = (0..100).map(|k| item(format!("c{k}"), 100 + k)).collect();
+    copied.extend(ids.iter().map(|t| item(t.to_string(), 999)));
+    let r = env.push(json!(copied)).await;
+    assert!(r[..100].iter().all(|a| a["status"] == "queued"), "{r:?}");
+    for (k, answer) in r[100..].iter().enumerate() {
+        assert_eq!(answer["status"], "duplicate", "{answer}");
+        assert_eq!(answer["message_id"], first[k]["message_id"]);
+    }
+    let again = env
+        .push(json!([item("B".into(), 7), item("c5".into(), 7)]))
+        .await;
+    assert!(
+        again.iter().all(|a| a["status"] == "duplicate"),
+        "{again:?}"
+    );
+    assert_eq!(env.message_count(), 105);
+
+    // Popped in order; the lease acked whole in one request, then one by one (each found by
+    // its id).
+    let pop = env.pop("/api/v1/pop/queue/q?batch=3").await.unwrap();
+    let msgs = pop["messages"].as_array().unwrap();
+    let got: Vec<&str> = msgs
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, ["a", "B", "b"]);
+    let acks: Vec<_> = msgs
+        .iter()
+        .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"], "status": "completed"}))
+        .collect();
+    let (status, body) = env
+        .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert!(
+        body.as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["success"] == true),
+        "{body}"
+    );
+    let pop = env.pop("/api/v1/pop/queue/q?batch=2").await.unwrap();
+    let msgs = pop["messages"].as_array().unwrap();
+    let got: Vec<&str> = msgs
+        .iter()
+        .map(|m| m["transactionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1], "z");
+    for m in msgs.iter().rev() {
+        env.ack_ok(m, "completed", None, None).await;
+    }
+    let partition = msgs[0]["partitionId"].as_str().unwrap();
+    let (status, found) = env.get(&format!("/api/v1/messages/{partition}/B")).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{found}");
+    assert_eq!(found["transactionId"], "B");
+    let (status, _) = env.get(&format!("/api/v1/messages/{partition}/b2")).await;
+    assert_eq!(status, reqwest::StatusCode::NOT_FOUND);
+    let rest = env
+        .drain("/api/v1/pop/queue/q?batch=1000&autoAck=true")
+        .await;
+    assert_eq!(rest.len(), 100);
+    assert_eq!(rest[0]["transactionId"], "c0");
+}

@@ -197,6 +197,24 @@ impl Env {
         .unwrap()
     }
 
+    /// A server on a database the test made itself (`db_url`, on the shared PostgreSQL).
+    pub async fn start_on(db_url: String) -> Env {
+        let args = with_token_flags(&[]);
+        tokio::task::spawn_blocking(move || {
+            let db_name = db_url.rsplit('/').next().unwrap().to_string();
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let server = Server::start(comb_bin(), &db_url, &argv).expect("server starts");
+            Env {
+                server,
+                db_url,
+                db_name,
+                http: client(),
+            }
+        })
+        .await
+        .unwrap()
+    }
+
     /// Another server on the same database.
     pub async fn second_server(&self) -> Server {
         self.second_server_with(&[]).await
