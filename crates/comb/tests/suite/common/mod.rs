@@ -179,31 +179,23 @@ impl Env {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
+        Env::serve(None, args, vars).await
+    }
+
+    /// A server on a database the test made itself (`db_url`, on the shared PostgreSQL).
+    pub async fn start_on(db_url: String) -> Env {
+        Env::serve(Some(db_url), with_token_flags(&[]), Vec::new()).await
+    }
+
+    /// A server with `args` and `vars` on `db_url`, or on a fresh database.
+    async fn serve(db_url: Option<String>, args: Vec<String>, vars: Vec<(String, String)>) -> Env {
         tokio::task::spawn_blocking(move || {
-            let db_url = create_database("t");
+            let db_url = db_url.unwrap_or_else(|| create_database("t"));
             let db_name = db_url.rsplit('/').next().unwrap().to_string();
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
             let env: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (&**k, &**v)).collect();
             let server =
                 Server::start_with_env(comb_bin(), &db_url, &argv, &env).expect("server starts");
-            Env {
-                server,
-                db_url,
-                db_name,
-                http: client(),
-            }
-        })
-        .await
-        .unwrap()
-    }
-
-    /// A server on a database the test made itself (`db_url`, on the shared PostgreSQL).
-    pub async fn start_on(db_url: String) -> Env {
-        let args = with_token_flags(&[]);
-        tokio::task::spawn_blocking(move || {
-            let db_name = db_url.rsplit('/').next().unwrap().to_string();
-            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-            let server = Server::start(comb_bin(), &db_url, &argv).expect("server starts");
             Env {
                 server,
                 db_url,
