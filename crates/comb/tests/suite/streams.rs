@@ -658,14 +658,14 @@ async fn unchanged_keys_stay_in_their_generation_for_the_generations_kept() {
         assert_eq!(row["value"], expected, "{key}");
     }
     // Tables are kept for the generations asked, not more. Maintenance makes the next
-    // generation's table and drops the oldest in steps of their own, so one more may stand
-    // for a moment between them.
+    // generation's table and drops the oldest in steps of their own, so more may stand for
+    // a moment between them: with one-second generations on a busy cluster, a step can
+    // take longer than a generation.
     let tables = || -> i64 {
         env.sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'comb' AND tablename LIKE 'stream\\_state\\_keys\\_%'")
             .parse()
             .unwrap()
     };
-    assert!(tables() <= 3 + 3, "{} stream key tables", tables());
     crate::common::eventually(
         crate::common::PATIENCE,
         "at most 5 stream key tables",
