@@ -285,21 +285,8 @@ async fn ids_are_checked_acked_and_found_in_a_database_with_a_language_collation
         .map(|m| m["transactionId"].as_str().unwrap())
         .collect();
     assert_eq!(got, ["a", "B", "b"]);
-    let acks: Vec<_> = msgs
-        .iter()
-        .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": m["leaseId"], "status": "completed"}))
-        .collect();
-    let (status, body) = env
-        .post("/api/v1/ack/batch", &json!({ "acknowledgments": acks }))
-        .await;
-    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
-    assert!(
-        body.as_array()
-            .unwrap()
-            .iter()
-            .all(|a| a["success"] == true),
-        "{body}"
-    );
+    let acked = env.ack_all(&pop, "completed", None).await;
+    assert!(acked.iter().all(|a| a["success"] == true), "{acked:?}");
     let pop = env.pop("/api/v1/pop/queue/q?batch=2").await.unwrap();
     let msgs = pop["messages"].as_array().unwrap();
     let got: Vec<&str> = msgs
