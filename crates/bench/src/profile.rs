@@ -97,10 +97,9 @@ fn perf_report(data: &Path, args: &[&str]) -> String {
 }
 
 /// Waits for the recordings and writes `<cell>.perf.txt`: CPU by process and library, the
-/// PostgreSQL functions, and the broker's functions by own and by inclusive time. With
-/// `inferno-collapse-perf` and `inferno-flamegraph` on `PATH` (`cargo install inferno`),
-/// also the broker's folded stacks `<cell>.comb.folded`, a flame graph `<cell>.comb.svg`
-/// and the broker's CPU by part.
+/// PostgreSQL functions, the broker's functions by own time and the broker's CPU by part;
+/// beside it the broker's folded stacks `<cell>.comb.folded` and a flame graph
+/// `<cell>.comb.svg`.
 pub fn finish_perf(perf: Perf, dir: &Path, cell: &str) {
     for mut child in perf.children {
         let _ = child.wait();
@@ -180,28 +179,53 @@ pub fn finish_perf(perf: Perf, dir: &Path, cell: &str) {
         }
     }
     if comb.exists() {
-        // Folded stacks (one line per distinct stack with its sample count) are small, keep
-        // the whole call-graph information, and feed flame graph tools.
-        let folded = dir.join(format!("{cell}.comb.folded"));
-        let script = format!(
-            "perf script -i '{}' 2>/dev/null | inferno-collapse-perf > '{}' && \
-             inferno-flamegraph < '{}' > '{}'",
-            comb.display(),
-            folded.display(),
-            folded.display(),
-            dir.join(format!("{cell}.comb.svg")).display()
-        );
-        let _ = Command::new("sh").args(["-c", &script]).status();
-        if let Ok(stacks) = std::fs::read_to_string(&folded) {
-            text.push_str("\n======== Broker: share of samples whose stack contains ========\n");
-            for (name, share) in categories(&stacks) {
-                text.push_str(&format!("  {:>5.1}%  {name}\n", share * 100.0));
+        text.push_str("\n======== Broker: share of samples whose stack contains ========\n");
+        match fold_and_draw(&comb, dir, cell) {
+            Ok(stacks) => {
+                for (name, share) in categories(&stacks) {
+                    text.push_str(&format!("  {:>5.1}%  {name}\n", share * 100.0));
+                }
             }
+            Err(why) => text.push_str(&format!("  (no call graphs: {why})\n")),
         }
     }
     let _ = std::fs::write(dir.join(format!("{cell}.perf.txt")), text);
     let _ = std::fs::remove_file(all);
     let _ = std::fs::remove_file(comb);
+}
+
+/// Folds the broker's DWARF call graphs (`perf script`) into one line per distinct stack,
+/// writes them as `<cell>.comb.folded` (small, and what flame graph tools read) and draws
+/// `<cell>.comb.svg`. Returns the folded stacks, or why there are none: a recording without
+/// samples or a `perf script` that resolved no stacks reads as an error here, never as a
+/// breakdown of zeros.
+fn fold_and_draw(data: &Path, dir: &Path, cell: &str) -> Result<String, String> {
+    let script = Command::new("perf")
+        .args(["script", "-i"])
+        .arg(data)
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| format!("perf script could not run: {e}"))?;
+    let mut folded = Vec::new();
+    use inferno::collapse::Collapse;
+    inferno::collapse::perf::Folder::default()
+        .collapse(&script.stdout[..], &mut folded)
+        .map_err(|e| format!("the stacks could not be folded: {e}"))?;
+    let folded = String::from_utf8_lossy(&folded).into_owned();
+    if folded.trim().is_empty() {
+        return Err(format!(
+            "perf script gave {} bytes and no stacks",
+            script.stdout.len()
+        ));
+    }
+    let _ = std::fs::write(dir.join(format!("{cell}.comb.folded")), &folded);
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = format!("comb, cell {cell}");
+    let mut svg = Vec::new();
+    if inferno::flamegraph::from_lines(&mut options, folded.lines(), &mut svg).is_ok() {
+        let _ = std::fs::write(dir.join(format!("{cell}.comb.svg")), svg);
+    }
+    Ok(folded)
 }
 
 /// Parts of the broker, each named by frames that mark it. A sample counts for every part
@@ -473,6 +497,17 @@ fn waldump_text(stats: &str, secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recording_without_stacks_says_so_instead_of_a_breakdown_of_zeros() {
+        let dir = std::env::temp_dir().join(format!("comb-fold-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let missing = dir.join("none.perf.data");
+        let why = fold_and_draw(&missing, &dir, "cell").expect_err("no stacks to fold");
+        assert!(why.contains("no stacks") || why.contains("could not run"), "{why}");
+        assert!(!dir.join("cell.comb.folded").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn categories_share_samples() {
