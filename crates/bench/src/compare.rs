@@ -21,7 +21,7 @@ pub fn a_first(round: usize) -> bool {
 type Figure = (&'static str, fn(&Row) -> Option<f64>);
 
 /// The figures compared, in table order.
-const FIGURES: [Figure; 8] = [
+const FIGURES: [Figure; 10] = [
     ("msg/s", |r| Some(r.msgs_per_sec)),
     ("broker us/msg", |r| r.broker_cpu_us_per_msg),
     ("pg cores", |r| r.pg_cpu_cores),
@@ -29,6 +29,8 @@ const FIGURES: [Figure; 8] = [
     ("all-in us/msg", |r| r.all_in_cpu_us_per_msg),
     ("p99 ms", |r| r.p99_ms),
     ("e2e p99 ms", |r| r.e2e_p99_ms),
+    ("WAL B/msg", |r| r.pg_wal_bytes_per_msg),
+    ("RSS MB", |r| r.broker_rss_mb),
     ("comb / peer", |r| r.ratio),
 ];
 
@@ -187,5 +189,18 @@ mod tests {
         );
         // No round measured broker CPU: the figure is left out.
         assert!(!t.contains("broker us/msg"), "{t}");
+        // The broker's peak memory, measured in one round of each.
+        let with_rss = |mut rounds: Vec<Round>, mb: f64| {
+            rounds[0][0].broker_rss_mb = Some(mb);
+            rounds
+        };
+        let t = table(&with_rss(a, 40.0), &with_rss(b, 90.0));
+        let rss: Vec<&str> = t
+            .lines()
+            .find(|l| l.starts_with("push100") && l.contains("RSS MB"))
+            .unwrap_or_else(|| panic!("no RSS in\n{t}"))
+            .split_whitespace()
+            .collect();
+        assert_eq!(rss.join(" "), "push100 RSS MB 40.0 - 90.0 - 2.25");
     }
 }
