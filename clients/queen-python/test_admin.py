@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import re
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 
 import httpx
@@ -570,7 +571,14 @@ def test_health_and_metrics(url, http, name):
     # The client parses every answer as JSON and gives None for Prometheus text (its
     # defect, the same against Queen): the route answered 200, or the call would raise.
     assert metrics is None
-    text = http.get("/metrics").text
+    # Depths come from one statement under a short timeout; a scrape it missed says so
+    # (`comb_queue_stats_success 0`) and the next one is read. Three missed in a row fail.
+    for _ in range(3):
+        text = http.get("/metrics").text
+        if "comb_queue_stats_success 1" in text:
+            break
+        time.sleep(1)
+    assert "comb_queue_stats_success 1" in text
     assert f'comb_queue_depth_messages{{queue="{name}"}} 2' in text
 
 
