@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use inferno::collapse::Collapse as _;
 use tokio_postgres::Client;
 
 /// Where profiles go and what to collect.
@@ -210,7 +211,6 @@ fn fold_and_draw(data: &Path, dir: &Path, cell: &str) -> Result<String, String> 
         .output()
         .map_err(|e| format!("perf script could not run: {e}"))?;
     let mut folded = Vec::new();
-    use inferno::collapse::Collapse;
     inferno::collapse::perf::Folder::default()
         .collapse(&script.stdout[..], &mut folded)
         .map_err(|e| format!("the stacks could not be folded: {e}"))?;
